@@ -1,0 +1,21 @@
+"""ae-mlir: an MLIR-based multi-level attention compiler.
+
+Importing this package loads neither torch, triton nor the MLIR bindings; they load on first use.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["attention", "linear_attention", "CompileError"]
+
+
+def __getattr__(name):
+    if name in ("attention", "linear_attention"):
+        from .frontend import api
+
+        return getattr(api, name)
+    if name == "CompileError":
+        from .context import CompileError
+
+        return CompileError
+    raise AttributeError(f"module 'ae_mlir' has no attribute {name!r}")

@@ -1,0 +1,13 @@
+"""Backend dispatch: run an L0 module's function on torch tensors."""
+from __future__ import annotations
+
+
+def run(module_text: str, inputs: list, backend: str, out_dtype) -> list:
+    """Compile (or interpret) `module_text` for `backend` and run it on `inputs`."""
+    if backend == "reference":
+        from ..reference import run_module_text
+
+        return run_module_text(module_text, inputs, out_dtype)
+    raise NotImplementedError(
+        f"backend '{backend}' is not available in this version of ae-mlir; use backend='reference'"
+    )

@@ -1,0 +1,482 @@
+"""Tracing of user mods into a small typed expression DAG.
+
+A mod is called once with `Sym` stand-ins for its arguments. `Sym` overloads Python's operators
+and implements `__torch_function__`, so `torch.where`, `torch.exp`, indexing a closure tensor with
+symbolic indices, and the Tensor-method forms all record `Expr` nodes instead of computing.
+Values are typed like torch's: "index" (integers), "f32" (floats) and "i1" (booleans).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class TraceError(ValueError):
+    """A mod used something the compiler cannot capture; the message names it and the mod."""
+
+
+INDEX, F32, I1 = "index", "f32", "i1"
+
+
+@dataclass(eq=False)
+class Expr:
+    op: str
+    type: str
+    args: tuple = ()
+    value: object = None  # constant value, argument position, or capture
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Capture:
+    """A closure tensor a mod reads; it becomes an operand of the op and of the kernel."""
+
+    tensor: object
+    position: int  # order of first use within its trace
+
+
+class TraceState:
+    def __init__(self, mod_name: str):
+        self.mod_name = mod_name
+        self.captures: list[Capture] = []
+
+    def capture(self, tensor) -> Capture:
+        for cap in self.captures:
+            if cap.tensor is tensor:
+                return cap
+        cap = Capture(tensor, len(self.captures))
+        self.captures.append(cap)
+        return cap
+
+    def fail(self, what: str):
+        raise TraceError(f"{self.mod_name}: {what}")
+
+
+_PROMOTE = {INDEX: 0, I1: 0, F32: 1}
+
+
+def _const(value, state: TraceState) -> "Sym":
+    if isinstance(value, bool):
+        return Sym(Expr("const", I1, value=value), state)
+    if isinstance(value, int):
+        return Sym(Expr("const", INDEX, value=value), state)
+    if isinstance(value, float):
+        return Sym(Expr("const", F32, value=value), state)
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            state.fail(
+                f"a closure tensor of shape {tuple(value.shape)} is used without indexing; "
+                "index it with symbolic indices (e.g. bias[h, q_idx])"
+            )
+        return _extract(value, (), state)
+    state.fail(f"unsupported value of type {type(value).__name__} in a mod")
+
+
+def lift(value, state: TraceState) -> "Sym":
+    return value if isinstance(value, Sym) else _const(value, state)
+
+
+def _to(sym: "Sym", ty: str) -> "Sym":
+    if sym.expr.type == ty:
+        return sym
+    if sym.expr.op == "const":
+        v = sym.expr.value
+        conv = {F32: float, INDEX: int, I1: bool}[ty]
+        return Sym(Expr("const", ty, value=conv(v)), sym.state)
+    return Sym(Expr("cast", ty, (sym.expr,)), sym.state)
+
+
+def _unify(a: "Sym", b: "Sym", allow_bool: bool = False) -> tuple["Sym", "Sym", str]:
+    ta, tb = a.expr.type, b.expr.type
+    if ta == tb and (ta != I1 or allow_bool):
+        return a, b, ta
+    target = F32 if F32 in (ta, tb) else INDEX
+    return _to(a, target), _to(b, target), target
+
+
+def _extract(tensor, index_syms, state: TraceState) -> "Sym":
+    import torch
+
+    if tensor.dim() != len(index_syms):
+        state.fail(
+            f"closure tensor of shape {tuple(tensor.shape)} indexed with {len(index_syms)} "
+            f"index(es); it needs exactly {tensor.dim()}"
+        )
+    if tensor.dtype.is_floating_point:
+        ty = F32
+    elif tensor.dtype == torch.bool:
+        ty = I1
+    elif tensor.dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
+        ty = INDEX
+    else:
+        state.fail(f"closure tensor dtype {tensor.dtype} is not supported")
+    idx = []
+    for s in index_syms:
+        s = lift(s, state)
+        if s.expr.type != INDEX:
+            state.fail(f"closure tensors must be indexed with integer expressions, got a {s.expr.type} value")
+        idx.append(s.expr)
+    cap = state.capture(tensor)
+    return Sym(Expr("extract", ty, tuple(idx), value=cap), state)
+
+
+_UNARY_FLOAT = {
+    "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "floor", "ceil",
+    "erf", "log1p", "expm1",
+}
+
+
+class Sym:
+    """A symbolic scalar (broadcast over the attention grid) seen by a traced mod."""
+
+    __slots__ = ("expr", "state")
+
+    def __init__(self, expr: Expr, state: TraceState):
+        self.expr = expr
+        self.state = state
+
+    # --- data-dependent Python control flow cannot be captured ------------------------------
+    def __bool__(self):
+        self.state.fail(
+            "a symbolic value was used in a Python `if`, `and`, `or`, `not` or `bool()`; "
+            "data-dependent Python control flow cannot be compiled: use torch.where(cond, a, b) "
+            "and the operators & | ~ instead"
+        )
+
+    def __index__(self):
+        self.state.fail("a symbolic value was used where Python needs a concrete integer")
+
+    __int__ = __index__
+
+    def __float__(self):
+        self.state.fail("a symbolic value was used where Python needs a concrete float")
+
+    def __len__(self):
+        self.state.fail("len() of a symbolic value")
+
+    def __iter__(self):
+        self.state.fail("iteration over a symbolic value")
+
+    # --- arithmetic ------------------------------------------------------------------------
+    def _bin(self, other, op, reverse=False):
+        other = lift(other, self.state)
+        a, b = (other, self) if reverse else (self, other)
+        if op == "truediv":
+            a, b = _to(a, F32), _to(b, F32)
+            return Sym(Expr("div", F32, (a.expr, b.expr)), self.state)
+        if op == "pow":
+            a, b = _to(a, F32), _to(b, F32)
+            return Sym(Expr("pow", F32, (a.expr, b.expr)), self.state)
+        if op == "mod" and F32 in (a.expr.type, b.expr.type):
+            self.state.fail("% on float values is not supported; use it on integer indices")
+        a, b, ty = _unify(a, b)
+        return Sym(Expr(op, ty, (a.expr, b.expr)), self.state)
+
+    def __add__(self, o): return self._bin(o, "add")
+    def __radd__(self, o): return self._bin(o, "add", True)
+    def __sub__(self, o): return self._bin(o, "sub")
+    def __rsub__(self, o): return self._bin(o, "sub", True)
+    def __mul__(self, o): return self._bin(o, "mul")
+    def __rmul__(self, o): return self._bin(o, "mul", True)
+    def __truediv__(self, o): return self._bin(o, "truediv")
+    def __rtruediv__(self, o): return self._bin(o, "truediv", True)
+    def __floordiv__(self, o): return self._bin(o, "floordiv")
+    def __rfloordiv__(self, o): return self._bin(o, "floordiv", True)
+    def __mod__(self, o): return self._bin(o, "mod")
+    def __rmod__(self, o): return self._bin(o, "mod", True)
+    def __pow__(self, o): return self._bin(o, "pow")
+    def __rpow__(self, o): return self._bin(o, "pow", True)
+
+    def __neg__(self):
+        a = _to(self, INDEX) if self.expr.type == I1 else self
+        return Sym(Expr("neg", a.expr.type, (a.expr,)), self.state)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        a = _to(self, INDEX) if self.expr.type == I1 else self
+        return Sym(Expr("abs", a.expr.type, (a.expr,)), self.state)
+
+    # --- comparisons -----------------------------------------------------------------------
+    def _cmp(self, other, pred):
+        a, b, _ = _unify(self, lift(other, self.state), allow_bool=True)
+        return Sym(Expr("cmp", I1, (a.expr, b.expr), value=pred), self.state)
+
+    def __lt__(self, o): return self._cmp(o, "lt")
+    def __le__(self, o): return self._cmp(o, "le")
+    def __gt__(self, o): return self._cmp(o, "gt")
+    def __ge__(self, o): return self._cmp(o, "ge")
+    def __eq__(self, o): return self._cmp(o, "eq")
+    def __ne__(self, o): return self._cmp(o, "ne")
+    __hash__ = object.__hash__
+
+    # --- logic -----------------------------------------------------------------------------
+    def _logic(self, other, op, reverse=False):
+        other = lift(other, self.state)
+        a, b = (other, self) if reverse else (self, other)
+        if F32 in (a.expr.type, b.expr.type):
+            self.state.fail(f"bitwise {op} on a float value")
+        a, b, ty = _unify(a, b, allow_bool=True)
+        return Sym(Expr(op, ty, (a.expr, b.expr)), self.state)
+
+    def __and__(self, o): return self._logic(o, "and")
+    def __rand__(self, o): return self._logic(o, "and", True)
+    def __or__(self, o): return self._logic(o, "or")
+    def __ror__(self, o): return self._logic(o, "or", True)
+    def __xor__(self, o): return self._logic(o, "xor")
+    def __rxor__(self, o): return self._logic(o, "xor", True)
+
+    def __invert__(self):
+        if self.expr.type != I1:
+            self.state.fail("~ is supported on boolean values only")
+        return Sym(Expr("not", I1, (self.expr,)), self.state)
+
+    # --- tensor-like surface used by torch helpers (and_masks, noop_mask, ...) --------------
+    @property
+    def device(self):
+        return None
+
+    @property
+    def dtype(self):
+        import torch
+
+        return {INDEX: torch.int64, F32: torch.float32, I1: torch.bool}[self.expr.type]
+
+    @property
+    def shape(self):
+        return ()
+
+    def dim(self):
+        return 0
+
+    def _filled(self, value, dtype):
+        import torch
+
+        if dtype is None:
+            dtype = self.dtype
+        if dtype == torch.bool:
+            return _const(bool(value), self.state)
+        if dtype.is_floating_point:
+            return _const(float(value), self.state)
+        return _const(int(value), self.state)
+
+    def new_ones(self, size=(), dtype=None, device=None, **_):
+        self._scalar_size(size, "new_ones")
+        return self._filled(1, dtype)
+
+    def new_zeros(self, size=(), dtype=None, device=None, **_):
+        self._scalar_size(size, "new_zeros")
+        return self._filled(0, dtype)
+
+    def new_full(self, size, fill_value, dtype=None, device=None, **_):
+        self._scalar_size(size, "new_full")
+        return self._filled(fill_value, dtype)
+
+    def new_tensor(self, data, dtype=None, device=None, **_):
+        return self._filled(data, dtype)
+
+    def _scalar_size(self, size, fn):
+        if tuple(size) not in ((), (1,)):
+            self.state.fail(f"{fn} with size {tuple(size)}: mods work on scalars, use size ()")
+
+    def to(self, dtype=None, *args, **kwargs):
+        import torch
+
+        if isinstance(dtype, torch.dtype):
+            return self._as_dtype(dtype)
+        return self
+
+    def _as_dtype(self, dtype):
+        import torch
+
+        if dtype == torch.bool:
+            return self != self._filled(0, None)
+        if dtype.is_floating_point:
+            return _to(self, F32)
+        return Sym(Expr("trunc", INDEX, (self.expr,)), self.state) if self.expr.type == F32 else _to(self, INDEX)
+
+    def float(self):
+        return _to(self, F32)
+
+    def bool(self):
+        import torch
+
+        return self._as_dtype(torch.bool)
+
+    def long(self):
+        import torch
+
+        return self._as_dtype(torch.int64)
+
+    int = long
+
+    def __getitem__(self, item):
+        self.state.fail("indexing a symbolic value; only closure tensors can be indexed")
+
+    def __repr__(self):
+        return f"Sym({self.expr.type})"
+
+    # --- torch functions -------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        state = next(a.state for a in _flatten((args, kwargs)) if isinstance(a, Sym))
+        name = getattr(func, "__name__", str(func))
+        handler = _TORCH_HANDLERS.get(name)
+        if handler is None:
+            state.fail(f"torch function '{_qualname(func)}' is not supported in mods")
+        return handler(state, *args, **kwargs)
+
+
+def _qualname(func) -> str:
+    mod = getattr(func, "__module__", None) or "torch"
+    return f"{mod}.{getattr(func, '__name__', func)}".replace("torch._C._TensorBase", "Tensor").replace(
+        "torch._C.TensorBase", "Tensor")
+
+
+def _flatten(obj):
+    if isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _flatten(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _flatten(x)
+    else:
+        yield obj
+
+
+def _unary(name):
+    def handler(state, x, *rest, **kw):
+        if rest or any(k not in ("out",) for k in kw) or kw.get("out") is not None:
+            state.fail(f"torch.{name} with extra arguments is not supported")
+        x = _to(lift(x, state), F32)
+        return Sym(Expr(name, F32, (x.expr,)), state)
+
+    return handler
+
+
+def _where(state, cond, a, b):
+    cond = lift(cond, state)
+    if cond.expr.type != I1:
+        cond = cond != 0
+    a, b, ty = _unify(lift(a, state), lift(b, state), allow_bool=True)
+    return Sym(Expr("select", ty, (cond.expr, a.expr, b.expr)), state)
+
+
+def _minmax(op):
+    def handler(state, a, b, **kw):
+        a, b, ty = _unify(lift(a, state), lift(b, state))
+        return Sym(Expr(op, ty, (a.expr, b.expr)), state)
+
+    return handler
+
+
+def _clamp(state, x, min=None, max=None):
+    x = lift(x, state)
+    if min is not None:
+        x = _minmax("max")(state, x, min)
+    if max is not None:
+        x = _minmax("min")(state, x, max)
+    return x
+
+
+def _getitem(state, tensor, item):
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        state.fail("indexing a symbolic value; only closure tensors can be indexed")
+    items = item if isinstance(item, tuple) else (item,)
+    for it in items:
+        if not isinstance(it, (Sym, int)) or isinstance(it, bool):
+            state.fail(f"closure tensors must be indexed by index expressions, got {type(it).__name__}")
+    return _extract(tensor, items, state)
+
+
+def _binary_fn(op):
+    def handler(state, a, b, **kw):
+        if kw.get("alpha", 1) != 1:
+            b = b * kw["alpha"]
+        return lift(a, state)._bin(b, op)
+
+    return handler
+
+
+def _logical(op):
+    def handler(state, a, b=None):
+        if op == "not":
+            return ~(lift(a, state) != 0 if lift(a, state).expr.type != I1 else lift(a, state))
+        a, b = lift(a, state), lift(b, state)
+        a = a if a.expr.type == I1 else a != 0
+        b = b if b.expr.type == I1 else b != 0
+        return a._logic(b, op)
+
+    return handler
+
+
+def _cmp_fn(pred):
+    return lambda state, a, b: lift(a, state)._cmp(b, pred)
+
+
+def _sign_preserving(name):
+    def handler(state, x, *a, **k):
+        return getattr(lift(x, state), name)()
+
+    return handler
+
+
+_TORCH_HANDLERS = {name: _unary(name) for name in _UNARY_FLOAT}
+_TORCH_HANDLERS.update({
+    "where": _where,
+    "maximum": _minmax("max"), "max": _minmax("max"),
+    "minimum": _minmax("min"), "min": _minmax("min"),
+    "fmax": _minmax("max"), "fmin": _minmax("min"),
+    "clamp": _clamp, "clip": _clamp,
+    "abs": lambda state, x: abs(lift(x, state)),
+    "neg": lambda state, x: -lift(x, state), "negative": lambda state, x: -lift(x, state),
+    "__getitem__": _getitem,
+    "add": _binary_fn("add"), "sub": _binary_fn("sub"), "mul": _binary_fn("mul"),
+    "div": _binary_fn("truediv"), "true_divide": _binary_fn("truediv"),
+    "floor_divide": _binary_fn("floordiv"), "remainder": _binary_fn("mod"), "pow": _binary_fn("pow"),
+    "logical_and": _logical("and"), "logical_or": _logical("or"), "logical_xor": _logical("xor"),
+    "logical_not": _logical("not"),
+    "eq": _cmp_fn("eq"), "ne": _cmp_fn("ne"), "lt": _cmp_fn("lt"), "le": _cmp_fn("le"),
+    "gt": _cmp_fn("gt"), "ge": _cmp_fn("ge"),
+    "square": lambda state, x: lift(x, state) * lift(x, state),
+    "relu": lambda state, x: _minmax("max")(state, x, 0.0),
+    "to": lambda state, x, *a, **k: lift(x, state).to(*a, **k),
+    "float": lambda state, x: lift(x, state).float(),
+    "bool": lambda state, x: lift(x, state).bool(),
+    "long": lambda state, x: lift(x, state).long(),
+    "int": lambda state, x: lift(x, state).long(),
+})
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor"):
+    _TORCH_HANDLERS[f"__{_name}__"] = (lambda n: lambda state, a, b: lift(a, state)._bin(b, n)
+                                       if n not in ("and", "or", "xor") else lift(a, state)._logic(b, n))(_name)
+    _TORCH_HANDLERS[f"__r{_name}__"] = (lambda n: lambda state, a, b: lift(b, state)._bin(a, n)
+                                        if n not in ("and", "or", "xor") else lift(b, state)._logic(a, n))(_name)
+for _pred in ("lt", "le", "gt", "ge", "eq", "ne"):
+    _TORCH_HANDLERS[f"__{_pred}__"] = _cmp_fn(_pred)
+
+
+def trace(fn, mod_name: str, arg_types: list[str], state: TraceState | None = None) -> tuple[Expr, TraceState]:
+    """Run `fn` once on symbolic arguments; return its result expression and the trace state."""
+    state = state or TraceState(mod_name)
+    args = [Sym(Expr("arg", ty, value=i), state) for i, ty in enumerate(arg_types)]
+    try:
+        out = fn(*args)
+    except TraceError:
+        raise
+    except Exception as err:  # the user's mod raised: name it and keep the cause
+        raise TraceError(f"{mod_name} raised {type(err).__name__}: {err}") from err
+    if isinstance(out, (bool, int, float)) and not isinstance(out, Sym):
+        out = _const(out, state)
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        out = _const(out, state)
+    if not isinstance(out, Sym):
+        raise TraceError(f"{mod_name} must return a scalar expression, got {type(out).__name__}")
+    return out.expr, state
+

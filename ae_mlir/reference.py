@@ -1,0 +1,296 @@
+"""The reference executor: evaluates an L0 `attn` module on torch tensors in float64.
+
+It materializes every intermediate (scores are [B, H, Lq, Lk]), so it is the semantic oracle of
+the dialect, not a fast path. Mod regions are evaluated once, vectorized over the whole index
+grid, by interpreting their arith/math/tensor ops with torch.
+"""
+from __future__ import annotations
+
+import math
+
+from .context import CompileError, Diagnostic, location_parts
+
+_CMPI = {0: "eq", 1: "ne", 2: "lt", 3: "le", 4: "gt", 5: "ge", 6: "lt", 7: "le", 8: "gt", 9: "ge"}
+# arith.cmpf predicates: (comparison, true when either side is NaN)
+_CMPF = {1: ("eq", False), 2: ("gt", False), 3: ("ge", False), 4: ("lt", False), 5: ("le", False),
+         6: ("ne", False), 8: ("eq", True), 9: ("gt", True), 10: ("ge", True), 11: ("lt", True),
+         12: ("le", True), 13: ("ne", True)}
+
+
+def _error(op, message: str) -> CompileError:
+    filename, line, col = location_parts(op.location)
+    return CompileError(message, [Diagnostic("error", f"'{op.operation.name}' op {message}", filename, line, col)])
+
+
+def _attr_int(op, name: str) -> int:
+    return int(op.attributes[name].value)
+
+
+def _attr_float(op, name: str) -> float:
+    return float(op.attributes[name].value)
+
+
+def _attr_str(op, name: str) -> str:
+    return op.attributes[name].value
+
+
+def _cmp(a, b, pred: str):
+    import torch
+
+    return {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+            "ge": torch.ge}[pred](a, b)
+
+
+def _scalar_op(op, args):
+    """Evaluate one arith/math/tensor op of a mod region on broadcastable torch tensors."""
+    import torch
+
+    name = op.operation.name
+    if name == "arith.constant":
+        attr = op.attributes["value"]
+        if str(attr.type) == "i1":
+            return torch.tensor(bool(attr.value))
+        if str(attr.type) in ("index", "i64", "i32", "i16", "i8"):
+            return torch.tensor(int(attr.value), dtype=torch.int64)
+        return torch.tensor(float(attr.value), dtype=torch.float64)
+    binary = {
+        "arith.addf": torch.add, "arith.subf": torch.sub, "arith.mulf": torch.mul, "arith.divf": torch.div,
+        "arith.addi": torch.add, "arith.subi": torch.sub, "arith.muli": torch.mul,
+        "arith.maximumf": torch.maximum, "arith.minimumf": torch.minimum,
+        "arith.maxsi": torch.maximum, "arith.minsi": torch.minimum,
+        "arith.andi": torch.bitwise_and, "arith.ori": torch.bitwise_or, "arith.xori": torch.bitwise_xor,
+        "arith.remf": torch.fmod, "arith.remsi": torch.fmod, "math.powf": torch.pow,
+    }
+    if name in binary:
+        return binary[name](args[0], args[1])
+    if name == "arith.floordivsi":
+        return torch.div(args[0], args[1], rounding_mode="floor")
+    if name == "arith.divsi":
+        return torch.div(args[0], args[1], rounding_mode="trunc")
+    unary = {
+        "arith.negf": torch.neg, "math.exp": torch.exp, "math.exp2": torch.exp2, "math.log": torch.log,
+        "math.log2": torch.log2, "math.sqrt": torch.sqrt, "math.rsqrt": torch.rsqrt, "math.tanh": torch.tanh,
+        "math.absf": torch.abs, "math.absi": torch.abs, "math.sin": torch.sin, "math.cos": torch.cos,
+        "math.floor": torch.floor, "math.ceil": torch.ceil, "math.erf": torch.erf, "math.log1p": torch.log1p,
+        "math.expm1": torch.expm1,
+    }
+    if name in unary:
+        return unary[name](args[0])
+    if name == "arith.cmpi":
+        return _cmp(args[0], args[1], _CMPI[_attr_int(op, "predicate")])
+    if name == "arith.cmpf":
+        pred = _attr_int(op, "predicate")
+        if pred in (0, 15):
+            return torch.full(torch.broadcast_shapes(args[0].shape, args[1].shape), pred == 15)
+        if pred in (7, 14):
+            unordered = torch.isnan(args[0]) | torch.isnan(args[1])
+            return ~unordered if pred == 7 else unordered
+        cmp, unordered_true = _CMPF[pred]
+        result = _cmp(args[0], args[1], cmp)
+        nan = torch.isnan(args[0]) | torch.isnan(args[1])
+        return (result | nan) if unordered_true else (result & ~nan)
+    if name == "arith.select":
+        return torch.where(args[0], args[1], args[2])
+    if name in ("arith.index_cast", "arith.extsi", "arith.trunci", "arith.index_castui"):
+        return args[0].to(torch.int64)
+    if name == "arith.extui":
+        return args[0].to(torch.int64)
+    if name in ("arith.sitofp", "arith.uitofp", "arith.extf", "arith.truncf"):
+        return args[0].to(torch.float64)
+    if name == "arith.fptosi":
+        return torch.trunc(args[0]).to(torch.int64)
+    if name == "tensor.extract":
+        tensor, idx = args[0], args[1:]
+        if not idx:
+            return tensor
+        for axis, (i, size) in enumerate(zip(idx, tensor.shape)):
+            if bool(((i < 0) | (i >= size)).any()):
+                raise _error(op, f"index out of bounds on axis {axis} of a closure tensor of shape "
+                                 f"{tuple(tensor.shape)}")
+        grid = torch.broadcast_tensors(*idx)
+        return tensor[tuple(grid)]
+    raise _error(op, "is not supported inside mod regions")
+
+
+def eval_region(region, args: list):
+    """Evaluate a one-block mod region; `args` bind its block arguments in order."""
+    block = region.blocks[0]
+    env = {}
+    for value, tensor in zip(block.arguments, args):
+        env[value] = tensor
+    for op in block.operations:
+        operands = [env[v] for v in op.operands]
+        if op.operation.name == "gpu.yield":
+            return operands[0]
+        env[op.results[0]] = _scalar_op(op, operands)
+    raise _error(region.owner, "region has no gpu.yield")
+
+
+def _grid(*sizes):
+    """Index tensors for a 4-D grid, each shaped to broadcast along its own axis."""
+    import torch
+
+    out = []
+    for axis, n in enumerate(sizes):
+        shape = [1] * len(sizes)
+        shape[axis] = n
+        out.append(torch.arange(n, dtype=torch.int64).view(shape))
+    return out
+
+
+def _as_f64(t):
+    import torch
+
+    return t.to(torch.float64) if t.dtype.is_floating_point else t
+
+
+def _expand_heads(t, heads: int):
+    return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _softmax_family(kind: str, scores, keep):
+    import torch
+
+    if keep is None:
+        keep = torch.ones_like(scores, dtype=torch.bool)
+    if kind == "softmax":
+        masked = scores.masked_fill(~keep, -math.inf)
+        row_max = masked.amax(dim=-1, keepdim=True)
+        safe_max = torch.where(torch.isinf(row_max) & (row_max < 0), torch.zeros_like(row_max), row_max)
+        e = torch.exp(masked - safe_max)
+        total = e.sum(dim=-1, keepdim=True)
+        probs = torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
+        lse = (safe_max + torch.log(total)).squeeze(-1)
+        return probs, lse
+    zero = torch.zeros_like(scores)
+    if kind == "sigmoid":
+        return torch.where(keep, torch.sigmoid(scores), zero), None
+    if kind == "relu":
+        return torch.where(keep, torch.relu(scores), zero), None
+    return torch.where(keep, scores, zero), None
+
+
+def _linear(op, env_vals, seg):
+    import torch
+
+    q, k, v = (_as_f64(env_vals[i]) for i in range(3))
+    pos = 3
+    g = s0 = None
+    if seg[3]:
+        g = _as_f64(env_vals[pos])
+        pos += 1
+    if seg[4]:
+        s0 = _as_f64(env_vals[pos])
+        pos += 1
+    captures = env_vals[pos:]
+    b, h, l, dk = q.shape
+    dv = v.shape[3]
+    for region, name in zip(op.regions, ("q", "k", "v")):
+        if not list(region.blocks):
+            continue
+        x = {"q": q, "k": k, "v": v}[name]
+        ib, ih, it, idd = _grid(*x.shape)
+        y = eval_region(region, [x, ib, ih, it, idd] + captures).to(torch.float64)
+        y = y.expand(x.shape).clone()
+        if name == "q":
+            q = y
+        elif name == "k":
+            k = y
+        else:
+            v = y
+    decay = _attr_str(op, "decay")
+    scale = _attr_float(op, "scale")
+    normalize = bool(op.attributes["normalize"].value)
+    state = s0.clone() if s0 is not None else torch.zeros(b, h, dk, dv, dtype=torch.float64)
+    z = torch.zeros(b, h, dk, dtype=torch.float64)
+    out = torch.empty(b, h, l, dv, dtype=torch.float64)
+    for t in range(l):
+        if decay == "head":
+            factor = torch.exp(g).view(1, h, 1).expand(b, h, dk)
+        elif decay == "token":
+            factor = torch.exp(g[:, :, t]).unsqueeze(-1).expand(b, h, dk)
+        elif decay == "token_dim":
+            factor = torch.exp(g[:, :, t, :])
+        else:
+            factor = None
+        if factor is not None:
+            state = state * factor.unsqueeze(-1)
+            z = z * factor
+        kt, vt, qt = k[:, :, t, :], v[:, :, t, :], q[:, :, t, :]
+        state = state + kt.unsqueeze(-1) * vt.unsqueeze(-2)
+        z = z + kt
+        o = torch.einsum("bhd,bhde->bhe", qt, state)
+        if normalize:
+            o = o / torch.einsum("bhd,bhd->bh", qt, z).unsqueeze(-1)
+        else:
+            o = o * scale
+        out[:, :, t, :] = o
+    return out, state
+
+
+def evaluate(module, inputs: list) -> list:
+    """Run the module's single function on `inputs`; return its results as float64 tensors."""
+    import torch
+
+    funcs = [op for op in module.body.operations if op.operation.name == "func.func"]
+    if len(funcs) != 1:
+        raise CompileError(f"the reference executor needs exactly one func.func, found {len(funcs)}")
+    func = funcs[0]
+    block = func.regions[0].blocks[0]
+    if len(block.arguments) != len(inputs):
+        raise ValueError(f"the module takes {len(block.arguments)} tensors, got {len(inputs)}")
+    env = {arg: _as_f64(t.detach().cpu()) for arg, t in zip(block.arguments, inputs)}
+    for op in block.operations:
+        vals = [env[v] for v in op.operands]
+        name = op.operation.name
+        if name == "func.return":
+            return vals
+        if name == "attn.score":
+            q, k = vals
+            kk = _expand_heads(k, q.shape[1])
+            env[op.results[0]] = _attr_float(op, "scale") * torch.matmul(q, kk.transpose(-1, -2))
+        elif name == "attn.score_mod":
+            scores, captures = vals[0], vals[1:]
+            ib, ih, iq, ik = _grid(*scores.shape)
+            out = eval_region(op.regions[0], [scores, ib, ih, iq, ik] + captures)
+            env[op.results[0]] = out.to(torch.float64).expand(scores.shape).clone()
+        elif name == "attn.mask":
+            shape = list(op.results[0].type.shape)
+            ib, ih, iq, ik = _grid(*shape)
+            out = eval_region(op.regions[0], [ib, ih, iq, ik] + vals)
+            env[op.results[0]] = out.to(torch.bool).expand(shape).clone()
+        elif name == "attn.normalize":
+            seg = [int(x) for x in op.attributes["operandSegmentSizes"]]
+            keep = vals[1] if seg[1] else None
+            probs, lse = _softmax_family(_attr_str(op, "kind"), vals[0], keep)
+            env[op.results[0]] = probs
+            if len(op.results) > 1:
+                env[op.results[1]] = lse
+        elif name == "attn.aggregate":
+            probs, v = vals
+            env[op.results[0]] = torch.matmul(probs, _expand_heads(v, probs.shape[1]))
+        elif name == "attn.linear_recurrence":
+            seg = [int(x) for x in op.attributes["operandSegmentSizes"]]
+            out, state = _linear(op, vals, seg)
+            env[op.results[0]] = out
+            env[op.results[1]] = state
+        else:
+            raise _error(op, "is not supported by the reference executor (it runs L0 modules only)")
+    raise CompileError("function has no func.return")
+
+
+def run_module_text(text: str, inputs: list, out_dtype) -> list:
+    """Parse, verify and evaluate `text`; the first result takes `out_dtype`, the rest stay f32."""
+    import torch
+
+    from .context import new_context, parse_module
+    from .verifier import check_module
+
+    ctx = new_context()
+    module = parse_module(text, ctx)
+    check_module(module)
+    with ctx:
+        results = evaluate(module, inputs)
+    device = inputs[0].device
+    first = results[0].to(dtype=out_dtype, device=device)
+    return [first] + [r.to(dtype=torch.float32, device=device) for r in results[1:]]

@@ -1,0 +1,196 @@
+"""Shape and region-signature rules of the `attn` dialect that IRDL cannot express.
+
+`verify_module` walks a module and returns one located error per violated rule; callers raise
+`CompileError` (Python) or print the diagnostics and exit 1 (`ae-opt`).
+"""
+from __future__ import annotations
+
+from .context import CompileError, Diagnostic, location_parts
+
+FLOAT_TYPES = ("f16", "bf16", "f32")
+NORMALIZE_KINDS = ("softmax", "sigmoid", "relu", "none")
+DECAY_KINDS = ("none", "head", "token", "token_dim")
+
+
+class _Fail(Exception):
+    pass
+
+
+def _tensor(value_type, what: str, rank: int | None = None, elts=None):
+    from mlir import ir
+
+    t = value_type
+    if not isinstance(t, ir.RankedTensorType):
+        raise _Fail(f"{what} must be a ranked tensor, got {value_type}")
+    shape = list(t.shape)
+    if rank is not None and len(shape) != rank:
+        raise _Fail(f"{what} must have rank {rank}, got {value_type}")
+    if not t.has_static_shape:
+        raise _Fail(f"{what} must have a static shape, got {value_type}")
+    elt = str(t.element_type)
+    if elts is not None and elt not in elts:
+        raise _Fail(f"{what} must have element type {' or '.join(elts)}, got {value_type}")
+    return shape, elt
+
+
+def _expect(cond: bool, msg: str):
+    if not cond:
+        raise _Fail(msg)
+
+
+def _segments(op, attr: str, n: int) -> list[list]:
+    """Split operands (or results) by a segment-size attribute of n entries."""
+    values = list(op.operands) if attr == "operandSegmentSizes" else list(op.results)
+    if attr not in op.attributes:
+        return [[v] for v in values] if len(values) == n else [values]
+    sizes = [int(x) for x in op.attributes[attr]]
+    out, pos = [], 0
+    for size in sizes:
+        out.append(values[pos : pos + size])
+        pos += size
+    return out
+
+
+def _check_region(region, what: str, arg_types: list[str], result_type: str, optional: bool = False):
+    blocks = list(region.blocks)
+    if not blocks:
+        _expect(optional, f"{what} region must not be empty")
+        return
+    _expect(len(blocks) == 1, f"{what} region must have exactly one block")
+    block = blocks[0]
+    got = [str(a.type) for a in block.arguments]
+    _expect(
+        got == arg_types,
+        f"{what} region must take ({', '.join(arg_types)}), got ({', '.join(got)})",
+    )
+    ops = list(block.operations)
+    _expect(bool(ops) and ops[-1].name == "gpu.yield", f"{what} region must end with gpu.yield")
+    yielded = [str(v.type) for v in ops[-1].operands]
+    _expect(yielded == [result_type], f"{what} region must yield one {result_type}, got ({', '.join(yielded)})")
+
+
+def _capture_types(captures) -> list[str]:
+    return [str(c.type) for c in captures]
+
+
+def _check_gqa(h: int, hkv: int, what: str):
+    _expect(hkv > 0 and h % hkv == 0, f"query heads ({h}) must be a multiple of {what} heads ({hkv})")
+
+
+def _verify_score(op):
+    (bq, h, lq, dq), _ = _tensor(op.operands[0].type, "q", 4, FLOAT_TYPES)
+    (bk, hkv, lk, dk), _ = _tensor(op.operands[1].type, "k", 4, FLOAT_TYPES)
+    _expect(bq == bk, f"q and k batch sizes differ ({bq} vs {bk})")
+    _expect(dq == dk, f"q and k head dims differ ({dq} vs {dk})")
+    _check_gqa(h, hkv, "k")
+    shape, _ = _tensor(op.results[0].type, "scores", 4, ("f32",))
+    _expect(shape == [bq, h, lq, lk], f"scores must have shape [{bq}, {h}, {lq}, {lk}], got {shape}")
+
+
+def _verify_score_mod(op):
+    scores, *captures = list(op.operands)
+    shape, _ = _tensor(scores.type, "scores", 4, ("f32",))
+    out, _ = _tensor(op.results[0].type, "result", 4, ("f32",))
+    _expect(out == shape, f"result shape {out} must equal the scores shape {shape}")
+    _check_region(op.regions[0], "score_mod", ["f32"] + ["index"] * 4 + _capture_types(captures), "f32")
+
+
+def _verify_mask(op):
+    _tensor(op.results[0].type, "mask result", 4, ("i1",))
+    _check_region(op.regions[0], "mask", ["index"] * 4 + _capture_types(op.operands), "i1")
+
+
+def _verify_normalize(op):
+    kind = str(op.attributes["kind"]).strip('"')
+    _expect(kind in NORMALIZE_KINDS, f"unknown normalize kind '{kind}' (expected one of {', '.join(NORMALIZE_KINDS)})")
+    (scores,), keep = _segments(op, "operandSegmentSizes", 2)
+    shape, _ = _tensor(scores.type, "scores", 4, ("f32",))
+    if keep:
+        kshape, _ = _tensor(keep[0].type, "mask", 4, ("i1",))
+        _expect(kshape == shape, f"mask shape {kshape} must equal the scores shape {shape}")
+    (probs,), lse = _segments(op, "resultSegmentSizes", 2)
+    pshape, _ = _tensor(probs.type, "probs", 4, ("f32",))
+    _expect(pshape == shape, f"probs shape {pshape} must equal the scores shape {shape}")
+    if lse:
+        _expect(kind == "softmax", f"only softmax has a logsumexp result, not '{kind}'")
+        lshape, _ = _tensor(lse[0].type, "lse", 3, ("f32",))
+        _expect(lshape == shape[:3], f"lse must have shape {shape[:3]}, got {lshape}")
+    filled = [bool(list(r.blocks)) for r in op.regions]
+    _expect(not any(filled), f"built-in normalize kind '{kind}' takes no regions")
+
+
+def _verify_aggregate(op):
+    (b, h, lq, lk), _ = _tensor(op.operands[0].type, "probs", 4, ("f32",))
+    (bv, hkv, lv, dv), _ = _tensor(op.operands[1].type, "v", 4, FLOAT_TYPES)
+    _expect(b == bv, f"probs and v batch sizes differ ({b} vs {bv})")
+    _expect(lk == lv, f"probs has {lk} keys but v has {lv} rows")
+    _check_gqa(h, hkv, "v")
+    out, _ = _tensor(op.results[0].type, "result", 4, FLOAT_TYPES)
+    _expect(out == [b, h, lq, dv], f"result must have shape [{b}, {h}, {lq}, {dv}], got {out}")
+
+
+def _verify_linear(op):
+    decay = str(op.attributes["decay"]).strip('"')
+    _expect(decay in DECAY_KINDS, f"unknown decay kind '{decay}' (expected one of {', '.join(DECAY_KINDS)})")
+    chunk = int(str(op.attributes["chunk_size"]).split(":")[0])
+    _expect(chunk >= 1, f"chunk_size must be positive, got {chunk}")
+    (q,), (k,), (v,), g, s0, captures = _segments(op, "operandSegmentSizes", 6)
+    (b, h, l, dk), _ = _tensor(q.type, "q", 4, FLOAT_TYPES)
+    kshape, _ = _tensor(k.type, "k", 4, FLOAT_TYPES)
+    _expect(kshape == [b, h, l, dk], f"k must have shape {[b, h, l, dk]}, got {kshape}")
+    (bv, hv, lv, dv), _ = _tensor(v.type, "v", 4, FLOAT_TYPES)
+    _expect([bv, hv, lv] == [b, h, l], f"v must have shape [{b}, {h}, {l}, Dv], got {[bv, hv, lv, dv]}")
+    expected_g = {"head": [h], "token": [b, h, l], "token_dim": [b, h, l, dk]}.get(decay)
+    if expected_g is None:
+        _expect(not g, "decay 'none' takes no g operand")
+    else:
+        _expect(bool(g), f"decay '{decay}' needs a g operand of shape {expected_g}")
+        gshape, _ = _tensor(g[0].type, "g", None, FLOAT_TYPES)
+        _expect(gshape == expected_g, f"g for decay '{decay}' must have shape {expected_g}, got {gshape}")
+    if s0:
+        sshape, _ = _tensor(s0[0].type, "initial_state", 4, FLOAT_TYPES)
+        _expect(sshape == [b, h, dk, dv], f"initial_state must have shape {[b, h, dk, dv]}, got {sshape}")
+    out, _ = _tensor(op.results[0].type, "out", 4, FLOAT_TYPES)
+    _expect(out == [b, h, l, dv], f"out must have shape {[b, h, l, dv]}, got {out}")
+    st, _ = _tensor(op.results[1].type, "final_state", 4, ("f32",))
+    _expect(st == [b, h, dk, dv], f"final_state must have shape {[b, h, dk, dv]}, got {st}")
+    sig = ["f32"] + ["index"] * 4 + _capture_types(captures)
+    for region, name in zip(op.regions, ("q_mod", "k_mod", "v_mod")):
+        _check_region(region, name, sig, "f32", optional=True)
+
+
+_RULES = {
+    "attn.score": _verify_score,
+    "attn.score_mod": _verify_score_mod,
+    "attn.mask": _verify_mask,
+    "attn.normalize": _verify_normalize,
+    "attn.aggregate": _verify_aggregate,
+    "attn.linear_recurrence": _verify_linear,
+}
+
+
+def verify_module(module) -> list[Diagnostic]:
+    """Check every attn op in `module`; return the errors (empty when the module is valid)."""
+    errors: list[Diagnostic] = []
+
+    def visit(op):
+        from mlir import ir
+
+        rule = _RULES.get(op.name)
+        if rule is not None:
+            try:
+                rule(op)
+            except _Fail as fail:
+                filename, line, col = location_parts(op.location)
+                errors.append(Diagnostic("error", f"'{op.name}' op {fail}", filename, line, col))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return errors
+
+
+def check_module(module, source_name: str = "-") -> None:
+    """Raise `CompileError` if `module` breaks a dialect rule."""
+    errors = verify_module(module)
+    if errors:
+        raise CompileError(f"invalid attn IR in {source_name}", errors)

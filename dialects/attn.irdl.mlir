@@ -1,0 +1,105 @@
+// The `attn` dialect: attention written as modular ops on [B, H, L, D] tensors (level L0).
+//
+// IRDL checks the structure of each op (operand/result kinds, attribute kinds, region counts);
+// the shape rules that IRDL cannot state (matching B/D, GQA divisibility, region signatures) are
+// checked by `ae_mlir.verifier`, which `ae-opt` and the frontend run after parsing.
+//
+// IRDL cannot declare terminators, so mod regions end with the upstream `gpu.yield`, a generic
+// terminator with no parent constraint. Region block arguments, in order:
+//   score_mod : (score: f32, b: index, h: index, q_idx: index, kv_idx: index, captures...)
+//   mask      : (b: index, h: index, q_idx: index, kv_idx: index, captures...) -> i1
+//   q/k/v mod : (x: f32, b: index, h: index, t: index, d: index, captures...) -> f32
+// Captured tensors are operands of the op and also block arguments of its regions, so a region
+// never refers to values defined outside it.
+irdl.dialect @attn {
+  // scores[b, h, i, j] = scale * sum_d q[b, h, i, d] * k[b, h // (H / Hkv), j, d]  (f32)
+  irdl.operation @score {
+    %q = irdl.base "!builtin.tensor"
+    %k = irdl.base "!builtin.tensor"
+    %s = irdl.base "!builtin.tensor"
+    %scale = irdl.base "#builtin.float"
+    irdl.operands(q: %q, k: %k)
+    irdl.results(scores: %s)
+    irdl.attributes {"scale" = %scale}
+  }
+
+  // out[b, h, i, j] = body(scores[b, h, i, j], b, h, i, j, captures...)
+  irdl.operation @score_mod {
+    %s = irdl.base "!builtin.tensor"
+    %cap = irdl.base "!builtin.tensor"
+    %out = irdl.base "!builtin.tensor"
+    irdl.operands(scores: %s, captures: variadic %cap)
+    irdl.results(out: %out)
+    %body = irdl.region
+    irdl.regions(body: %body)
+  }
+
+  // keep[b, h, i, j] = body(b, h, i, j, captures...); the result type fixes [B, H, Lq, Lk].
+  irdl.operation @mask {
+    %cap = irdl.base "!builtin.tensor"
+    %out = irdl.base "!builtin.tensor"
+    irdl.operands(captures: variadic %cap)
+    irdl.results(keep: %out)
+    %body = irdl.region
+    irdl.regions(body: %body)
+  }
+
+  // Row normalization of scores (masked entries contribute nothing). `kind` is one of
+  // "softmax", "sigmoid", "relu" or "none"; the three regions init / update / finalize are
+  // reserved for user-defined online normalizers and stay empty for the built-in kinds.
+  // The optional second result is the row logsumexp (softmax only).
+  irdl.operation @normalize {
+    %s = irdl.base "!builtin.tensor"
+    %m = irdl.base "!builtin.tensor"
+    %p = irdl.base "!builtin.tensor"
+    %lse = irdl.base "!builtin.tensor"
+    %kind = irdl.base "#builtin.string"
+    irdl.operands(scores: %s, keep: optional %m)
+    irdl.results(probs: %p, lse: optional %lse)
+    irdl.attributes {"kind" = %kind}
+    %init = irdl.region
+    %update = irdl.region
+    %finalize = irdl.region
+    irdl.regions(init: %init, update: %update, finalize: %finalize)
+  }
+
+  // out[b, h, i, :] = sum_j probs[b, h, i, j] * v[b, h // (H / Hkv), j, :], accumulated in f32
+  // and converted to the result's element type.
+  irdl.operation @aggregate {
+    %p = irdl.base "!builtin.tensor"
+    %v = irdl.base "!builtin.tensor"
+    %out = irdl.base "!builtin.tensor"
+    irdl.operands(probs: %p, v: %v)
+    irdl.results(out: %out)
+  }
+
+  // Linear attention as a recurrence over time (see DESIGN.md section 3):
+  //   S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t,  o_t = scale * q_t S_t,  S_0 = initial_state or 0,
+  // after the q/k/v mod regions (empty region: identity) are applied elementwise.
+  // `decay` is "none", "head" (g [H]), "token" (g [B, H, L]) or "token_dim" (g [B, H, L, Dk]).
+  // `normalize` divides o_t by the same sum taken with v = 1. `chunk_size` is the lowering's
+  // chunk length. Results: o [B, H, L, Dv] and the final state [B, H, Dk, Dv] (f32).
+  irdl.operation @linear_recurrence {
+    %q = irdl.base "!builtin.tensor"
+    %k = irdl.base "!builtin.tensor"
+    %v = irdl.base "!builtin.tensor"
+    %g = irdl.base "!builtin.tensor"
+    %s0 = irdl.base "!builtin.tensor"
+    %cap = irdl.base "!builtin.tensor"
+    %o = irdl.base "!builtin.tensor"
+    %sn = irdl.base "!builtin.tensor"
+    %decay = irdl.base "#builtin.string"
+    %scale = irdl.base "#builtin.float"
+    %norm = irdl.base "#builtin.integer"
+    %chunk = irdl.base "#builtin.integer"
+    irdl.operands(q: %q, k: %k, v: %v, g: optional %g, initial_state: optional %s0,
+                  captures: variadic %cap)
+    irdl.results(out: %o, final_state: %sn)
+    irdl.attributes {"decay" = %decay, "scale" = %scale, "normalize" = %norm,
+                     "chunk_size" = %chunk}
+    %qm = irdl.region
+    %km = irdl.region
+    %vm = irdl.region
+    irdl.regions(q_mod: %qm, k_mod: %km, v_mod: %vm)
+  }
+}
