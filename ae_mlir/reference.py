@@ -112,10 +112,11 @@ def _scalar_op(op, args):
     raise _error(op, "is not supported inside mod regions")
 
 
-def eval_region(region, args: list):
-    """Evaluate a one-block mod region; `args` bind its block arguments in order."""
+def eval_region(region, args: list, outer: dict):
+    """Evaluate a one-block mod region; `args` bind its block arguments in order and `outer`
+    holds the enclosing function's values (the closure tensors the region reads)."""
     block = region.blocks[0]
-    env = {}
+    env = dict(outer)
     for value, tensor in zip(block.arguments, args):
         env[value] = tensor
     for op in block.operations:
@@ -170,7 +171,7 @@ def _softmax_family(kind: str, scores, keep):
     return torch.where(keep, scores, zero), None
 
 
-def _linear(op, env_vals, seg):
+def _linear(op, env_vals, seg, outer):
     import torch
 
     q, k, v = (_as_f64(env_vals[i]) for i in range(3))
@@ -181,8 +182,6 @@ def _linear(op, env_vals, seg):
         pos += 1
     if seg[4]:
         s0 = _as_f64(env_vals[pos])
-        pos += 1
-    captures = env_vals[pos:]
     b, h, l, dk = q.shape
     dv = v.shape[3]
     for region, name in zip(op.regions, ("q", "k", "v")):
@@ -190,7 +189,7 @@ def _linear(op, env_vals, seg):
             continue
         x = {"q": q, "k": k, "v": v}[name]
         ib, ih, it, idd = _grid(*x.shape)
-        y = eval_region(region, [x, ib, ih, it, idd] + captures).to(torch.float64)
+        y = eval_region(region, [x, ib, ih, it, idd], outer).to(torch.float64)
         y = y.expand(x.shape).clone()
         if name == "q":
             q = y
@@ -250,14 +249,14 @@ def evaluate(module, inputs: list) -> list:
             kk = _expand_heads(k, q.shape[1])
             env[op.results[0]] = _attr_float(op, "scale") * torch.matmul(q, kk.transpose(-1, -2))
         elif name == "attn.score_mod":
-            scores, captures = vals[0], vals[1:]
+            scores = vals[0]
             ib, ih, iq, ik = _grid(*scores.shape)
-            out = eval_region(op.regions[0], [scores, ib, ih, iq, ik] + captures)
+            out = eval_region(op.regions[0], [scores, ib, ih, iq, ik], env)
             env[op.results[0]] = out.to(torch.float64).expand(scores.shape).clone()
         elif name == "attn.mask":
             shape = list(op.results[0].type.shape)
             ib, ih, iq, ik = _grid(*shape)
-            out = eval_region(op.regions[0], [ib, ih, iq, ik] + vals)
+            out = eval_region(op.regions[0], [ib, ih, iq, ik], env)
             env[op.results[0]] = out.to(torch.bool).expand(shape).clone()
         elif name == "attn.normalize":
             seg = [int(x) for x in op.attributes["operandSegmentSizes"]]
@@ -271,7 +270,7 @@ def evaluate(module, inputs: list) -> list:
             env[op.results[0]] = torch.matmul(probs, _expand_heads(v, probs.shape[1]))
         elif name == "attn.linear_recurrence":
             seg = [int(x) for x in op.attributes["operandSegmentSizes"]]
-            out, state = _linear(op, vals, seg)
+            out, state = _linear(op, vals, seg, env)
             env[op.results[0]] = out
             env[op.results[1]] = state
         else:

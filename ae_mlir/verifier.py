@@ -69,10 +69,6 @@ def _check_region(region, what: str, arg_types: list[str], result_type: str, opt
     _expect(yielded == [result_type], f"{what} region must yield one {result_type}, got ({', '.join(yielded)})")
 
 
-def _capture_types(captures) -> list[str]:
-    return [str(c.type) for c in captures]
-
-
 def _check_gqa(h: int, hkv: int, what: str):
     _expect(hkv > 0 and h % hkv == 0, f"query heads ({h}) must be a multiple of {what} heads ({hkv})")
 
@@ -88,16 +84,15 @@ def _verify_score(op):
 
 
 def _verify_score_mod(op):
-    scores, *captures = list(op.operands)
-    shape, _ = _tensor(scores.type, "scores", 4, ("f32",))
+    shape, _ = _tensor(op.operands[0].type, "scores", 4, ("f32",))
     out, _ = _tensor(op.results[0].type, "result", 4, ("f32",))
     _expect(out == shape, f"result shape {out} must equal the scores shape {shape}")
-    _check_region(op.regions[0], "score_mod", ["f32"] + ["index"] * 4 + _capture_types(captures), "f32")
+    _check_region(op.regions[0], "score_mod", ["f32"] + ["index"] * 4, "f32")
 
 
 def _verify_mask(op):
     _tensor(op.results[0].type, "mask result", 4, ("i1",))
-    _check_region(op.regions[0], "mask", ["index"] * 4 + _capture_types(op.operands), "i1")
+    _check_region(op.regions[0], "mask", ["index"] * 4, "i1")
 
 
 def _verify_normalize(op):
@@ -134,7 +129,7 @@ def _verify_linear(op):
     _expect(decay in DECAY_KINDS, f"unknown decay kind '{decay}' (expected one of {', '.join(DECAY_KINDS)})")
     chunk = int(str(op.attributes["chunk_size"]).split(":")[0])
     _expect(chunk >= 1, f"chunk_size must be positive, got {chunk}")
-    (q,), (k,), (v,), g, s0, captures = _segments(op, "operandSegmentSizes", 6)
+    (q,), (k,), (v,), g, s0 = _segments(op, "operandSegmentSizes", 5)
     (b, h, l, dk), _ = _tensor(q.type, "q", 4, FLOAT_TYPES)
     kshape, _ = _tensor(k.type, "k", 4, FLOAT_TYPES)
     _expect(kshape == [b, h, l, dk], f"k must have shape {[b, h, l, dk]}, got {kshape}")
@@ -154,7 +149,7 @@ def _verify_linear(op):
     _expect(out == [b, h, l, dv], f"out must have shape {[b, h, l, dv]}, got {out}")
     st, _ = _tensor(op.results[1].type, "final_state", 4, ("f32",))
     _expect(st == [b, h, dk, dv], f"final_state must have shape {[b, h, dk, dv]}, got {st}")
-    sig = ["f32"] + ["index"] * 4 + _capture_types(captures)
+    sig = ["f32"] + ["index"] * 4
     for region, name in zip(op.regions, ("q_mod", "k_mod", "v_mod")):
         _check_region(region, name, sig, "f32", optional=True)
 

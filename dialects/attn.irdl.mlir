@@ -6,11 +6,13 @@
 //
 // IRDL cannot declare terminators, so mod regions end with the upstream `gpu.yield`, a generic
 // terminator with no parent constraint. Region block arguments, in order:
-//   score_mod : (score: f32, b: index, h: index, q_idx: index, kv_idx: index, captures...)
-//   mask      : (b: index, h: index, q_idx: index, kv_idx: index, captures...) -> i1
-//   q/k/v mod : (x: f32, b: index, h: index, t: index, d: index, captures...) -> f32
-// Captured tensors are operands of the op and also block arguments of its regions, so a region
-// never refers to values defined outside it.
+//   score_mod : (score: f32, b: index, h: index, q_idx: index, kv_idx: index) -> f32
+//   mask      : (b: index, h: index, q_idx: index, kv_idx: index) -> i1
+//   q/k/v mod : (x: f32, b: index, h: index, t: index, d: index) -> f32
+// Closure tensors a mod reads (slopes[h], doc[q_idx]) are arguments of the enclosing function
+// that the region uses directly (`tensor.extract`), as an scf.for body uses outer values. They
+// are not operands of the op because IRDL gives all values of a variadic operand one type, and
+// captured tensors differ in shape and element type.
 irdl.dialect @attn {
   // scores[b, h, i, j] = scale * sum_d q[b, h, i, d] * k[b, h // (H / Hkv), j, d]  (f32)
   irdl.operation @score {
@@ -23,22 +25,19 @@ irdl.dialect @attn {
     irdl.attributes {"scale" = %scale}
   }
 
-  // out[b, h, i, j] = body(scores[b, h, i, j], b, h, i, j, captures...)
+  // out[b, h, i, j] = body(scores[b, h, i, j], b, h, i, j)
   irdl.operation @score_mod {
     %s = irdl.base "!builtin.tensor"
-    %cap = irdl.base "!builtin.tensor"
     %out = irdl.base "!builtin.tensor"
-    irdl.operands(scores: %s, captures: variadic %cap)
+    irdl.operands(scores: %s)
     irdl.results(out: %out)
     %body = irdl.region
     irdl.regions(body: %body)
   }
 
-  // keep[b, h, i, j] = body(b, h, i, j, captures...); the result type fixes [B, H, Lq, Lk].
+  // keep[b, h, i, j] = body(b, h, i, j); the result type fixes [B, H, Lq, Lk].
   irdl.operation @mask {
-    %cap = irdl.base "!builtin.tensor"
     %out = irdl.base "!builtin.tensor"
-    irdl.operands(captures: variadic %cap)
     irdl.results(keep: %out)
     %body = irdl.region
     irdl.regions(body: %body)
@@ -85,15 +84,13 @@ irdl.dialect @attn {
     %v = irdl.base "!builtin.tensor"
     %g = irdl.base "!builtin.tensor"
     %s0 = irdl.base "!builtin.tensor"
-    %cap = irdl.base "!builtin.tensor"
     %o = irdl.base "!builtin.tensor"
     %sn = irdl.base "!builtin.tensor"
     %decay = irdl.base "#builtin.string"
     %scale = irdl.base "#builtin.float"
     %norm = irdl.base "#builtin.integer"
     %chunk = irdl.base "#builtin.integer"
-    irdl.operands(q: %q, k: %k, v: %v, g: optional %g, initial_state: optional %s0,
-                  captures: variadic %cap)
+    irdl.operands(q: %q, k: %k, v: %v, g: optional %g, initial_state: optional %s0)
     irdl.results(out: %o, final_state: %sn)
     irdl.attributes {"decay" = %decay, "scale" = %scale, "normalize" = %norm,
                      "chunk_size" = %chunk}
@@ -101,5 +98,46 @@ irdl.dialect @attn {
     %km = irdl.region
     %vm = irdl.region
     irdl.regions(q_mod: %qm, k_mod: %km, v_mod: %vm)
+  }
+
+  // ---- L1 (after attn-fuse-online-softmax / attn-tile) --------------------------------------
+
+  // The fused online form of score -> [score_mod] -> [mask] -> normalize -> aggregate. Regions:
+  //   score_mod (score, b, h, q_idx, kv_idx) -> f32   (empty: identity)
+  //   mask      (b, h, q_idx, kv_idx) -> i1           (empty: keep all)
+  //   prob (s, m) -> p, rescale (m_old, m_new) -> alpha, finalize (acc, l) -> out,
+  //   lse_of (m, l) -> logsumexp: the online normalizer (see ae_mlir/normalizers.py); rescale is
+  //   empty without a row statistic, lse_of empty without an lse result.
+  // `stat` is "max" or "none"; with `log2_domain` the scores are scaled by log2(e) after the
+  // score_mod, so prob/rescale/lse work in base 2.
+  irdl.operation @online_attention {
+    %q = irdl.base "!builtin.tensor"
+    %k = irdl.base "!builtin.tensor"
+    %v = irdl.base "!builtin.tensor"
+    %o = irdl.base "!builtin.tensor"
+    %lse = irdl.base "!builtin.tensor"
+    %scale = irdl.base "#builtin.float"
+    %name = irdl.base "#builtin.string"
+    %stat = irdl.base "#builtin.string"
+    %log2 = irdl.base "#builtin.integer"
+    irdl.operands(q: %q, k: %k, v: %v)
+    irdl.results(out: %o, lse: optional %lse)
+    irdl.attributes {"scale" = %scale, "normalizer" = %name, "stat" = %stat, "log2_domain" = %log2}
+    %r0 = irdl.region
+    %r1 = irdl.region
+    %r2 = irdl.region
+    %r3 = irdl.region
+    %r4 = irdl.region
+    %r5 = irdl.region
+    irdl.regions(score_mod: %r0, mask: %r1, prob: %r2, rescale: %r3, finalize: %r4, lse_of: %r5)
+  }
+
+  // The id of the running program along a grid axis (0, 1 or 2) of a tiled kernel function;
+  // the function's `attn.grid` attribute gives the grid's extent.
+  irdl.operation @program_id {
+    %i = irdl.is index
+    %axis = irdl.base "#builtin.integer"
+    irdl.results(id: %i)
+    irdl.attributes {"axis" = %axis}
   }
 }

@@ -74,14 +74,13 @@ class _Captures:
         return [tensor_type(t.shape, mlir_elt(t.dtype)) for t in self.tensors]
 
 
-def _region(expr, args, state: TraceState, caps: _Captures, prefix: str) -> tuple[str, list[str], list[str]]:
-    """Emit a region; return (text, operand names of its captures, their types)."""
+def _region(expr, args, state: TraceState, caps: _Captures, prefix: str) -> str:
+    """Emit a region whose closure tensors are the function arguments %c<i>."""
     positions = caps.add(state)
     all_types = caps.types()
-    names = [f"%{prefix}cap{i}" for i in range(len(positions))]
+    names = [f"%c{p}" for p in positions]
     types = [all_types[p] for p in positions]
-    text = emit_region(expr, args, names, types, prefix)
-    return text, [f"%c{p}" for p in positions], types
+    return emit_region(expr, args, names, types, prefix)
 
 
 def _sig(types: list[str]) -> str:
@@ -145,9 +144,8 @@ class attention:
             if expr.type == INDEX:
                 expr = _as_float(expr)
             args = [("%s", "f32"), ("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-            region, operands, types = _region(expr, args, state, caps, "s")
-            body.append(f'%modded = "attn.score_mod"({", ".join([scores] + operands)}) ({region}) : '
-                        f'{_sig([ts] + types)} -> {ts}')
+            region = _region(expr, args, state, caps, "s")
+            body.append(f'%modded = "attn.score_mod"({scores}) ({region}) : ({ts}) -> {ts}')
             scores = "%modded"
         keep = None
         if self.mask_mod is not None:
@@ -156,8 +154,8 @@ class attention:
             if expr.type != I1:
                 raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
             args = [("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-            region, operands, types = _region(expr, args, state, caps, "m")
-            body.append(f'%keep = "attn.mask"({", ".join(operands)}) ({region}) : {_sig(types)} -> {tm}')
+            region = _region(expr, args, state, caps, "m")
+            body.append(f'%keep = "attn.mask"() ({region}) : () -> {tm}')
             keep = "%keep"
         with_lse = self.normalize == "softmax"
         results = "%probs, %lse" if with_lse else "%probs"
@@ -289,7 +287,7 @@ class linear_attention:
             exprs[role] = expr if expr.type == F32 else _as_float(expr)
         caps.add(states)
         cap_types = caps.types()
-        cap_names = [f"%rc{i}" for i in range(len(cap_types))]
+        cap_names = [f"%c{i}" for i in range(len(cap_types))]
         regions = []
         args = [("%x", "f32"), ("%b", "index"), ("%h", "index"), ("%t", "index"), ("%d", "index")]
         for role in ("q_mod", "k_mod", "v_mod"):
@@ -298,11 +296,9 @@ class linear_attention:
             else:
                 regions.append("{}")
         params += [f"%c{i}: {t}" for i, t in enumerate(cap_types)]
-        operands += [f"%c{i}" for i in range(len(cap_types))]
-        types += cap_types
         to = tensor_type((b, h, l, dv), elt)
         tst = tensor_type((b, h, dk, dv), "f32")
-        seg = f"1, 1, 1, {int(g is not None)}, {int(initial_state is not None)}, {len(cap_types)}"
+        seg = f"1, 1, 1, {int(g is not None)}, {int(initial_state is not None)}"
         body = [
             f'%out, %state = "attn.linear_recurrence"({", ".join(operands)}) ({", ".join(regions)}) '
             f'{{decay = "{self.decay or "none"}", scale = {float_literal(scale)} : f32, '

@@ -179,11 +179,14 @@ class RegionEmitter:
 
 def emit_region(root: Expr, arg_decls: list[tuple[str, str]], capture_names: list[str],
                 capture_types: list[str], prefix: str, indent: str = "    ") -> str:
-    """Return the text of a one-block region `({ ^bb0(args): ... gpu.yield })` body."""
+    """Return the text of a one-block region `{ ^bb0(args): ... gpu.yield }`.
+
+    `capture_names` are the enclosing function's arguments holding the closure tensors.
+    """
     arg_names = [n for n, _ in arg_decls]
     em = RegionEmitter(arg_names, capture_names, capture_types, prefix)
     result = em.emit(root)
-    decls = ", ".join(f"{n}: {t}" for n, t in arg_decls + list(zip(capture_names, capture_types)))
+    decls = ", ".join(f"{n}: {t}" for n, t in arg_decls)
     body = "\n".join(f"{indent}  {line}" for line in em.lines)
     lines = [f"{indent}^bb0({decls}):"]
     if body:

@@ -315,6 +315,18 @@ class Sym:
     def __getitem__(self, item):
         self.state.fail("indexing a symbolic value; only closure tensors can be indexed")
 
+    def where(self, condition, other):
+        # Tensor.where(cond, y) is torch.where(cond, self, y): self is not the first operand.
+        return _where(self.state, condition, self, other)
+
+    def __getattr__(self, name):
+        # Tensor-method forms (x.abs(), x.clamp(lo, hi), x.exp(), ...) reuse the torch handlers.
+        # Only reached for names not found normally; dunders and unset slots stay AttributeErrors.
+        handler = None if name.startswith("_") or name in Sym.__slots__ else _TORCH_HANDLERS.get(name)
+        if handler is None:
+            raise AttributeError(f"'Sym' object has no attribute {name!r} (Tensor.{name} is not supported in mods)")
+        return lambda *args, **kwargs: handler(self.state, self, *args, **kwargs)
+
     def __repr__(self):
         return f"Sym({self.expr.type})"
 

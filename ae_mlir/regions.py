@@ -1,0 +1,126 @@
+"""Scalar programs: the body of a mod region as a flat list of ops, re-emittable elsewhere.
+
+Passes move mod bodies between levels (into `linalg.generic` bodies at L1, onto whole tiles in
+Triton IR). A `ScalarProgram` records each op's name, operands, attributes and result types once,
+so every emitter renames values and retypes results without re-parsing text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScalarOp:
+    name: str
+    operands: tuple[str, ...]  # keys: "arg<i>" block argument, "ext<i>" outer value, "v<j>_<k>" result
+    attributes: tuple[tuple[str, str], ...]
+    result_types: tuple[str, ...]
+    operand_types: tuple[str, ...]
+
+    def attr(self, key: str) -> str | None:
+        for k, v in self.attributes:
+            if k == key:
+                return v
+        return None
+
+
+@dataclass(frozen=True)
+class ScalarProgram:
+    arg_types: tuple[str, ...]
+    ops: tuple[ScalarOp, ...]
+    result: str  # the key of the yielded value
+    result_type: str
+    externals: tuple = ()  # the enclosing function's values the region reads, by "ext<i>"
+
+    def uses_arg(self, index: int) -> bool:
+        key = f"arg{index}"
+        return self.result == key or any(key in op.operands for op in self.ops)
+
+
+def from_region(region) -> ScalarProgram | None:
+    """Read a one-block mod region ending in gpu.yield; None for an empty region."""
+    blocks = list(region.blocks)
+    if not blocks:
+        return None
+    block = blocks[0]
+    keys = {}
+    for i, arg in enumerate(block.arguments):
+        keys[arg] = f"arg{i}"
+    ops = []
+    externals = []
+    result = None
+    result_type = None
+    for op in block.operations:
+        operation = op.operation
+        operand_keys = []
+        for v in operation.operands:
+            if v not in keys:
+                keys[v] = f"ext{len(externals)}"
+                externals.append(v)
+            operand_keys.append(keys[v])
+        if operation.name == "gpu.yield":
+            result = operand_keys[0]
+            result_type = str(operation.operands[0].type)
+            break
+        if len(operation.regions):
+            raise ValueError(f"'{operation.name}' with regions is not supported inside mod regions")
+        for j, r in enumerate(operation.results):
+            keys[r] = f"v{len(ops)}_{j}"
+        attrs = tuple((name, str(operation.attributes[name])) for name in operation.attributes)
+        ops.append(ScalarOp(operation.name, tuple(operand_keys), attrs,
+                            tuple(str(r.type) for r in operation.results),
+                            tuple(str(v.type) for v in operation.operands)))
+    if result is None:
+        raise ValueError("mod region does not end with gpu.yield")
+    return ScalarProgram(tuple(str(a.type) for a in block.arguments), tuple(ops), result, result_type,
+                         tuple(externals))
+
+
+class TextEmitter:
+    """Emits SSA text with fresh names; the shared helper of every code-generating pass."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.lines: list[str] = []
+        self.count = 0
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"%{self.prefix}{self.count}"
+
+    def __call__(self, text: str) -> str:
+        name = self.fresh()
+        self.lines.append(f"{name} = {text}")
+        return name
+
+    def raw(self, text: str) -> None:
+        self.lines.append(text)
+
+    def results(self, n: int, text: str) -> list[str]:
+        name = self.fresh()
+        self.lines.append(f"{name}:{n} = {text}")
+        return [f"{name}#{i}" for i in range(n)]
+
+
+def emit_scalar(program: ScalarProgram, args: list[str], em: TextEmitter, externals: list[str] = (),
+                extract=None) -> str:
+    """Inline `program` as scalar ops (generic form) with block arguments bound to `args` and
+    the outer values it reads bound to `externals`.
+
+    `extract(capture_name, indices, op)` may override how `tensor.extract` from a captured tensor
+    is emitted; by default the op is copied.
+    """
+    env = {f"arg{i}": a for i, a in enumerate(args)}
+    env.update({f"ext{i}": e for i, e in enumerate(externals)})
+    for i, op in enumerate(program.ops):
+        operands = [env[k] for k in op.operands]
+        if op.name == "tensor.extract" and extract is not None:
+            value = extract(operands[0], operands[1:], op)
+        else:
+            attrs = ", ".join(f"{k} = {v}" for k, v in op.attributes)
+            attr_text = f" {{{attrs}}}" if attrs else ""
+            results = ", ".join(op.result_types)
+            value = em(f'"{op.name}"({", ".join(operands)}){attr_text} : '
+                       f'({", ".join(op.operand_types)}) -> ({results})')
+        env[f"v{i}_0"] = value
+    return env[program.result]
