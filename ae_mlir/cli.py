@@ -93,7 +93,6 @@ class _Job:
     emit: Callable
     emit_options: EmitOptions
     print_ir_after_all: bool
-    verify_diagnostics: bool
 
 
 def _main(argv: list[str]) -> int:
@@ -107,16 +106,15 @@ def _main(argv: list[str]) -> int:
         emit=_emitter(args.emit),
         emit_options=EmitOptions(_target(args.target), args.mlir_print_op_generic),
         print_ir_after_all=args.mlir_print_ir_after_all,
-        verify_diagnostics=args.verify_diagnostics,
     )
-    text = _read_input(args.file)
     _check_pipeline(job.pipeline)
+    text = _read_input(args.file)
 
     chunks = _split_input(text) if args.split_input_file else [(text, 0)]
     outputs, ok = [], True
     for chunk, line_offset in chunks:
         output, diagnostics, failed = _process(chunk, line_offset, job)
-        if job.verify_diagnostics:
+        if args.verify_diagnostics:
             diagnostics = _verify_diagnostics(chunk, line_offset, diagnostics)
             failed = bool(diagnostics)
         for diag in diagnostics:

@@ -133,9 +133,10 @@ def _convert(pass_name: str, info: OptionInfo, raw: Any) -> Any:
     what = f"option '{info.cli_name}' of pass '{pass_name}'"
     if typing.get_origin(typ) is Literal:
         choices = typing.get_args(typ)
-        if raw not in choices:
-            raise CompileError(f"{what} must be one of {', '.join(map(str, choices))}, got '{raw}'")
-        return raw
+        for choice in choices:
+            if raw == choice or str(choice) == raw:
+                return choice
+        raise CompileError(f"{what} must be one of {', '.join(map(str, choices))}, got '{raw}'")
     if not isinstance(raw, str):
         if type(raw) is typ or (typ is float and type(raw) is int):
             return typ(raw)

@@ -1,0 +1,68 @@
+// Every L0 attn op parses, verifies and prints back in generic form (mod regions read the
+// function's closure tensors directly); ae-opt's output parses again,
+// and upstream mlir-opt accepts the same module with the IRDL file alone.
+// RUN: ae-opt %s | FileCheck %s
+// RUN: ae-opt %s | ae-opt | FileCheck %s
+// RUN: mlir-opt --irdl-file=%attn_irdl --mlir-print-op-generic %s | FileCheck %s
+// RUN: ae-opt %s | mlir-opt --irdl-file=%attn_irdl --mlir-print-op-generic | FileCheck %s
+
+func.func @attention(%q: tensor<2x4x8x16xf32>, %k: tensor<2x2x8x16xf32>, %v: tensor<2x2x8x32xf32>, %slopes: tensor<4xf32>) -> (tensor<2x4x8x32xf32>, tensor<2x4x8xf32>) {
+  %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<2x4x8x16xf32>, tensor<2x2x8x16xf32>) -> tensor<2x4x8x8xf32>
+  %sm = "attn.score_mod"(%s) ({
+  ^bb0(%x: f32, %b: index, %h: index, %i: index, %j: index):
+    %e = tensor.extract %slopes[%h] : tensor<4xf32>
+    %y = arith.addf %x, %e : f32
+    "gpu.yield"(%y) : (f32) -> ()
+  }) : (tensor<2x4x8x8xf32>) -> tensor<2x4x8x8xf32>
+  %m = "attn.mask"() ({
+  ^bb0(%b: index, %h: index, %i: index, %j: index):
+    %c = arith.cmpi sge, %i, %j : index
+    "gpu.yield"(%c) : (i1) -> ()
+  }) : () -> tensor<2x4x8x8xi1>
+  %p, %lse = "attn.normalize"(%sm, %m) ({}, {}, {}) {kind = "softmax", operandSegmentSizes = array<i32: 1, 1>, resultSegmentSizes = array<i32: 1, 1>} : (tensor<2x4x8x8xf32>, tensor<2x4x8x8xi1>) -> (tensor<2x4x8x8xf32>, tensor<2x4x8xf32>)
+  %o = "attn.aggregate"(%p, %v) : (tensor<2x4x8x8xf32>, tensor<2x2x8x32xf32>) -> tensor<2x4x8x32xf32>
+  return %o, %lse : tensor<2x4x8x32xf32>, tensor<2x4x8xf32>
+}
+
+// CHECK-LABEL: sym_name = "attention"
+// CHECK:       ^bb0(%[[Q:.+]]: tensor<2x4x8x16xf32>, %[[K:.+]]: tensor<2x2x8x16xf32>, %[[V:.+]]: tensor<2x2x8x32xf32>, %[[SLOPES:.+]]: tensor<4xf32>):
+// CHECK:       %[[S:.+]] = "attn.score"(%[[Q]], %[[K]]) {scale = 2.500000e-01 : f32} : (tensor<2x4x8x16xf32>, tensor<2x2x8x16xf32>) -> tensor<2x4x8x8xf32>
+// CHECK:       %[[SM:.+]] = "attn.score_mod"(%[[S]]) ({
+// CHECK-NEXT:  ^bb0(%[[X:.+]]: f32, %{{.+}}: index, %[[H:.+]]: index, %{{.+}}: index, %{{.+}}: index):
+// CHECK-NEXT:    %[[E:.+]] = "tensor.extract"(%[[SLOPES]], %[[H]]) : (tensor<4xf32>, index) -> f32
+// CHECK-NEXT:    %[[Y:.+]] = "arith.addf"(%[[X]], %[[E]])
+// CHECK-NEXT:    "gpu.yield"(%[[Y]]) : (f32) -> ()
+// CHECK-NEXT:  }) : (tensor<2x4x8x8xf32>) -> tensor<2x4x8x8xf32>
+// CHECK:       %[[M:.+]] = "attn.mask"() ({
+// CHECK-NEXT:  ^bb0(%{{.+}}: index, %{{.+}}: index, %[[I:.+]]: index, %[[J:.+]]: index):
+// CHECK-NEXT:    %[[C:.+]] = "arith.cmpi"(%[[I]], %[[J]]) <{predicate = 5 : i64}> : (index, index) -> i1
+// CHECK-NEXT:    "gpu.yield"(%[[C]]) : (i1) -> ()
+// CHECK-NEXT:  }) : () -> tensor<2x4x8x8xi1>
+// CHECK:       %[[N:.+]]:2 = "attn.normalize"(%[[SM]], %[[M]]) ({
+// CHECK:       {kind = "softmax", operandSegmentSizes = array<i32: 1, 1>, resultSegmentSizes = array<i32: 1, 1>} : (tensor<2x4x8x8xf32>, tensor<2x4x8x8xi1>) -> (tensor<2x4x8x8xf32>, tensor<2x4x8xf32>)
+// CHECK:       %[[O:.+]] = "attn.aggregate"(%[[N]]#0, %[[V]]) : (tensor<2x4x8x8xf32>, tensor<2x2x8x32xf32>) -> tensor<2x4x8x32xf32>
+// CHECK:       "func.return"(%[[O]], %[[N]]#1) : (tensor<2x4x8x32xf32>, tensor<2x4x8xf32>) -> ()
+
+func.func @gated_linear(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor<1x2x64x8xf32>, %g: tensor<1x2x64xf32>, %qscale: tensor<16xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>) {
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g) ({
+  ^bb0(%x: f32, %b: index, %h: index, %t: index, %d: index):
+    %w = tensor.extract %qscale[%d] : tensor<16xf32>
+    %y = arith.mulf %x, %w : f32
+    "gpu.yield"(%y) : (f32) -> ()
+  }, {}, {}) {decay = "token", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>, tensor<1x2x64xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
+  return %o, %st : tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>
+}
+
+// CHECK-LABEL: sym_name = "gated_linear"
+// CHECK:       ^bb0(%[[LQ:.+]]: tensor<1x2x64x16xf32>, %[[LK:.+]]: tensor<1x2x64x16xf32>, %[[LV:.+]]: tensor<1x2x64x8xf32>, %[[G:.+]]: tensor<1x2x64xf32>, %[[QS:.+]]: tensor<16xf32>):
+// CHECK:       %[[R:.+]]:2 = "attn.linear_recurrence"(%[[LQ]], %[[LK]], %[[LV]], %[[G]]) ({
+// CHECK-NEXT:  ^bb0(%[[LX:.+]]: f32, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index, %[[D:.+]]: index):
+// CHECK-NEXT:    %[[W:.+]] = "tensor.extract"(%[[QS]], %[[D]]) : (tensor<16xf32>, index) -> f32
+// CHECK-NEXT:    %[[LY:.+]] = "arith.mulf"(%[[LX]], %[[W]])
+// CHECK-NEXT:    "gpu.yield"(%[[LY]]) : (f32) -> ()
+// CHECK-NEXT:  }, {
+// CHECK-NEXT:  }, {
+// CHECK-NEXT:  })
+// CHECK-SAME:  chunk_size = 64 : i64, decay = "token", normalize = false, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>, scale = 2.500000e-01 : f32
+// CHECK-SAME:  -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
+// CHECK:       "func.return"(%[[R]]#0, %[[R]]#1) : (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>) -> ()
