@@ -41,7 +41,11 @@ def float_literal(v: float) -> str:
         return "0x7FC00000"
     if math.isinf(v):
         return "0x7F800000" if v > 0 else "0xFF800000"
-    return repr(float(v)) if "e" in repr(float(v)) or "." in repr(float(v)) else f"{v}.0"
+    # MLIR's float literal needs a '.' even with an exponent: "1e-05" does not parse, "1.0e-05" does.
+    text = repr(float(v))
+    if "." not in text:
+        text = text.replace("e", ".0e") if "e" in text else text + ".0"
+    return text
 
 
 class RegionEmitter:
