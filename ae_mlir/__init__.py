@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "linear_attention", "CompileError"]
+__all__ = ["attention", "linear_attention", "OnlineNormalizer", "CompileError"]
 
 
 def __getattr__(name):
@@ -14,6 +14,10 @@ def __getattr__(name):
         from .frontend import api
 
         return getattr(api, name)
+    if name == "OnlineNormalizer":
+        from .normalizers import OnlineNormalizer
+
+        return OnlineNormalizer
     if name == "CompileError":
         from .context import CompileError
 

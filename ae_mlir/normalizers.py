@@ -1,7 +1,7 @@
 """Online normalizers: how a row of scores is normalized while KV tiles stream by.
 
-A normalizer is written in Python, like a mod, and traced into the regions of the fused
-`attn.online_attention` op. Per query row the lowering keeps an optional running statistic `m`
+A normalizer is written in Python, like a mod, and traced into regions: those of a user's
+`attn.normalize` op (kind "online") at L0, and those of the fused `attn.online_attention` op. Per query row the lowering keeps an optional running statistic `m`
 (a max over the scores seen so far; masked scores count as -inf) and a running sum `l` of the
 probabilities, and for every KV tile computes
 
@@ -25,13 +25,31 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class OnlineNormalizer:
-    name: str
-    stat: str | None  # "max" or None
-    log2_domain: bool
-    prob: Callable  # (s, m) -> p
-    finalize: Callable  # (acc, l) -> out
-    rescale: Callable | None = None  # (m_old, m_new) -> alpha; required with a statistic
-    lse: Callable | None = None  # (m, l) -> natural-log logsumexp
+    """A row normalizer in online form (see the module docstring).
+
+    `prob(s, m)` and `finalize(acc, l)` are required; give `rescale(m_old, m_new)` to keep the
+    running row max `m` (without it, m is 0 and no rescaling happens). `finalize` must be linear
+    in `acc` (finalize(c * acc, l) = c * finalize(acc, l)), which is what lets the division move
+    to the end of the row; at L0 it is applied to each probability, at L1 once to the accumulator.
+    """
+
+    prob: Callable
+    finalize: Callable
+    rescale: Callable | None = None
+    name: str = "custom"
+    log2_domain: bool = False
+    lse: Callable | None = None
+
+    def __post_init__(self):
+        for role in ("prob", "finalize"):
+            if not callable(getattr(self, role)):
+                raise TypeError(f"OnlineNormalizer {role} must be callable, got {type(getattr(self, role)).__name__}")
+        if self.rescale is not None and not callable(self.rescale):
+            raise TypeError(f"OnlineNormalizer rescale must be callable or None, got {type(self.rescale).__name__}")
+
+    @property
+    def stat(self) -> str | None:
+        return "max" if self.rescale is not None else None
 
 
 def _exp2_of_difference(a, b):
@@ -72,24 +90,16 @@ def _softmax_lse(m, l):
     return torch.where(l == 0.0, -math.inf, (m + torch.log2(l)) * math.log(2.0))
 
 
-SOFTMAX = OnlineNormalizer(
-    name="softmax",
-    stat="max",
-    log2_domain=True,
-    prob=_exp2_of_difference,
-    rescale=_exp2_of_difference,
-    finalize=_softmax_finalize,
-    lse=_softmax_lse,
-)
-
-SIGMOID = OnlineNormalizer("sigmoid", None, False, prob=_sigmoid, finalize=_accumulator)
-RELU = OnlineNormalizer("relu", None, False, prob=_relu, finalize=_accumulator)
-NONE = OnlineNormalizer("none", None, False, prob=_identity_prob, finalize=_accumulator)
+SOFTMAX = OnlineNormalizer(prob=_exp2_of_difference, finalize=_softmax_finalize, rescale=_exp2_of_difference,
+                           name="softmax", log2_domain=True, lse=_softmax_lse)
+SIGMOID = OnlineNormalizer(prob=_sigmoid, finalize=_accumulator, name="sigmoid")
+RELU = OnlineNormalizer(prob=_relu, finalize=_accumulator, name="relu")
+NONE = OnlineNormalizer(prob=_identity_prob, finalize=_accumulator, name="none")
 
 BUILTIN = {n.name: n for n in (SOFTMAX, SIGMOID, RELU, NONE)}
 
 
-def region_texts(normalizer: OnlineNormalizer, with_lse: bool) -> dict[str, str]:
+def region_texts(normalizer: OnlineNormalizer, with_lse: bool, indent: str = "      ") -> dict[str, str]:
     """Trace the normalizer's functions into region texts keyed prob/rescale/finalize/lse."""
     from .frontend.emit import emit_region
     from .frontend.trace import F32, TraceError, trace
@@ -106,5 +116,5 @@ def region_texts(normalizer: OnlineNormalizer, with_lse: bool) -> dict[str, str]
             raise TraceError(f"normalizer '{normalizer.name}' {key} must not read closure tensors")
         if expr.type != F32:
             raise TraceError(f"normalizer '{normalizer.name}' {key} must return a float")
-        out[key] = emit_region(expr, [(names[0], "f32"), (names[1], "f32")], [], [], key[0], indent="      ")
+        out[key] = emit_region(expr, [(names[0], "f32"), (names[1], "f32")], [], [], key[0], indent=indent)
     return out

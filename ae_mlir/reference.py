@@ -171,6 +171,23 @@ def _softmax_family(kind: str, scores, keep):
     return torch.where(keep, scores, zero), None
 
 
+def _online(op, scores, keep, outer):
+    """A user normalizer on a materialized row: probs = finalize(prob(s, m), l)."""
+    import torch
+
+    prob, rescale, finalize = op.regions
+    if keep is None:
+        keep = torch.ones_like(scores, dtype=torch.bool)
+    m = torch.zeros_like(scores[..., :1])
+    if list(rescale.blocks):
+        m = scores.masked_fill(~keep, -math.inf).amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
+    p = eval_region(prob, [scores, m], outer).to(torch.float64).expand(scores.shape)
+    p = torch.where(keep, p, torch.zeros_like(p))
+    total = p.sum(dim=-1, keepdim=True)
+    return eval_region(finalize, [p, total], outer).to(torch.float64).expand(scores.shape).clone()
+
+
 def _linear(op, env_vals, seg, outer):
     import torch
 
@@ -261,7 +278,11 @@ def evaluate(module, inputs: list) -> list:
         elif name == "attn.normalize":
             seg = [int(x) for x in op.attributes["operandSegmentSizes"]]
             keep = vals[1] if seg[1] else None
-            probs, lse = _softmax_family(_attr_str(op, "kind"), vals[0], keep)
+            kind = _attr_str(op, "kind")
+            if kind == "online":
+                probs, lse = _online(op, vals[0], keep, env), None
+            else:
+                probs, lse = _softmax_family(kind, vals[0], keep)
             env[op.results[0]] = probs
             if len(op.results) > 1:
                 env[op.results[1]] = lse

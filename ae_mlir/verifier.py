@@ -8,7 +8,7 @@ from __future__ import annotations
 from .context import CompileError, Diagnostic, location_parts
 
 FLOAT_TYPES = ("f16", "bf16", "f32")
-NORMALIZE_KINDS = ("softmax", "sigmoid", "relu", "none")
+NORMALIZE_KINDS = ("softmax", "sigmoid", "relu", "none", "online")
 DECAY_KINDS = ("none", "head", "token", "token_dim")
 
 
@@ -111,7 +111,11 @@ def _verify_normalize(op):
         lshape, _ = _tensor(lse[0].type, "lse", 3, ("f32",))
         _expect(lshape == shape[:3], f"lse must have shape {shape[:3]}, got {lshape}")
     filled = [bool(list(r.blocks)) for r in op.regions]
-    _expect(not any(filled), f"built-in normalize kind '{kind}' takes no regions")
+    if kind != "online":
+        _expect(not any(filled), f"built-in normalize kind '{kind}' takes no regions")
+        return
+    for region, name, optional in zip(op.regions, ("prob", "rescale", "finalize"), (False, True, False)):
+        _check_region(region, name, ["f32", "f32"], "f32", optional=optional)
 
 
 def _verify_aggregate(op):

@@ -44,8 +44,12 @@ irdl.dialect @attn {
   }
 
   // Row normalization of scores (masked entries contribute nothing). `kind` is one of
-  // "softmax", "sigmoid", "relu" or "none"; the three regions init / update / finalize are
-  // reserved for user-defined online normalizers and stay empty for the built-in kinds.
+  // "softmax", "sigmoid", "relu", "none" (the regions stay empty) or "online", a user-defined
+  // normalizer given by its regions (see ae_mlir/normalizers.py):
+  //   prob (s, m) -> p; rescale (m_old, m_new) -> alpha, present iff the normalizer keeps the
+  //   running row max m (m is 0 otherwise); finalize (acc, l) -> out, linear in acc.
+  // For "online", probs[b, h, i, j] = finalize(prob(s_ij, m_i), l_i) with m_i the row max of the
+  // visible scores (0 for a row with none) and l_i the row sum of prob over visible entries.
   // The optional second result is the row logsumexp (softmax only).
   irdl.operation @normalize {
     %s = irdl.base "!builtin.tensor"
@@ -56,10 +60,10 @@ irdl.dialect @attn {
     irdl.operands(scores: %s, keep: optional %m)
     irdl.results(probs: %p, lse: optional %lse)
     irdl.attributes {"kind" = %kind}
-    %init = irdl.region
-    %update = irdl.region
+    %prob = irdl.region
+    %rescale = irdl.region
     %finalize = irdl.region
-    irdl.regions(init: %init, update: %update, finalize: %finalize)
+    irdl.regions(prob: %prob, rescale: %rescale, finalize: %finalize)
   }
 
   // out[b, h, i, :] = sum_j probs[b, h, i, j] * v[b, h // (H / Hkv), j, :], accumulated in f32

@@ -110,10 +110,20 @@ class FuseOnlineSoftmax(ModulePass):
             regions.append(_region_text(program, idx, capture_names(program), "m"))
         else:
             regions.append("{}")
-        normalizer = BUILTIN[kind]
         with_lse = len(norm.results) > 1
-        texts = region_texts(normalizer, with_lse)
-        regions += [texts.get(key, "{}") for key in ("prob", "rescale", "finalize", "lse")]
+        if kind == "online":
+            user = [from_region(r) for r in norm.regions]
+            for program in user:
+                if program is not None and program.externals:
+                    raise _fail(norm, "a user normalizer's regions must not read values from outside them")
+            pair = [("%x", "f32"), ("%y", "f32")]
+            regions += [_region_text(p, pair, [], "n") if p is not None else "{}" for p in user] + ["{}"]
+            stat, log2_domain = ("max" if user[1] is not None else "none"), False
+        else:
+            normalizer = BUILTIN[kind]
+            texts = region_texts(normalizer, with_lse)
+            regions += [texts.get(key, "{}") for key in ("prob", "rescale", "finalize", "lse")]
+            stat, log2_domain = normalizer.stat or "none", normalizer.log2_domain
 
         q, k = score.operands[0], score.operands[1]
         v = agg.operands[1]
@@ -126,8 +136,8 @@ class FuseOnlineSoftmax(ModulePass):
         text = (
             f"func.func @fused({params}) {{\n"
             f'  %r:{len(result_types)} = "attn.online_attention"({args}) ({", ".join(regions)}) '
-            f'{{scale = {scale}, normalizer = "{kind}", stat = "{normalizer.stat or "none"}", '
-            f"log2_domain = {str(normalizer.log2_domain).lower()}, "
+            f'{{scale = {scale}, normalizer = "{kind}", stat = "{stat}", '
+            f"log2_domain = {str(log2_domain).lower()}, "
             f"resultSegmentSizes = array<i32: 1, {int(with_lse)}>}} : "
             f"({', '.join(operand_types[:3])}) -> ({', '.join(result_types)})\n"
             f"  return\n}}\n"

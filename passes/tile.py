@@ -147,6 +147,9 @@ class _Kernel:
         self.scale = float(op.attributes["scale"].value)
         self.regions = {name: from_region(op.regions[i]) for i, name in
                         enumerate(("score_mod", "mask", "prob", "rescale", "finalize", "lse"))}
+        # Softmax needs the row sum; a normalizer without a statistic needs it only if its
+        # finalize reads it (RetNet's abs-sum division does, sigmoid's identity does not).
+        self.tracks_sum = self.stat == "max" or self.regions["finalize"].uses_arg(1)
         self.func_args = list(func.regions[0].blocks[0].arguments)
 
     # --- small emission helpers ----------------------------------------------------------
@@ -250,10 +253,11 @@ class _Kernel:
         state = []
         if self.stat == "max":
             state.append(em(f"linalg.fill ins({ninf} : f32) outs({row_empty} : {row_t}) -> {row_t}"))
+        if self.tracks_sum:
             state.append(em(f"linalg.fill ins({zero} : f32) outs({row_empty} : {row_t}) -> {row_t}"))
         acc_empty = em(f"tensor.empty() : {acc_t}")
         state.append(em(f"linalg.fill ins({zero} : f32) outs({acc_empty} : {acc_t}) -> {acc_t}"))
-        state_types = [row_t, row_t, acc_t] if self.stat == "max" else [acc_t]
+        state_types = [row_t] * (len(state) - 1) + [acc_t]
 
         for masked, lists in ((True, classification.partial), (False, classification.full)):
             if not any(lists):
@@ -281,14 +285,14 @@ class _Kernel:
             state = header
 
         acc = state[-1]
-        l = state[1] if self.stat == "max" else self.f32(0.0)
+        l = state[-2] if self.tracks_sum else None
         out_tile_t = f"tensor<{bm}x{self.dv}x{elt}>"
 
         def finalize(inner, a):
             value = emit_scalar(self.regions["finalize"], a, inner, self.externals(self.regions["finalize"], inner))
             return _to_elt(inner, value, elt)
 
-        if self.stat == "max":
+        if l is not None:
             o = self.generic([(acc, acc_t, "(d0, d1)"), (l, row_t, "(d0)")], out_tile_t, finalize)
         else:
             o = self.generic([(acc, acc_t, "(d0, d1)")], out_tile_t,
@@ -404,16 +408,25 @@ class _Kernel:
             acc_scaled = self.generic([(acc, acc_t, "(d0, d1)"), (alpha, row_t, "(d0)")], acc_t,
                                       lambda inner, a: inner(f"arith.mulf {a[0]}, {a[1]} : f32"))
         else:
-            (acc,) = state
+            acc = state[-1]
             p = s
             acc_scaled = acc
+            if self.tracks_sum:
+                l_old = state[0]
+                sum_empty = em(f"tensor.empty() : {row_t}")
+                sum_init = em(f"linalg.fill ins({self.f32(0.0)} : f32) outs({sum_empty} : {row_t}) -> {row_t}")
+                p_sum = self.reduce_rows(p, tile_t, sum_init, "arith.addf")
+                l_new = self.generic([(l_old, row_t, "(d0)"), (p_sum, row_t, "(d0)")], row_t,
+                                     lambda inner, a: inner(f"arith.addf {a[0]}, {a[1]} : f32"), rank=1)
         p_in = p
         if elt != "f32":
             p_in = self.generic([(p, tile_t, "(d0, d1)")], f"tensor<{bm}x{bn}x{elt}>",
                                 lambda inner, a: _to_elt(inner, a[0], elt))
         acc_new = em(f"linalg.matmul ins({p_in}, {v_tile} : tensor<{bm}x{bn}x{elt}>, tensor<{bn}x{self.dv}x{elt}>) "
                      f"outs({acc_scaled} : {acc_t}) -> {acc_t}")
-        return [m_new, l_new, acc_new] if self.stat == "max" else [acc_new]
+        if self.stat == "max":
+            return [m_new, l_new, acc_new]
+        return [l_new, acc_new] if self.tracks_sum else [acc_new]
 
 
 def _to_elt(em: TextEmitter, value: str, elt: str) -> str:

@@ -91,7 +91,8 @@ class attention:
     """Softmax-family attention: `o = attn(q, k, v)`, `o, lse = attn(q, k, v, return_lse=True)`.
 
     score_mod(score, b, h, q_idx, kv_idx) and mask_mod(b, h, q_idx, kv_idx) have FlexAttention's
-    signatures; `normalize` is "softmax", "sigmoid", "relu" or "none".
+    signatures; `normalize` is "softmax", "sigmoid", "relu", "none" or an
+    `ae_mlir.OnlineNormalizer` (a user-defined online normalizer).
     """
 
     def __init__(self, score_mod=None, mask_mod=None, normalize="softmax", scale=None):
@@ -99,8 +100,11 @@ class attention:
             raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
         if mask_mod is not None and not callable(mask_mod):
             raise TypeError(f"mask_mod must be callable or None, got {type(mask_mod).__name__}")
-        if normalize not in NORMALIZERS:
-            raise ValueError(f"normalize must be one of {', '.join(map(repr, NORMALIZERS))}, got {normalize!r}")
+        from ..normalizers import OnlineNormalizer
+
+        if not isinstance(normalize, OnlineNormalizer) and normalize not in NORMALIZERS:
+            raise ValueError(f"normalize must be one of {', '.join(map(repr, NORMALIZERS))} or an "
+                             f"OnlineNormalizer, got {normalize!r}")
         if scale is not None:
             _default_scale(scale, 1)
         self.score_mod = score_mod
@@ -162,9 +166,15 @@ class attention:
         operands = [scores] + ([keep] if keep else [])
         in_types = [ts] + ([tm] if keep else [])
         out_types = [ts] + ([tl] if with_lse else [])
+        kind, regions = self.normalize, "{}, {}, {}"
+        if not isinstance(kind, str):
+            from ..normalizers import region_texts
+
+            texts = region_texts(self.normalize, with_lse=False, indent="    ")
+            kind, regions = "online", ", ".join(texts.get(r, "{}") for r in ("prob", "rescale", "finalize"))
         body.append(
-            f'{results} = "attn.normalize"({", ".join(operands)}) ({{}}, {{}}, {{}}) '
-            f'{{kind = "{self.normalize}", operandSegmentSizes = array<i32: 1, {1 if keep else 0}>, '
+            f'{results} = "attn.normalize"({", ".join(operands)}) ({regions}) '
+            f'{{kind = "{kind}", operandSegmentSizes = array<i32: 1, {1 if keep else 0}>, '
             f'resultSegmentSizes = array<i32: 1, {1 if with_lse else 0}>}} : {_sig(in_types)} -> {_sig(out_types)}'
         )
         body.append(f'%out = "attn.aggregate"(%probs, %v) : ({ts}, {tv}) -> {to}')
@@ -179,7 +189,8 @@ class attention:
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None):
         self._validate(q, k, v)
         if return_lse and self.normalize != "softmax":
-            raise ValueError(f"return_lse=True needs normalize='softmax', not {self.normalize!r}")
+            name = self.normalize if isinstance(self.normalize, str) else self.normalize.name
+            raise ValueError(f"return_lse=True needs normalize='softmax', not {name!r}")
         text, captures = self._build(q, k, v)
         results = _execute(text, [q, k, v] + captures, _backend(backend, q), out_dtype=q.dtype)
         return (results[0], results[1]) if return_lse else results[0]

@@ -1,0 +1,265 @@
+"""The variant catalogue: attention variants as a user writes them, a few lines each.
+
+Tests, benchmarks and the README draw from here. `build(name, shape, device)` returns the
+`ae.attention` object and the head counts / head dims it wants, with closure tensors (slopes,
+document ids, bias tables) created for that shape on that device. FlexAttention users will
+recognize the mods: they have its signatures and use only torch operations.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+WINDOW = 256
+SOFTCAP = 30.0
+T5_BUCKETS = 32
+T5_MAX_DISTANCE = 128
+RETNET_GAMMA = 1 - 2.0 ** -5
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    heads: int
+    seq_q: int
+    seq_k: int
+    dim_qk: int
+    dim_v: int
+    heads_kv: int | None = None
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads if self.heads_kv is None else self.heads_kv
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    summary: str
+    make: Callable  # (shape, device, generator) -> ae.attention
+    adjust: Callable[[Shape], Shape] = lambda s: s
+    causal_like: bool = False  # about half the tiles visible (for FLOP counts)
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _full(shape, device, gen):
+    import ae_mlir as ae
+
+    return ae.attention()
+
+
+def _causal_attention(shape, device, gen):
+    import ae_mlir as ae
+
+    return ae.attention(mask_mod=_causal)
+
+
+def _sliding(shape, device, gen):
+    import ae_mlir as ae
+
+    def sliding_window(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= WINDOW
+
+    return ae.attention(mask_mod=sliding_window)
+
+
+def _causal_sliding(shape, device, gen):
+    import ae_mlir as ae
+
+    def causal_window(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx <= WINDOW)
+
+    return ae.attention(mask_mod=causal_window)
+
+
+def _prefix_lm(shape, device, gen):
+    import ae_mlir as ae
+
+    prefix = shape.seq_k // 4
+
+    def prefix_lm(b, h, q_idx, kv_idx):
+        return (kv_idx < prefix) | (q_idx >= kv_idx)
+
+    return ae.attention(mask_mod=prefix_lm)
+
+
+def _document(shape, device, gen):
+    import torch
+
+    import ae_mlir as ae
+
+    lengths = torch.randint(shape.seq_k // 8, shape.seq_k // 2 + 1, (shape.seq_k,), generator=gen)
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), lengths)[: shape.seq_k].to(device)
+
+    def document(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    return ae.attention(mask_mod=document)
+
+
+def _alibi(shape, device, gen):
+    import torch
+
+    import ae_mlir as ae
+
+    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / shape.heads) for i in range(shape.heads)], device=device)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    return ae.attention(score_mod=alibi, mask_mod=_causal)
+
+
+def _relative_bias(shape, device, gen):
+    import torch
+
+    import ae_mlir as ae
+
+    table = torch.randn(shape.heads, shape.seq_q + shape.seq_k - 1, generator=gen).to(device)
+    offset = shape.seq_k - 1
+
+    def relative_bias(score, b, h, q_idx, kv_idx):
+        return score + table[h, q_idx - kv_idx + offset]
+
+    return ae.attention(score_mod=relative_bias)
+
+
+def _softcap(shape, device, gen):
+    import torch
+
+    import ae_mlir as ae
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return SOFTCAP * torch.tanh(score / SOFTCAP)
+
+    return ae.attention(score_mod=softcap, mask_mod=_causal)
+
+
+def _t5_bias(shape, device, gen):
+    import torch
+
+    import ae_mlir as ae
+
+    bias = torch.randn(shape.heads, T5_BUCKETS, generator=gen).to(device)
+    half = T5_BUCKETS // 2
+    exact = half // 2
+    log_ratio = math.log(T5_MAX_DISTANCE / exact)
+
+    def t5_bias(score, b, h, q_idx, kv_idx):
+        distance = kv_idx - q_idx
+        side = torch.where(distance > 0, half, 0)
+        n = distance.abs()
+        far = exact + (torch.log(torch.clamp(n, min=1) / exact) / log_ratio * (half - exact)).long()
+        bucket = side + torch.where(n < exact, n, torch.clamp(far, max=half - 1))
+        return score + bias[h, bucket]
+
+    return ae.attention(score_mod=t5_bias)
+
+
+def _sigmoid(shape, device, gen):
+    import ae_mlir as ae
+
+    shift = -math.log(shape.seq_k)
+
+    def sigmoid_bias(score, b, h, q_idx, kv_idx):
+        return score + shift
+
+    return ae.attention(score_mod=sigmoid_bias, normalize="sigmoid")
+
+
+def _relu(shape, device, gen):
+    import ae_mlir as ae
+
+    inverse_length = 1.0 / shape.seq_k
+
+    def relu_scaled(score, b, h, q_idx, kv_idx):
+        return score * inverse_length
+
+    return ae.attention(score_mod=relu_scaled, mask_mod=_causal, normalize="relu")
+
+
+def retnet_normalizer():
+    """RetNet's parallel form divides each row by max(|row sum|, 1); no running max."""
+    import torch
+
+    import ae_mlir as ae
+
+    def prob(s, m):
+        return s
+
+    def finalize(acc, l):
+        return acc / torch.clamp(torch.abs(l), min=1.0)
+
+    return ae.OnlineNormalizer(prob=prob, finalize=finalize, name="retnet")
+
+
+def _retnet(shape, device, gen):
+    import ae_mlir as ae
+
+    log_gamma = math.log(RETNET_GAMMA)
+
+    def decay(score, b, h, q_idx, kv_idx):
+        import torch
+
+        return score * torch.exp((q_idx - kv_idx) * log_gamma)
+
+    return ae.attention(score_mod=decay, mask_mod=_causal, normalize=retnet_normalizer())
+
+
+def _dilated(shape, device, gen):
+    import ae_mlir as ae
+
+    def dilated(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & ((q_idx - kv_idx) % 2 == 0)
+
+    return ae.attention(mask_mod=dilated)
+
+
+CATALOGUE: dict[str, Variant] = {v.name: v for v in (
+    Variant("full", "no mask", _full),
+    Variant("causal", "q_idx >= kv_idx", _causal_attention, causal_like=True),
+    Variant("sliding_window", f"|q_idx - kv_idx| <= {WINDOW}", _sliding),
+    Variant("causal_sliding", f"causal and q_idx - kv_idx <= {WINDOW}", _causal_sliding),
+    Variant("prefix_lm", "the first quarter visible to all, causal after", _prefix_lm),
+    Variant("document", "causal within documents (closure tensor of ids)", _document, causal_like=True),
+    Variant("alibi", "causal + ALiBi slopes (closure tensor)", _alibi, causal_like=True),
+    Variant("relative_bias", "learned bias table [H, Lq + Lk - 1]", _relative_bias),
+    Variant("softcap", "causal + tanh soft-capping at 30", _softcap, causal_like=True),
+    Variant("t5_bias", "T5 bucketed relative bias", _t5_bias),
+    Variant("sigmoid", "sigmoid attention with a -log(L) bias", _sigmoid),
+    Variant("relu", "causal ReLU attention scaled by 1/L", _relu, causal_like=True),
+    Variant("retnet", "RetNet parallel form: decay mask, abs-sum normalizer", _retnet, causal_like=True),
+    Variant("gqa", "causal, 4 query heads per KV head", _causal_attention,
+            adjust=lambda s: replace(s, heads_kv=max(1, s.heads // 4)), causal_like=True),
+    Variant("mla_dims", "causal, Dk = 192 and Dv = 128 (MLA-like)", _causal_attention,
+            adjust=lambda s: replace(s, dim_qk=192, dim_v=128), causal_like=True),
+    Variant("dilated", "causal, every other key", _dilated, causal_like=True),
+)}
+
+
+def build(name: str, shape: Shape, device="cpu", seed: int = 0):
+    """The variant's attention object and the shape it runs at (head counts and dims adjusted)."""
+    import torch
+
+    if name not in CATALOGUE:
+        raise ValueError(f"unknown variant {name!r} (known: {', '.join(CATALOGUE)})")
+    variant = CATALOGUE[name]
+    shape = variant.adjust(shape)
+    gen = torch.Generator().manual_seed(seed)
+    return variant.make(shape, device, gen), shape
+
+
+def inputs(shape: Shape, dtype=None, device="cpu", seed: int = 0):
+    """Fresh random q, k, v for `shape` (never zeros)."""
+    import torch
+
+    dtype = dtype or torch.float32
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(shape.batch, shape.heads, shape.seq_q, shape.dim_qk, generator=gen)
+    k = torch.randn(shape.batch, shape.kv_heads, shape.seq_k, shape.dim_qk, generator=gen)
+    v = torch.randn(shape.batch, shape.kv_heads, shape.seq_k, shape.dim_v, generator=gen)
+    return tuple(t.to(dtype=dtype, device=device) for t in (q, k, v))
