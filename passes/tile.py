@@ -52,54 +52,23 @@ class _Classification:
     full: list[list[int]]
 
 
-def classify_blocks(mask_program, lq: int, lk: int, bm: int, bn: int, outer_constants: dict) -> _Classification:
+def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, outer_constants: dict) -> _Classification:
     """Classify every (query block, KV block) pair as skipped, full or partial.
 
-    A mask that reads only q_idx, kv_idx and constants is evaluated here on the index grid, one
-    query block at a time; any other mask (or none) makes every in-range tile partial (masked) or
-    full (unmasked) by its bounds alone.
+    A mask that reads only q_idx, kv_idx and constants is evaluated here on the index grid; any
+    other mask makes every tile partial, and no mask leaves only the ragged last tile partial.
     """
-    import torch
-
+    from ..block_mask import classify, unmasked
     from ..reference import eval_region
 
-    nm, nn = -(-lq // bm), -(-lk // bn)
-    ragged = lk % bn != 0
-    partial: list[list[int]] = []
-    full: list[list[int]] = []
-    positional = mask_program is not None and _is_positional(mask_program)
-    for mb in range(nm):
-        rows = min(bm, lq - mb * bm)
-        if mask_program is None or not positional:
-            everything = list(range(nn))
-            if mask_program is None:
-                partial.append([nn - 1] if ragged else [])
-                full.append(everything[:-1] if ragged else everything)
-            else:
-                partial.append(everything)
-                full.append([])
-            continue
-        qi = torch.arange(mb * bm, mb * bm + rows, dtype=torch.int64).view(rows, 1)
-        ki = torch.arange(lk, dtype=torch.int64).view(1, lk)
-        zero = torch.zeros((), dtype=torch.int64)
-        keep = eval_region(mask_program, [zero, zero, qi, ki], outer_constants).to(torch.bool)
-        keep = keep.expand(rows, lk)
-        padded = torch.zeros(rows, nn * bn, dtype=torch.bool)
-        padded[:, :lk] = keep
-        blocks = padded.view(rows, nn, bn)
-        any_kept = blocks.any(dim=2).any(dim=0)
-        all_kept = blocks.all(dim=2).all(dim=0)
-        part, whole = [], []
-        for nb in range(nn):
-            if not bool(any_kept[nb]):
-                continue
-            if bool(all_kept[nb]) and not (ragged and nb == nn - 1):
-                whole.append(nb)
-            else:
-                part.append(nb)
-        partial.append(part)
-        full.append(whole)
-    return _Classification(partial, full)
+    if mask_region is None:
+        return _Classification(*unmasked(lq, lk, bm, bn).as_lists())
+    if not _is_positional(mask_region):
+        nn = -(-lk // bn)
+        return _Classification([list(range(nn)) for _ in range(-(-lq // bm))], [[] for _ in range(-(-lq // bm))])
+    tables = classify(lambda b, h, q, kv: eval_region(mask_region, [b, h, q, kv], outer_constants),
+                      1, 1, lq, lk, bm, bn)
+    return _Classification(*tables.as_lists())
 
 
 def _is_positional(region) -> bool:
