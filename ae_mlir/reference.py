@@ -160,7 +160,8 @@ def _softmax_family(kind: str, scores, keep):
         safe_max = torch.where(torch.isinf(row_max) & (row_max < 0), torch.zeros_like(row_max), row_max)
         e = torch.exp(masked - safe_max)
         total = e.sum(dim=-1, keepdim=True)
-        probs = torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
+        # A row with no visible key has total 0 and gives 0; NaN scores give NaN, as in torch.
+        probs = torch.where(total == 0, torch.zeros_like(e), e / torch.where(total == 0, torch.ones_like(total), total))
         lse = (safe_max + torch.log(total)).squeeze(-1)
         return probs, lse
     zero = torch.zeros_like(scores)

@@ -38,6 +38,9 @@ def _check_common(q, k, v):
     _same("q", q.shape[0], "k", k.shape[0], "batch size")
     _same("q", q.shape[0], "v", v.shape[0], "batch size")
     _same("q", q.shape[3], "k", k.shape[3], "head dim (Dk)")
+    for name, t in (("q", q), ("v", v)):
+        if t.shape[3] == 0:
+            raise ValueError(f"{name} has head dim 0; head dims must be positive")
 
 
 def _default_scale(scale, dk: int) -> float:
@@ -191,8 +194,17 @@ class attention:
         if return_lse and self.normalize != "softmax":
             name = self.normalize if isinstance(self.normalize, str) else self.normalize.name
             raise ValueError(f"return_lse=True needs normalize='softmax', not {name!r}")
+        backend = _backend(backend, q)
+        if q.shape[0] * q.shape[1] * q.shape[2] == 0 or k.shape[2] == 0:
+            # Nothing to compute: no queries, or no keys (every row is empty: o = 0, lse = -inf).
+            import torch
+
+            b, h, lq = q.shape[:3]
+            out = torch.zeros(b, h, lq, v.shape[3], dtype=q.dtype, device=q.device)
+            lse = torch.full((b, h, lq), -math.inf, dtype=torch.float32, device=q.device)
+            return (out, lse) if return_lse else out
         text, captures = self._build(q, k, v)
-        results = _execute(text, [q, k, v] + captures, _backend(backend, q), out_dtype=q.dtype)
+        results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         return (results[0], results[1]) if return_lse else results[0]
 
 
@@ -322,9 +334,19 @@ class linear_attention:
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None):
         self._validate(q, k, v, g, initial_state)
+        backend = _backend(backend, q)
+        if q.numel() == 0 or v.numel() == 0:
+            # An empty batch, head set or sequence: no step runs, the state passes through.
+            import torch
+
+            b, h, l, dk = q.shape
+            out = torch.zeros(b, h, l, v.shape[3], dtype=q.dtype, device=q.device)
+            state = (initial_state.to(torch.float32).clone() if initial_state is not None
+                     else torch.zeros(b, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
+            return (out, state) if return_state else out
         text, captures = self._build(q, k, v, g, initial_state)
         inputs = [q, k, v] + [t for t in (g, initial_state) if t is not None] + captures
-        out, state = _execute(text, inputs, _backend(backend, q), out_dtype=q.dtype)
+        out, state = _execute(text, inputs, backend, out_dtype=q.dtype)
         return (out, state) if return_state else out
 
 
