@@ -33,6 +33,7 @@ _REGISTRY: dict[str, str] = {
     "attn-verify": "verify:AttnVerify",
     "attn-fuse-online-softmax": "fuse_online_softmax:FuseOnlineSoftmax",
     "attn-tile": "tile:AttnTile",
+    "attn-chunk-recurrence": "chunk_recurrence:ChunkRecurrence",
 }
 
 # Named presets for `ae-opt --pipeline=NAME` and the Python driver: pipeline elements in order.

@@ -1,0 +1,145 @@
+// attn-chunk-recurrence turns attn.linear_recurrence into an L1 kernel: one program per (b, h, V
+// column block), an scf.for over chunks of C tokens carrying the f32 state S [Dk, BV] (and, with
+// normalize, the key sum z [Dk]) plus the output destination, into which each chunk stores its rows.
+// RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-chunk-recurrence{block-v=16},cse)' --no-mlir-print-op-generic | FileCheck %s
+
+// decay "token", L = 40 in chunks of 32 (the second is ragged), Dk = 16, Dv = 32 split into two
+// programs of 16 columns; k_mod elu + 1, v_mod scaled by a captured dt[b, h, t]; initial state.
+// CHECK-LABEL: func.func @token
+// CHECK-SAME: %[[DT:[a-z0-9]+]]: tensor<1x2x40xf32>, %[[OUT:[a-z0-9]+]]: tensor<1x2x40x32xf32>, %[[ST:[a-z0-9]+]]: tensor<1x2x16x32xf32>)
+// CHECK-SAME: attn.block_v = 16 : i64, attn.chunk_size = 32 : i64, attn.grid = array<i64: 1, 2, 2>
+// CHECK-DAG: %[[PB:.*]] = "attn.program_id"() {axis = 0 : i64}
+// CHECK-DAG: %[[PH:.*]] = "attn.program_id"() {axis = 1 : i64}
+// CHECK-DAG: %[[PV:.*]] = "attn.program_id"() {axis = 2 : i64}
+// CHECK: %[[V0:.*]] = arith.muli %[[PV]], %c16
+// The state starts as the program's slice of the initial state.
+// CHECK: %[[S0:.*]] = tensor.extract_slice %arg4[%[[PB]], %[[PH]], 0, %[[V0]]] [1, 1, 16, 16]
+// CHECK: %[[LOOP:.*]]:2 = scf.for %[[IT:.*]] = %c0 to %c2 step %c1 iter_args(%[[S:.*]] = %[[S0]], %[[O:.*]] = %[[OUT]]) -> (tensor<16x16xf32>, tensor<1x2x40x32xf32>)
+// CHECK: %[[T0:.*]] = arith.muli %[[IT]], %c32
+// CHECK: %[[ROWS:.*]] = arith.minsi
+// CHECK: %[[Q:.*]] = tensor.pad
+// The k_mod, then padded rows (t >= L) forced back to zero.
+// CHECK: %[[K:.*]] = linalg.generic
+// CHECK: math.exp
+// CHECK: arith.select
+// CHECK: arith.cmpi slt, %{{.*}}, %c40
+// CHECK: arith.select
+// The v tile is the program's column slice; v_mod reads dt at a clamped t.
+// CHECK: tensor.extract_slice %arg2[%[[PB]], %[[PH]], %[[T0]], %[[V0]]] [1, 1, %[[ROWS]], 16]
+// CHECK: %[[V:.*]] = linalg.generic
+// CHECK: arith.minsi %{{.*}}, %c39
+// CHECK: tensor.extract %[[DT]][%[[PB]], %[[PH]], %{{.*}}]
+// G: the chunk's g, masked to [j <= i] and summed along rows; G_end picked from its last entry.
+// CHECK: tensor.extract_slice %arg3[%[[PB]], %[[PH]], %[[T0]]] [1, 1, %[[ROWS]]]
+// CHECK: linalg.generic
+// CHECK: arith.cmpi sle
+// CHECK: %[[G:.*]] = linalg.reduce
+// CHECK: %[[GEND:.*]] = linalg.reduce
+// CHECK: %[[GEND_K:.*]] = linalg.reduce
+// Intra-chunk: q k^T, scaled, times exp(G_t - G_s) for s <= t (the exponent of s > t is zeroed).
+// CHECK: %[[KT:.*]] = linalg.transpose ins(%[[K]] : tensor<32x16xf32>)
+// CHECK: %[[QK:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[Q]], %[[KT]] : tensor<32x16xf32>, tensor<16x32xf32>)
+// CHECK: %[[A:.*]] = linalg.generic {{.*}} ins(%[[QK]], %[[G]], %[[G]] :
+// CHECK: %[[KEEP:.*]] = arith.cmpi sle
+// CHECK: %[[DIFF:.*]] = arith.subf
+// CHECK: %[[ARG:.*]] = arith.select %[[KEEP]], %[[DIFF]], %cst
+// CHECK: math.exp %[[ARG]]
+// CHECK: %[[OI:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[A]], %[[V]] : tensor<32x32xf32>, tensor<32x16xf32>)
+// Inter-chunk: (scale * q * exp(G)) @ S, accumulated onto the intra-chunk part.
+// CHECK: %[[QD:.*]] = linalg.generic {{.*}} ins(%[[Q]], %[[G]] :
+// CHECK: math.exp
+// CHECK: %[[OT:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[QD]], %[[S]] : tensor<32x16xf32>, tensor<16x16xf32>) outs(%[[OI]] : tensor<32x16xf32>)
+// CHECK: %[[OV:.*]] = tensor.extract_slice %[[OT]][0, 0] [%[[ROWS]], 16]
+// CHECK: %[[O2:.*]] = tensor.insert_slice %[[OV]] into %[[O]][%[[PB]], %[[PH]], %[[T0]], %[[V0]]] [1, 1, %[[ROWS]], 16]
+// State update: S * exp(G_end) (in place: S is the generic's output) + (k * exp(G_end - G))^T @ v.
+// CHECK: %[[KD:.*]] = linalg.generic {{.*}} ins(%[[K]], %[[G]], %[[GEND]] :
+// CHECK: arith.subf
+// CHECK: math.exp
+// CHECK: %[[SD:.*]] = linalg.generic {{.*}} ins(%[[GEND_K]] : tensor<16xf32>) outs(%[[S]] : tensor<16x16xf32>)
+// CHECK: math.exp
+// CHECK: %[[KDT:.*]] = linalg.transpose ins(%[[KD]]
+// CHECK: %[[S2:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[KDT]], %[[V]] : tensor<16x32xf32>, tensor<32x16xf32>) outs(%[[SD]] : tensor<16x16xf32>)
+// CHECK: scf.yield %[[S2]], %[[O2]]
+// CHECK: %[[FINAL:.*]] = tensor.insert_slice %[[LOOP]]#0 into %[[ST]][%[[PB]], %[[PH]], 0, %[[V0]]] [1, 1, 16, 16]
+// CHECK: return %[[LOOP]]#1, %[[FINAL]]
+func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tensor<1x2x40x32xf32>, %g: tensor<1x2x40xf32>, %s0: tensor<1x2x16x32xf32>, %dt: tensor<1x2x40xf32>) -> (tensor<1x2x40x32xf32>, tensor<1x2x16x32xf32>) {
+  %out, %state = "attn.linear_recurrence"(%q, %k, %v, %g, %s0) ({}, {
+  ^bb0(%x: f32, %b: index, %h: index, %t: index, %d: index):
+    %zero = arith.constant 0.0 : f32
+    %pos = arith.cmpf ogt, %x, %zero : f32
+    %one = arith.constant 1.0 : f32
+    %xp1 = arith.addf %x, %one : f32
+    %ex = math.exp %x : f32
+    %r = arith.select %pos, %xp1, %ex : f32
+    "gpu.yield"(%r) : (f32) -> ()
+  }, {
+  ^bb0(%x: f32, %b: index, %h: index, %t: index, %d: index):
+    %step = tensor.extract %dt[%b, %h, %t] : tensor<1x2x40xf32>
+    %r = arith.mulf %x, %step : f32
+    "gpu.yield"(%r) : (f32) -> ()
+  }) {decay = "token", scale = 0.25 : f32, normalize = false, chunk_size = 32 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1>} : (tensor<1x2x40x16xf32>, tensor<1x2x40x16xf32>, tensor<1x2x40x32xf32>, tensor<1x2x40xf32>, tensor<1x2x16x32xf32>) -> (tensor<1x2x40x32xf32>, tensor<1x2x16x32xf32>)
+  return %out, %state : tensor<1x2x40x32xf32>, tensor<1x2x16x32xf32>
+}
+
+// -----
+
+// decay "token_dim" (GLA), bf16, normalize, no initial state: G = tril(ones) @ g per key dim; the
+// intra-chunk scores are one 3-D linalg.generic over (t, s, d) reducing d, so every exponent is a
+// difference G[t, d] - G[s, d] with s <= t. Dv = 8 fits one program.
+// CHECK-LABEL: func.func @token_dim
+// CHECK-SAME: %[[OUT:[a-z0-9]+]]: tensor<1x2x40x8xbf16>, %[[ST:[a-z0-9]+]]: tensor<1x2x16x8xf32>)
+// CHECK-SAME: attn.block_v = 8 : i64, attn.chunk_size = 32 : i64, attn.grid = array<i64: 1, 2, 1>
+// The lower-triangular ones, built once before the loop.
+// CHECK: %[[TRIL:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<32x32xf32>)
+// CHECK: arith.cmpi sle
+// The state starts at zero, and so does z.
+// CHECK: %[[LOOP:.*]]:3 = scf.for {{.*}} iter_args(%[[S:.*]] = %{{.*}}, %[[Z:.*]] = %{{.*}}, %[[O:.*]] = %[[OUT]]) -> (tensor<16x8xf32>, tensor<16xf32>, tensor<1x2x40x8xbf16>)
+// q, k and v are widened to f32 once loaded.
+// CHECK: %[[Q:.*]] = linalg.generic
+// CHECK: arith.extf
+// CHECK: %[[K:.*]] = linalg.generic
+// CHECK: %[[V:.*]] = linalg.generic
+// CHECK: tensor.extract_slice %arg3
+// CHECK: %[[GF:.*]] = linalg.generic
+// CHECK: %[[G:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[TRIL]], %[[GF]] : tensor<32x32xf32>, tensor<32x16xf32>)
+// CHECK: %[[GT:.*]] = linalg.transpose ins(%[[G]]
+// CHECK: %[[GEND:.*]] = linalg.reduce
+// CHECK: %[[A:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins(%[[Q]], %[[K]], %[[G]], %[[G]] : {{.*}}) outs(%{{.*}} : tensor<32x32xf32>)
+// CHECK: %[[KEEP:.*]] = arith.cmpi sle
+// CHECK: %[[DIFF:.*]] = arith.subf
+// CHECK: %[[ARG:.*]] = arith.select %[[KEEP]], %[[DIFF]]
+// CHECK: math.exp %[[ARG]]
+// CHECK: arith.addf %out
+// CHECK: %[[OI:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[A]], %[[V]] : tensor<32x32xf32>, tensor<32x8xf32>)
+// CHECK: %[[QD:.*]] = linalg.generic {{.*}} ins(%[[Q]], %[[G]] :
+// CHECK: %[[OT:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[QD]], %[[S]] : tensor<32x16xf32>, tensor<16x8xf32>) outs(%[[OI]] : tensor<32x8xf32>)
+// normalize: divide by rowsum(A) + (scale * q * exp(G)) . z, then round to bf16.
+// CHECK: %[[DA:.*]] = linalg.reduce ins(%[[A]]
+// CHECK: linalg.generic {{.*}} ins(%[[QD]], %[[Z]] :
+// CHECK: %[[DS:.*]] = linalg.reduce
+// CHECK: linalg.generic {{.*}} ins(%[[OT]], %[[DA]], %[[DS]] :
+// CHECK: arith.divf
+// CHECK: arith.truncf {{.*}} : f32 to bf16
+// CHECK: tensor.insert_slice %{{.*}} into %[[O]]
+// CHECK: %[[KD:.*]] = linalg.generic {{.*}} ins(%[[K]], %[[G]], %[[GEND]] :
+// CHECK: linalg.generic {{.*}} ins(%[[GEND]] : tensor<16xf32>) outs(%[[S]] : tensor<16x8xf32>)
+// CHECK: %[[KDT:.*]] = linalg.transpose ins(%[[KD]]
+// CHECK: linalg.matmul {attn.precision = "ieee"} ins(%[[KDT]], %[[V]] : tensor<16x32xf32>, tensor<32x8xf32>)
+// z: z * exp(G_end) + the row sums of the decayed k^T.
+// CHECK: %[[KS:.*]] = linalg.reduce ins(%[[KDT]]
+// CHECK: linalg.generic {{.*}} ins(%[[GEND]], %[[KS]] : tensor<16xf32>, tensor<16xf32>) outs(%[[Z]] : tensor<16xf32>)
+// CHECK: scf.yield
+// CHECK: tensor.insert_slice %[[LOOP]]#0 into %[[ST]]
+func.func @token_dim(%q: tensor<1x2x40x16xbf16>, %k: tensor<1x2x40x16xbf16>, %v: tensor<1x2x40x8xbf16>, %g: tensor<1x2x40x16xbf16>) -> (tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>) {
+  %out, %state = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token_dim", scale = 0.25 : f32, normalize = true, chunk_size = 32 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>} : (tensor<1x2x40x16xbf16>, tensor<1x2x40x16xbf16>, tensor<1x2x40x8xbf16>, tensor<1x2x40x16xbf16>) -> (tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>)
+  return %out, %state : tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>
+}
+
+// -----
+
+// Functions without a recurrence are left alone (attn-tile handles attn.online_attention).
+// CHECK-LABEL: func.func @other
+// CHECK-NEXT: return %arg0
+func.func @other(%x: tensor<4xf32>) -> tensor<4xf32> {
+  return %x : tensor<4xf32>
+}

@@ -1,0 +1,316 @@
+"""Numerics of `attn-chunk-recurrence`: the L1 kernel it writes, run by the L1 interpreter
+(test/l1_interp.py), against the float64 reference executor on the L0 module.
+
+The same L1 also goes through `attn-lower-to-cpu` and runs natively (power-of-two tile widths).
+The interpreter runs L1 in float64 by default, so the chunked algorithm itself (cumulative decays,
+masks, padding, state carry, column split) is checked to near machine precision; a float32 run
+checks that the f32 arithmetic of the kernel stays finite and accurate under strong decay. The same
+file runs the softmax L1 of `attn-tile` through the interpreter, an independent check of that pass.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import pytest
+import torch
+from l1_interp import run_kernel
+
+import ae_mlir as ae
+from ae_mlir.context import CompileError, new_context, parse_module
+from ae_mlir.passes import build_pass_manager, create_pass
+from ae_mlir.passes.chunk_recurrence import value_block
+from ae_mlir.reference import evaluate
+from ae_mlir.verifier import check_module
+
+B, H = 2, 2
+
+
+def rand(*shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def log_decay(shape, seed, strength=1.0, dtype=torch.float32):
+    """Log-decays in (-inf, 0): log(sigmoid(x)), the gate GLA and Mamba-2 use."""
+    return (strength * torch.nn.functional.logsigmoid(rand(*shape, seed=seed) + 2.0)).to(dtype)
+
+
+def elu1(x, b, h, t, d):
+    return torch.where(x > 0, x + 1.0, torch.exp(x))
+
+
+def lower(text: str, pipeline: str):
+    ctx = new_context()
+    module = parse_module(text, ctx)
+    check_module(module)
+    build_pass_manager(pipeline, ctx).run(module.operation)
+    return module
+
+
+def reference(text: str, inputs: list) -> list:
+    ctx = new_context()
+    module = parse_module(text, ctx)
+    with ctx:
+        return evaluate(module, inputs)
+
+
+class Case:
+    """A linear-attention problem: the L0 text, its inputs, and how to chunk it."""
+
+    def __init__(self, decay=None, normalize=False, chunk=16, l=37, dk=16, dv=24, dtype=torch.float32,
+                 mods=True, initial_state=True, strength=1.0, seed=0):
+        q, k, v = (rand(B, H, l, d, seed=seed + i, dtype=dtype) for i, d in enumerate((dk, dk, dv)))
+        g_shape = {None: None, "head": (H,), "token": (B, H, l), "token_dim": (B, H, l, dk)}[decay]
+        g = None if g_shape is None else log_decay(g_shape, seed + 3, strength, dtype)
+        s0 = rand(B, H, dk, dv, seed=seed + 4, dtype=dtype) if initial_state else None
+        dt = torch.rand(B, H, l, generator=torch.Generator().manual_seed(seed + 5))
+        w = rand(dv, seed=seed + 6)
+        kw = {}
+        if mods:
+            # Positive features for normalize (q . z must not vanish), a captured per-token step
+            # and a per-column weight in v_mod (its d index crosses the V column split).
+            kw = dict(q_mod=elu1 if normalize else (lambda x, b, h, t, d: x * 0.5),
+                      k_mod=elu1, v_mod=lambda x, b, h, t, d: x * dt[b, h, t] + w[d])
+        elif normalize:
+            q, k = q.abs(), k.abs()
+        self.lin = ae.linear_attention(decay=decay, normalize=normalize, chunk_size=chunk, **kw)
+        self.text, captures = self.lin._build(q, k, v, g, s0)
+        self.inputs = [q, k, v] + [t for t in (g, s0) if t is not None] + captures
+        self.dtype = dtype
+
+    def l1(self, options: str = ""):
+        return lower(self.text, f"builtin.module(attn-chunk-recurrence{{{options}}})")
+
+    def run(self, options: str = "", float_dtype=torch.float64):
+        return run_kernel(self.l1(options), self.inputs, float_dtype)
+
+    def expected(self):
+        return reference(self.text, self.inputs)
+
+
+def close(got, want, tol):
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want.double(), atol=tol, rtol=tol)
+
+
+DECAYS = [None, "head", "token", "token_dim"]
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("chunk", [16, 32, 64])
+def test_matches_reference(decay, normalize, chunk):
+    # L = 77 is ragged for every chunk size; Dv = 24 with block-v = 16 gives two programs of 12
+    # columns per head.
+    case = Case(decay, normalize, chunk, l=77, dk=16, dv=24)
+    out, state = case.run("block-v=16")
+    want_out, want_state = case.expected()
+    close(out, want_out, 1e-9)
+    close(state, want_state, 1e-9)
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+def test_bf16(decay):
+    case = Case(decay, normalize=False, chunk=16, l=37, dtype=torch.bfloat16)
+    assert "bf16" in str(case.l1().operation)
+    out, state = case.run()
+    want_out, want_state = case.expected()
+    # bf16 q, k, v, g and initial state; the output is rounded once to bf16 on store, the state
+    # stays f32.
+    close(out, want_out, 1e-2)
+    close(state, want_state, 1e-9)
+
+
+@pytest.mark.parametrize("decay", ["token", "token_dim"])
+def test_chunk_size_option_and_exact_multiple(decay):
+    # The option overrides the op's chunk_size; L = 64 is a multiple of 32, so no row is padding.
+    case = Case(decay, normalize=True, chunk=64, l=64, dk=8, dv=8)
+    module = case.l1("chunk-size=32")
+    assert "attn.chunk_size = 32" in str(module.operation)
+    out, state = run_kernel(module, case.inputs)
+    want_out, want_state = case.expected()
+    close(out, want_out, 1e-9)
+    close(state, want_state, 1e-9)
+
+
+@pytest.mark.parametrize("l", [20, 5])
+def test_no_mods_no_initial_state(l):
+    # L = 5 is shorter than one chunk.
+    case = Case("token", mods=False, initial_state=False, l=l, dk=16, dv=16)
+    out, state = case.run()
+    want_out, want_state = case.expected()
+    close(out, want_out, 1e-9)
+    close(state, want_state, 1e-9)
+
+
+@pytest.mark.parametrize("dv,block_v,width", [(80, 64, 40), (128, 64, 64), (24, 64, 24), (67, 64, 67),
+                                              (96, 32, 32), (130, 64, 130)])
+def test_value_block(dv, block_v, width):
+    assert value_block(dv, block_v) == width
+
+
+def test_uneven_value_split():
+    # Dv = 80 with block-v = 64: two programs of 40 columns.
+    case = Case("token_dim", normalize=True, chunk=16, l=21, dk=32, dv=80)
+    module = case.l1()
+    assert "attn.grid = array<i64: 2, 2, 2>" in str(module.operation)
+    out, state = run_kernel(module, case.inputs)
+    want_out, want_state = case.expected()
+    close(out, want_out, 1e-9)
+    close(state, want_state, 1e-9)
+
+
+@pytest.mark.parametrize("decay", ["head", "token", "token_dim"])
+def test_strong_decay_stays_finite_in_f32(decay):
+    # Log-decays around -20 per token make cumulative sums reach about -1300 within a chunk of 64:
+    # exp(-G) overflows f32 (and f64); the kernel only takes exponentials of differences.
+    case = Case(decay, normalize=False, chunk=64, l=70, dk=16, dv=16, strength=20.0)
+    out, state = case.run(float_dtype=torch.float32)
+    want_out, want_state = case.expected()
+    close(out, want_out, 1e-4)
+    close(state, want_state, 1e-4)
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+def test_f32_arithmetic(decay):
+    case = Case(decay, normalize=True, chunk=32, l=45)
+    out, state = case.run(float_dtype=torch.float32)
+    want_out, want_state = case.expected()
+    close(out, want_out, 1e-4)
+    close(state, want_state, 1e-4)
+
+
+def test_matmuls_are_marked_ieee():
+    text = str(Case("token").l1().operation)
+    matmuls = [line for line in text.splitlines() if "linalg.matmul" in line]
+    assert matmuls and all('attn.precision = "ieee"' in line for line in matmuls)
+
+
+# --- the same L1 compiled by attn-lower-to-cpu and run natively ------------------------------------
+
+
+def _memref(tensor):
+    """A ranked memref descriptor (the C interface of the kernel's arguments) viewing `tensor`."""
+    rank = tensor.dim()
+    fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64),
+              ("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+    desc = type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})()
+    desc.allocated = desc.aligned = tensor.data_ptr()
+    desc.offset = 0
+    for i, (size, stride) in enumerate(zip(tensor.shape, tensor.stride())):
+        desc.sizes[i], desc.strides[i] = size, stride
+    return desc
+
+
+def run_on_cpu(case: Case, options: str = "") -> list:
+    from mlir.execution_engine import ExecutionEngine
+
+    module = lower(case.text, f"builtin.module(attn-chunk-recurrence{{{options}}},attn-lower-to-cpu)")
+    engine = ExecutionEngine(module, opt_level=2)
+    entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("_mlir_ciface_linear_attention"))
+    q, _, v = case.inputs[:3]
+    b, h, l, dk = q.shape
+    outputs = [torch.empty(b, h, l, v.shape[3], dtype=q.dtype), torch.empty(b, h, dk, v.shape[3])]
+    descriptors = [_memref(t) for t in case.inputs + outputs]
+    pointers = [ctypes.pointer(d) for d in descriptors]
+    entry((ctypes.c_void_p * len(pointers))(*[ctypes.addressof(p) for p in pointers]))
+    return outputs
+
+
+# Dv = 32 in two programs of 16 columns: the CPU lowering handles power-of-two tile widths only.
+@pytest.mark.parametrize("decay", DECAYS)
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("chunk", [16, 32])
+def test_cpu_backend(decay, normalize, chunk):
+    case = Case(decay, normalize, chunk, l=45, dk=16, dv=32)
+    out, state = run_on_cpu(case, "block-v=16")
+    want_out, want_state = case.expected()
+    close(out, want_out, 1e-5)
+    close(state, want_state, 1e-5)
+
+
+@pytest.mark.parametrize("decay", [None, "token_dim"])
+def test_cpu_backend_bf16(decay):
+    case = Case(decay, normalize=False, chunk=16, l=45, dk=16, dv=32, dtype=torch.bfloat16)
+    out, state = run_on_cpu(case, "block-v=16")
+    want_out, want_state = case.expected()
+    close(out, want_out, 1e-2)
+    close(state, want_state, 1e-5)
+
+
+# --- errors and pass boundaries ----------------------------------------------------------------
+
+
+def test_rejects_non_positive_chunk_size():
+    text = Case("token").text.replace("chunk_size = 16 : i64", "chunk_size = 0 : i64")
+    module = parse_module(text, new_context())
+    with pytest.raises(CompileError, match="chunk_size must be positive, got 0"):
+        create_pass("attn-chunk-recurrence").apply(module.operation)
+    with pytest.raises(CompileError, match="chunk-size must be 0"):
+        create_pass("attn-chunk-recurrence", {"chunk-size": "-4"})
+    with pytest.raises(CompileError, match="block-v must be positive"):
+        create_pass("attn-chunk-recurrence", {"block-v": "0"})
+
+
+def test_rejects_function_with_other_ops():
+    text = Case("token", mods=False, initial_state=False).text
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "attn.linear_recurrence" in line)
+    lines.insert(at, '    %extra = "tensor.empty"() : () -> tensor<2xf32>')
+    module = parse_module("\n".join(lines), new_context())
+    with pytest.raises(CompileError, match="only the recurrence op and constants"):
+        create_pass("attn-chunk-recurrence").apply(module.operation)
+
+
+def test_leaves_softmax_functions_to_attn_tile():
+    q, k, v = rand(1, 2, 20, 16, seed=1), rand(1, 2, 20, 16, seed=2), rand(1, 2, 20, 16, seed=3)
+    soft = ae.attention(mask_mod=lambda b, h, i, j: i >= j).mlir(q, k, v)
+    lin = ae.linear_attention(decay="token").mlir(q, k, v, log_decay((1, 2, 20), seed=4))
+    body = lambda text: text[text.index("module {") + len("module {"):text.rindex("}")]
+    merged = "module {" + body(soft).replace("@attention", "@soft") + body(lin) + "}"
+    module = lower(merged, "builtin.module(attn-fuse-online-softmax,attn-chunk-recurrence)")
+    text = str(module.operation)
+    assert "attn.online_attention" in text and "attn.linear_recurrence" not in text
+    module = lower(merged, "builtin.module(attn-fuse-online-softmax,attn-chunk-recurrence,attn-tile)")
+    text = str(module.operation)
+    assert text.count("attn.grid") == 2 and '"attn.online_attention"' not in text
+
+
+# --- the softmax L1 of attn-tile through the same interpreter ------------------------------------
+
+
+def softmax_expected(q, k, v, keep, bias=None):
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        s = s + bias
+    s = s.masked_fill(~keep, -math.inf)
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v.double(), torch.logsumexp(s, dim=-1)
+
+
+@pytest.mark.parametrize("block", [(16, 16), (32, 16)])
+def test_attn_tile_causal_softmax(block):
+    q, k, v = rand(1, 2, 45, 16, seed=1), rand(1, 2, 45, 16, seed=2), rand(1, 2, 45, 24, seed=3)
+    attn = ae.attention(mask_mod=lambda b, h, i, j: i >= j)
+    module = lower(attn.mlir(q, k, v),
+                   f"builtin.module(attn-fuse-online-softmax,attn-tile{{block-m={block[0]} block-n={block[1]}}})")
+    out, lse = run_kernel(module, [q, k, v])
+    keep = torch.ones(45, 45, dtype=torch.bool).tril()
+    want_out, want_lse = softmax_expected(q, k, v, keep)
+    # The kernel's constants (scale * log2(e)) are f32 literals: about 1e-7 relative.
+    close(out, want_out, 1e-6)
+    close(lse, want_lse, 1e-6)
+
+
+def test_attn_tile_score_mod_with_capture_bf16():
+    q, k, v = (rand(2, 2, 30, 16, seed=s, dtype=torch.bfloat16) for s in (1, 2, 3))
+    slopes = torch.tensor([0.5, -0.25])
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + slopes[h] * (j - i))
+    text, captures = attn._build(q, k, v)
+    module = lower(text, "builtin.module(attn-fuse-online-softmax,attn-tile{block-m=16 block-n=16})")
+    out, lse = run_kernel(module, [q, k, v] + captures)
+    i = torch.arange(30)
+    bias = slopes.double().view(1, 2, 1, 1) * (i.view(1, -1) - i.view(-1, 1)).double()
+    want_out, want_lse = softmax_expected(q, k, v, torch.ones(30, 30, dtype=torch.bool), bias)
+    close(out, want_out, 1e-2)
+    close(lse, want_lse, 1e-6)
