@@ -22,26 +22,14 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..context import CompileError, Diagnostic, location_parts, parse_module
+from ..context import parse_module
 from ..frontend.emit import float_literal
 from ..regions import TextEmitter, emit_scalar, from_region
 from . import ModulePass, option
+from .l1_text import KernelText, constant_op, convert, elt, fail, shape
 
 LOG2E = 1.0 / math.log(2.0)
 NEG_INF = "0xFF800000"
-
-
-def _fail(op, message: str) -> CompileError:
-    filename, line, col = location_parts(op.location)
-    return CompileError(message, [Diagnostic("error", f"'{op.name}' op {message}", filename, line, col)])
-
-
-def _shape(value) -> list[int]:
-    return list(value.type.shape)
-
-
-def _elt(value) -> str:
-    return str(value.type.element_type)
 
 
 @dataclass
@@ -76,14 +64,7 @@ def _is_positional(region) -> bool:
     program = from_region(region)
     if program.uses_arg(0) or program.uses_arg(1):
         return False
-    return all(_constant_op(v) is not None for v in program.externals)
-
-
-def _constant_op(value):
-    owner = getattr(value.owner, "operation", None)
-    if owner is not None and owner.name == "arith.constant":
-        return owner
-    return None
+    return all(constant_op(v) is not None for v in program.externals)
 
 
 def _table(values: list[list[int]]) -> tuple[str, str, str]:
@@ -96,20 +77,18 @@ def _table(values: list[list[int]]) -> tuple[str, str, str]:
             f"tensor<{nm}xi32>|tensor<{nm}x{width}xi32>")
 
 
-class _Kernel:
+class _Kernel(KernelText):
     """Builds the text of one L1 kernel function."""
 
     def __init__(self, op, func, block_m: int, block_n: int):
-        self.op = op
-        self.func = func
+        super().__init__(op, func)
         self.bm = block_m
         self.bn = block_n
-        self.em = TextEmitter("t")
         q, k, v = op.operands[0], op.operands[1], op.operands[2]
-        self.b, self.h, self.lq, self.dk = _shape(q)
-        _, self.hkv, self.lk, _ = _shape(k)
-        self.dv = _shape(v)[3]
-        self.elt = _elt(q)
+        self.b, self.h, self.lq, self.dk = shape(q)
+        _, self.hkv, self.lk, _ = shape(k)
+        self.dv = shape(v)[3]
+        self.elt = elt(q)
         self.with_lse = len(op.results) > 1
         self.stat = op.attributes["stat"].value
         self.log2 = bool(op.attributes["log2_domain"].value)
@@ -119,79 +98,14 @@ class _Kernel:
         # Softmax needs the row sum; a normalizer without a statistic needs it only if its
         # finalize reads it (RetNet's abs-sum division does, sigmoid's identity does not).
         self.tracks_sum = self.stat == "max" or self.regions["finalize"].uses_arg(1)
-        self.func_args = list(func.regions[0].blocks[0].arguments)
-
-    # --- small emission helpers ----------------------------------------------------------
-    def idx(self, n: int) -> str:
-        return self.em(f"arith.constant {n} : index")
-
-    def f32(self, x: float | str) -> str:
-        lit = x if isinstance(x, str) else float_literal(x)
-        return self.em(f"arith.constant {lit} : f32")
-
-    def externals(self, program, em: TextEmitter) -> list[str]:
-        """Names for the outer values a region reads: function arguments or re-emitted constants."""
-        names = []
-        for value in program.externals:
-            const = _constant_op(value)
-            if const is not None:
-                attr = const.attributes["value"]
-                names.append(em(f"arith.constant {attr}"))
-                continue
-            for i, arg in enumerate(self.func_args):
-                if arg == value:
-                    names.append(f"%arg{i}")
-                    break
-            else:
-                raise _fail(self.op, "a region reads a value that is neither a function argument nor a constant")
-        return names
-
-    def generic(self, ins: list[tuple[str, str, str]], out_type: str, body, rank: int = 2) -> str:
-        """A parallel linalg.generic; `ins` are (value, type, map); `body(em, args)` returns the
-        yielded scalar and may use linalg.index."""
-        dims = ", ".join(f"d{i}" for i in range(rank))
-        maps = [m for _, _, m in ins] + [f"({dims})"]
-        out_elt = out_type[out_type.rindex("x") + 1 : -1]
-        empty = self.em(f"tensor.empty() : {out_type}")
-        inner = TextEmitter(f"g{self.em.count}_")
-        args = [f"%in{i}" for i in range(len(ins))]
-        result = body(inner, args)
-        decls = ", ".join(f"{a}: {t[t.rindex('x') + 1 : -1] if t.startswith('tensor') else t}"
-                          for a, (_, t, _) in zip(args, ins))
-        decls = (decls + ", " if decls else "") + f"%out: {out_elt}"
-        body_text = "\n".join(f"      {line}" for line in inner.lines)
-        maps_text = ", ".join(f"affine_map<({dims}) -> {m}>" for m in maps)
-        iters = ", ".join(['"parallel"'] * rank)
-        operands = ", ".join(v for v, _, _ in ins)
-        types = ", ".join(t for _, t, _ in ins)
-        return self.em(
-            f"linalg.generic {{indexing_maps = [{maps_text}], iterator_types = [{iters}]}} "
-            f"ins({operands} : {types}) outs({empty} : {out_type}) {{\n"
-            f"    ^bb0({decls}):\n{body_text}\n      linalg.yield {result} : {out_elt}\n    }} -> {out_type}"
-        )
 
     def reduce_rows(self, value: str, tile_type: str, init: str, combine: str) -> str:
-        row_type = f"tensor<{self.bm}xf32>"
-        return self.em(
-            f"linalg.reduce ins({value} : {tile_type}) outs({init} : {row_type}) dimensions = [1]\n"
-            f"      (%x: f32, %acc: f32) {{\n        %r = {combine} %x, %acc : f32\n"
-            f"        linalg.yield %r : f32\n      }}"
-        )
+        return super().reduce_rows(value, tile_type, init, f"tensor<{self.bm}xf32>", combine)
 
     def load_tile(self, src: str, src_type: str, coords: list[str], start: str, length: int,
                   rows: int, width: int) -> str:
         """Rows [start, start + rows) of src[coords..., :, :width], zero-padded past `length`."""
-        em = self.em
-        remaining = em(f"arith.subi {self.idx(length)}, {start} : index")
-        valid = em(f"arith.minsi {remaining}, {self.idx(rows)} : index")
-        pad = em(f"arith.subi {self.idx(rows)}, {valid} : index")
-        slice_type = f"tensor<?x{width}x{self.elt}>"
-        piece = em(f"tensor.extract_slice {src}[{', '.join(coords)}, {start}, 0] [1, 1, {valid}, {width}] "
-                   f"[1, 1, 1, 1] : {src_type} to {slice_type}")
-        zero = "0.0" if self.elt != "bf16" else "0.0"
-        return em(f"tensor.pad {piece} low[0, 0] high[{pad}, 0] {{\n    ^bb0(%pi: index, %pj: index):\n"
-                  f"      %pz = arith.constant {zero} : {self.elt}\n      tensor.yield %pz : {self.elt}\n"
-                  f"    }} : {slice_type} to tensor<{rows}x{width}x{self.elt}>")
+        return super().load_tile(src, src_type, self.elt, coords, start, length, rows, width)
 
     # --- the kernel ----------------------------------------------------------------------
     def build(self, classification: _Classification) -> str:
@@ -259,7 +173,7 @@ class _Kernel:
 
         def finalize(inner, a):
             value = emit_scalar(self.regions["finalize"], a, inner, self.externals(self.regions["finalize"], inner))
-            return _to_elt(inner, value, elt)
+            return convert(inner, value, "f32", elt)
 
         if l is not None:
             o = self.generic([(acc, acc_t, "(d0, d1)"), (l, row_t, "(d0)")], out_tile_t, finalize)
@@ -390,16 +304,12 @@ class _Kernel:
         p_in = p
         if elt != "f32":
             p_in = self.generic([(p, tile_t, "(d0, d1)")], f"tensor<{bm}x{bn}x{elt}>",
-                                lambda inner, a: _to_elt(inner, a[0], elt))
+                                lambda inner, a: convert(inner, a[0], "f32", elt))
         acc_new = em(f"linalg.matmul ins({p_in}, {v_tile} : tensor<{bm}x{bn}x{elt}>, tensor<{bn}x{self.dv}x{elt}>) "
                      f"outs({acc_scaled} : {acc_t}) -> {acc_t}")
         if self.stat == "max":
             return [m_new, l_new, acc_new]
         return [l_new, acc_new] if self.tracks_sum else [acc_new]
-
-
-def _to_elt(em: TextEmitter, value: str, elt: str) -> str:
-    return value if elt == "f32" else em(f"arith.truncf {value} : f32 to {elt}")
 
 
 @dataclass(frozen=True)
@@ -438,16 +348,16 @@ class AttnTile(ModulePass):
         while func is not None and func.operation.name != "func.func":
             func = func.parent
         if func is None:
-            raise _fail(op, "must be inside a func.func to be tiled")
+            raise fail(op, "must be inside a func.func to be tiled")
         block = func.regions[0].blocks[0]
         ret = list(block.operations)[-1].operation
         if [v for v in ret.operands] != list(op.results):
-            raise _fail(op, "tiling turns the whole function into a kernel: the function must return "
+            raise fail(op, "tiling turns the whole function into a kernel: the function must return "
                             "exactly this op's results, in order")
         for other in block.operations:
             name = other.operation.name
             if other.operation != op and other.operation != ret and name != "arith.constant":
-                raise _fail(other.operation, "tiling needs a function that holds only the attention op and constants")
+                raise fail(other.operation, "tiling needs a function that holds only the attention op and constants")
         kernel = _Kernel(op, func, self.block_m, self.block_n)
         outer = {}
         mask_region = op.regions[1] if list(op.regions[1].blocks) else None
@@ -455,7 +365,7 @@ class AttnTile(ModulePass):
             from ..reference import _scalar_op
 
             for value in from_region(mask_region).externals:
-                const = _constant_op(value)
+                const = constant_op(value)
                 if const is not None:
                     outer[value] = _scalar_op(const, [])
         classification = classify_blocks(mask_region, kernel.lq, kernel.lk, self.block_m, self.block_n, outer)
