@@ -31,10 +31,22 @@ def _emit_mlir(module, options: EmitOptions) -> str:
     return module.operation.get_asm(print_generic_op_form=options.generic)
 
 
+def _emit_triton(kind: str) -> Callable[[object, EmitOptions], str]:
+    def emit(module, options: EmitOptions) -> str:
+        from .backends.triton import emit as triton_emit
+
+        return triton_emit(kind, module, options.target)
+
+    return emit
+
+
 # What `--emit=KIND` writes, from the module the pipeline produced. A kind of EMIT_KINDS with no
 # entry here is reported as not available yet.
 EMITTERS: dict[str, Callable[[object, EmitOptions], str]] = {
     "mlir": _emit_mlir,
+    "ttir": _emit_triton("ttir"),
+    "ptx": _emit_triton("ptx"),
+    "amdgcn": _emit_triton("amdgcn"),
 }
 
 

@@ -8,6 +8,10 @@ def run(module_text: str, inputs: list, backend: str, out_dtype) -> list:
         from ..reference import run_module_text
 
         return run_module_text(module_text, inputs, out_dtype)
+    if backend == "triton":
+        from .triton import run
+
+        return run(module_text, inputs, out_dtype)
     raise NotImplementedError(
         f"backend '{backend}' is not available in this version of ae-mlir; use backend='reference'"
     )

@@ -1,0 +1,255 @@
+"""The Triton backend, compile side: an L0 module becomes a runtime `Bundle`.
+
+    L0 --attn-verify, attn-fuse-online-softmax, attn-chunk-recurrence, attn-tile{block-m,block-n},
+         canonicalize, cse--> L1 --attn-lower-to-triton{assume-aligned=true|false}--> Triton IR
+
+Both Triton IR variants go into the bundle with the launch grid, argument labels, block tables and
+the compile options (`default_config`). `run` is what `ae.attention(...)(q, k, v)` calls on GPU
+tensors: the bundle comes from the cache (memory, then disk) when it can, so MLIR is imported only
+to build a missing one. `compile_bundle` builds a bundle ahead of time from shapes or "meta"
+tensors, on a machine without a GPU.
+"""
+from __future__ import annotations
+
+from .. import runtime
+from ..context import CompileError
+
+_ELT_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
+               "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool"}
+
+# (block_m, block_n, num_warps, num_stages) by head dim (padded to a power of two); 16-bit inputs
+# run tt.dot on wgmma. Measured on an H200 (bf16, B*L = 16k, H = 16, 2026-11-30): at D = 128,
+# 128x64 with 8 warps and 3 stages beat 128x128 (out of shared memory), 2 stages and 64x64; at
+# D = 64, 128x128 with 4 warps (FlexAttention's choice) spills with a score_mod (63 TFLOP/s on
+# softcap) where 128x64 runs 168 and causal 349 instead of 237.
+_CUDA_16BIT = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 3)}
+_CUDA_FP32 = {64: (128, 32, 4, 3), 128: (32, 64, 4, 3), 256: (32, 32, 4, 3)}
+# MI300 (gfx942): mfma 32x32 tiles; one LDS buffer per operand leaves room for 128x64 at D=128.
+_HIP_16BIT = {64: (128, 64, 4, 2), 128: (128, 64, 4, 2), 256: (64, 32, 4, 2)}
+_HIP_FP32 = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 2)}
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (max(n, 1) - 1).bit_length())
+
+
+def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) -> dict:
+    """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942")."""
+    d = max(_pow2(dk), _pow2(dv), 64)
+    wide = dtype in ("bfloat16", "float16", "bf16", "f16")
+    if target.startswith("hip"):
+        table = _HIP_16BIT if wide else _HIP_FP32
+    else:
+        table = _CUDA_16BIT if wide else _CUDA_FP32
+    block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
+    block_m = min(block_m, _pow2(lq))
+    block_n = min(block_n, _pow2(lk))
+    if block_m * block_n <= 64 * 64:
+        warps = 4
+    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+
+
+def _pipeline(block_m: int, block_n: int) -> str:
+    from ..passes import PIPELINES
+
+    steps = []
+    for name in PIPELINES["triton"]:
+        if name == "attn-tile":
+            steps.append(f"attn-tile{{block-m={block_m} block-n={block_n}}}")
+        elif name == "attn-lower-to-triton":
+            steps += ["canonicalize", "cse"]
+        else:
+            steps.append(name)
+    return "builtin.module(" + ",".join(steps) + ")"
+
+
+def _specs(types: list, roles: list[str]) -> list[runtime.TensorSpec]:
+    specs = []
+    for role, ty in zip(roles, types):
+        elt = str(ty.element_type)
+        specs.append(runtime.TensorSpec(role, [int(n) for n in ty.shape], _ELT_DTYPES.get(elt, elt)))
+    return specs
+
+
+def lower(l0_text: str, config: dict):
+    """L0 text -> (L1 module text, kernel function name, input and output specs)."""
+    from mlir import ir
+
+    from ..context import new_context, parse_module
+    from ..passes import build_pass_manager
+    from ..verifier import check_module
+
+    ctx = new_context()
+    module = parse_module(l0_text, ctx, "<l0>")
+    check_module(module)
+    funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
+    if len(funcs) != 1:
+        raise CompileError(f"the Triton backend compiles a module with one function, found {len(funcs)}")
+    fty = funcs[0].attributes["function_type"].value
+    n_cap = len(fty.inputs) - 3
+    inputs = _specs(list(fty.inputs), ["q", "k", "v"] + [f"c{i}" for i in range(n_cap)])
+    outputs = _specs(list(fty.results), ["out", "lse"])
+    pm = build_pass_manager(_pipeline(config["block_m"], config["block_n"]), ctx)
+    try:
+        pm.run(module.operation)
+    except ir.MLIRError as err:
+        from ..context import diagnostic_from_mlir
+
+        raise CompileError("the Triton pipeline failed",
+                           [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None
+    return str(module), inputs, outputs
+
+
+def _lower_l1(l1_text: str, aligned: bool, precision: str) -> tuple[runtime.KernelVariant, dict]:
+    """One Triton IR variant of an L1 module, and the launch facts its tt.func records."""
+    from mlir import ir
+
+    from ..context import new_context, parse_module
+    from ..passes import build_pass_manager
+    from ..passes.lower_to_triton import triton_text
+
+    ctx = new_context()
+    module = parse_module(l1_text, ctx, "<l1>")
+    pipeline = (f"builtin.module(attn-lower-to-triton{{assume-aligned={str(aligned).lower()} "
+                f"input-precision={precision}}})")
+    try:
+        build_pass_manager(pipeline, ctx).run(module.operation)
+    except ir.MLIRError as err:
+        from ..context import diagnostic_from_mlir
+
+        raise CompileError("attn-lower-to-triton failed",
+                           [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None
+    kernel = kernel_op(module)
+    args = [ir.StringAttr(a).value for a in kernel.attributes["attn.kernel_args"]]
+    facts = {"name": ir.StringAttr(kernel.attributes["sym_name"]).value,
+             "grid": [int(x) for x in kernel.attributes["attn.grid"]], "tables": _tables(kernel)}
+    return runtime.KernelVariant(triton_text(module), args, aligned), facts
+
+
+def kernel_op(module):
+    """The tt.func of a lowered module."""
+    for op in module.body.operations:
+        if op.operation.name == "tt.func":
+            return op.operation
+    raise CompileError("the module holds no tt.func kernel; run attn-lower-to-triton first")
+
+
+def _tables(kernel) -> list[dict]:
+    import numpy as np
+
+    tables = []
+    for attr in kernel.attributes["attn.tables"]:
+        data = np.array(attr).astype(np.int64)
+        if attr.is_splat:
+            data = np.full(tuple(attr.type.shape), int(attr.get_splat_value().value), np.int64)
+        tables.append({"shape": list(data.shape), "data": data.reshape(-1).tolist()})
+    return tables
+
+
+def build_bundle(l0_text: str, target: str, config: dict | None = None,
+                 input_precision: str = "ieee") -> runtime.Bundle:
+    """Compile an L0 module into a bundle (needs the MLIR bindings, no GPU)."""
+    shapes = _shapes(l0_text)
+    config = dict(config or default_config(*shapes, target=target))
+    l1_text, inputs, outputs = lower(l0_text, config)
+    aligned, facts = _lower_l1(l1_text, True, input_precision)
+    generic, _ = _lower_l1(l1_text, False, input_precision)
+    return runtime.Bundle(
+        name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
+        variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
+        num_warps=config["num_warps"], num_stages=config["num_stages"], block_m=config["block_m"],
+        block_n=config["block_n"], target=target, meta={"input_precision": input_precision})
+
+
+def _shapes(l0_text: str) -> tuple:
+    """(Lq, Lk, Dk, Dv, dtype) read from the L0 function signature without MLIR."""
+    import re
+
+    header = re.search(r"func\.func @\w+\((.*?)\)\s*->", l0_text, re.S)
+    types = re.findall(r"tensor<([0-9x]+)x(\w+)>", header.group(1) if header else "")
+    if len(types) < 3:
+        raise CompileError("the Triton backend needs an attention module (q, k, v tensors) at L0")
+    dims = [[int(n) for n in t[0].split("x")] for t in types[:3]]
+    return dims[0][2], dims[1][2], dims[0][3], dims[2][3], types[0][1]
+
+
+def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | None = None,
+                   input_precision: str = "ieee") -> runtime.Bundle:
+    """Build the bundle of `attn` (an `ae.attention`) for these q/k/v ahead of time.
+
+    q, k and v may be tensors on any device (including "meta") or (shape, dtype) pairs; closure
+    tensors the mods capture are read from `attn` itself. No GPU is needed.
+    """
+    q, k, v = (_as_tensor(x) for x in (q, k, v))
+    text = attn.mlir(q, k, v)
+    lq, lk, dk, dv, dtype = _shapes(text)
+    config = dict(config or default_config(lq, lk, dk, dv, dtype, target))
+    bundle = build_bundle(text, target, config, input_precision)
+    bundle.key = runtime.cache_key(text, target, _options(config, input_precision))
+    bundle.meta["l0"] = text
+    return bundle
+
+
+def _as_tensor(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    shape, dtype = x
+    return torch.empty(tuple(shape), dtype=dtype, device="meta")
+
+
+def _options(config: dict, input_precision: str) -> dict:
+    return dict(config, input_precision=input_precision)
+
+
+def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runtime.Bundle:
+    """The bundle of an L0 module for `target`: from the cache, or compiled and cached."""
+    lq, lk, dk, dv, dtype = _shapes(l0_text)
+    config = default_config(lq, lk, dk, dv, dtype, target)
+    key = runtime.cache_key(l0_text, target, _options(config, input_precision))
+    bundle = runtime.CACHE.get(key)
+    if bundle is None:
+        try:
+            import mlir  # noqa: F401
+        except ImportError:
+            raise CompileError("no cached kernel for this attention and the MLIR bindings are not installed "
+                               "to compile one; build bundles with ae_mlir.backends.triton.compile_bundle "
+                               "on a machine that has them") from None
+        bundle = build_bundle(l0_text, target, config, input_precision)
+        runtime.CACHE.put(key, bundle)
+    return bundle
+
+
+def run(module_text: str, inputs: list, out_dtype) -> list:
+    """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures]."""
+    bundle = get_bundle(module_text, runtime.current_target())
+    return runtime.launch(bundle, *inputs)
+
+
+# --- ae-opt --emit=ttir|ptx|amdgcn --------------------------------------------------------------
+
+
+def emit(kind: str, module, target: str | None) -> str:
+    """The lowered module as Triton IR, or compiled to PTX (cuda) / AMDGCN (hip) for `target`."""
+    from mlir import ir
+
+    from ..passes.lower_to_triton import triton_text
+
+    text = triton_text(module)
+    if kind == "ttir":
+        return text
+    default = {"ptx": "cuda:90", "amdgcn": "hip:gfx942"}[kind]
+    target = target or default
+    if target.split(":")[0] != default.split(":")[0]:
+        raise CompileError(f"--emit={kind} needs a {default.split(':')[0]} target, got --target={target}")
+    kernel = kernel_op(module)
+    block_m = ir.IntegerAttr(kernel.attributes["attn.block_m"]).value if "attn.block_m" in kernel.attributes else 64
+    block_n = ir.IntegerAttr(kernel.attributes["attn.block_n"]).value if "attn.block_n" in kernel.attributes else 64
+    warps = 8 if block_m * block_n >= 128 * 64 and kind == "ptx" else 4
+    stages = 3 if kind == "ptx" else 2
+    try:
+        compiled = runtime.compile_ttir(text, target, warps, stages)
+    except Exception as err:
+        raise CompileError(f"triton.compile for {target} failed: {str(err).strip().splitlines()[-1]}") from None
+    return compiled.asm[kind]

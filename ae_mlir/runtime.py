@@ -1,0 +1,415 @@
+"""Load and launch ae-mlir's Triton kernels: bundles, the bundle cache, the launcher.
+
+A bundle is what `ae_mlir.backends.triton` compiles from an L0 module: the Triton IR of the kernel
+(an aligned variant specialized for the usual layouts and a general one for any strides), the
+launch grid, what each kernel argument is, the block tables' contents and the compile options.
+This module needs only torch and triton (both imported on first use) and never the MLIR bindings,
+so a machine without them runs kernels built elsewhere:
+
+    bundle = Bundle.load("attn.bundle")          # built on any machine by compile_bundle(...)
+    out, lse = launch(bundle, q, k, v)           # CUDA/ROCm tensors, any strides
+
+Bundles are cached in memory and on disk under $AE_MLIR_CACHE_DIR (default ~/.cache/ae-mlir),
+keyed by the L0 IR, target, options and a hash of the compiler's sources; files are written
+atomically and checksummed, so a crashed writer or a truncated file is detected and rebuilt
+rather than loaded.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FORMAT_VERSION = 1
+_STREAMS = ("q", "k", "v", "out", "lse")
+_TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
+                 "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool"}
+
+
+class BundleError(Exception):
+    """A bundle file is missing, truncated, corrupt or of another format version."""
+
+
+@dataclass
+class TensorSpec:
+    role: str  # q, k, v, c<i> (closure tensor i), out, lse
+    shape: list[int]
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+
+
+@dataclass
+class KernelVariant:
+    ttir: str
+    args: list[str]  # kernel argument labels: "q", "q.stride0", ..., "table0"
+    aligned: bool
+
+
+@dataclass
+class Bundle:
+    name: str
+    grid: list[int]  # programs along x, y, z
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    variants: dict[str, KernelVariant]
+    tables: list[dict]  # {"shape": [...], "data": [...]} int32, row-major
+    num_warps: int
+    num_stages: int
+    block_m: int
+    block_n: int
+    target: str | None = None  # the GPU the block sizes were chosen for: "cuda:90", "hip:gfx942"
+    key: str = ""
+    meta: dict = field(default_factory=dict)
+
+    # --- (de)serialization -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Bundle:
+        try:
+            return cls(
+                name=d["name"], grid=list(d["grid"]),
+                inputs=[TensorSpec(**t) for t in d["inputs"]], outputs=[TensorSpec(**t) for t in d["outputs"]],
+                variants={k: KernelVariant(**v) for k, v in d["variants"].items()},
+                tables=list(d["tables"]), num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]),
+                block_m=int(d["block_m"]), block_n=int(d["block_n"]), target=d.get("target"),
+                key=d.get("key", ""), meta=dict(d.get("meta", {})))
+        except (KeyError, TypeError, ValueError) as err:
+            raise BundleError(f"malformed bundle: {type(err).__name__}: {err}") from None
+
+    def to_json(self) -> str:
+        payload = self.to_dict()
+        return json.dumps({"format": FORMAT_VERSION, "checksum": _checksum(payload), "bundle": payload})
+
+    @classmethod
+    def from_json(cls, text: str) -> Bundle:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise BundleError(f"not a bundle (bad JSON: {err})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT_VERSION or "bundle" not in doc:
+            raise BundleError(f"not a format-{FORMAT_VERSION} bundle")
+        if doc.get("checksum") != _checksum(doc["bundle"]):
+            raise BundleError("bundle checksum mismatch (corrupt or edited file)")
+        return cls.from_dict(doc["bundle"])
+
+    def save(self, path) -> Path:
+        """Write to `path`: one JSON file if it ends in .json, else a directory holding bundle.json
+        and each variant's Triton IR as <variant>.ttir (for reading; bundle.json is complete)."""
+        path = Path(path)
+        if path.suffix == ".json":
+            atomic_write(path, self.to_json())
+            return path
+        path.mkdir(parents=True, exist_ok=True)
+        for name, variant in self.variants.items():
+            atomic_write(path / f"{name}.ttir", variant.ttir)
+        atomic_write(path / "bundle.json", self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, path) -> Bundle:
+        path = Path(path)
+        target = path / "bundle.json" if path.is_dir() else path
+        try:
+            text = target.read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise BundleError(f"cannot read bundle {target}: {err}") from None
+        return cls.from_json(text)
+
+
+def _checksum(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the whole new one, never part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file private; bundles are shared between users and machines.
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --- the bundle cache ---------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("AE_MLIR_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "ae-mlir"
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_fingerprint() -> str:
+    """A hash of ae-mlir's own sources (package, passes, dialects), so that a cached bundle built
+    by other compiler code is never taken for this one's."""
+    package_dir = Path(__file__).resolve().parent
+    roots = [("ae_mlir", package_dir)]
+    for name in ("passes", "dialects"):
+        # Installed, they are ae_mlir/<name>; a source checkout keeps them beside ae_mlir/ (mapped
+        # in by pyproject's package-dir), installed in editable mode or not at all.
+        for candidate in (package_dir / name, package_dir.parent / name):
+            if candidate.is_dir():
+                roots.append((name, candidate))
+                break
+    digest = hashlib.sha256()
+    for name, root in roots:
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root)
+            if path.suffix not in (".py", ".mlir") or "__pycache__" in rel.parts:
+                continue
+            if name == "ae_mlir" and rel.parts[0] in ("passes", "dialects"):
+                continue
+            digest.update(f"{name}/{rel.as_posix()}".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(l0_text: str, target: str, options: dict) -> str:
+    blob = json.dumps({"ir": l0_text, "target": target, "options": options, "format": FORMAT_VERSION,
+                       "compiler": compiler_fingerprint()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class BundleCache:
+    """Bundles by key: in memory, then on disk (`<cache_dir>/bundles/<key>.json`)."""
+
+    def __init__(self):
+        self._memory: dict[str, Bundle] = {}
+        self._lock = threading.Lock()
+
+    def path(self, key: str) -> Path:
+        return cache_dir() / "bundles" / f"{key}.json"
+
+    def get(self, key: str) -> Bundle | None:
+        with self._lock:
+            if key in self._memory:
+                return self._memory[key]
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            bundle = Bundle.load(path)
+        except BundleError:
+            # A torn or corrupt entry is a miss: the caller rebuilds and overwrites it.
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        if bundle.key != key:
+            return None
+        with self._lock:
+            self._memory[key] = bundle
+        return bundle
+
+    def put(self, key: str, bundle: Bundle) -> None:
+        bundle.key = key
+        with self._lock:
+            self._memory[key] = bundle
+        try:
+            bundle.save(self.path(key))
+        except OSError:
+            # A read-only or full cache directory costs a recompile next process, nothing more.
+            pass
+
+    def clear_memory(self) -> None:
+        with self._lock:
+            self._memory.clear()
+
+
+CACHE = BundleCache()
+
+
+# --- compiling and launching --------------------------------------------------------------------
+
+
+def parse_target(text: str):
+    """`cuda:90` or `hip:gfx942` -> triton's GPUTarget."""
+    from triton.backends.compiler import GPUTarget
+
+    backend, _, arch = text.partition(":")
+    if backend == "cuda" and arch.isdigit():
+        return GPUTarget("cuda", int(arch), 32)
+    if backend == "hip" and arch.startswith("gfx"):
+        return GPUTarget("hip", arch, 64)
+    raise ValueError(f"unknown target '{text}' (expected cuda:<sm>, e.g. cuda:90, or hip:<gfx arch>)")
+
+
+_TARGETS: dict = {}
+
+
+def current_target() -> str:
+    """The target string of the active GPU."""
+    import torch
+    from triton.runtime import driver
+
+    index = torch.cuda.current_device()
+    if index not in _TARGETS:
+        t = driver.active.get_current_target()
+        _TARGETS[index] = f"{t.backend}:{t.arch}"
+    return _TARGETS[index]
+
+
+_KERNELS: dict = {}
+_KERNELS_LOCK = threading.Lock()
+
+
+def compile_ttir(ttir: str, target: str, num_warps: int = 4, num_stages: int = 2):
+    """triton.compile the Triton IR text for `target`; compiled kernels are kept in memory here
+    and Triton's own cache keeps the binaries on disk."""
+    import triton
+
+    digest = hashlib.sha256(ttir.encode()).hexdigest()
+    key = (digest, target, num_warps, num_stages)
+    with _KERNELS_LOCK:
+        if key in _KERNELS:
+            return _KERNELS[key]
+    path = cache_dir() / "ttir" / f"{digest}.ttir"
+    if not path.exists():
+        atomic_write(path, ttir)
+    kernel = triton.compile(str(path), target=parse_target(target),
+                            options={"num_warps": num_warps, "num_stages": num_stages})
+    with _KERNELS_LOCK:
+        _KERNELS[key] = kernel
+    return kernel
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES.get(name, name))
+
+
+def _padded(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def aligned_ok(bundle: Bundle, tensors: dict) -> bool:
+    """Whether the tensors meet the aligned variant's assumptions: unit last-dim strides,
+    16-byte aligned base pointers, q/k/v/out strides divisible by 16 and small enough that
+    32-bit offsets inside a tile cannot overflow."""
+    reach = max([bundle.block_m, bundle.block_n] + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
+    for role in _STREAMS:
+        t = tensors.get(role)
+        if t is None:
+            continue
+        if t.data_ptr() % 16:
+            return False
+        for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
+            if size == 1:
+                continue
+            if d == t.dim() - 1:
+                if stride != 1:
+                    return False
+                continue
+            if role != "lse" and stride % 16:
+                return False
+            if stride * reach >= 2**31:
+                return False
+    return True
+
+
+def argument_values(variant: KernelVariant, tensors: dict, tables: list) -> list:
+    """The kernel's arguments in order: tensors for pointers, ints for strides (0 for dimensions
+    of size 1, whose stride never moves a pointer), table tensors for tables."""
+    values = []
+    for label in variant.args:
+        name, _, rest = label.partition(".")
+        if rest.startswith("stride"):
+            t, d = tensors[name], int(rest[len("stride"):])
+            values.append(0 if t.shape[d] == 1 else int(t.stride(d)))
+        elif name.startswith("table"):
+            values.append(tables[int(name[len("table"):])])
+        else:
+            values.append(tensors[name])
+    return values
+
+
+def choose_variant(bundle: Bundle, tensors: dict) -> KernelVariant:
+    if "aligned" in bundle.variants and aligned_ok(bundle, tensors):
+        return bundle.variants["aligned"]
+    return bundle.variants["generic"]
+
+
+_TABLES: dict = {}
+
+
+def device_tables(bundle: Bundle, device) -> list:
+    import torch
+
+    key = (bundle.key or id(bundle), str(device))
+    if key not in _TABLES:
+        _TABLES[key] = [torch.tensor(t["data"], dtype=torch.int32, device=device).reshape(t["shape"])
+                        for t in bundle.tables]
+    return _TABLES[key]
+
+
+def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
+    """Check the inputs against the bundle and return every kernel tensor by role, allocating
+    the outputs that were not given."""
+    import torch
+
+    given = [q, k, v] + list(captures)
+    if len(given) != len(bundle.inputs):
+        raise ValueError(f"kernel '{bundle.name}' takes {len(bundle.inputs)} tensors (q, k, v and "
+                         f"{len(bundle.inputs) - 3} closure tensors), got {len(given)}")
+    device = q.device
+    tensors = {}
+    for spec, t in zip(bundle.inputs, given):
+        if list(t.shape) != list(spec.shape) or t.dtype != torch_dtype(spec.dtype):
+            raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)}, got {t.dtype}{list(t.shape)} "
+                             "(this bundle was compiled for other shapes)")
+        if t.device != device:
+            if spec.role in ("q", "k", "v"):
+                raise ValueError(f"{spec.role} is on {t.device} but q is on {device}")
+            t = t.to(device)
+        if t.dtype == torch.bool:
+            t = t.view(torch.uint8)
+        tensors[spec.role] = t
+    for spec, t in zip(bundle.outputs, (out, lse)):
+        if t is None:
+            t = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+        elif list(t.shape) != list(spec.shape) or t.dtype != torch_dtype(spec.dtype) or t.device != device:
+            raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)} on {device}")
+        tensors[spec.role] = t
+    return tensors
+
+
+_LAUNCHABLE: dict = {}
+
+
+def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
+    """Run the bundle's kernel on GPU tensors (any strides) and return [out] or [out, lse].
+
+    The Triton IR is target-neutral: a bundle tuned for one GPU (`bundle.target`) compiles for
+    whichever device `q` is on."""
+    import torch
+
+    tensors = bind(bundle, q, k, v, *captures, out=out, lse=lse)
+    device = q.device
+    variant = choose_variant(bundle, tensors)
+    with torch.cuda.device(device):
+        target = current_target()
+        # Hashing the Triton IR on every call would cost more than a short kernel runs.
+        entry = _LAUNCHABLE.get((id(variant), target))
+        if entry is None or entry[0] is not variant:
+            entry = (variant, compile_ttir(variant.ttir, target, bundle.num_warps, bundle.num_stages))
+            _LAUNCHABLE[id(variant), target] = entry
+        kernel = entry[1]
+        args = argument_values(variant, tensors, device_tables(bundle, device))
+        kernel[tuple(bundle.grid)](*args)
+    return [tensors[spec.role] for spec in bundle.outputs]

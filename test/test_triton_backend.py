@@ -1,0 +1,510 @@
+"""The Triton backend: L0 -> Triton IR numerics (NumPy TTIR interpreter vs the float64 reference),
+triton.compile for cuda:90 and hip:gfx942 on this GPU-less machine, the runtime's import
+discipline, the bundle cache, and (marked `gpu`) launches on a real GPU.
+
+Kernels are built exactly as the backend builds them (`compile_bundle`), with block sizes small
+enough that every case spans several query blocks and KV tiles, and run with the arguments the
+runtime would pass (`runtime.bind` / `argument_values`), so the interpreter checks the whole
+launch contract, not just the kernel body.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ae_mlir as ae
+from ae_mlir import runtime
+from ae_mlir.backends import triton as tb
+from tt_interp import run_ttir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    # P is rounded to the input dtype before P @ V, as on the GPU.
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+    torch.float16: dict(atol=4e-3, rtol=4e-3),
+}
+SMALL = {"block_m": 32, "block_n": 16, "num_warps": 4, "num_stages": 2}
+
+
+def rand(*shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
+
+
+def qkv(b=1, h=2, hkv=None, lq=17, lk=None, dk=16, dv=None, dtype=torch.float32, seed=0):
+    hkv = h if hkv is None else hkv
+    lk = lq if lk is None else lk
+    dv = dk if dv is None else dv
+    return (rand(b, h, lq, dk, seed=seed, dtype=dtype), rand(b, hkv, lk, dk, seed=seed + 1, dtype=dtype),
+            rand(b, hkv, lk, dv, seed=seed + 2, dtype=dtype))
+
+
+def _storage(t: torch.Tensor) -> np.ndarray:
+    """The tensor's storage from its first element on, flat, as the interpreter's pointer argument
+    (bf16 travels as float32, bool as int8)."""
+    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), (n,), (1,))
+    if t.dtype == torch.bfloat16:
+        return flat.float().numpy()
+    array = flat.numpy()
+    return array.view(np.int8) if array.dtype == np.uint8 else array
+
+
+def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = None):
+    """Run a bundle's kernel in the TTIR interpreter the way `runtime.launch` runs it on a GPU."""
+    tensors = runtime.bind(bundle, q, k, v, *captures)
+    chosen = bundle.variants[variant] if variant else runtime.choose_variant(bundle, tensors)
+    tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in bundle.tables]
+    arrays, args = {}, []
+    for label, value in zip(chosen.args, runtime.argument_values(chosen, tensors, tables)):
+        if isinstance(value, torch.Tensor):
+            if label in ("out", "lse"):
+                value.fill_(float("nan"))
+            arrays[label] = _storage(value)
+            value = arrays[label]
+        args.append(value)
+    run_ttir(chosen.ttir, bundle.name, args, bundle.grid)
+    results = []
+    for spec in bundle.outputs:
+        t = tensors[spec.role]
+        results.append(torch.from_numpy(np.array(arrays[spec.role][: t.numel()]).reshape(t.shape)).float())
+    return results, chosen
+
+
+def check(attn, q, k, v, config=SMALL, variant=None, expect_variant=None):
+    bundle = tb.compile_bundle(attn, q, k, v, config=config)
+    (out, *rest), chosen = interpret(bundle, q, k, v, *captures_of(attn, q, k, v), variant=variant)
+    if expect_variant is not None:
+        assert chosen is bundle.variants[expect_variant]
+    ref = attn(q, k, v, return_lse=bool(rest), backend="reference")
+    ref_out, ref_lse = (ref if rest else (ref, None))
+    assert not torch.isnan(out).any(), "the kernel left output elements unwritten"
+    torch.testing.assert_close(out, ref_out.float(), **TOL[q.dtype])
+    if rest:
+        torch.testing.assert_close(rest[0], ref_lse.float(), atol=1e-4, rtol=1e-4)
+    return out, (rest[0] if rest else None), bundle
+
+
+def captures_of(attn, q, k, v):
+    _, captures = attn._build(q, k, v)
+    return captures
+
+
+SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+DOC = torch.tensor([0] * 40 + [1] * 50 + [2] * 38)
+
+
+def alibi(s, b, h, qi, ki):
+    return s + SLOPES[h] * (ki - qi)
+
+
+def softcap(s, b, h, qi, ki):
+    return 20.0 * torch.tanh(s / 20.0)
+
+
+def causal(b, h, qi, ki):
+    return qi >= ki
+
+
+def document(b, h, qi, ki):
+    return DOC[qi] == DOC[ki]
+
+
+CASES = {
+    # name: (attention kwargs, qkv kwargs, config)
+    "plain-fp32": ({}, dict(h=2, lq=17, dtype=torch.float32), SMALL),
+    "causal-bf16-B2": ({"mask_mod": causal}, dict(b=2, h=2, lq=128, dk=64, dtype=torch.bfloat16), SMALL),
+    "causal-fp16-L1000": ({"mask_mod": causal}, dict(h=1, lq=1000, dk=64, dtype=torch.float16),
+                          {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}),
+    "plain-bf16-L1000-D128": ({}, dict(h=1, lq=1000, dk=128, dtype=torch.bfloat16), None),
+    "alibi-causal-gqa-bf16": ({"score_mod": alibi, "mask_mod": causal},
+                              dict(b=1, h=4, hkv=2, lq=100, dk=16, dtype=torch.bfloat16), SMALL),
+    "softcap-fp32-D80-lq-ne-lk": ({"score_mod": softcap}, dict(h=2, lq=33, lk=70, dk=80, dtype=torch.float32),
+                                  SMALL),
+    "document-bf16": ({"mask_mod": document}, dict(h=2, lq=128, dk=16, dtype=torch.bfloat16), SMALL),
+    "L1-fp16-D128": ({"mask_mod": causal}, dict(h=3, lq=1, dk=128, dtype=torch.float16), None),
+    "dk64-dv16-fp32": ({"mask_mod": causal}, dict(h=2, lq=40, lk=57, dk=64, dv=16, dtype=torch.float32), SMALL),
+    "dk16-dv80-bf16": ({}, dict(b=2, h=1, lq=23, lk=50, dk=16, dv=80, dtype=torch.bfloat16), SMALL),
+    "sigmoid-fp16": ({"normalize": "sigmoid", "mask_mod": causal}, dict(h=2, lq=50, dtype=torch.float16), SMALL),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_numerics(name):
+    attn_kwargs, shape, config = CASES[name]
+    q, k, v = qkv(**shape)
+    if config is None:
+        dtype = str(q.dtype).removeprefix("torch.")
+        config = tb.default_config(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dtype, "cuda:90")
+    check(ae.attention(**attn_kwargs), q, k, v, config=config)
+
+
+@pytest.mark.parametrize("name", ["alibi-causal-gqa-bf16", "softcap-fp32-D80-lq-ne-lk", "document-bf16",
+                                  "dk64-dv16-fp32"])
+def test_numerics_of_uncanonicalized_l1(name, monkeypatch):
+    """The lowering takes L1 as attn-tile writes it too (ae-opt --pipeline=triton runs no
+    canonicalize): one-trip loops, constant block tables and in-body constants stay as they are."""
+    pipeline = tb._pipeline
+    monkeypatch.setattr(tb, "_pipeline", lambda m, n: pipeline(m, n).replace(",canonicalize,cse", ""))
+    assert "canonicalize" not in tb._pipeline(32, 16)
+    attn_kwargs, shape, config = CASES[name]
+    check(ae.attention(**attn_kwargs), *qkv(**shape), config=config)
+
+
+def test_fully_masked_row_gives_zero_and_minus_inf_lse():
+    attn = ae.attention(mask_mod=lambda b, h, qi, ki: ki < qi)
+    q, k, v = qkv(h=2, lq=37, dtype=torch.float32)
+    out, lse, _ = check(attn, q, k, v)
+    assert (out[:, :, 0] == 0).all()
+    assert torch.isneginf(lse[:, :, 0]).all()
+    assert torch.isfinite(lse[:, :, 1:]).all()
+
+
+def test_index_arithmetic_and_expanded_math():
+    """Integer // and %, |q - k|, x ** y, log1p, expm1 and unary minus: the ops the lowering
+    rewrites because Triton cannot lower them on both targets."""
+    def score(s, b, h, qi, ki):
+        band = ((qi // 5) % 3).float()
+        return -(torch.log1p(s.abs()) ** 1.5) + torch.expm1(s / 8.0) + 0.1 * band
+
+    def window(b, h, qi, ki):
+        return (qi - ki).abs() <= 9
+
+    q, k, v = qkv(h=2, lq=45, dtype=torch.float32)
+    check(ae.attention(score_mod=score, mask_mod=window), q, k, v)
+
+
+def test_non_contiguous_inputs_pick_the_general_kernel():
+    b, h, lq, d = 2, 2, 50, 16
+    # q as a [B, L, H, D] tensor viewed as [B, H, L, D]; k with a non-unit last-dim stride; v a
+    # slice of a larger buffer (storage offset, padded rows).
+    q = rand(b, lq, h, d, seed=1).transpose(1, 2)
+    k = rand(b, h, d, lq, seed=2).transpose(2, 3)
+    v = rand(b, h, lq + 7, d + 3, seed=3)[:, :, 3 : 3 + lq, 1 : 1 + d]
+    attn = ae.attention(mask_mod=causal)
+    check(attn, q, k, v, expect_variant="generic")
+    check(attn, q, k.contiguous(), v.contiguous(), expect_variant="aligned")
+
+
+def test_both_variants_agree_on_a_transposed_layout():
+    q = rand(1, 40, 2, 64, seed=4, dtype=torch.bfloat16).transpose(1, 2)
+    k, v = (rand(1, 2, 40, 64, seed=s, dtype=torch.bfloat16) for s in (5, 6))
+    attn = ae.attention(score_mod=softcap)
+    bundle = tb.compile_bundle(attn, q, k, v, config=SMALL)
+    tensors = runtime.bind(bundle, q, k, v)
+    assert runtime.aligned_ok(bundle, tensors)
+    (a, _), _ = interpret(bundle, q, k, v, variant="aligned")
+    (g, _), _ = interpret(bundle, q, k, v, variant="generic")
+    torch.testing.assert_close(a, g, atol=0, rtol=0)
+
+
+def test_block_tables_become_arithmetic_or_pointer_arguments():
+    q, k, v = qkv(h=1, lq=128, dtype=torch.float16)
+    causal_bundle = tb.compile_bundle(ae.attention(mask_mod=causal), q, k, v, config=SMALL)
+    # Causal block lists are affine in the query block: no table reaches the kernel.
+    assert causal_bundle.tables == []
+    assert not any(a.startswith("table") for a in causal_bundle.variants["aligned"].args)
+    # Every other query block sees everything, the rest only the first keys: not affine.
+    band = ae.attention(mask_mod=lambda b, h, qi, ki: ((qi // 32) % 2 == 0) | (ki < 8))
+    band_bundle = tb.compile_bundle(band, q, k, v, config=SMALL)
+    assert band_bundle.tables and any(a.startswith("table") for a in band_bundle.variants["aligned"].args)
+    check(band, q, k, v)
+
+
+@pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
+def test_linear_attention_numerics(decay):
+    """The chunked recurrence of ae.linear_attention lowers through the same pass (destinations
+    stored inside the chunk loop, the state carried as a tile, contractions over the key dim)."""
+    b, h, l, d = 1, 2, 40, 16
+    q, k, v = (rand(b, h, l, d, seed=s) for s in (1, 2, 3))
+    g = {None: None, "head": (h,), "token": (b, h, l), "token_dim": (b, h, l, d)}[decay]
+    g = None if g is None else -0.3 * rand(*g, seed=4).abs()
+    s0 = rand(b, h, d, d, seed=5)
+    lin = ae.linear_attention(decay=decay, chunk_size=16, normalize=decay == "head")
+    inputs = [t for t in (g, s0) if t is not None]
+    bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), "cuda:90", SMALL)
+    (out, state), _ = interpret(bundle, q, k, v, *inputs)
+    ref_out, ref_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
+    torch.testing.assert_close(out, ref_out, **TOL[torch.float32])
+    torch.testing.assert_close(state, ref_state, **TOL[torch.float32])
+
+
+# --- Triton compiles the Triton IR for both GPU families on this GPU-less machine -----------------
+
+COMPILE_CASES = {
+    "causal-bf16-d64": ({"mask_mod": causal}, dict(h=2, lq=256, dk=64, dtype=torch.bfloat16)),
+    "alibi-document-softcap-fp16-d80": (
+        {"score_mod": lambda s, b, h, qi, ki: softcap(alibi(s, b, h, qi, ki), b, h, qi, ki), "mask_mod": document},
+        dict(h=4, lq=128, dk=80, dtype=torch.float16)),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILE_CASES))
+@pytest.mark.parametrize("target,kind,needle", [("cuda:90", "ptx", "wgmma"), ("hip:gfx942", "amdgcn", "mfma")])
+def test_triton_compiles(name, target, kind, needle):
+    attn_kwargs, shape = COMPILE_CASES[name]
+    q, k, v = qkv(**shape)
+    bundle = tb.compile_bundle(ae.attention(**attn_kwargs), q, k, v, target=target)
+    for variant in bundle.variants.values():
+        compiled = runtime.compile_ttir(variant.ttir, target, bundle.num_warps, bundle.num_stages)
+        assert needle in compiled.asm[kind]
+
+
+def test_ttir_structure_is_flash_attention():
+    q, k, v = qkv(h=2, lq=1024, dk=64, dtype=torch.bfloat16)
+    bundle = tb.compile_bundle(ae.attention(), q, k, v, target="cuda:90")
+    assert (bundle.block_m, bundle.block_n) == (128, 64)
+    ttir = bundle.variants["aligned"].ttir
+    loop = ttir.index('"scf.for"')
+    q_loads = [m.start() for m in re.finditer(r'"tt.load".*-> tensor<128x64xbf16>', ttir)]
+    kv_loads = [m.start() for m in re.finditer(r'"tt.load".*-> tensor<64x64xbf16>', ttir)]
+    # The Q tile (128 x 64) is loaded once, before the KV loop; the K and V tiles (64 x 64) are
+    # loaded in it, where each step does Q K^T and P V on tt.dot and exp2.
+    assert len(q_loads) == 1 and q_loads[0] < loop
+    assert len(kv_loads) == 2 and all(pos > loop for pos in kv_loads)
+    assert ttir.count('"scf.for"') == 1
+    body = ttir[loop:]
+    assert body.count('"tt.dot"') >= 2 and '"math.exp2"' in body and '"tt.reduce"' in body
+    assert ttir.count('"tt.store"') == 2
+    assert "tt.divisibility = 16" in ttir
+
+
+# --- the runtime loads without MLIR --------------------------------------------------------------
+
+
+def _python(code: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_runtime_imports_no_mlir():
+    result = _python("""
+        import sys
+        import ae_mlir.runtime
+        heavy = sorted({m.split(".")[0] for m in sys.modules} & {"mlir", "torch", "triton"})
+        print(heavy)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_bundle_roundtrip_and_launch_contract_without_mlir(tmp_path):
+    q, k, v = qkv(h=4, hkv=2, lq=70, dk=16, dtype=torch.bfloat16)
+    attn = ae.attention(score_mod=alibi, mask_mod=causal)
+    bundle = tb.compile_bundle(attn, q, k, v, config=SMALL)
+    file_path = bundle.save(tmp_path / "b.json")
+    dir_path = bundle.save(tmp_path / "b.bundle")
+    assert (dir_path / "aligned.ttir").read_text() == bundle.variants["aligned"].ttir
+    for path in (file_path, dir_path):
+        loaded = runtime.Bundle.load(path)
+        assert loaded.to_dict() == bundle.to_dict()
+    # A process that cannot import mlir loads the bundle and binds arguments for a launch.
+    result = _python(f"""
+        import sys
+        sys.modules["mlir"] = None
+        import torch
+        from ae_mlir import runtime
+        b = runtime.Bundle.load({str(dir_path)!r})
+        q = torch.zeros(1, 4, 70, 16, dtype=torch.bfloat16)
+        kv = torch.zeros(1, 2, 70, 16, dtype=torch.bfloat16)
+        t = runtime.bind(b, q, kv, kv, *[torch.zeros(s.shape, dtype=runtime.torch_dtype(s.dtype)) for s in b.inputs[3:]])
+        v = runtime.choose_variant(b, t)
+        print(len(runtime.argument_values(v, t, runtime.device_tables(b, "cpu"))) == len(v.args), sorted(t))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "True"
+
+
+# --- the bundle cache ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path))
+    runtime.CACHE.clear_memory()
+    yield tmp_path
+    runtime.CACHE.clear_memory()
+
+
+def _l0():
+    q, k, v = qkv(h=2, lq=33, dk=16, dtype=torch.float16)
+    return ae.attention(mask_mod=causal).mlir(q, k, v)
+
+
+def test_cache_hit_in_memory_and_on_disk(cache_dir):
+    text = _l0()
+    first = tb.get_bundle(text, "cuda:90")
+    files = list((cache_dir / "bundles").glob("*.json"))
+    assert len(files) == 1 and files[0].stem == first.key
+    assert tb.get_bundle(text, "cuda:90") is first
+    runtime.CACHE.clear_memory()
+    again = tb.get_bundle(text, "cuda:90")
+    assert again is not first and again.to_dict() == first.to_dict()
+    assert tb.get_bundle(text, "hip:gfx942").key != first.key
+
+
+def test_second_process_needs_no_mlir(cache_dir):
+    text = _l0()
+    tb.get_bundle(text, "cuda:90")
+    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache_dir))
+    result = _python(f"""
+        import sys
+        sys.modules["mlir"] = None
+        from ae_mlir.backends import triton as tb
+        b = tb.get_bundle({text!r}, "cuda:90")
+        print(b.name, sorted(b.variants))
+    """, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "attention"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "edit"])
+def test_corrupt_cache_entry_is_rebuilt(cache_dir, damage):
+    text = _l0()
+    bundle = tb.get_bundle(text, "cuda:90")
+    path = runtime.CACHE.path(bundle.key)
+    raw = path.read_text()
+    if damage == "truncate":
+        path.write_text(raw[: len(raw) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+    else:
+        doc = json.loads(raw)
+        doc["bundle"]["grid"][0] += 1
+        path.write_text(json.dumps(doc))
+    with pytest.raises(runtime.BundleError):
+        runtime.Bundle.load(path)
+    runtime.CACHE.clear_memory()
+    rebuilt = tb.get_bundle(text, "cuda:90")
+    assert rebuilt.to_dict() == bundle.to_dict()
+    assert runtime.Bundle.load(path).to_dict() == bundle.to_dict()
+
+
+def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "entry.json"
+    runtime.atomic_write(path, "old")
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(runtime.os, "replace", fail)
+    with pytest.raises(OSError):
+        runtime.atomic_write(path, "new" * 1000)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["entry.json"]
+
+
+# --- on a GPU ------------------------------------------------------------------------------------
+# These run through `ae.attention(...)(q, k, v)` and the runtime. Where the MLIR bindings are
+# missing (a GPU machine with only torch and triton), warm the bundle cache elsewhere first:
+#     AE_MLIR_CACHE_DIR=DIR python test/test_triton_backend.py --warm-cache
+# and run with the same AE_MLIR_CACHE_DIR; the references here are plain float32 torch.
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+GPU_TARGET = "cuda:90"
+
+
+def _gpu_mods(device):
+    slopes = SLOPES.to(device)
+    doc = DOC.to(device)
+
+    def score(s, b, h, qi, ki):
+        return 20.0 * torch.tanh((s + slopes[h] * (ki - qi)) / 20.0)
+
+    def mask(b, h, qi, ki):
+        return (doc[qi] == doc[ki]) & (ki < qi)
+
+    return score, mask
+
+
+def _gpu_cases(device):
+    """(name, attention, q, k, v) of every GPU test, on `device` (any device builds the same L0)."""
+    cases = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for is_causal in (False, True):
+            q, k, v = (t.to(device) for t in qkv(b=2, h=4, lq=1000, dk=128, dtype=dtype))
+            cases.append((f"sdpa-{dtype}-{is_causal}", ae.attention(mask_mod=causal if is_causal else None), q, k, v))
+    score, mask = _gpu_mods(device)
+    q = rand(1, 128, 4, 80, seed=7, dtype=torch.bfloat16).to(device).transpose(1, 2)
+    k = rand(1, 2, 80, 128, seed=8, dtype=torch.bfloat16).to(device).transpose(2, 3)
+    v = rand(1, 2, 128, 80, seed=9, dtype=torch.bfloat16).to(device)
+    cases.append(("mods", ae.attention(score_mod=score, mask_mod=mask), q, k, v))
+    return cases
+
+
+def float32_attention(q, k, v, score_mod=None, mask_mod=None):
+    """Materialized float32 attention with the mods applied on broadcast index grids."""
+    b, h, lq, dk = q.shape
+    group = h // k.shape[1]
+    k, v = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    s = q.float() @ k.transpose(-1, -2) / dk ** 0.5
+    bi = torch.arange(b, device=q.device).view(b, 1, 1, 1)
+    hi = torch.arange(h, device=q.device).view(1, h, 1, 1)
+    qi = torch.arange(lq, device=q.device).view(1, 1, lq, 1)
+    ki = torch.arange(k.shape[2], device=q.device).view(1, 1, 1, -1)
+    if score_mod is not None:
+        s = score_mod(s, bi, hi, qi, ki)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(bi, hi, qi, ki).expand_as(s), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v, lse
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("index", range(6))
+def test_gpu_matches_sdpa(index):
+    name, attn, q, k, v = _gpu_cases("cuda")[index]
+    out = attn(q, k, v)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=name.endswith("True"))
+    torch.testing.assert_close(out.float(), ref, **TOL[q.dtype])
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_mods_strides_and_lse():
+    name, attn, q, k, v = _gpu_cases("cuda")[-1]
+    out, lse = attn(q, k, v, return_lse=True)
+    score, mask = _gpu_mods("cuda")
+    ref_out, ref_lse = float32_attention(q, k, v, score, mask)
+    torch.testing.assert_close(out.float(), ref_out, **TOL[torch.bfloat16])
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+    assert torch.isneginf(lse[:, :, 0]).all() and (out[:, :, 0] == 0).all()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_aot_bundle_launch(tmp_path):
+    pytest.importorskip("mlir", reason="compile_bundle needs the MLIR bindings")
+    q, k, v = (t.cuda() for t in qkv(h=2, lq=256, dk=64, dtype=torch.float16))
+    attn = ae.attention(mask_mod=causal)
+    bundle = tb.compile_bundle(attn, (q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype),
+                               target=runtime.current_target())
+    loaded = runtime.Bundle.load(bundle.save(tmp_path / "b.json"))
+    out, lse = runtime.launch(loaded, q, k, v)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(out.float(), ref, **TOL[torch.float16])
+
+
+def warm_cache(target: str = GPU_TARGET) -> None:
+    """Build the bundles of the GPU tests into the bundle cache ($AE_MLIR_CACHE_DIR)."""
+    for name, attn, q, k, v in _gpu_cases("cpu"):
+        bundle = tb.get_bundle(attn.mlir(q, k, v), target)
+        print(f"{name}: {runtime.CACHE.path(bundle.key)}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--warm-cache"]:
+        sys.exit("usage: AE_MLIR_CACHE_DIR=DIR python test/test_triton_backend.py --warm-cache")
+    warm_cache()
