@@ -33,12 +33,14 @@ class BlockTables:
         return [self.partial_count, self.partial_index, self.full_count, self.full_index]
 
 
-def _pack(flags, device):
-    """Per-row block lists from a [Bt, Ht, NM, NN] bool tensor, as (count, index) tables."""
+def _pack(flags, device, full_width: bool):
+    """Per-row block lists from a [Bt, Ht, NM, NN] bool tensor, as (count, index) tables; the
+    index table is NN wide with `full_width` (a kernel's fixed argument shape), else as narrow as
+    the longest list."""
     import torch
 
     count = flags.sum(dim=-1, dtype=torch.int32)
-    width = max(1, int(count.max()) if count.numel() else 1)
+    width = flags.shape[-1] if full_width else max(1, int(count.max()) if count.numel() else 1)
     # Stable sort puts the chosen block numbers first, in increasing order.
     order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)[..., :width]
     index = torch.where(torch.arange(width, device=device) < count.unsqueeze(-1), order,
@@ -47,7 +49,7 @@ def _pack(flags, device):
 
 
 def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int, block_n: int,
-             device="cpu") -> BlockTables:
+             device="cpu", full_width: bool = False) -> BlockTables:
     """Classify tiles of the mask `keep(b, h, q_idx, kv_idx) -> bool tensor`.
 
     `keep` is called on broadcastable int64 index tensors, one query block of rows at a time, so
@@ -77,8 +79,8 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
         all_kept[..., nn - 1] = False
     full = any_kept & all_kept
     partial = any_kept & ~all_kept
-    pc, pi = _pack(partial, device)
-    fc, fi = _pack(full, device)
+    pc, pi = _pack(partial, device, full_width)
+    fc, fi = _pack(full, device, full_width)
     return BlockTables(pc, pi, fc, fi)
 
 
@@ -88,3 +90,29 @@ def unmasked(seq_q: int, seq_k: int, block_m: int, block_n: int, device="cpu") -
 
     return classify(lambda b, h, q, kv: torch.ones((), dtype=torch.bool), 1, 1, seq_q, seq_k,
                     block_m, block_n, device)
+
+
+_CACHE: dict = {}
+
+
+def classify_cached(mask_mod, seq_q: int, seq_k: int, block_m: int, block_n: int, device) -> list:
+    """Tables of a mask that reads closure tensors (not b or h), as kernel arguments.
+
+    Cached per mask function, shape, device and the closure tensors' identities and versions, so
+    calling the same attention again (the common case: same document ids for many layers) costs
+    nothing; changing a closure tensor in place bumps its version and reclassifies.
+    """
+    import torch
+
+    cells = [c.cell_contents for c in (getattr(mask_mod, "__closure__", None) or ())
+             if isinstance(getattr(c, "cell_contents", None), torch.Tensor)]
+    key = (mask_mod, seq_q, seq_k, block_m, block_n, str(device),
+           tuple((id(t), t._version) for t in cells))
+    tables = _CACHE.get(key)
+    if tables is None:
+        tables = classify(mask_mod, 1, 1, seq_q, seq_k, block_m, block_n, device, full_width=True)
+        tables = [t.reshape(t.shape[2:]) for t in tables.tensors()]
+        if len(_CACHE) > 64:
+            _CACHE.clear()
+        _CACHE[key] = tables
+    return tables

@@ -34,6 +34,7 @@ _REGISTRY: dict[str, str] = {
     "attn-fuse-online-softmax": "fuse_online_softmax:FuseOnlineSoftmax",
     "attn-tile": "tile:AttnTile",
     "attn-chunk-recurrence": "chunk_recurrence:ChunkRecurrence",
+    "attn-lower-to-cpu": "lower_to_cpu:LowerToCpu",
     "attn-lower-to-triton": "lower_to_triton:LowerToTriton",
 }
 

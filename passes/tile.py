@@ -34,17 +34,22 @@ NEG_INF = "0xFF800000"
 
 @dataclass
 class _Classification:
-    """Per query block: the KV blocks to visit with the mask (partial) and without it (full)."""
+    """Per query block: the KV blocks to visit with the mask (partial) and without it (full).
+    With `at_call_time`, the lists are not known yet: the kernel reads them from arguments."""
 
     partial: list[list[int]]
     full: list[list[int]]
+    at_call_time: bool = False
 
 
-def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, outer_constants: dict) -> _Classification:
+def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, outer_constants: dict,
+                    at_call_time: bool = False) -> _Classification:
     """Classify every (query block, KV block) pair as skipped, full or partial.
 
-    A mask that reads only q_idx, kv_idx and constants is evaluated here on the index grid; any
-    other mask makes every tile partial, and no mask leaves only the ragged last tile partial.
+    A mask that reads only q_idx, kv_idx and constants is evaluated here on the index grid. A mask
+    that also reads closure tensors (but not b or h) is classified at call time when
+    `at_call_time`; otherwise, and for masks that read b or h, every tile is partial. No mask
+    leaves only the ragged last tile partial.
     """
     from ..block_mask import classify, unmasked
     from ..reference import eval_region
@@ -53,6 +58,9 @@ def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, outer_const
         return _Classification(*unmasked(lq, lk, bm, bn).as_lists())
     if not _is_positional(mask_region):
         nn = -(-lk // bn)
+        program = from_region(mask_region)
+        if at_call_time and not (program.uses_arg(0) or program.uses_arg(1)):
+            return _Classification([], [], at_call_time=True)
         return _Classification([list(range(nn)) for _ in range(-(-lq // bm))], [[] for _ in range(-(-lq // bm))])
     tables = classify(lambda b, h, q, kv: eval_region(mask_region, [b, h, q, kv], outer_constants),
                       1, 1, lq, lk, bm, bn)
@@ -114,7 +122,12 @@ class _Kernel(KernelText):
         nm = -(-self.lq // bm)
         args = self.func_args
         q_type, k_type, v_type = (str(args[i].type) for i in range(3))
-        n_in = len(args)
+        nn = -(-self.lk // bn)
+        table_types = [f"tensor<{nm}xi32>", f"tensor<{nm}x{nn}xi32>"] * 2
+        table_args = []
+        if classification.at_call_time:
+            table_args = [f"%arg{len(args) + i}" for i in range(4)]
+        n_in = len(args) + len(table_args)
         out_type = str(self.op.results[0].type)
         lse_type = str(self.op.results[1].type) if self.with_lse else None
         out_arg = f"%arg{n_in}"
@@ -142,13 +155,17 @@ class _Kernel(KernelText):
         state.append(em(f"linalg.fill ins({zero} : f32) outs({acc_empty} : {acc_t}) -> {acc_t}"))
         state_types = [row_t] * (len(state) - 1) + [acc_t]
 
-        for masked, lists in ((True, classification.partial), (False, classification.full)):
-            if not any(lists):
+        for masked, lists, position in ((True, classification.partial, 0), (False, classification.full, 2)):
+            if table_args:
+                count_tab, index_tab = table_args[position], table_args[position + 1]
+                count_t, index_t = table_types[position], table_types[position + 1]
+            elif not any(lists):
                 continue
-            counts, indices, types = _table(lists)
-            count_t, index_t = types.split("|")
-            count_tab = em(f"arith.constant {counts}")
-            index_tab = em(f"arith.constant {indices}")
+            else:
+                counts, indices, types = _table(lists)
+                count_t, index_t = types.split("|")
+                count_tab = em(f"arith.constant {counts}")
+                index_tab = em(f"arith.constant {indices}")
             count = em(f"tensor.extract {count_tab}[{pm}] : {count_t}")
             count_idx = em(f"arith.index_cast {count} : i32 to index")
             lower, step = self.idx(0), self.idx(1)
@@ -198,12 +215,13 @@ class _Kernel(KernelText):
         em.raw(f"return {', '.join(results)} : {', '.join(result_types)}")
 
         params = [f"%arg{i}: {a.type}" for i, a in enumerate(args)]
+        params += [f"{name}: {ty}" for name, ty in zip(table_args, table_types)]
         params += [f"{out_arg}: {out_type}"] + ([f"{lse_arg}: {lse_type}"] if self.with_lse else [])
         name = self.func.attributes["sym_name"].value
         body = "\n".join(f"    {line}" for line in em.lines)
         return (f"func.func @{name}({', '.join(params)}) -> ({', '.join(result_types)}) attributes "
                 f"{{attn.grid = array<i64: {self.b}, {self.h}, {nm}>, attn.block_m = {bm} : i64, "
-                f"attn.block_n = {bn} : i64}} {{\n{body}\n}}\n")
+                f"attn.block_n = {bn} : i64{', attn.call_time_tables' if table_args else ''}}} {{\n{body}\n}}\n")
 
     def safe_max(self, m: str) -> str:
         """Row max with -inf (a row with nothing visible yet) replaced by 0."""
@@ -321,6 +339,9 @@ class AttnTile(ModulePass):
 
     block_m: int = option(64, "query rows per program")
     block_n: int = option(64, "keys per KV tile")
+    call_time_tables: bool = option(False, "classify masks that read closure tensors at call time: the "
+                                           "kernel takes the tile tables as four extra arguments after "
+                                           "the inputs (partial count/index, full count/index)")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
@@ -368,7 +389,8 @@ class AttnTile(ModulePass):
                 const = constant_op(value)
                 if const is not None:
                     outer[value] = _scalar_op(const, [])
-        classification = classify_blocks(mask_region, kernel.lq, kernel.lk, self.block_m, self.block_n, outer)
+        classification = classify_blocks(mask_region, kernel.lq, kernel.lk, self.block_m, self.block_n, outer,
+                                         self.call_time_tables)
         text = kernel.build(classification)
         parsed = parse_module(text, module_op.context, "<attn-tile>")
         with module_op.context:

@@ -84,7 +84,7 @@ def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = 
 
 def check(attn, q, k, v, config=SMALL, variant=None, expect_variant=None):
     bundle = tb.compile_bundle(attn, q, k, v, config=config)
-    (out, *rest), chosen = interpret(bundle, q, k, v, *captures_of(attn, q, k, v), variant=variant)
+    (out, *rest), chosen = interpret(bundle, q, k, v, *captures_of(attn, q, k, v, bundle), variant=variant)
     if expect_variant is not None:
         assert chosen is bundle.variants[expect_variant]
     ref = attn(q, k, v, return_lse=bool(rest), backend="reference")
@@ -96,8 +96,11 @@ def check(attn, q, k, v, config=SMALL, variant=None, expect_variant=None):
     return out, (rest[0] if rest else None), bundle
 
 
-def captures_of(attn, q, k, v):
+def captures_of(attn, q, k, v, bundle=None):
+    """The kernel's inputs after q, k, v: closure tensors, then call-time tile tables if any."""
     _, captures = attn._build(q, k, v)
+    if bundle is not None:
+        captures += tb.call_time_tables(bundle, attn.mask_mod, q, k)
     return captures
 
 
@@ -508,3 +511,27 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--warm-cache"]:
         sys.exit("usage: AE_MLIR_CACHE_DIR=DIR python test/test_triton_backend.py --warm-cache")
     warm_cache()
+
+
+def test_closure_reading_mask_is_classified_at_call_time():
+    # Three documents of 40, 50 and 38 tokens: a query block visits only the KV tiles that share
+    # a document with one of its rows; tiles where every pair shares one need no mask.
+    q, k, v = qkv(lq=128, dk=16)
+    attn = ae.attention(mask_mod=document)
+    bundle = tb.compile_bundle(attn, q, k, v, config=SMALL)
+    assert bundle.meta.get("call_time_tables")
+    partial_count, partial_index, full_count, full_index = tb.call_time_tables(bundle, document, q, k)
+    bm, bn = SMALL["block_m"], SMALL["block_n"]
+    for m in range(128 // bm):
+        rows = DOC[m * bm:(m + 1) * bm]
+        want_full, want_partial = [], []
+        for n in range(128 // bn):
+            same = rows[:, None] == DOC[n * bn:(n + 1) * bn][None, :]
+            if bool(same.all()):
+                want_full.append(n)
+            elif bool(same.any()):
+                want_partial.append(n)
+        assert full_index[m, : int(full_count[m])].tolist() == want_full
+        assert partial_index[m, : int(partial_count[m])].tolist() == want_partial
+    assert int((partial_count + full_count).sum()) < (128 // bm) * (128 // bn)
+    check(attn, q, k, v)

@@ -55,7 +55,7 @@ def _pipeline(block_m: int, block_n: int) -> str:
     steps = []
     for name in PIPELINES["triton"]:
         if name == "attn-tile":
-            steps.append(f"attn-tile{{block-m={block_m} block-n={block_n}}}")
+            steps.append(f"attn-tile{{block-m={block_m} block-n={block_n} call-time-tables=true}}")
         elif name == "attn-lower-to-triton":
             steps += ["canonicalize", "cse"]
         else:
@@ -97,6 +97,12 @@ def lower(l0_text: str, config: dict):
 
         raise CompileError("the Triton pipeline failed",
                            [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None
+    kernel = next(op.operation for op in module.body.operations if op.operation.name == "func.func")
+    if "attn.call_time_tables" in kernel.attributes:
+        # The tile tables of a mask that reads closure tensors follow the inputs; the caller
+        # computes them with ae_mlir.block_mask when it launches the kernel.
+        types = list(kernel.attributes["function_type"].value.inputs)[len(inputs):len(inputs) + 4]
+        inputs += _specs(types, [f"c{n_cap + i}" for i in range(4)])
     return str(module), inputs, outputs
 
 
@@ -154,11 +160,14 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
     l1_text, inputs, outputs = lower(l0_text, config)
     aligned, facts = _lower_l1(l1_text, True, input_precision)
     generic, _ = _lower_l1(l1_text, False, input_precision)
+    meta = {"input_precision": input_precision}
+    if "attn.call_time_tables" in l1_text:
+        meta["call_time_tables"] = True
     return runtime.Bundle(
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
         variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
         num_warps=config["num_warps"], num_stages=config["num_stages"], block_m=config["block_m"],
-        block_n=config["block_n"], target=target, meta={"input_precision": input_precision})
+        block_n=config["block_n"], target=target, meta=meta)
 
 
 def _shapes(l0_text: str) -> tuple:
@@ -221,10 +230,22 @@ def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runt
     return bundle
 
 
-def run(module_text: str, inputs: list, out_dtype) -> list:
-    """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures]."""
+def run(module_text: str, inputs: list, out_dtype, mask_mod=None) -> list:
+    """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures];
+    `mask_mod` classifies the tiles at call time when the kernel asks for tables."""
     bundle = get_bundle(module_text, runtime.current_target())
-    return runtime.launch(bundle, *inputs)
+    return runtime.launch(bundle, *inputs, *call_time_tables(bundle, mask_mod, inputs[0], inputs[1]))
+
+
+def call_time_tables(bundle: runtime.Bundle, mask_mod, q, k) -> list:
+    """The four tile tables a bundle compiled for a closure-reading mask takes after its inputs."""
+    if not bundle.meta.get("call_time_tables"):
+        return []
+    if mask_mod is None:
+        raise CompileError(f"kernel '{bundle.name}' classifies its mask at call time; pass the mask_mod")
+    from ..block_mask import classify_cached
+
+    return classify_cached(mask_mod, q.shape[2], k.shape[2], bundle.block_m, bundle.block_n, q.device)
 
 
 # --- ae-opt --emit=ttir|ptx|amdgcn --------------------------------------------------------------

@@ -204,7 +204,7 @@ class attention:
             lse = torch.full((b, h, lq), -math.inf, dtype=torch.float32, device=q.device)
             return (out, lse) if return_lse else out
         text, captures = self._build(q, k, v)
-        results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
+        results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype, mask_mod=self.mask_mod)
         return (results[0], results[1]) if return_lse else results[0]
 
 
@@ -358,7 +358,7 @@ def _backend(backend: str | None, q) -> str:
     return "triton" if q.device.type == "cuda" else "reference"
 
 
-def _execute(text: str, inputs: list, backend: str, out_dtype):
+def _execute(text: str, inputs: list, backend: str, out_dtype, mask_mod=None):
     from .. import backends
 
-    return backends.run(text, inputs, backend, out_dtype)
+    return backends.run(text, inputs, backend, out_dtype, mask_mod)

@@ -1,0 +1,91 @@
+// attn-lower-to-cpu turns an L1 kernel into LLVM-dialect code: a loop nest over attn.grid carrying
+// the destination (program ids become induction variables), then tiling, vectorization and
+// one-shot bufferization with strided arguments, then upstream conversions to the llvm dialect.
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu{stage=loops})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=LOOPS
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu{stage=memrefs})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=MEM
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu{stage=memrefs unit-inner-stride=false})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=ANY
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=LLVM
+
+// Each program (b, h, m) loads rows [8m, 8m + 8) of q[b, h] (zero-padded past L = 12), adds a
+// captured per-head bias, takes exp2 and stores the valid rows into out[b, h].
+
+// LOOPS-LABEL: func.func @kernel
+// LOOPS-SAME: (%[[Q:[a-z0-9]+]]: tensor<2x2x12x16xf32>, %[[BIAS:[a-z0-9]+]]: tensor<2xf32>, %[[OUT:[a-z0-9]+]]: tensor<2x2x12x16xf32>) -> tensor<2x2x12x16xf32>
+// LOOPS-SAME: attributes {llvm.emit_c_interface} {
+// LOOPS: %[[R:.*]] = scf.for %[[B:.*]] = %c0 to %c2 step %c1 iter_args(%[[O1:.*]] = %[[OUT]]) -> (tensor<2x2x12x16xf32>)
+// LOOPS-NEXT: %[[R1:.*]] = scf.for %[[H:.*]] = %c0 to %c2 step %c1 iter_args(%[[O2:.*]] = %[[O1]])
+// LOOPS-NEXT: %[[R2:.*]] = scf.for %[[M:.*]] = %c0 to %c2 step %c1 iter_args(%[[O3:.*]] = %[[O2]])
+// LOOPS: %[[M0:.*]] = arith.muli %[[M]], %c8
+// LOOPS: tensor.extract_slice %[[Q]][%[[B]], %[[H]], %[[M0]], 0]
+// LOOPS: tensor.pad
+// LOOPS: linalg.generic
+// LOOPS: tensor.extract %[[BIAS]][%[[H]]]
+// LOOPS: math.exp2
+// LOOPS: %[[STORED:.*]] = tensor.insert_slice %{{.*}} into %[[O3]][%[[B]], %[[H]], %[[M0]], 0]
+// LOOPS-NEXT: scf.yield %[[STORED]]
+// LOOPS: scf.yield %[[R2]]
+// LOOPS: scf.yield %[[R1]]
+// LOOPS: return %[[R]]
+
+// After bufferization the kernel writes its destination in place and returns nothing. Arguments
+// keep dynamic strides (unit innermost stride unless unit-inner-stride=false), the q tile is a
+// subview of q read by masked vector transfers, no buffer is as large as an input, the captured
+// bias is read by scalar loads, and exp2 is a polynomial (with floor for the exponent).
+// MEM-LABEL: func.func @kernel
+// MEM-SAME: (%[[Q:[a-z0-9]+]]: memref<2x2x12x16xf32, strided<[?, ?, ?, 1], offset: ?>>, %[[BIAS:[a-z0-9]+]]: memref<2xf32, strided<[1], offset: ?>>, %[[OUT:[a-z0-9]+]]: memref<2x2x12x16xf32, strided<[?, ?, ?, 1], offset: ?>>)
+// MEM-SAME: attributes
+// MEM-NOT: memref.alloc() {{.*}} memref<2x2x12x16xf32>
+// MEM-NOT: math.exp2
+// MEM-NOT: vector.gather
+// MEM: scf.for
+// MEM: scf.for
+// MEM: scf.for
+// MEM: memref.subview %[[Q]]
+// MEM: vector.load
+// MEM: memref.load %[[BIAS]]
+// MEM: math.floor
+// MEM: memref.subview %[[OUT]]
+// MEM: memref.dealloc
+// MEM-NEXT: return
+// ANY-LABEL: func.func @kernel
+// ANY-SAME: (%{{[a-z0-9]+}}: memref<2x2x12x16xf32, strided<[?, ?, ?, ?], offset: ?>>, %{{[a-z0-9]+}}: memref<2xf32, strided<[?], offset: ?>>, %{{[a-z0-9]+}}: memref<2x2x12x16xf32, strided<[?, ?, ?, ?], offset: ?>>)
+
+// LLVM-NOT: attn.
+// LLVM: llvm.func @kernel(%arg0: !llvm.ptr, %arg1: !llvm.ptr, %arg2: i64
+// LLVM-SAME: llvm.emit_c_interface
+// LLVM: llvm.intr.floor
+// LLVM: llvm.func @_mlir_ciface_kernel(%arg0: !llvm.ptr, %arg1: !llvm.ptr, %arg2: !llvm.ptr)
+// LLVM-NEXT: llvm.load %arg0
+// LLVM: llvm.call @kernel(
+
+func.func @kernel(%q: tensor<2x2x12x16xf32>, %bias: tensor<2xf32>, %out: tensor<2x2x12x16xf32>) -> tensor<2x2x12x16xf32>
+    attributes {attn.grid = array<i64: 2, 2, 2>} {
+  %b = "attn.program_id"() {axis = 0 : i64} : () -> index
+  %h = "attn.program_id"() {axis = 1 : i64} : () -> index
+  %m = "attn.program_id"() {axis = 2 : i64} : () -> index
+  %c8 = arith.constant 8 : index
+  %c12 = arith.constant 12 : index
+  %zero = arith.constant 0.0 : f32
+  %m0 = arith.muli %m, %c8 : index
+  %left = arith.subi %c12, %m0 : index
+  %rows = arith.minsi %left, %c8 : index
+  %pad = arith.subi %c8, %rows : index
+  %slice = tensor.extract_slice %q[%b, %h, %m0, 0] [1, 1, %rows, 16] [1, 1, 1, 1] : tensor<2x2x12x16xf32> to tensor<?x16xf32>
+  %tile = tensor.pad %slice low[0, 0] high[%pad, 0] {
+  ^bb0(%i: index, %j: index):
+    tensor.yield %zero : f32
+  } : tensor<?x16xf32> to tensor<8x16xf32>
+  %empty = tensor.empty() : tensor<8x16xf32>
+  %e = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, d1)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%tile : tensor<8x16xf32>) outs(%empty : tensor<8x16xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %s = tensor.extract %bias[%h] : tensor<2xf32>
+    %y = arith.addf %x, %s : f32
+    %z = math.exp2 %y : f32
+    linalg.yield %z : f32
+  } -> tensor<8x16xf32>
+  %valid = tensor.extract_slice %e[0, 0] [%rows, 16] [1, 1] : tensor<8x16xf32> to tensor<?x16xf32>
+  %r = tensor.insert_slice %valid into %out[%b, %h, %m0, 0] [1, 1, %rows, 16] [1, 1, 1, 1] : tensor<?x16xf32> into tensor<2x2x12x16xf32>
+  return %r : tensor<2x2x12x16xf32>
+}
