@@ -237,8 +237,12 @@ class _Kernel:
                 lit = value if isinstance(value, str) and value not in ("inf", "nan") else float_literal(float(value))
             else:
                 lit = str(int(value))
-            text = f"arith.constant {lit} : {elt}" if not shape else \
-                f"arith.constant dense<{lit}> : {_ty(shape, elt)}"
+            if shape:
+                text = f"arith.constant dense<{lit}> : {_ty(shape, elt)}"
+            elif elt == "i1":
+                text = f"arith.constant {lit}"  # a bool constant's custom form has no type
+            else:
+                text = f"arith.constant {lit} : {elt}"
             self.cache[key] = _V(self.em(text, hoist=True), shape, elt, const=True)
         return self.cache[key]
 
@@ -438,6 +442,9 @@ class _Kernel:
             ok = self.op("arith.andi", self.cmpi("sge", idx, self.const(0, idx.elt)),
                          self.cmpi("slt", idx, self.const(arg.shape[d], idx.elt)))
             mask = ok if mask is None else self.op("arith.andi", mask, ok)
+        if offset is None:
+            # A 0-d closure tensor (e.g. `bias[0]` taken in Python) is one scalar at offset 0.
+            offset, mask = self.const(0, "i64"), self.const(1, "i1")
         shape = self.join([offset, mask])
         value = self.load(self.addptr(self.to_shape(arg.ptr, shape), offset), mask, arg.elt)
         if arg.bool_bytes:

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 import ae_mlir as ae
 from ae_mlir import runtime
 from ae_mlir.backends import triton as tb
-from tt_interp import run_ttir
+from bundle_interp import interpret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,38 +47,6 @@ def qkv(b=1, h=2, hkv=None, lq=17, lk=None, dk=16, dv=None, dtype=torch.float32,
     dv = dk if dv is None else dv
     return (rand(b, h, lq, dk, seed=seed, dtype=dtype), rand(b, hkv, lk, dk, seed=seed + 1, dtype=dtype),
             rand(b, hkv, lk, dv, seed=seed + 2, dtype=dtype))
-
-
-def _storage(t: torch.Tensor) -> np.ndarray:
-    """The tensor's storage from its first element on, flat, as the interpreter's pointer argument
-    (bf16 travels as float32, bool as int8)."""
-    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
-    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), (n,), (1,))
-    if t.dtype == torch.bfloat16:
-        return flat.float().numpy()
-    array = flat.numpy()
-    return array.view(np.int8) if array.dtype == np.uint8 else array
-
-
-def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = None):
-    """Run a bundle's kernel in the TTIR interpreter the way `runtime.launch` runs it on a GPU."""
-    tensors = runtime.bind(bundle, q, k, v, *captures)
-    chosen = bundle.variants[variant] if variant else runtime.choose_variant(bundle, tensors)
-    tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in bundle.tables]
-    arrays, args = {}, []
-    for label, value in zip(chosen.args, runtime.argument_values(chosen, tensors, tables)):
-        if isinstance(value, torch.Tensor):
-            if label in ("out", "lse"):
-                value.fill_(float("nan"))
-            arrays[label] = _storage(value)
-            value = arrays[label]
-        args.append(value)
-    run_ttir(chosen.ttir, bundle.name, args, bundle.grid)
-    results = []
-    for spec in bundle.outputs:
-        t = tensors[spec.role]
-        results.append(torch.from_numpy(np.array(arrays[spec.role][: t.numel()]).reshape(t.shape)).float())
-    return results, chosen
 
 
 def check(attn, q, k, v, config=SMALL, variant=None, expect_variant=None):

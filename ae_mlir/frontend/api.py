@@ -355,7 +355,11 @@ def _backend(backend: str | None, q) -> str:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))} or None, got {backend!r}")
         return backend
-    return "triton" if q.device.type == "cuda" else "reference"
+    if q.device.type == "cpu":
+        return "cpu"
+    if q.device.type == "cuda":  # ROCm builds of torch report their GPUs as "cuda" too
+        return "triton"
+    raise ValueError(f"no ae-mlir backend runs on device '{q.device}'; use CPU or CUDA/ROCm tensors")
 
 
 def _execute(text: str, inputs: list, backend: str, out_dtype, mask_mod=None):

@@ -98,6 +98,10 @@ def _unify(a: "Sym", b: "Sym", allow_bool: bool = False) -> tuple["Sym", "Sym", 
 def _extract(tensor, index_syms, state: TraceState) -> "Sym":
     import torch
 
+    if tensor.dim() == 0 and not index_syms:
+        # A scalar tensor travels as a one-element vector, so backends handle rank >= 1 only.
+        tensor, index_syms = tensor.reshape(1), (0,)
+
     if tensor.dim() != len(index_syms):
         state.fail(
             f"closure tensor of shape {tuple(tensor.shape)} indexed with {len(index_syms)} "

@@ -1,0 +1,41 @@
+"""Run a Triton bundle in the NumPy TTIR interpreter exactly as `ae_mlir.runtime.launch` would
+run it on a GPU (same argument binding, same kernel variant choice)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ae_mlir import runtime
+from tt_interp import run_ttir
+
+
+def _storage(t: torch.Tensor) -> np.ndarray:
+    """The tensor's storage from its first element on, flat, as the interpreter's pointer argument
+    (bf16 travels as float32, bool as int8)."""
+    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), (n,), (1,))
+    if t.dtype == torch.bfloat16:
+        return flat.float().numpy()
+    array = flat.numpy()
+    return array.view(np.int8) if array.dtype == np.uint8 else array
+
+
+def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = None):
+    """Run a bundle's kernel in the TTIR interpreter the way `runtime.launch` runs it on a GPU."""
+    tensors = runtime.bind(bundle, q, k, v, *captures)
+    chosen = bundle.variants[variant] if variant else runtime.choose_variant(bundle, tensors)
+    tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in bundle.tables]
+    arrays, args = {}, []
+    for label, value in zip(chosen.args, runtime.argument_values(chosen, tensors, tables)):
+        if isinstance(value, torch.Tensor):
+            if label in ("out", "lse"):
+                value.fill_(float("nan"))
+            arrays[label] = _storage(value)
+            value = arrays[label]
+        args.append(value)
+    run_ttir(chosen.ttir, bundle.name, args, bundle.grid)
+    results = []
+    for spec in bundle.outputs:
+        t = tensors[spec.role]
+        results.append(torch.from_numpy(np.array(arrays[spec.role][: t.numel()]).reshape(t.shape)).float())
+    return results, chosen
