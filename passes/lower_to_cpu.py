@@ -24,7 +24,7 @@ Everything happens inside this one pass, so that `attn-tile,attn-lower-to-cpu` (
 
 Hand-written, because no upstream pass or transform op does it (each says why): `lower_grid`,
 `widen_bool_arguments`, `split_empty_tensors`, `carry_loop_state_in_place` (with
-`mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers`, `expand_exponentials` and
+`mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers`, `align_vector_views`, `expand_exponentials` and
 `flatten_math_vectors`.
 """
 from __future__ import annotations
@@ -304,6 +304,7 @@ class LowerToCpu(ModulePass):
         _run_pipeline(module_op, LOOPS_PIPELINE)
         _reject_bool_buffers(module_op)
         _reject_padded_vector_views(module_op)
+        align_vector_views(module_op)
         expand_exponentials(module_op)
         flatten_math_vectors(module_op)
         if self.stage == "memrefs":
@@ -456,6 +457,33 @@ def _reject_padded_vector_views(module_op) -> None:
         if row & (row - 1):
             raise _fail(op, f"views a buffer as {vector}, whose rows LLVM pads in memory; the CPU lowering "
                             "needs power-of-two vector rows here")
+
+
+def align_vector_views(module_op) -> None:
+    """Align each buffer viewed as vectors (`vector.type_cast`) to the vector rows' own size.
+
+    The whole-vector load or store through such a view becomes an LLVM load or store with the
+    vector's ABI alignment (its size: 64 bytes for 16 floats), but the staging buffers that
+    `split_transfer_full_partial` allocates for partial tiles are 32-byte aligned. With AVX-512,
+    LLVM then emits an aligned 64-byte move into a 32-byte-aligned stack slot, which faults
+    whenever the incoming stack pointer happens to be an odd multiple of 32.
+    """
+    from mlir import ir
+
+    for op in _walk(module_op, "vector.type_cast"):
+        vector = ir.MemRefType(op.results[0].type).element_type
+        if not isinstance(vector, ir.VectorType):
+            continue
+        row_bytes = vector.shape[-1] * max(1, vector.element_type.width // 8)
+        alignment = 1 << (row_bytes - 1).bit_length()
+        buffer = op.operands[0].owner
+        if not isinstance(buffer, ir.OpView) or buffer.operation.name not in ("memref.alloca", "memref.alloc"):
+            raise _fail(op, f"views a buffer not allocated here as {vector}, whose alignment the CPU lowering "
+                            "cannot raise to the vector's")
+        buffer = buffer.operation
+        if "alignment" in buffer.attributes and ir.IntegerAttr(buffer.attributes["alignment"]).value >= alignment:
+            continue
+        buffer.attributes["alignment"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64, op.context), alignment)
 
 
 def _reject_bool_buffers(module_op) -> None:

@@ -17,8 +17,6 @@ from ..context import CompileError
 # accumulator tiles stay in L1/L2 for head dims up to 128.
 BLOCK_M = 64
 BLOCK_N = 64
-MIN_BLOCK_M = 8
-MIN_BLOCK_N = 32
 
 _TORCH_DTYPES = {
     "f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
@@ -145,10 +143,7 @@ def _block_sizes(inputs: list[_ArgSpec]) -> tuple[int, int]:
 
     if len(inputs) < 2 or len(inputs[0].shape) != 4 or len(inputs[1].shape) != 4:
         return BLOCK_M, BLOCK_N
-    # Never below the vectorizer's 8-row, 32-column register tiles: smaller blocks crashed the
-    # tiled code (found by the differential fuzzer at Lq = 1, Lk = 28).
-    return (max(MIN_BLOCK_M, min(BLOCK_M, pow2(inputs[0].shape[2]))),
-            max(MIN_BLOCK_N, min(BLOCK_N, pow2(inputs[1].shape[2]))))
+    return min(BLOCK_M, pow2(inputs[0].shape[2])), min(BLOCK_N, pow2(inputs[1].shape[2]))
 
 
 def _unit_inner_stride(t) -> bool:

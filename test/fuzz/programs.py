@@ -1,0 +1,220 @@
+"""Random attention programs for differential testing (hypothesis strategies).
+
+A program is a score_mod and a mask_mod built from random expression trees over the allowed
+operations, a normalizer, shapes (ragged, GQA, Dk != Dv, Lq != Lk), a dtype and a memory layout.
+Trees are evaluated with plain Python operators and torch functions, so the same tree traces
+through ae-mlir's frontend (symbolic values) and could run eagerly on tensors.
+
+Magnitudes stay bounded (exp only of tanh, division only by constants in [0.5, 2]) so that a
+disagreement between backends is a miscompile, not float overflow.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import strategies as st
+
+
+@dataclass(frozen=True)
+class Node:
+    op: str
+    args: tuple = ()
+    value: object = None
+
+    def eval(self, env):
+        a = [x.eval(env) for x in self.args]
+        op = self.op
+        if op == "var":
+            return env[self.value]
+        if op == "const":
+            return self.value
+        if op == "capture":
+            tensor, index_nodes = self.value
+            return tensor[tuple(n.eval(env) for n in index_nodes)]
+        binary = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+                  "div": lambda x, y: x / y, "floordiv": lambda x, y: x // y, "mod": lambda x, y: x % y,
+                  "max": torch.maximum, "min": torch.minimum, "lt": lambda x, y: x < y,
+                  "le": lambda x, y: x <= y, "ge": lambda x, y: x >= y, "eq": lambda x, y: x == y,
+                  "ne": lambda x, y: x != y, "and": lambda x, y: x & y, "or": lambda x, y: x | y}
+        if op in binary:
+            return binary[op](*a)
+        unary = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "abs": torch.abs, "neg": lambda x: -x,
+                 "exp_tanh": lambda x: torch.exp(torch.tanh(x)), "not": lambda x: ~x,
+                 "float": lambda x: x * 1.0}
+        if op in unary:
+            return unary[op](*a)
+        if op == "where":
+            return torch.where(*a)
+        if op == "clamp":
+            return torch.clamp(a[0], min=-self.value, max=self.value)
+        raise ValueError(op)
+
+    def __str__(self):
+        if self.op == "var":
+            return self.value
+        if self.op == "const":
+            return repr(self.value)
+        if self.op == "capture":
+            return f"T{tuple(self.value[0].shape)}[{', '.join(map(str, self.value[1]))}]"
+        return f"{self.op}({', '.join(map(str, self.args))}{', ' + str(self.value) if self.value else ''})"
+
+
+def index_expr(draw, depth: int, names=("q_idx", "kv_idx", "h", "b")) -> Node:
+    """A non-negative-leaning integer expression of the positions."""
+    if depth <= 0 or draw(st.booleans()):
+        if draw(st.integers(0, 3)) == 0:
+            return Node("const", value=draw(st.integers(0, 7)))
+        return Node("var", value=draw(st.sampled_from(names)))
+    op = draw(st.sampled_from(["add", "sub", "mul", "floordiv", "mod", "max", "min"]))
+    left = index_expr(draw, depth - 1, names)
+    if op in ("max", "min"):
+        # torch.maximum takes tensors (or symbolic values) on both sides, never Python ints.
+        return Node(op, (Node("var", value=draw(st.sampled_from(names))),
+                         Node("var", value=draw(st.sampled_from(names)))))
+    if op in ("floordiv", "mod"):
+        return Node(op, (left, Node("const", value=draw(st.integers(1, 5)))))
+    return Node(op, (left, index_expr(draw, depth - 1, names)))
+
+
+def bounded_index(node: Node, size: int) -> Node:
+    """Map any integer expression into [0, size): ((e % size) + size) % size."""
+    wrapped = Node("mod", (node, Node("const", value=size)))
+    return Node("mod", (Node("add", (wrapped, Node("const", value=size))), Node("const", value=size)))
+
+
+def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: bool = False) -> Node:
+    """`symbolic`: the result must depend on an argument, as torch functions need a tensor."""
+    if depth <= 0 or draw(st.integers(0, 4)) == 0:
+        kind = draw(st.integers(0, 3))
+        if kind == 0 and not symbolic:
+            return Node("const", value=draw(st.floats(-2.0, 2.0, allow_nan=False).map(lambda x: round(x, 3))))
+        if kind == 1 and captures:
+            tensor = draw(st.sampled_from(captures))
+            idx = tuple(bounded_index(index_expr(draw, 1), n) for n in tensor.shape)
+            return Node("capture", value=(tensor, idx))
+        if kind == 2 and not symbolic:
+            return Node("mul", (index_expr(draw, 1), Node("const", value=0.05)))
+        return draw(st.sampled_from(leaves))
+    op = draw(st.sampled_from(["add", "sub", "mul", "div", "max", "min", "tanh", "sigmoid", "abs", "neg",
+                               "exp_tanh", "where", "clamp"]))
+    if op in ("tanh", "sigmoid", "abs", "exp_tanh"):
+        return Node(op, (float_expr(draw, depth - 1, leaves, captures, symbolic=True),))
+    if op == "neg":
+        return Node(op, (float_expr(draw, depth - 1, leaves, captures, symbolic),))
+    if op == "div":
+        return Node("div", (float_expr(draw, depth - 1, leaves, captures, symbolic),
+                            Node("const", value=draw(st.sampled_from([0.5, 0.75, 1.5, 2.0])))))
+    if op == "clamp":
+        return Node("clamp", (float_expr(draw, depth - 1, leaves, captures, True),),
+                    value=draw(st.sampled_from([1.0, 3.0])))
+    if op == "where":
+        return Node("where", (bool_expr(draw, 1), float_expr(draw, depth - 1, leaves, captures, True),
+                              float_expr(draw, depth - 1, leaves, captures)))
+    if op == "mul":
+        # Keep products bounded: one side squashed by tanh.
+        return Node("mul", (float_expr(draw, depth - 1, leaves, captures, symbolic),
+                            Node("tanh", (float_expr(draw, depth - 1, leaves, captures, True),))))
+    if op in ("max", "min"):
+        return Node(op, (float_expr(draw, depth - 1, leaves, captures, True),
+                         float_expr(draw, depth - 1, leaves, captures, True)))
+    return Node(op, (float_expr(draw, depth - 1, leaves, captures, symbolic),
+                     float_expr(draw, depth - 1, leaves, captures)))
+
+
+def bool_expr(draw, depth: int, doc=None) -> Node:
+    if depth <= 0 or draw(st.booleans()):
+        kind = draw(st.integers(0, 3))
+        if kind == 0 and doc is not None:
+            n = doc.shape[0]
+            return Node("eq", (Node("capture", value=(doc, (bounded_index(Node("var", value="q_idx"), n),))),
+                               Node("capture", value=(doc, (bounded_index(Node("var", value="kv_idx"), n),)))))
+        cmp = draw(st.sampled_from(["lt", "le", "ge", "eq", "ne"]))
+        left = Node("add", (Node("var", value=draw(st.sampled_from(["q_idx", "kv_idx", "h"]))), index_expr(draw, 1)))
+        right = Node("add", (index_expr(draw, 1), Node("const", value=draw(st.integers(-8, 8)))))
+        return Node(cmp, (left, right))
+    op = draw(st.sampled_from(["and", "or", "not"]))
+    if op == "not":
+        return Node("not", (bool_expr(draw, depth - 1, doc),))
+    return Node(op, (bool_expr(draw, depth - 1, doc), bool_expr(draw, depth - 1, doc)))
+
+
+@dataclass
+class Program:
+    batch: int
+    heads: int
+    heads_kv: int
+    seq_q: int
+    seq_k: int
+    dim_qk: int
+    dim_v: int
+    dtype: torch.dtype
+    normalize: str
+    score_tree: Node | None
+    mask_tree: Node | None
+    transposed: bool
+    seed: int
+    captures: list = field(default_factory=list)
+
+    def score_mod(self):
+        if self.score_tree is None:
+            return None
+        tree = self.score_tree
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return tree.eval({"score": score, "b": b, "h": h, "q_idx": q_idx, "kv_idx": kv_idx})
+
+        return score_mod
+
+    def mask_mod(self):
+        if self.mask_tree is None:
+            return None
+        tree = self.mask_tree
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return tree.eval({"b": b, "h": h, "q_idx": q_idx, "kv_idx": kv_idx})
+
+        return mask_mod
+
+    def inputs(self, device="cpu"):
+        gen = torch.Generator().manual_seed(self.seed)
+
+        def make(heads, length, dim):
+            if self.transposed:
+                t = torch.randn(self.batch, length, heads, dim, generator=gen).to(self.dtype)
+                return t.to(device).transpose(1, 2)
+            return torch.randn(self.batch, heads, length, dim, generator=gen).to(self.dtype).to(device)
+
+        return (make(self.heads, self.seq_q, self.dim_qk), make(self.heads_kv, self.seq_k, self.dim_qk),
+                make(self.heads_kv, self.seq_k, self.dim_v))
+
+    def __str__(self):
+        return (f"B={self.batch} H={self.heads}/{self.heads_kv} Lq={self.seq_q} Lk={self.seq_k} "
+                f"Dk={self.dim_qk} Dv={self.dim_v} {self.dtype} {self.normalize} transposed={self.transposed}\n"
+                f"  score_mod: {self.score_tree}\n  mask_mod: {self.mask_tree}")
+
+
+@st.composite
+def programs(draw, max_seq: int = 80, dtypes=(torch.float32, torch.bfloat16, torch.float16)):
+    heads_kv = draw(st.integers(1, 2))
+    heads = heads_kv * draw(st.sampled_from([1, 2, 3]))
+    seq_q = draw(st.integers(1, max_seq))
+    seq_k = draw(st.sampled_from([seq_q, draw(st.integers(1, max_seq))]))
+    dim_qk = draw(st.sampled_from([16, 24, 32, 64]))
+    dim_v = draw(st.sampled_from([dim_qk, 16, 32]))
+    seed = draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    bias = torch.randn(heads, generator=gen)
+    table = torch.randn(heads, 7, generator=gen)
+    doc = torch.sort(torch.randint(0, 4, (max(seq_q, seq_k),), generator=gen)).values
+    leaves = [Node("var", value="score")]
+    score_tree = float_expr(draw, draw(st.integers(1, 3)), leaves, [bias, table]) if draw(st.booleans()) else None
+    use_doc = draw(st.booleans())
+    mask_tree = bool_expr(draw, draw(st.integers(0, 2)), doc if use_doc else None) if draw(st.booleans()) else None
+    return Program(
+        batch=draw(st.integers(1, 2)), heads=heads, heads_kv=heads_kv, seq_q=seq_q, seq_k=seq_k,
+        dim_qk=dim_qk, dim_v=dim_v, dtype=draw(st.sampled_from(dtypes)),
+        normalize=draw(st.sampled_from(["softmax", "softmax", "sigmoid", "relu", "none"])),
+        score_tree=score_tree, mask_tree=mask_tree, transposed=draw(st.booleans()), seed=seed,
+        captures=[bias, table, doc],
+    )

@@ -1,0 +1,60 @@
+"""Minimized cases the differential fuzzer found, kept so they stay fixed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from test_differential import triton_interpreted
+
+BACKENDS = ["cpu", "triton"]
+
+
+def _run(backend, attn, q, k, v):
+    return attn(q, k, v, backend="cpu") if backend == "cpu" else triton_interpreted(attn, q, k, v)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_closure_tensor_indexed_by_a_python_constant(backend):
+    # `bias[0]` with a Python int index is a 0-d tensor taken before tracing sees it; it crashed
+    # the Triton lowering (a gather with no index) and the CPU kernel (a rank-0 memref).
+    bias = torch.tensor([1.5, -0.5])
+    attn = ae.attention(score_mod=lambda s, b, h, q_idx, kv_idx: s * bias[0])
+    q = torch.randn(1, 1, 5, 16, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_run(backend, attn, q, q, q), attn(q, q, q, backend="reference"),
+                               atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_index_expression_folding_to_a_constant(backend):
+    # ((0 % 1) + 1) % 1 folds to the constant 0 during tracing; the bounds mask of the gather was
+    # then the scalar constant `true`, printed with a type suffix MLIR's parser rejects.
+    bias = torch.tensor([0.25])
+    attn = ae.attention(score_mod=lambda s, b, h, q_idx, kv_idx: bias[((0 % 1) + 1) % 1] + s)
+    q = torch.randn(1, 1, 3, 16, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_run(backend, attn, q, q, q), attn(q, q, q, backend="reference"),
+                               atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("normalize", ["relu", "sigmoid", "none"])
+def test_partial_key_tile_staged_through_a_misaligned_buffer(backend, normalize):
+    # 40 keys in a 64-key block: the last rows of the V tile are staged in a stack buffer that
+    # upstream aligns to 32 bytes, then stored as one 16-float vector, which LLVM assumes 64-byte
+    # aligned (an AVX-512 aligned move): a segfault whenever the stack pointer was not.
+    attn = ae.attention(normalize=normalize)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(1, 1, 20, 16, generator=g), torch.randn(1, 1, 40, 16, generator=g), torch.randn(1, 1, 40, 16, generator=g)
+    torch.testing.assert_close(_run(backend, attn, q, k, v), attn(q, k, v, backend="reference"),
+                               atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_single_query_row_with_a_partial_key_tile(backend):
+    # Lq = 1, Lk = 28: the same misaligned staging buffer, found before the fix as a crash with
+    # blocks of 1 or 2 rows.
+    attn = ae.attention()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 28, 16, generator=g), torch.randn(1, 1, 28, 16, generator=g)
+    torch.testing.assert_close(_run(backend, attn, q, k, v), attn(q, k, v, backend="reference"),
+                               atol=2e-5, rtol=2e-5)

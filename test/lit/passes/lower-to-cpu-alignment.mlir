@@ -1,0 +1,13 @@
+// Staging buffers of partial tiles are read as whole vector rows; a 16-float row needs 64-byte
+// alignment (an AVX-512 aligned move), more than the 32 upstream gives them, or the kernel faults
+// depending on where the stack happens to sit.
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=32 block-n=64},attn-lower-to-cpu{stage=memrefs})' --no-mlir-print-op-generic | FileCheck %s
+
+// CHECK: %[[ROW:.*]] = memref.alloca() {alignment = 64 : i64} : memref<1x16xf32>
+// CHECK: vector.type_cast %[[ROW]] : memref<1x16xf32> to memref<vector<1x16xf32>>
+func.func @attention(%q: tensor<1x1x20x16xf32>, %k: tensor<1x1x40x16xf32>, %v: tensor<1x1x40x16xf32>) -> (tensor<1x1x20x16xf32>) {
+  %scores = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x1x20x16xf32>, tensor<1x1x40x16xf32>) -> tensor<1x1x20x40xf32>
+  %probs = "attn.normalize"(%scores) ({}, {}, {}) {kind = "relu", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x20x40xf32>) -> (tensor<1x1x20x40xf32>)
+  %out = "attn.aggregate"(%probs, %v) : (tensor<1x1x20x40xf32>, tensor<1x1x40x16xf32>) -> tensor<1x1x20x16xf32>
+  return %out : tensor<1x1x20x16xf32>
+}
