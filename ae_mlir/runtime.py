@@ -298,10 +298,30 @@ def _padded(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+def _out_of_resources():
+    from triton.runtime.errors import OutOfResources
+
+    return OutOfResources
+
+
+def _fewer_stages(variant: KernelVariant, target: str, bundle: Bundle, err):
+    """The kernel recompiled with fewer pipeline stages: gathers from closure tensors add shared
+    memory the fixed per-head-dim configuration did not plan for (found on an H200 with the T5
+    bucketed bias: 256 KiB wanted, 227 KiB available)."""
+    for stages in range(bundle.num_stages - 1, 0, -1):
+        kernel = compile_ttir(variant.ttir, target, bundle.num_warps, stages)
+        try:
+            kernel._init_handles()
+        except _out_of_resources():
+            continue
+        return kernel
+    raise err
+
+
 def aligned_ok(bundle: Bundle, tensors: dict) -> bool:
     """Whether the tensors meet the aligned variant's assumptions: unit last-dim strides,
-    16-byte aligned base pointers, q/k/v/out strides divisible by 16 and small enough that
-    32-bit offsets inside a tile cannot overflow."""
+    16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
+    32-bit offsets inside a tile that cannot overflow."""
     reach = max([bundle.block_m, bundle.block_n] + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
     for role in _STREAMS:
         t = tensors.get(role)
@@ -318,7 +338,10 @@ def aligned_ok(bundle: Bundle, tensors: dict) -> bool:
                 continue
             if role != "lse" and stride % 16:
                 return False
-            if stride * reach >= 2**31:
+            # Strides travel as i32; tile origins are computed in i64, so only offsets inside a
+            # tile (rows along the sequence dimension) must stay below 2^31.
+            limit = stride * reach if d == t.dim() - 2 else stride
+            if limit >= 2**31:
                 return False
     return True
 
@@ -411,5 +434,10 @@ def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
             _LAUNCHABLE[id(variant), target] = entry
         kernel = entry[1]
         args = argument_values(variant, tensors, device_tables(bundle, device))
-        kernel[tuple(bundle.grid)](*args)
+        try:
+            kernel[tuple(bundle.grid)](*args)
+        except _out_of_resources() as err:
+            kernel = _fewer_stages(variant, target, bundle, err)
+            _LAUNCHABLE[id(variant), target] = (variant, kernel)
+            kernel[tuple(bundle.grid)](*args)
     return [tensors[spec.role] for spec in bundle.outputs]

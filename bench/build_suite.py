@@ -1,0 +1,93 @@
+"""Build the Triton bundles of every benchmark case (needs the MLIR bindings, no GPU).
+
+    python bench/build_suite.py [--out bench/bundles] [--parts verify,catalogue,linear] [--force]
+
+One JSON bundle per case of bench/suite.py, for the H200's target (cuda:90) and the backend's
+default block sizes, i.e. what `ae.attention(...)(q, k, v)` would compile on that GPU. A bundle
+whose case and compiler fingerprint match is kept, so a rebuild after a compiler change redoes
+everything and a rebuild after nothing redoes nothing. bench/run_suite.py runs them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+import suite  # noqa: E402
+
+
+def build_one(case: suite.Case, target: str):
+    from ae_mlir.backends.triton import build_bundle, compile_bundle
+
+    if case.part == "linear":
+        text = suite.linear_attention(case).mlir(*suite.linear_meta(case))
+        bundle = build_bundle(text, target)
+        bundle.meta["l0"] = text
+        return bundle
+    attn, shape = suite.softmax_problem(case, "cpu")
+    return compile_bundle(attn, *suite.meta_like(shape, case.dtype), target=target)
+
+
+def up_to_date(path: str, case: suite.Case, fingerprint: str) -> bool:
+    from ae_mlir import runtime
+
+    if not os.path.exists(path):
+        return False
+    try:
+        meta = runtime.Bundle.load(path).meta
+    except runtime.BundleError:
+        return False
+    return meta.get("case") == case.as_dict() and meta.get("compiler") == fingerprint
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.path.join(HERE, "bundles"))
+    p.add_argument("--target", default="cuda:90")
+    p.add_argument("--parts", default=",".join(suite.PARTS))
+    p.add_argument("--force", action="store_true", help="rebuild bundles that are up to date")
+    args = p.parse_args(argv)
+    from ae_mlir import runtime
+
+    fingerprint = runtime.compiler_fingerprint()
+    os.makedirs(args.out, exist_ok=True)
+    todo = suite.cases(args.parts.split(","))
+    wanted = {c.bundle_file for c in suite.cases()}
+    start = time.time()
+    built = failed = 0
+    for i, case in enumerate(todo, 1):
+        path = os.path.join(args.out, case.bundle_file)
+        if not args.force and up_to_date(path, case, fingerprint):
+            continue
+        t = time.time()
+        try:
+            bundle = build_one(case, args.target)
+        except Exception as err:
+            # run_suite.py records a missing bundle as that case's error; the rest still run.
+            failed += 1
+            print(f"[{i}/{len(todo)}] {case.name}: FAILED {type(err).__name__}: {err}", flush=True)
+            continue
+        bundle.meta.update(case=case.as_dict(), compiler=fingerprint)
+        bundle.save(path)
+        built += 1
+        print(f"[{i}/{len(todo)}] {case.name}: {bundle.block_m}x{bundle.block_n}, {bundle.num_warps} warps, "
+              f"{bundle.num_stages} stages, grid {bundle.grid}, {time.time() - t:.1f}s", flush=True)
+    stale = [f for f in os.listdir(args.out) if f.endswith(".json") and f not in wanted]
+    for name in stale:
+        os.remove(os.path.join(args.out, name))
+    paths = [os.path.join(args.out, c.bundle_file) for c in todo]
+    files = [f for f in paths if os.path.exists(f)]
+    size = sum(os.path.getsize(f) for f in files)
+    print(f"{len(files)}/{len(todo)} bundles in {args.out} ({built} built, {failed} failed, {len(stale)} stale "
+          f"removed), {size / 2**20:.1f} MiB, {time.time() - start:.0f}s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
