@@ -153,7 +153,9 @@ def _t5_bias(shape, device, gen):
         distance = kv_idx - q_idx
         side = torch.where(distance > 0, half, 0)
         n = distance.abs()
-        far = exact + (torch.log(torch.clamp(n, min=1) / exact) / log_ratio * (half - exact)).long()
+        # Bucket edges fall on exact powers of two, where f32 and f64 round the log ratio to
+        # either side of an integer; the small offset puts both on the same bucket.
+        far = exact + (torch.log(torch.clamp(n, min=1) / exact) / log_ratio * (half - exact) + 1e-4).long()
         bucket = side + torch.where(n < exact, n, torch.clamp(far, max=half - 1))
         return score + bias[h, bucket]
 

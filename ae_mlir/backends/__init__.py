@@ -12,7 +12,7 @@ def run(module_text: str, inputs: list, backend: str, out_dtype, mask_mod=None) 
     if backend == "cpu":
         from .cpu import run_module_text
 
-        return run_module_text(module_text, inputs, out_dtype)
+        return run_module_text(module_text, inputs, out_dtype, mask_mod)
     if backend == "triton":
         from .triton import run
 

@@ -67,7 +67,6 @@ class CompiledKernel:
         from mlir.execution_engine import ExecutionEngine
 
         from ..context import new_context, parse_module
-        from ..passes import build_pass_manager
         from ..verifier import check_module
 
         self._context = new_context()
@@ -84,20 +83,35 @@ class CompiledKernel:
         self.unit_inner_stride = unit_inner_stride
         default_m, default_n = _block_sizes(self.inputs)
         self.block_m, self.block_n = block_m or default_m, block_n or default_n
-        pm = build_pass_manager(_pipeline(self.block_m, self.block_n, unit_inner_stride), self._context)
-        try:
-            pm.run(module.operation)
-        except ir.MLIRError as err:
-            from ..context import diagnostic_from_mlir
-
-            diags = [diagnostic_from_mlir(d) for d in err.error_diagnostics]
-            raise CompileError("compiling for the CPU failed", diags) from None
+        to_l1, to_llvm = _pipeline(self.block_m, self.block_n, unit_inner_stride)
+        self._run(to_l1, module)
+        kernel = next(op.operation for op in module.body.operations if op.operation.name == "func.func")
+        # A mask that reads closure tensors is classified per call (block_mask); its four tile
+        # tables follow the inputs.
+        self.call_time_tables = "attn.call_time_tables" in kernel.attributes
+        if self.call_time_tables:
+            l1_inputs = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value).inputs
+            self.inputs += [_spec(t) for t in list(l1_inputs)[len(self.inputs):len(self.inputs) + 4]]
+        self._run(to_llvm, module)
         self._module = module
         try:
             self._engine = ExecutionEngine(module, opt_level=3)
         except RuntimeError as err:
             raise CompileError(f"the LLVM JIT rejected the lowered module: {err}") from None
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._engine.raw_lookup("_mlir_ciface_" + self.name))
+
+    def _run(self, pipeline: str, module) -> None:
+        from mlir import ir
+
+        from ..passes import build_pass_manager
+
+        try:
+            build_pass_manager(pipeline, self._context).run(module.operation)
+        except ir.MLIRError as err:
+            from ..context import diagnostic_from_mlir
+
+            diags = [diagnostic_from_mlir(d) for d in err.error_diagnostics]
+            raise CompileError("compiling for the CPU failed", diags) from None
 
     def __call__(self, inputs: list) -> list:
         import torch
@@ -121,18 +135,19 @@ class CompiledKernel:
         return outputs
 
 
-def _pipeline(block_m: int, block_n: int, unit_inner_stride: bool) -> str:
+def _pipeline(block_m: int, block_n: int, unit_inner_stride: bool) -> tuple[str, str]:
+    """The cpu preset split where L1 is complete: (L0 -> L1, L1 -> llvm)."""
     from ..passes import PIPELINES
 
-    steps = []
+    to_l1, to_llvm = [], []
     for name in PIPELINES["cpu"]:
         if name == "attn-tile":
-            steps.append(f"attn-tile{{block-m={block_m} block-n={block_n}}}")
+            to_l1.append(f"attn-tile{{block-m={block_m} block-n={block_n} call-time-tables=true}}")
         elif name == "attn-lower-to-cpu":
-            steps.append(f"attn-lower-to-cpu{{unit-inner-stride={str(unit_inner_stride).lower()}}}")
+            to_llvm.append(f"attn-lower-to-cpu{{unit-inner-stride={str(unit_inner_stride).lower()}}}")
         else:
-            steps.append(name)
-    return "builtin.module(" + ",".join(steps) + ")"
+            to_l1.append(name)
+    return "builtin.module(" + ",".join(to_l1) + ")", "builtin.module(" + ",".join(to_llvm) + ")"
 
 
 def _block_sizes(inputs: list[_ArgSpec]) -> tuple[int, int]:
@@ -178,8 +193,17 @@ def compile_module(module_text: str, block_m: int | None = None, block_n: int | 
     return kernel
 
 
-def run_module_text(module_text: str, inputs: list, out_dtype) -> list:
-    """Compile (once) and run `module_text` on CPU tensors; the first result takes `out_dtype`."""
+def run_module_text(module_text: str, inputs: list, out_dtype, mask_mod=None) -> list:
+    """Compile (once) and run `module_text` on CPU tensors; the first result takes `out_dtype`;
+    `mask_mod` classifies the tiles per call when the kernel asks for tile tables."""
     unit = all(_unit_inner_stride(t) for t in inputs)
-    results = compile_module(module_text, unit_inner_stride=unit)(inputs)
+    kernel = compile_module(module_text, unit_inner_stride=unit)
+    if kernel.call_time_tables:
+        if mask_mod is None:
+            raise CompileError(f"kernel '{kernel.name}' classifies its mask at call time; pass the mask_mod")
+        from ..block_mask import classify_cached
+
+        inputs = list(inputs) + classify_cached(mask_mod, inputs[0].shape[2], inputs[1].shape[2],
+                                                kernel.block_m, kernel.block_n, "cpu")
+    results = kernel(inputs)
     return [results[0].to(out_dtype)] + results[1:]
