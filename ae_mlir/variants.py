@@ -265,3 +265,89 @@ def inputs(shape: Shape, dtype=None, device="cpu", seed: int = 0):
     k = torch.randn(shape.batch, shape.kv_heads, shape.seq_k, shape.dim_qk, generator=gen)
     v = torch.randn(shape.batch, shape.kv_heads, shape.seq_k, shape.dim_v, generator=gen)
     return tuple(t.to(dtype=dtype, device=device) for t in (q, k, v))
+
+
+# --- linear attention ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinearVariant:
+    name: str
+    summary: str
+    make: Callable  # (shape, device, generator) -> (ae.linear_attention, g or None)
+
+
+def _elu_plus_one(x, b, h, t, d):
+    import torch
+
+    return torch.where(x > 0, x + 1.0, torch.exp(x))
+
+
+def _linear_transformer(shape, device, gen):
+    import ae_mlir as ae
+
+    return ae.linear_attention(q_mod=_elu_plus_one, k_mod=_elu_plus_one, normalize=True), None
+
+
+def _retnet_recurrent(shape, device, gen):
+    import torch
+
+    import ae_mlir as ae
+
+    g = torch.log(1 - 2.0 ** (-5.0 - torch.arange(shape.heads, dtype=torch.float64))).float().to(device)
+    return ae.linear_attention(decay="head"), g
+
+
+def _mamba2_ssd(shape, device, gen):
+    """q = C, k = B, v = x * dt, g = A * dt (per head A < 0, per token dt > 0)."""
+    import torch
+
+    import ae_mlir as ae
+
+    dt = torch.nn.functional.softplus(torch.randn(shape.batch, shape.heads, shape.seq_q, generator=gen) - 1.0)
+    a = -torch.exp(torch.randn(shape.heads, generator=gen) * 0.5)
+    dt = dt.to(device)
+
+    def v_times_dt(x, b, h, t, d):
+        return x * dt[b, h, t]
+
+    g = (a.view(1, -1, 1).to(device) * dt).float()
+    return ae.linear_attention(v_mod=v_times_dt, decay="token", scale=1.0), g
+
+
+def _gated_retention(shape, device, gen):
+    import torch
+
+    import ae_mlir as ae
+
+    g = torch.nn.functional.logsigmoid(torch.randn(shape.batch, shape.heads, shape.seq_q, generator=gen)) / 16
+    return ae.linear_attention(decay="token"), g.to(device)
+
+
+def _gla(shape, device, gen):
+    import torch
+
+    import ae_mlir as ae
+
+    g = torch.nn.functional.logsigmoid(torch.randn(shape.batch, shape.heads, shape.seq_q, shape.dim_qk,
+                                                   generator=gen)) / 16
+    return ae.linear_attention(decay="token_dim"), g.to(device)
+
+
+LINEAR_CATALOGUE: dict[str, LinearVariant] = {v.name: v for v in (
+    LinearVariant("linear_transformer", "elu + 1 feature maps, normalized", _linear_transformer),
+    LinearVariant("retnet", "per-head decay 1 - 2^(-5 - h)", _retnet_recurrent),
+    LinearVariant("mamba2_ssd", "q = C, k = B, v = x * dt, g = A * dt", _mamba2_ssd),
+    LinearVariant("gated_retention", "scalar data-dependent decay per token (simple GLA)", _gated_retention),
+    LinearVariant("gla", "decay per token and key dimension", _gla),
+)}
+
+
+def build_linear(name: str, shape: Shape, device="cpu", seed: int = 0):
+    """A linear-attention variant's object and its log-decay g (None without decay)."""
+    import torch
+
+    if name not in LINEAR_CATALOGUE:
+        raise ValueError(f"unknown linear variant {name!r} (known: {', '.join(LINEAR_CATALOGUE)})")
+    gen = torch.Generator().manual_seed(seed)
+    return LINEAR_CATALOGUE[name].make(shape, device, gen)
