@@ -37,11 +37,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..context import parse_module
 from ..frontend.emit import float_literal
 from ..regions import emit_scalar, from_region
 from . import ModulePass, option
-from .l1_text import KernelText, convert, elt, fail, shape
+from .l1_text import KernelText, convert, elt, fail, kernel_function, ops_named, replace_function, shape
 
 DECAYS = ("none", "head", "token", "token_dim")
 
@@ -397,41 +396,12 @@ class ChunkRecurrence(ModulePass):
             raise ValueError(f"block-v must be positive, got {self.block_v}")
 
     def apply(self, module_op) -> None:
-        from mlir import ir
-
-        found = []
-
-        def collect(op):
-            if op.name == "attn.linear_recurrence":
-                found.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module_op.walk(collect)
-        for op in found:
+        for op in ops_named(module_op, "attn.linear_recurrence"):
             self._rewrite(module_op, op)
 
     def _rewrite(self, module_op, op) -> None:
-        from mlir import ir
-
-        func = op.parent
-        while func is not None and func.operation.name != "func.func":
-            func = func.parent
-        if func is None:
-            raise fail(op, "must be inside a func.func to be chunked")
-        block = func.regions[0].blocks[0]
-        ret = list(block.operations)[-1].operation
-        if list(ret.operands) != list(op.results):
-            raise fail(op, "chunking turns the whole function into a kernel: the function must return "
-                           "exactly this op's results, in order")
-        for other in block.operations:
-            name = other.operation.name
-            if other.operation != op and other.operation != ret and name != "arith.constant":
-                raise fail(other.operation, "chunking needs a function that holds only the recurrence op and constants")
+        func = kernel_function(op, "chunked")
         chunk = self.chunk_size or int(op.attributes["chunk_size"].value)
         if chunk < 1:
             raise fail(op, f"chunk_size must be positive, got {chunk}")
-        text = _Kernel(op, func, chunk, self.block_v).build()
-        parsed = parse_module(text, module_op.context, "<attn-chunk-recurrence>")
-        with module_op.context:
-            parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(func))
-        func.operation.erase()
+        replace_function(module_op, func, _Kernel(op, func, chunk, self.block_v).build(), "<attn-chunk-recurrence>")

@@ -14,6 +14,7 @@ from ..context import CompileError, Diagnostic, location_parts, parse_module
 from ..normalizers import BUILTIN, region_texts
 from ..regions import TextEmitter, emit_scalar, from_region
 from . import ModulePass
+from .l1_text import ops_named
 
 
 def _fail(op, message: str) -> CompileError:
@@ -52,17 +53,7 @@ class FuseOnlineSoftmax(ModulePass):
                               "attn.online_attention (running row max and sum, exp2, one final division)")
 
     def apply(self, module_op) -> None:
-        from mlir import ir
-
-        aggregates = []
-
-        def collect(op):
-            if op.name == "attn.aggregate":
-                aggregates.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module_op.walk(collect)
-        for agg in aggregates:
+        for agg in ops_named(module_op, "attn.aggregate"):
             self._fuse(module_op, agg)
 
     def _fuse(self, module_op, agg) -> None:

@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..context import parse_module
 from ..frontend.emit import float_literal
 from ..regions import TextEmitter, emit_scalar, from_region
 from . import ModulePass, option
-from .l1_text import KernelText, constant_op, convert, elt, fail, shape
+from .l1_text import (KernelText, constant_op, convert, elt, fail, kernel_function, ops_named, replace_function,
+                      shape)
 
 LOG2E = 1.0 / math.log(2.0)
 NEG_INF = "0xFF800000"
@@ -349,36 +349,11 @@ class AttnTile(ModulePass):
                 raise ValueError(f"{opt} must be a positive power of two, got {value}")
 
     def apply(self, module_op) -> None:
-        from mlir import ir
-
-        found = []
-
-        def collect(op):
-            if op.name == "attn.online_attention":
-                found.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module_op.walk(collect)
-        for op in found:
+        for op in ops_named(module_op, "attn.online_attention"):
             self._tile(module_op, op)
 
     def _tile(self, module_op, op) -> None:
-        from mlir import ir
-
-        func = op.parent
-        while func is not None and func.operation.name != "func.func":
-            func = func.parent
-        if func is None:
-            raise fail(op, "must be inside a func.func to be tiled")
-        block = func.regions[0].blocks[0]
-        ret = list(block.operations)[-1].operation
-        if [v for v in ret.operands] != list(op.results):
-            raise fail(op, "tiling turns the whole function into a kernel: the function must return "
-                            "exactly this op's results, in order")
-        for other in block.operations:
-            name = other.operation.name
-            if other.operation != op and other.operation != ret and name != "arith.constant":
-                raise fail(other.operation, "tiling needs a function that holds only the attention op and constants")
+        func = kernel_function(op, "tiled")
         kernel = _Kernel(op, func, self.block_m, self.block_n)
         outer = {}
         mask_region = op.regions[1] if list(op.regions[1].blocks) else None
@@ -391,8 +366,4 @@ class AttnTile(ModulePass):
                     outer[value] = _scalar_op(const, [])
         classification = classify_blocks(mask_region, kernel.lq, kernel.lk, self.block_m, self.block_n, outer,
                                          self.call_time_tables)
-        text = kernel.build(classification)
-        parsed = parse_module(text, module_op.context, "<attn-tile>")
-        with module_op.context:
-            parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(func))
-        func.operation.erase()
+        replace_function(module_op, func, kernel.build(classification), "<attn-tile>")
