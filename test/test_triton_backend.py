@@ -339,6 +339,24 @@ def test_second_process_needs_no_mlir(cache_dir):
     assert result.stdout.split()[0] == "attention"
 
 
+def test_two_processes_compiling_the_same_kernel_both_succeed(cache_dir):
+    # Both miss the cache, compile, and write the same entry at once; atomic renames mean each
+    # ends with a whole bundle and the entry on disk is one of theirs, intact.
+    text = _l0()
+    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache_dir))
+    code = textwrap.dedent(f"""
+        from ae_mlir.backends import triton as tb
+        b = tb.get_bundle({text!r}, "cuda:90")
+        print(b.name)
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    assert [out.split() for out, _ in outs] == [["attention"], ["attention"]]
+    assert tb.get_bundle(text, "cuda:90").name == "attention"
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "edit"])
 def test_corrupt_cache_entry_is_rebuilt(cache_dir, damage):
     text = _l0()
