@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ..regions import TextEmitter
 from .trace import F32, I1, INDEX, Expr
 
 _FLOAT_OPS = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf", "div": "arith.divf",
@@ -48,26 +49,18 @@ def float_literal(v: float) -> str:
     return text
 
 
-class RegionEmitter:
+class RegionEmitter(TextEmitter):
     """Emits the body of one region in SSA form; each Expr node is emitted once."""
 
     def __init__(self, arg_names: list[str], capture_names: list[str], capture_types: list[str], prefix: str):
+        super().__init__(prefix)
         self.arg_names = arg_names
         self.capture_names = capture_names
         self.capture_types = capture_types
-        self.prefix = prefix
-        self.lines: list[str] = []
         self.names: dict[int, str] = {}
-        self.counter = 0
-
-    def fresh(self) -> str:
-        self.counter += 1
-        return f"%{self.prefix}{self.counter}"
 
     def op(self, text: str) -> str:
-        name = self.fresh()
-        self.lines.append(f"{name} = {text}")
-        return name
+        return self(text)
 
     def const(self, value, ty: str) -> str:
         if ty == I1:
