@@ -6,6 +6,7 @@ Shapes are not multiples of the tile sizes unless a case is about exact multiple
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -17,6 +18,8 @@ import torch
 
 import ae_mlir as ae
 from ae_mlir.backends import cpu
+from inputs import qkv as shared_qkv
+from inputs import rand
 
 TOL = {
     torch.float32: dict(atol=2e-5, rtol=2e-5),
@@ -26,17 +29,8 @@ TOL = {
 }
 
 
-def rand(*shape, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(dtype)
-
-
-def qkv(b=2, h=3, hkv=None, lq=17, lk=None, dk=16, dv=None, dtype=torch.float32, seed=0):
-    hkv = h if hkv is None else hkv
-    lk = lq if lk is None else lk
-    dv = dk if dv is None else dv
-    return (rand(b, h, lq, dk, seed=seed, dtype=dtype), rand(b, hkv, lk, dk, seed=seed + 1, dtype=dtype),
-            rand(b, hkv, lk, dv, seed=seed + 2, dtype=dtype))
+# B*H > 1 by default here.
+qkv = functools.partial(shared_qkv, b=2, h=3)
 
 
 def expected(q, k, v, score_fn=None, keep_fn=None, normalize="softmax"):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import and_masks, noop_mask, or_masks
 
 import ae_mlir as ae
+from inputs import rand
 
 # Shapes are deliberately not multiples of 16 and B*H > 1.
 B, H, LQ, LK, D = 2, 3, 17, 17, 16
@@ -24,11 +25,6 @@ TOL = {
     torch.bfloat16: dict(atol=1e-2, rtol=1e-2),
     torch.float16: dict(atol=2e-3, rtol=2e-3),
 }
-
-
-def rand(*shape, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
 
 
 def qkv(b=B, h=H, hkv=None, lq=LQ, lk=LK, dk=D, dv=D, dtype=torch.float32, seed=0):

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import ae_mlir as ae
 from ae_mlir import runtime
 from ae_mlir.backends import triton as tb
+from inputs import qkv, rand
 from bundle_interp import interpret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,19 +35,6 @@ TOL = {
     torch.float16: dict(atol=4e-3, rtol=4e-3),
 }
 SMALL = {"block_m": 32, "block_n": 16, "num_warps": 4, "num_stages": 2}
-
-
-def rand(*shape, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
-
-
-def qkv(b=1, h=2, hkv=None, lq=17, lk=None, dk=16, dv=None, dtype=torch.float32, seed=0):
-    hkv = h if hkv is None else hkv
-    lk = lq if lk is None else lk
-    dv = dk if dv is None else dv
-    return (rand(b, h, lq, dk, seed=seed, dtype=dtype), rand(b, hkv, lk, dk, seed=seed + 1, dtype=dtype),
-            rand(b, hkv, lk, dv, seed=seed + 2, dtype=dtype))
 
 
 def check(attn, q, k, v, config=SMALL, variant=None, expect_variant=None):
