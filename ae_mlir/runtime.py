@@ -2,7 +2,9 @@
 
 A bundle is what `ae_mlir.backends.triton` compiles from an L0 module: the Triton IR of the kernel
 (an aligned variant specialized for the usual layouts and a general one for any strides), the
-launch grid, what each kernel argument is, the block tables' contents and the compile options.
+launch grid, what each kernel argument is, the block tables' contents and the compile options;
+plus, for a split chunked recurrence, the kernels launched before it (`stages`) and the scratch
+tensors they hand on (`workspace`).
 This module needs only torch and triton (both imported on first use) and never the MLIR bindings,
 so a machine without them runs kernels built elsewhere:
 
@@ -27,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 FORMAT_VERSION = 1
-_STREAMS = ("q", "k", "v", "out", "lse")
+_STREAMS = ("q", "k", "v", "out", "lse", "state")
 _TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
                  "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool"}
 
@@ -51,6 +53,23 @@ class KernelVariant:
 
 
 @dataclass
+class Stage:
+    """A kernel a bundle launches before its own (the chunk states of a split recurrence)."""
+
+    name: str
+    grid: list[int]
+    variants: dict[str, KernelVariant]
+    num_warps: int
+    num_stages: int
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Stage:
+        return cls(name=d["name"], grid=list(d["grid"]),
+                   variants={k: KernelVariant(**v) for k, v in d["variants"].items()},
+                   num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]))
+
+
+@dataclass
 class Bundle:
     name: str
     grid: list[int]  # programs along x, y, z
@@ -65,6 +84,10 @@ class Bundle:
     target: str | None = None  # the GPU the block sizes were chosen for: "cuda:90", "hip:gfx942"
     key: str = ""
     meta: dict = field(default_factory=dict)
+    # Kernels launched first, in order, and the scratch tensors (roles "w<i>") they pass on; the
+    # launcher allocates those, contiguous, on every call.
+    stages: list[Stage] = field(default_factory=list)
+    workspace: list[TensorSpec] = field(default_factory=list)
 
     # --- (de)serialization -------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -79,7 +102,9 @@ class Bundle:
                 variants={k: KernelVariant(**v) for k, v in d["variants"].items()},
                 tables=list(d["tables"]), num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]),
                 block_m=int(d["block_m"]), block_n=int(d["block_n"]), target=d.get("target"),
-                key=d.get("key", ""), meta=dict(d.get("meta", {})))
+                key=d.get("key", ""), meta=dict(d.get("meta", {})),
+                stages=[Stage.from_dict(x) for x in d.get("stages", [])],
+                workspace=[TensorSpec(**t) for t in d.get("workspace", [])])
         except (KeyError, TypeError, ValueError) as err:
             raise BundleError(f"malformed bundle: {type(err).__name__}: {err}") from None
 
@@ -304,12 +329,12 @@ def _out_of_resources():
     return OutOfResources
 
 
-def _fewer_stages(variant: KernelVariant, target: str, bundle: Bundle, err):
+def _fewer_stages(variant: KernelVariant, target: str, launched: Bundle | Stage, err):
     """The kernel recompiled with fewer pipeline stages: gathers from closure tensors add shared
     memory the fixed per-head-dim configuration did not plan for (found on an H200 with the T5
     bucketed bias: 256 KiB wanted, 227 KiB available)."""
-    for stages in range(bundle.num_stages - 1, 0, -1):
-        kernel = compile_ttir(variant.ttir, target, bundle.num_warps, stages)
+    for stages in range(launched.num_stages - 1, 0, -1):
+        kernel = compile_ttir(variant.ttir, target, launched.num_warps, stages)
         try:
             kernel._init_handles()
         except _out_of_resources():
@@ -323,7 +348,7 @@ def aligned_ok(bundle: Bundle, tensors: dict) -> bool:
     16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
     32-bit offsets inside a tile that cannot overflow."""
     reach = max([bundle.block_m, bundle.block_n] + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
-    for role in _STREAMS:
+    for role in _STREAMS + tuple(w.role for w in bundle.workspace):
         t = tensors.get(role)
         if t is None:
             continue
@@ -383,7 +408,7 @@ def device_tables(bundle: Bundle, device) -> list:
 
 def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
     """Check the inputs against the bundle and return every kernel tensor by role, allocating
-    the outputs that were not given."""
+    the outputs that were not given and the workspace."""
     import torch
 
     given = [q, k, v] + list(captures)
@@ -409,6 +434,8 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
         elif list(t.shape) != list(spec.shape) or t.dtype != torch_dtype(spec.dtype) or t.device != device:
             raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)} on {device}")
         tensors[spec.role] = t
+    for spec in bundle.workspace:
+        tensors[spec.role] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
     return tensors
 
 
@@ -416,7 +443,8 @@ _LAUNCHABLE: dict = {}
 
 
 def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
-    """Run the bundle's kernel on GPU tensors (any strides) and return [out] or [out, lse].
+    """Run the bundle's kernels (its stages, then its own) on GPU tensors (any strides) and
+    return [out] or [out, lse] (for linear attention, [out, state]).
 
     The Triton IR is target-neutral: a bundle tuned for one GPU (`bundle.target`) compiles for
     whichever device `q` is on."""
@@ -424,20 +452,26 @@ def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
 
     tensors = bind(bundle, q, k, v, *captures, out=out, lse=lse)
     device = q.device
-    variant = choose_variant(bundle, tensors)
+    aligned = aligned_ok(bundle, tensors)
     with torch.cuda.device(device):
         target = current_target()
-        # Hashing the Triton IR on every call would cost more than a short kernel runs.
-        entry = _LAUNCHABLE.get((id(variant), target))
-        if entry is None or entry[0] is not variant:
-            entry = (variant, compile_ttir(variant.ttir, target, bundle.num_warps, bundle.num_stages))
-            _LAUNCHABLE[id(variant), target] = entry
-        kernel = entry[1]
-        args = argument_values(variant, tensors, device_tables(bundle, device))
-        try:
-            kernel[tuple(bundle.grid)](*args)
-        except _out_of_resources() as err:
-            kernel = _fewer_stages(variant, target, bundle, err)
-            _LAUNCHABLE[id(variant), target] = (variant, kernel)
-            kernel[tuple(bundle.grid)](*args)
+        for kernel in bundle.stages + [bundle]:
+            variant = kernel.variants["aligned" if aligned and "aligned" in kernel.variants else "generic"]
+            _launch_one(kernel, variant, target, argument_values(variant, tensors, device_tables(bundle, device)))
     return [tensors[spec.role] for spec in bundle.outputs]
+
+
+def _launch_one(kernel, variant: KernelVariant, target: str, args: list) -> None:
+    """Launch one kernel (a Bundle or a Stage) with its compile options."""
+    # Hashing the Triton IR on every call would cost more than a short kernel runs.
+    entry = _LAUNCHABLE.get((id(variant), target))
+    if entry is None or entry[0] is not variant:
+        entry = (variant, compile_ttir(variant.ttir, target, kernel.num_warps, kernel.num_stages))
+        _LAUNCHABLE[id(variant), target] = entry
+    compiled = entry[1]
+    try:
+        compiled[tuple(kernel.grid)](*args)
+    except _out_of_resources() as err:
+        compiled = _fewer_stages(variant, target, kernel, err)
+        _LAUNCHABLE[id(variant), target] = (variant, compiled)
+        compiled[tuple(kernel.grid)](*args)

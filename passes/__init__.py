@@ -50,7 +50,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
     "triton": (
         "attn-verify",
         "attn-fuse-online-softmax",
-        "attn-chunk-recurrence",
+        "attn-chunk-recurrence{split=true}",
         "attn-tile",
         "attn-lower-to-triton",
     ),

@@ -1,19 +1,8 @@
-"""`attn-chunk-recurrence`: `attn.linear_recurrence` becomes an L1 kernel walking chunks of tokens.
+"""`attn-chunk-recurrence`: `attn.linear_recurrence` becomes L1 kernels walking chunks of tokens.
 
-The kernel function keeps the inputs, takes the outputs (`out`, then the final `state`) as
-destinations and returns them updated; `attn.grid = [B, H, ceil(Dv / BV)]`, so a program owns one
-(batch, head) and a BV-wide column slice of V, of the state and of the output. BV divides Dv
-(see `value_block`), so every slice has the same static width.
-
-A program carries, in one `scf.for` over the ceil(L / C) chunks:
-
-* the state tile S [Dk, BV] (f32; initial_state's slice or zeros),
-* with `normalize`, the key sum z [Dk] (zeros: the reference recurrence starts z at 0),
-* the output destination, into which each chunk inserts its valid rows.
-
-Per chunk, with q, k [C, Dk] and v [C, BV] loaded zero-padded past L, the mods applied (indices
-b, h, t0 + i, d) and padded rows of k and v forced back to zero, and G the cumulative log-decay
-inside the chunk (G_i = g_0 + ... + g_i, padded positions have g = 0, so G_end = G_{C-1}):
+Per chunk of C tokens, with q, k [C, Dk] and v [C, BV] loaded zero-padded past L, the mods applied
+(indices b, h, t0 + i, d) and padded rows of k and v forced back to zero, and G the cumulative
+log-decay inside the chunk (G_i = g_0 + ... + g_i, padded positions have g = 0, so G_end = G_{C-1}):
 
     A      = scale * [s <= t] * sum_d q[t,d] k[s,d] exp(G[t,d] - G[s,d])       [C, C]
     o      = A @ v + (scale * q * exp(G)) @ S                                  [C, BV]
@@ -25,12 +14,37 @@ exponent of a pair s > t is replaced by 0 before `math.exp`, never evaluated. Fo
 ("head", "token") the pair factor is a [C, C] tile and A is the masked, decayed `q @ k^T`; for
 "token_dim" it depends on d, so A is one 3-D `linalg.generic` over (t, s, d) with a reduction on
 d. G itself is a row sum of the masked [C, C] tile [j <= i] * g_j (scalar decays) or
-`tril(ones) @ g` ("token_dim"). `normalize` divides o by the same quantity with v = 1:
-rowsum(A) + (scale * q * exp(G)) . z.
+`tril(ones) @ g` ("token_dim", an f32 matmul at full precision). `normalize` divides o by the same
+quantity with v = 1: rowsum(A) + (scale * q * exp(G)) . z, z the decayed key sum.
 
-All products run in f32 (`linalg.matmul` on f32 tiles carries `attn.precision = "ieee"`); the
-output rows are converted to q's element type when stored. S and z are updated in place (they are
-the outputs of the generics that decay them), so a bufferized loop keeps one buffer for each.
+Two forms (option `split`):
+
+* One kernel (default; the CPU pipeline's): `attn.grid = [B, H, Dv / BV]`, a program owns one
+  (batch, head) and a BV-wide column slice of V, of the state and of the output, and carries S
+  (and z) through one `scf.for` over the ceil(L / C) chunks. On a CPU the programs run one after
+  another anyway, and this form reads every input once and writes nothing but the outputs.
+* Two kernels (`split`, the Triton pipeline's, as flash-linear-attention splits its chunk
+  kernels). The one-kernel form leaves a GPU nearly idle: B * H * Dv / BV programs (64 for
+  B = 2, H = 16, D = 128) each walk all chunks with four products per step, so its time grows with
+  L. Instead `@<name>_states` (grid [B, H, Dk / BK * Dv / BV]) walks the chunks doing only the
+  state update and writes the state entering each chunk to a workspace h [B, H, NC, Dk, Dv]
+  (argument role "w0"), and the final state; then `@<name>` (grid [B, H, NC * Dv / BV]) computes
+  every chunk's output in parallel from its q, k, v and h[chunk]. The workspace costs one write
+  and one read of NC * Dk * Dv elements per head, far less than the sequential time it removes.
+  `normalize` keeps the one-kernel form: its key sum z would need a second workspace written by
+  every V-column program alike, for a variant (the normalized linear transformer) that is not
+  bound by this.
+
+Products: with 16-bit q/k/v, every `linalg.matmul` but the cumulative sum takes 16-bit operands
+(A, the decayed q and k, and the state rounded to q's type) with an f32 accumulator, so GPUs run
+them on tensor cores; flash-linear-attention rounds the same operands. The carried state, G and
+all elementwise work stay f32. With f32 inputs every product is f32 and marked
+`attn.precision = "ieee"`. S and z are updated in place (they are the outputs of the generics that
+decay them), so a bufferized loop keeps one buffer for each.
+
+Every kernel lists its arguments' roles in `attn.arg_roles` ("q", "k", "v", "c<i>" for g, the
+initial state and closure tensors in order, "w0" the workspace, "out", "state"); a module of
+several kernels runs them in module order.
 """
 from __future__ import annotations
 
@@ -43,11 +57,12 @@ from . import ModulePass, option
 from .l1_text import KernelText, convert, elt, fail, kernel_function, ops_named, replace_function, shape
 
 DECAYS = ("none", "head", "token", "token_dim")
+ROLES_ATTR = "attn.arg_roles"
 
 
 def value_block(dv: int, block_v: int) -> int:
-    """The V columns per program: the widest equal split of Dv no wider than block_v; the whole
-    of Dv when every such split is narrower than block_v / 2 (a prime Dv, say), which would
+    """The columns per program: the widest equal split of dv no wider than block_v; the whole
+    of dv when every such split is narrower than block_v / 2 (a prime dv, say), which would
     leave tiles too thin to be worth a program each."""
     if dv <= block_v:
         return dv
@@ -59,7 +74,9 @@ def value_block(dv: int, block_v: int) -> int:
 
 
 class _Kernel(KernelText):
-    def __init__(self, op, func, chunk: int, block_v: int):
+    """One kernel function of the rewrite; `form` is "fused", "states" or "outputs"."""
+
+    def __init__(self, op, func, chunk: int, block_v: int, block_k: int, form: str):
         super().__init__(op, func)
         seg = [int(x) for x in op.attributes["operandSegmentSizes"]]
         operands = list(op.operands)
@@ -70,8 +87,12 @@ class _Kernel(KernelText):
         self.b, self.h, self.l, self.dk = shape(self.q)
         self.dv = shape(self.v)[3]
         self.c = chunk
+        self.chunks = -(-self.l // chunk)
         self.bv = value_block(self.dv, block_v)
         self.nv = self.dv // self.bv
+        self.bk = value_block(self.dk, block_k) if form == "states" else self.dk
+        self.nk = self.dk // self.bk
+        self.form = form
         self.decay = op.attributes["decay"].value
         if self.decay not in DECAYS:
             raise fail(op, f"unknown decay kind '{self.decay}' (expected one of {', '.join(DECAYS)})")
@@ -81,8 +102,13 @@ class _Kernel(KernelText):
         self.normalize = bool(op.attributes["normalize"].value)
         self.mods = [from_region(r) for r in op.regions]
         self.out_elt = elt(op.results[0])
+        q_elt = elt(self.q)
+        self.dot_elt = q_elt if q_elt in ("bf16", "f16") else "f32"
         # With L a multiple of C no row is ever padding, and the masks for it disappear.
         self.ragged = self.l % self.c != 0
+        self.out_type, self.state_type = str(op.results[0].type), str(op.results[1].type)
+        self.h_type = (f"tensor<{self.b}x{self.h}x{self.chunks}x{self.dk}x{self.dv}x{self.dot_elt}>"
+                       if form != "fused" else None)
 
     # --- helpers -----------------------------------------------------------------------------
     def index_const(self, inner, n: int) -> str:
@@ -120,6 +146,26 @@ class _Kernel(KernelText):
         return self.generic([(tile, self.tile_type(self.c, cols, elt_), "(d0, d1)")],
                             self.tile_type(self.c, cols), body)
 
+    def operand(self, value: str, rows: int, cols: int) -> str:
+        """An f32 tile as a matmul operand: rounded to the dot type (16-bit inputs)."""
+        if self.dot_elt == "f32":
+            return value
+        return self.generic([(value, self.tile_type(rows, cols), "(d0, d1)")], self.tile_type(rows, cols, self.dot_elt),
+                            lambda inner, a: convert(inner, a[0], "f32", self.dot_elt))
+
+    def load(self, role: str, t0: str, col: str | None, width: int) -> tuple[str, str]:
+        """(f32 tile, matmul operand) of rows [t0, t0 + C) and columns [col, col + width) of q, k
+        or v, modded; k and v rows past L are zero (they would enter the state), q's are never
+        stored. Without a mod a 16-bit tile is its own operand."""
+        value = {"q": self.q, "k": self.k, "v": self.v}[role]
+        mod = self.mods["qkv".index(role)]
+        raw = self.load_tile(self.arg_name(value, role), str(value.type), elt(value), [self.pb, self.ph], t0, self.l,
+                             self.c, width, col or "0")
+        tile = self.modded(raw, elt(value), width, mod, t0, col, role != "q")
+        if mod is None and elt(value) == self.dot_elt:
+            return tile, raw
+        return tile, self.operand(tile, self.c, width)
+
     def pair_mask(self, inner) -> str:
         """In a body over (t, s, ...): s <= t."""
         i = inner("linalg.index 0 : index")
@@ -147,8 +193,20 @@ class _Kernel(KernelText):
         return self.row_sum(picked, rows, c)
 
     # --- decay -------------------------------------------------------------------------------
-    def scalar_decay(self, t0: str) -> tuple[str, str, str]:
-        """(G [C], G_end [C], G_end [Dk]) for the "head" and "token" decays."""
+    def decays(self, t0: str, k_col: str | None, width: int):
+        """The chunk's cumulative log-decay for k columns [k_col, k_col + width): (G, G's type and
+        map over a [C, width] tile, G_end over C rows and its map, G_end [width]), or None."""
+        if self.decay in ("head", "token"):
+            cum, end_c, end_k = self.scalar_decay(t0, width)
+            return cum, f"tensor<{self.c}xf32>", "(d0)", end_c, f"tensor<{self.c}xf32>", "(d0)", end_k
+        if self.decay == "token_dim":
+            cum, end_k = self.dim_decay(t0, k_col, width)
+            vec = f"tensor<{width}xf32>"
+            return cum, self.tile_type(self.c, width), "(d0, d1)", end_k, vec, "(d1)", end_k
+        return None
+
+    def scalar_decay(self, t0: str, width: int) -> tuple[str, str, str]:
+        """(G [C], G_end [C], G_end [width]) for the "head" and "token" decays."""
         c = self.c
         g_name, g_type, g_elt = self.arg_name(self.g, "g"), str(self.g.type), elt(self.g)
         vec = f"tensor<{c}xf32>"
@@ -174,122 +232,185 @@ class _Kernel(KernelText):
 
         tri = self.generic([(steps, steps_type, "(d1)")], self.tile_type(c, c), prefix)
         cum = self.row_sum(tri, c, c)
-        return cum, self.last_of(cum, vec, "(d1)", c), self.last_of(cum, vec, "(d1)", self.dk)
+        return cum, self.last_of(cum, vec, "(d1)", c), self.last_of(cum, vec, "(d1)", width)
 
-    def dim_decay(self, t0: str, tril: str) -> tuple[str, str]:
-        """(G [C, Dk], G_end [Dk]) for the "token_dim" decay."""
-        c, dk = self.c, self.dk
+    def dim_decay(self, t0: str, col: str | None, width: int) -> tuple[str, str]:
+        """(G [C, width], G_end [width]) for the "token_dim" decay."""
+        c = self.c
         g_name, g_type, g_elt = self.arg_name(self.g, "g"), str(self.g.type), elt(self.g)
-        steps = self.load_tile(g_name, g_type, g_elt, [self.pb, self.ph], t0, self.l, c, dk)
-        steps = self.modded(steps, g_elt, dk, None, t0, None, False)
-        cum = self.matmul(tril, self.tile_type(c, c), steps, self.tile_type(c, dk),
-                          self.zeros(self.tile_type(c, dk)), self.tile_type(c, dk))
-        cum_t = self.transpose(cum, c, dk)
-        return cum, self.last_of(cum_t, self.tile_type(dk, c), "(d0, d1)", dk)
+        steps = self.load_tile(g_name, g_type, g_elt, [self.pb, self.ph], t0, self.l, c, width, col or "0")
+        steps = self.modded(steps, g_elt, width, None, t0, None, False)
+        cum = self.matmul(self.tril, self.tile_type(c, c), steps, self.tile_type(c, width),
+                          self.zeros(self.tile_type(c, width)), self.tile_type(c, width))
+        cum_t = self.transpose(cum, c, width)
+        return cum, self.last_of(cum_t, self.tile_type(width, c), "(d0, d1)", width)
 
-    # --- the kernel --------------------------------------------------------------------------
-    def build(self) -> str:
-        em = self.em
-        c, dk, bv = self.c, self.dk, self.bv
-        args = self.func_args
-        n_in = len(args)
-        out_type, state_type = str(self.op.results[0].type), str(self.op.results[1].type)
-        out_arg, state_arg = f"%arg{n_in}", f"%arg{n_in + 1}"
-
-        self.pb = em('"attn.program_id"() {axis = 0 : i64} : () -> index')
-        self.ph = em('"attn.program_id"() {axis = 1 : i64} : () -> index')
-        pv = em('"attn.program_id"() {axis = 2 : i64} : () -> index')
-        self.v0 = em(f"arith.muli {pv}, {self.idx(bv)} : index") if self.nv > 1 else None
-        col0 = self.v0 or "0"
-
-        s_type = self.tile_type(dk, bv)
-        if self.s0 is not None:
-            s0_elt = elt(self.s0)
-            raw = em(f"tensor.extract_slice {self.arg_name(self.s0, 'initial_state')}[{self.pb}, {self.ph}, 0, "
-                     f"{col0}] [1, 1, {dk}, {bv}] [1, 1, 1, 1] : {self.s0.type} to {self.tile_type(dk, bv, s0_elt)}")
-            state = self.generic([(raw, self.tile_type(dk, bv, s0_elt), "(d0, d1)")], s_type,
-                                 lambda inner, a: convert(inner, a[0], s0_elt, "f32")) if s0_elt != "f32" else raw
-        else:
-            state = self.zeros(s_type)
-        carried = [(state, s_type)]
-        if self.normalize:
-            carried.append((self.zeros(f"tensor<{dk}xf32>"), f"tensor<{dk}xf32>"))
-        carried.append((out_arg, out_type))
-
-        tril = None
+    # --- kernels -----------------------------------------------------------------------------
+    def program_ids(self) -> str:
+        """Emit the kernel's prologue: the program ids (returning the third axis's) and, for the
+        "token_dim" decay, the lower-triangular ones that sum g along a chunk, built once."""
+        self.pb = self.em('"attn.program_id"() {axis = 0 : i64} : () -> index')
+        self.ph = self.em('"attn.program_id"() {axis = 1 : i64} : () -> index')
+        third = self.em('"attn.program_id"() {axis = 2 : i64} : () -> index')
         if self.decay == "token_dim":
-            tril = self.generic([], self.tile_type(c, c), lambda inner, a: inner(
+            self.tril = self.generic([], self.tile_type(self.c, self.c), lambda inner, a: inner(
                 f"arith.select {self.pair_mask(inner)}, {inner('arith.constant 1.0 : f32')}, "
                 f"{inner('arith.constant 0.0 : f32')} : f32"))
+        return third
 
-        chunks = -(-self.l // c)
+    def split_id(self, pid: str) -> tuple[str, str | None]:
+        """(pid / nv, first V column or None) of a third-axis id that enumerates (x, V block)."""
+        if self.nv == 1:
+            return pid, None
+        em = self.em
+        outer = em(f"arith.divsi {pid}, {self.idx(self.nv)} : index")
+        block = em(f"arith.remsi {pid}, {self.idx(self.nv)} : index")
+        return outer, em(f"arith.muli {block}, {self.idx(self.bv)} : index")
+
+    def initial_state(self, k0: str | None, v0: str | None) -> str:
+        em = self.em
+        s_type = self.tile_type(self.bk, self.bv)
+        if self.s0 is None:
+            return self.zeros(s_type)
+        s0_elt = elt(self.s0)
+        raw = em(f"tensor.extract_slice {self.arg_name(self.s0, 'initial_state')}[{self.pb}, {self.ph}, {k0 or 0}, "
+                 f"{v0 or 0}] [1, 1, {self.bk}, {self.bv}] [1, 1, 1, 1] : {self.s0.type} to "
+                 f"{self.tile_type(self.bk, self.bv, s0_elt)}")
+        if s0_elt == "f32":
+            return raw
+        return self.generic([(raw, self.tile_type(self.bk, self.bv, s0_elt), "(d0, d1)")], s_type,
+                            lambda inner, a: convert(inner, a[0], s0_elt, "f32"))
+
+    def chunk_loop(self, carried: list[tuple[str, str]], step) -> list[str]:
+        """scf.for over the chunks carrying `carried` (value, type); `step(t0, names)` emits one
+        chunk and returns the new values."""
+        em = self.em
         it = f"%chunk{em.count}"
         names = [f"%carry{em.count}_{i}" for i in range(len(carried))]
         types = [t for _, t in carried]
         results = em.results(
             len(carried),
-            f"scf.for {it} = {self.idx(0)} to {self.idx(chunks)} step {self.idx(1)} iter_args("
+            f"scf.for {it} = {self.idx(0)} to {self.idx(self.chunks)} step {self.idx(1)} iter_args("
             + ", ".join(f"{n} = {v}" for n, (v, _) in zip(names, carried))
             + f") -> ({', '.join(types)}) {{",
         )
-        new = self.chunk(it, names, tril, out_type)
+        t0 = em(f"arith.muli {it}, {self.idx(self.c)} : index")
+        new = step(it, t0, names)
         em.raw(f"scf.yield {', '.join(new)} : {', '.join(types)}")
         em.raw("}")
+        return results
 
-        final_state = em(f"tensor.insert_slice {results[0]} into {state_arg}[{self.pb}, {self.ph}, 0, {col0}] "
-                         f"[1, 1, {dk}, {bv}] [1, 1, 1, 1] : {s_type} into {state_type}")
-        em.raw(f"return {results[-1]}, {final_state} : {out_type}, {state_type}")
-
+    def function(self, name: str, extra: list[tuple[str, str]], results: list[tuple[str, str]],
+                 grid: list[int]) -> str:
+        """The kernel function text around the emitted body: the L0 inputs, then `extra`
+        (role, type) arguments, returning `results` (value, type)."""
+        args = self.func_args
+        n_cap = len(args) - 3
+        roles = ["q", "k", "v"] + [f"c{i}" for i in range(n_cap)] + [r for r, _ in extra]
         params = [f"%arg{i}: {a.type}" for i, a in enumerate(args)]
-        params += [f"{out_arg}: {out_type}", f"{state_arg}: {state_type}"]
+        params += [f"%arg{len(args) + i}: {t}" for i, (_, t) in enumerate(extra)]
+        types = ", ".join(t for _, t in results)
+        self.em.raw(f"return {', '.join(v for v, _ in results)} : {types}")
+        body = "\n".join(f"    {line}" for line in self.em.lines)
+        role_list = ", ".join(f'"{r}"' for r in roles)
+        return (f"func.func @{name}({', '.join(params)}) -> ({types}) attributes "
+                f"{{attn.grid = array<i64: {', '.join(map(str, grid))}>, attn.chunk_size = {self.c} : i64, "
+                f"attn.block_v = {self.bv} : i64, {ROLES_ATTR} = [{role_list}]}} {{\n{body}\n}}\n")
+
+    def dest(self, offset: int) -> str:
+        """The name of the destination argument `offset` places after the L0 inputs."""
+        return f"%arg{len(self.func_args) + offset}"
+
+    def build(self) -> str:
         name = self.func.attributes["sym_name"].value
-        body = "\n".join(f"    {line}" for line in em.lines)
-        return (f"func.func @{name}({', '.join(params)}) -> ({out_type}, {state_type}) attributes "
-                f"{{attn.grid = array<i64: {self.b}, {self.h}, {self.nv}>, attn.chunk_size = {c} : i64, "
-                f"attn.block_v = {bv} : i64}} {{\n{body}\n}}\n")
+        return {"fused": self.build_fused, "states": self.build_states, "outputs": self.build_outputs}[self.form](name)
 
-    def chunk(self, it: str, carried: list[str], tril: str | None, out_type: str) -> list[str]:
+    def build_fused(self, name: str) -> str:
         em = self.em
-        c, dk, bv, l = self.c, self.dk, self.bv, self.l
-        state, out = carried[0], carried[-1]
-        z = carried[1] if self.normalize else None
-        t0 = em(f"arith.muli {it}, {self.idx(c)} : index")
-        rows = em(f"arith.minsi {em(f'arith.subi {self.idx(l)}, {t0} : index')}, {self.idx(c)} : index")
-        coords = [self.pb, self.ph]
-        col0 = self.v0 or "0"
-        q_mod, k_mod, v_mod = self.mods
-        tiles = []
-        # k and v rows past L must be zero (they would enter the state); q's are never stored.
-        for role, value, width, mod, col, pad in (("q", self.q, dk, q_mod, "0", False),
-                                                  ("k", self.k, dk, k_mod, "0", True),
-                                                  ("v", self.v, bv, v_mod, col0, True)):
-            raw = self.load_tile(self.arg_name(value, role), str(value.type), elt(value), coords, t0, l, c, width, col)
-            tiles.append(self.modded(raw, elt(value), width, mod, t0, self.v0 if role == "v" else None, pad))
-        q, k, v = tiles
-        cd, cc, cb, db = (self.tile_type(c, dk), self.tile_type(c, c), self.tile_type(c, bv),
-                          self.tile_type(dk, bv))
-        vec_c, vec_k = f"tensor<{c}xf32>", f"tensor<{dk}xf32>"
-        scale = self.scale
+        dk, bv = self.dk, self.bv
+        out_arg, state_arg = self.dest(0), self.dest(1)
+        pv = self.program_ids()
+        self.v0 = em(f"arith.muli {pv}, {self.idx(bv)} : index") if self.nv > 1 else None
+        carried = [(self.initial_state(None, self.v0), self.tile_type(dk, bv))]
+        if self.normalize:
+            carried.append((self.zeros(f"tensor<{dk}xf32>"), f"tensor<{dk}xf32>"))
+        carried.append((out_arg, self.out_type))
 
-        def scaled(inner, x):
-            return inner(f"arith.mulf {x}, {inner(f'arith.constant {float_literal(scale)} : f32')} : f32")
+        def step(it, t0, names):
+            state, out = names[0], names[-1]
+            z = names[1] if self.normalize else None
+            q, k, v = self.load("q", t0, None, dk), self.load("k", t0, None, dk), self.load("v", t0, self.v0, bv)
+            decay = self.decays(t0, None, dk)
+            out = self.store_output(t0, q, k, v, decay, self.operand(state, dk, bv), z, out)
+            new = [self.next_state(state, k, v, decay, dk)]
+            if self.normalize:
+                new.append(self.next_key_sum(z, k, decay))
+            return new + [out]
 
-        # G and G_end, with the maps that broadcast them over a [C, Dk] tile of k.
-        if self.decay in ("head", "token"):
-            cum, end_c, end_k = self.scalar_decay(t0)
-            cum_row, end_map, cum_type, end_type = "(d0)", "(d0)", vec_c, vec_c
-        elif self.decay == "token_dim":
-            cum, end_k = self.dim_decay(t0, tril)
-            end_c = end_k
-            cum_row, end_map, cum_type, end_type = "(d0, d1)", "(d1)", cd, vec_k
+        results = self.chunk_loop(carried, step)
+        final = em(f"tensor.insert_slice {results[0]} into {state_arg}[{self.pb}, {self.ph}, 0, {self.v0 or 0}] "
+                   f"[1, 1, {dk}, {bv}] [1, 1, 1, 1] : {self.tile_type(dk, bv)} into {self.state_type}")
+        return self.function(name, [("out", self.out_type), ("state", self.state_type)],
+                             [(results[-1], self.out_type), (final, self.state_type)], [self.b, self.h, self.nv])
+
+    def build_states(self, name: str) -> str:
+        em = self.em
+        bk, bv = self.bk, self.bv
+        h_arg, state_arg = self.dest(0), self.dest(1)
+        kb, self.v0 = self.split_id(self.program_ids())
+        k0 = em(f"arith.muli {kb}, {self.idx(bk)} : index") if self.nk > 1 else None
+        s_type = self.tile_type(bk, bv)
+
+        def step(it, t0, names):
+            state, h = names
+            snapshot = self.operand(state, bk, bv)
+            h = em(f"tensor.insert_slice {snapshot} into {h}[{self.pb}, {self.ph}, {it}, {k0 or 0}, {self.v0 or 0}] "
+                   f"[1, 1, 1, {bk}, {bv}] [1, 1, 1, 1, 1] : {self.tile_type(bk, bv, self.dot_elt)} into {self.h_type}")
+            k, v = self.load("k", t0, k0, bk), self.load("v", t0, self.v0, bv)
+            return [self.next_state(state, k, v, self.decays(t0, k0, bk), bk), h]
+
+        results = self.chunk_loop([(self.initial_state(k0, self.v0), s_type), (h_arg, self.h_type)], step)
+        final = em(f"tensor.insert_slice {results[0]} into {state_arg}[{self.pb}, {self.ph}, {k0 or 0}, "
+                   f"{self.v0 or 0}] [1, 1, {bk}, {bv}] [1, 1, 1, 1] : {s_type} into {self.state_type}")
+        return self.function(f"{name}_states", [("w0", self.h_type), ("state", self.state_type)],
+                             [(results[1], self.h_type), (final, self.state_type)],
+                             [self.b, self.h, self.nk * self.nv])
+
+    def build_outputs(self, name: str) -> str:
+        em = self.em
+        dk, bv = self.dk, self.bv
+        h_arg, out_arg = self.dest(0), self.dest(1)
+        it, self.v0 = self.split_id(self.program_ids())
+        t0 = em(f"arith.muli {it}, {self.idx(self.c)} : index")
+        state = em(f"tensor.extract_slice {h_arg}[{self.pb}, {self.ph}, {it}, 0, {self.v0 or 0}] [1, 1, 1, {dk}, {bv}] "
+                   f"[1, 1, 1, 1, 1] : {self.h_type} to {self.tile_type(dk, bv, self.dot_elt)}")
+        q, k, v = self.load("q", t0, None, dk), self.load("k", t0, None, dk), self.load("v", t0, self.v0, bv)
+        out = self.store_output(t0, q, k, v, self.decays(t0, None, dk), state, None, out_arg)
+        return self.function(name, [("w0", self.h_type), ("out", self.out_type)], [(out, self.out_type)],
+                             [self.b, self.h, self.chunks * self.nv])
+
+    # --- one chunk ---------------------------------------------------------------------------
+    def scaled(self, inner, x: str) -> str:
+        return inner(f"arith.mulf {x}, {inner(f'arith.constant {float_literal(self.scale)} : f32')} : f32")
+
+    def store_output(self, t0: str, q, k, v, decay, state: str, z: str | None, out: str) -> str:
+        """Insert the chunk's output rows o = A @ v + (scale * q * exp(G)) @ S (normalized with z)
+        into `out`; `state` is S [Dk, BV] as a matmul operand."""
+        em = self.em
+        c, dk, bv = self.c, self.dk, self.bv
+        (q, q_op), (k, k_op), (v, v_op) = q, k, v
+        cd, cc, cb = self.tile_type(c, dk), self.tile_type(c, c), self.tile_type(c, bv)
+        dot_cd, dot_cc = self.tile_type(c, dk, self.dot_elt), self.tile_type(c, c, self.dot_elt)
 
         # A: the causal, decayed, scaled scores of the chunk.
         if self.decay == "token_dim":
+            cum = decay[0]
+
             def decayed_dot(inner, a):
                 keep = self.pair_mask(inner)
                 factor = self.safe_exp(inner, keep, a[2], a[3])
                 term = inner(f"arith.mulf {inner(f'arith.mulf {a[0]}, {a[1]} : f32')}, {factor} : f32")
-                term = _or_zero(inner, keep, scaled(inner, term))
+                term = _or_zero(inner, keep, self.scaled(inner, term))
                 return inner(f"arith.addf {a[4]}, {term} : f32")
 
             scores = self.generic(
@@ -297,32 +418,33 @@ class _Kernel(KernelText):
                 cc, decayed_dot, rank=3, iterators=["parallel", "parallel", "reduction"],
                 init=self.zeros(cc), out_map="(d0, d1)")
         else:
-            k_t = self.transpose(k, c, dk)
-            qk = self.matmul(q, cd, k_t, self.tile_type(dk, c), self.zeros(cc), cc)
+            k_t = self.transpose(k_op, c, dk, self.dot_elt)
+            qk = self.matmul(q_op, dot_cd, k_t, self.tile_type(dk, c, self.dot_elt), self.zeros(cc), cc)
             ins = [(qk, cc, "(d0, d1)")]
-            if self.decay != "none":
-                ins += [(cum, vec_c, "(d0)"), (cum, vec_c, "(d1)")]
+            if decay is not None:
+                ins += [(decay[0], decay[1], "(d0)"), (decay[0], decay[1], "(d1)")]
 
             def causal(inner, a):
                 keep = self.pair_mask(inner)
-                x = scaled(inner, a[0])
-                if self.decay != "none":
+                x = self.scaled(inner, a[0])
+                if decay is not None:
                     x = inner(f"arith.mulf {x}, {self.safe_exp(inner, keep, a[1], a[2])} : f32")
                 return _or_zero(inner, keep, x)
 
             scores = self.generic(ins, cc, causal)
 
-        # o = A @ v + (scale * q * exp(G)) @ S
-        o = self.matmul(scores, cc, v, cb, self.zeros(cb), cb)
-        if self.decay == "none":
-            q_dec = self.generic([(q, cd, "(d0, d1)")], cd, lambda inner, a: scaled(inner, a[0]))
+        o = self.matmul(self.operand(scores, c, c), dot_cc, v_op, self.tile_type(c, bv, self.dot_elt),
+                        self.zeros(cb), cb)
+        if decay is None:
+            q_dec = self.generic([(q, cd, "(d0, d1)")], cd, lambda inner, a: self.scaled(inner, a[0]))
         else:
-            q_dec = self.generic([(q, cd, "(d0, d1)"), (cum, cum_type, cum_row)], cd, lambda inner, a: scaled(
+            q_dec = self.generic([(q, cd, "(d0, d1)"), (decay[0], decay[1], decay[2])], cd, lambda inner, a: self.scaled(
                 inner, inner(f"arith.mulf {a[0]}, {_exp(inner, a[1])} : f32")))
-        o = self.matmul(q_dec, cd, state, db, o, cb)
+        o = self.matmul(self.operand(q_dec, c, dk), dot_cd, state, self.tile_type(dk, bv, self.dot_elt), o, cb)
 
         if self.normalize:
             den_intra = self.row_sum(scores, c, c)
+            vec_k = f"tensor<{dk}xf32>"
             qz = self.generic([(q_dec, cd, "(d0, d1)"), (z, vec_k, "(d1)")], cd,
                               lambda inner, a: inner(f"arith.mulf {a[0]}, {a[1]} : f32"))
             den_inter = self.row_sum(qz, c, dk)
@@ -331,41 +453,52 @@ class _Kernel(KernelText):
                 den = inner(f"arith.addf {a[1]}, {a[2]} : f32")
                 return convert(inner, inner(f"arith.divf {a[0]}, {den} : f32"), "f32", self.out_elt)
 
+            vec_c = f"tensor<{c}xf32>"
             o = self.generic([(o, cb, "(d0, d1)"), (den_intra, vec_c, "(d0)"), (den_inter, vec_c, "(d0)")],
                              self.tile_type(c, bv, self.out_elt), divide)
         elif self.out_elt != "f32":
             o = self.generic([(o, cb, "(d0, d1)")], self.tile_type(c, bv, self.out_elt),
                              lambda inner, a: convert(inner, a[0], "f32", self.out_elt))
+        rows = em(f"arith.minsi {em(f'arith.subi {self.idx(self.l)}, {t0} : index')}, {self.idx(c)} : index")
         o_rows = em(f"tensor.extract_slice {o}[0, 0] [{rows}, {bv}] [1, 1] : {self.tile_type(c, bv, self.out_elt)} "
                     f"to tensor<?x{bv}x{self.out_elt}>")
-        out = em(f"tensor.insert_slice {o_rows} into {out}[{self.pb}, {self.ph}, {t0}, {col0}] [1, 1, {rows}, {bv}] "
-                 f"[1, 1, 1, 1] : tensor<?x{bv}x{self.out_elt}> into {out_type}")
+        return em(f"tensor.insert_slice {o_rows} into {out}[{self.pb}, {self.ph}, {t0}, {self.v0 or 0}] "
+                  f"[1, 1, {rows}, {bv}] [1, 1, 1, 1] : tensor<?x{bv}x{self.out_elt}> into {self.out_type}")
 
-        # S_next = exp(G_end) * S + (k * exp(G_end - G))^T @ v, and z likewise with v = 1.
-        if self.decay == "none":
-            k_dec_t = k_t
+    def decayed_keys(self, k: str, decay, width: int) -> str:
+        """k * exp(G_end - G) [C, width] (f32)."""
+        cd = self.tile_type(self.c, width)
+        return self.generic([(k, cd, "(d0, d1)"), (decay[0], decay[1], decay[2]), (decay[3], decay[4], decay[5])], cd,
+                            lambda inner, a: inner(f"arith.mulf {a[0]}, {_exp_diff(inner, a[2], a[1])} : f32"))
+
+    def next_state(self, state: str, k, v, decay, width: int) -> str:
+        """S_next = exp(G_end) * S + (k * exp(G_end - G))^T @ v, for a [width, BV] state."""
+        c, bv = self.c, self.bv
+        (k, k_op), (_, v_op) = k, v
+        db = self.tile_type(width, bv)
+        if decay is None:
+            k_dec = k_op
         else:
-            k_dec = self.generic([(k, cd, "(d0, d1)"), (cum, cum_type, cum_row), (end_c, end_type, end_map)], cd,
-                                 lambda inner, a: inner(f"arith.mulf {a[0]}, {_exp_diff(inner, a[2], a[1])} : f32"))
+            k_dec = self.operand(self.decayed_keys(k, decay, width), c, width)
             # In place: a fresh tile per chunk would make bufferization allocate one per iteration.
-            state = self.generic([(end_k, vec_k, "(d0)")], db,
+            state = self.generic([(decay[6], f"tensor<{width}xf32>", "(d0)")], db,
                                  lambda inner, a: inner(f"arith.mulf {a[1]}, {_exp(inner, a[0])} : f32"), init=state)
-            k_dec_t = self.transpose(k_dec, c, dk)
-        state = self.matmul(k_dec_t, self.tile_type(dk, c), v, cb, state, db)
-        new = [state]
-        if self.normalize:
-            k_sum = self.row_sum(k_dec_t, dk, c)
-            if self.decay == "none":
-                z = self.generic([(k_sum, vec_k, "(d0)")], vec_k,
-                                 lambda inner, a: inner(f"arith.addf {a[1]}, {a[0]} : f32"), rank=1, init=z)
-            else:
-                z = self.generic([(end_k, vec_k, "(d0)"), (k_sum, vec_k, "(d0)")], vec_k,
-                                 lambda inner, a: inner(
-                                     f"arith.addf {inner(f'arith.mulf {a[2]}, {_exp(inner, a[0])} : f32')}, "
-                                     f"{a[1]} : f32"), rank=1, init=z)
-            new.append(z)
-        new.append(out)
-        return new
+        k_dec_t = self.transpose(k_dec, c, width, self.dot_elt)
+        return self.matmul(k_dec_t, self.tile_type(width, c, self.dot_elt), v_op,
+                           self.tile_type(c, bv, self.dot_elt), state, db)
+
+    def next_key_sum(self, z: str, k, decay) -> str:
+        """z_next = exp(G_end) * z + sum_t k[t] * exp(G_end - G_t) (the state update with v = 1)."""
+        c, dk = self.c, self.dk
+        vec_k = f"tensor<{dk}xf32>"
+        k_dec = k[0] if decay is None else self.decayed_keys(k[0], decay, dk)
+        k_sum = self.row_sum(self.transpose(k_dec, c, dk), dk, c)
+        if decay is None:
+            return self.generic([(k_sum, vec_k, "(d0)")], vec_k,
+                                lambda inner, a: inner(f"arith.addf {a[1]}, {a[0]} : f32"), rank=1, init=z)
+        return self.generic([(decay[6], vec_k, "(d0)"), (k_sum, vec_k, "(d0)")], vec_k,
+                            lambda inner, a: inner(f"arith.addf {inner(f'arith.mulf {a[2]}, {_exp(inner, a[0])} : f32')}, "
+                                                   f"{a[1]} : f32"), rank=1, init=z)
 
 
 def _or_zero(inner, keep: str, x: str) -> str:
@@ -383,17 +516,23 @@ def _exp_diff(inner, hi: str, lo: str) -> str:
 @dataclass(frozen=True)
 class ChunkRecurrence(ModulePass):
     name: ClassVar[str] = "attn-chunk-recurrence"
-    summary: ClassVar[str] = ("Rewrite attn.linear_recurrence into an L1 kernel: a program per (batch, head, "
-                              "V column block), an scf.for over chunks carrying the f32 state")
+    summary: ClassVar[str] = ("Rewrite attn.linear_recurrence into L1 kernels over chunks of tokens: one kernel "
+                              "carrying the f32 state through an scf.for, or (split) a chunk-state kernel then a "
+                              "chunk-parallel output kernel")
 
     chunk_size: int = option(0, "tokens per chunk; 0 keeps the op's chunk_size attribute")
     block_v: int = option(64, "at most this many V columns per program (the grid's third axis splits Dv)")
+    block_k: int = option(64, "with split, at most this many state rows (K columns) per chunk-state program")
+    split: bool = option(False, "two kernels: chunk states walked in order into a workspace, then every chunk's "
+                                "output in parallel (normalize keeps one kernel)")
 
     def __post_init__(self):
         if self.chunk_size < 0:
             raise ValueError(f"chunk-size must be 0 (keep the op's chunk_size) or positive, got {self.chunk_size}")
         if self.block_v < 1:
             raise ValueError(f"block-v must be positive, got {self.block_v}")
+        if self.block_k < 1:
+            raise ValueError(f"block-k must be positive, got {self.block_k}")
 
     def apply(self, module_op) -> None:
         for op in ops_named(module_op, "attn.linear_recurrence"):
@@ -404,4 +543,6 @@ class ChunkRecurrence(ModulePass):
         chunk = self.chunk_size or int(op.attributes["chunk_size"].value)
         if chunk < 1:
             raise fail(op, f"chunk_size must be positive, got {chunk}")
-        replace_function(module_op, func, _Kernel(op, func, chunk, self.block_v).build(), "<attn-chunk-recurrence>")
+        forms = ["states", "outputs"] if self.split and not bool(op.attributes["normalize"].value) else ["fused"]
+        text = "".join(_Kernel(op, func, chunk, self.block_v, self.block_k, form).build() for form in forms)
+        replace_function(module_op, func, text, "<attn-chunk-recurrence>")

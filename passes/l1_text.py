@@ -59,14 +59,15 @@ def kernel_function(op, verb: str):
 
 
 def replace_function(module_op, func, text: str, source_name: str) -> None:
-    """Parse the kernel `text` and put its function where `func` was."""
+    """Parse the kernel `text` and put its functions, in order, where `func` was."""
     from mlir import ir
 
     from ..context import parse_module
 
     parsed = parse_module(text, module_op.context, source_name)
     with module_op.context:
-        parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(func))
+        for op in parsed.body.operations:
+            op.operation.clone(ip=ir.InsertionPoint(func))
     func.operation.erase()
 
 

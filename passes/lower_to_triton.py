@@ -37,7 +37,9 @@ it every stride is an i64 argument and every offset 64-bit, for any layout. The 
 call against the aligned variant's assumptions and falls back to the general one.
 
 `attn.kernel_args` on the tt.func names each kernel argument (`q`, `q.stride0`, ..., `c0`,
-`out`, `lse`, `table0`); `attn.block_m`/`attn.block_n` are kept. Inside ae-mlir the kernel body
+`out`, `lse`, `table0`), from the L1 function's `attn.arg_roles` where it has them (`w0`,
+`state`, ...); `attn.block_m`/`attn.block_n` are kept. A module of several kernels (the split
+chunked recurrence) keeps them in order, the order they run in. Inside ae-mlir the kernel body
 and reduce combiners end with `gpu.yield` (IRDL cannot declare terminators, see
 dialects/tt.irdl.mlir); `triton_text` prints the module as Triton parses it.
 """
@@ -54,6 +56,9 @@ from ..frontend.emit import float_literal
 from . import ModulePass, option
 
 MIN_DIM = 16
+# The arguments the aligned variant specializes (workspaces "w<i>" too): the attention operands and
+# outputs, which the caller or the runtime lays out.
+STREAMS = ("q", "k", "v", "out", "lse", "state")
 _DYNAMIC = -(1 << 63)
 _PRECISION = {"tf32": 0, "tf32x3": 1, "ieee": 2}
 _LOG2E = 1.4426950408889634
@@ -93,12 +98,21 @@ def _float(elt: str) -> bool:
     return elt in ("f16", "bf16", "f32", "f64")
 
 
-def triton_text(module) -> str:
-    """The module as Triton parses it: generic form, kernel and combiner terminators renamed."""
+def triton_text(module, kernel=None) -> str:
+    """The module as Triton parses it: generic form, kernel and combiner terminators renamed.
+    With `kernel` (one of its tt.func ops), a module holding only that kernel: Triton compiles
+    one kernel per module."""
+    from mlir import ir
+
     op = getattr(module, "operation", module)
     kernels = [k for k in op.regions[0].blocks[0].operations if k.operation.name == "tt.func"]
     if not kernels:
         raise CompileError("the module holds no tt.func kernel; run attn-lower-to-triton first")
+    if kernel is not None:
+        with op.context, op.location:
+            single = ir.Module.create()
+            kernel.clone(ip=ir.InsertionPoint(single.body))
+        op = single.operation
     text = op.get_asm(print_generic_op_form=True)
     text = text.replace('"gpu.yield"() : () -> ()', '"tt.return"() : () -> ()')
     return text.replace('"gpu.yield"(', '"tt.reduce.return"(')
@@ -346,19 +360,25 @@ class _Kernel:
         return _V(name, (), ty)
 
     def setup_args(self):
+        from mlir import ir
+
         args = list(self.func.regions[0].blocks[0].arguments)
         n_out = len(self.func.attributes["function_type"].value.results)
         n_cap = len(args) - 3 - n_out
         if n_cap < 0:
             raise _fail(self.func, "is not an L1 kernel: it needs q, k, v, captures and destination arguments")
         labels = ["q", "k", "v"] + [f"c{i}" for i in range(n_cap)] + ["out", "lse"][:n_out]
+        if "attn.arg_roles" in self.func.attributes:
+            labels = [ir.StringAttr(r).value for r in self.func.attributes["attn.arg_roles"]]
+            if len(labels) != len(args):
+                raise _fail(self.func, f"names {len(labels)} argument roles for {len(args)} arguments")
         for i, (arg, label) in enumerate(zip(args, labels)):
             ty = arg.type
             if not hasattr(ty, "shape") or not ty.has_static_shape:
                 raise _fail(self.func, f"argument {i} ({label}) must be a statically shaped tensor, got {ty}")
             shape = tuple(ty.shape)
             elt = _elt(ty)
-            stream = label in ("q", "k", "v", "out", "lse")
+            stream = label in STREAMS or label.startswith("w")
             aligned = self.aligned and stream
             stored = "i8" if elt == "i1" else elt
             ptr_attrs = "tt.divisibility = 16 : i32" if aligned else ""
@@ -373,6 +393,7 @@ class _Kernel:
                                               f"{label}.stride{d}", hint))
             self.values[arg] = _Arg(label, shape, stored, ptr, strides, "i32" if aligned else "i64", elt == "i1")
         self.dests = args[len(args) - n_out:]
+        self.dest_labels = labels[len(args) - n_out:]
 
     def table_param(self, table: _Table) -> _V:
         if table.param is None:
@@ -595,7 +616,7 @@ class _Kernel:
         value = self.tile(op.operands[0], op)
         dest = self.destination(self.get(op.operands[1], op))
         if dest is None:
-            raise _fail(op, "inserts into a destination argument (out or lse) only")
+            raise _fail(op, "inserts into a destination argument only")
         arg = dest.arg
         offsets, sizes, strides = _mixed(self, op, 2)
         if any(s != 1 for s in strides):
@@ -844,10 +865,11 @@ class _Kernel:
             self.values[op.results[k]] = replace(init, name=f"{result}#{j}", const=False)
 
     def destination(self, v) -> _Dest | None:
-        """The destination a value stands for (out/lse argument or an update of one), or None."""
+        """The destination a value stands for (a trailing destination argument or an update of
+        one), or None."""
         if isinstance(v, _Dest):
             return v
-        if isinstance(v, _Arg) and v.label in ("out", "lse"):
+        if isinstance(v, _Arg) and v.label in self.dest_labels:
             return self.dest_of.setdefault(v.label, _Dest(v))
         return None
 

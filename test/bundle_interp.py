@@ -21,19 +21,26 @@ def _storage(t: torch.Tensor) -> np.ndarray:
 
 
 def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = None):
-    """Run a bundle's kernel in the TTIR interpreter the way `runtime.launch` runs it on a GPU."""
+    """Run a bundle's kernels (its stages, then its own) in the TTIR interpreter the way
+    `runtime.launch` runs them on a GPU."""
     tensors = runtime.bind(bundle, q, k, v, *captures)
     chosen = bundle.variants[variant] if variant else runtime.choose_variant(bundle, tensors)
+    name = "aligned" if chosen is bundle.variants.get("aligned") else "generic"
     tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in bundle.tables]
-    arrays, args = {}, []
-    for label, value in zip(chosen.args, runtime.argument_values(chosen, tensors, tables)):
-        if isinstance(value, torch.Tensor):
-            if label in ("out", "lse"):
-                value.fill_(float("nan"))
-            arrays[label] = _storage(value)
-            value = arrays[label]
-        args.append(value)
-    run_ttir(chosen.ttir, bundle.name, args, bundle.grid)
+    arrays = {}
+    for kernel in bundle.stages + [bundle]:
+        picked = kernel.variants[name]
+        args = []
+        for label, value in zip(picked.args, runtime.argument_values(picked, tensors, tables)):
+            if isinstance(value, torch.Tensor):
+                if label not in arrays:
+                    # Outputs and workspaces start as NaN: a position no kernel writes shows.
+                    if label in ("out", "lse", "state") or label.startswith("w"):
+                        value.fill_(float("nan"))
+                    arrays[label] = _storage(value)
+                value = arrays[label]
+            args.append(value)
+        run_ttir(picked.ttir, kernel.name, args, kernel.grid)
     results = []
     for spec in bundle.outputs:
         t = tensors[spec.role]

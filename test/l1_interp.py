@@ -1,8 +1,9 @@
 """A torch interpreter for L1 kernels, an independent numerical check of the middle of the compiler.
 
-`run_kernel(module, inputs)` runs the one kernel function of an L1 module (the output of
-`attn-tile` or `attn-chunk-recurrence`) on torch tensors: once per program of its `attn.grid`, the
-destination arguments threaded from one program to the next, as the CPU lowering's loop nest does.
+`run_kernel(module, inputs)` runs the kernel functions of an L1 module (the output of `attn-tile`
+or `attn-chunk-recurrence`) on torch tensors, in module order: once per program of each one's
+`attn.grid`, the destination arguments threaded from one program to the next, as the CPU
+lowering's loop nest does.
 
 Value model
 - Float tensors and scalars are torch tensors of `float_dtype` (float64 by default: the L1
@@ -28,34 +29,60 @@ import torch
 
 from ae_mlir.reference import _scalar_op
 
-__all__ = ["run_kernel", "kernel_of"]
+__all__ = ["run_kernel", "kernel_of", "kernels_of"]
 
 _INT_TYPES = ("index", "i64", "i32", "i16", "i8")
 _ROUNDING = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def kernel_of(module):
-    """The kernel function (the one with `attn.grid`) of an L1 module."""
+def kernels_of(module) -> list:
+    """The kernel functions (those with `attn.grid`) of an L1 module, in module order."""
     funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
     kernels = [f for f in funcs if "attn.grid" in f.attributes]
+    if not kernels:
+        raise ValueError("the module holds no kernel function with attn.grid")
+    return kernels
+
+
+def kernel_of(module):
+    """The kernel function of an L1 module that holds one."""
+    kernels = kernels_of(module)
     if len(kernels) != 1:
         raise ValueError(f"expected one kernel function with attn.grid, found {len(kernels)}")
     return kernels[0]
 
 
 def run_kernel(module, inputs: list, float_dtype=torch.float64) -> list:
-    """Run the kernel on `inputs` (the non-destination arguments); return the destinations after
-    every program ran, as tensors of `float_dtype` (integers stay int64)."""
-    kernel = kernel_of(module)
+    """Run the module's kernels in order on `inputs` (the non-destination arguments of the
+    first); return the destinations after every program ran, as tensors of `float_dtype`
+    (integers stay int64). Kernels that name their arguments' roles (`attn.arg_roles`) share
+    tensors by role: a workspace one kernel writes, another reads; then the result is the "out"
+    and "state" tensors."""
+    kernels = kernels_of(module)
     interp = _Interpreter(float_dtype)
+    if "attn.arg_roles" not in kernels[0].attributes:
+        return _run_grid(interp, kernel_of(module), [interp.convert_in(t) for t in inputs], None)
+    tensors = {}
+    for i, t in enumerate(inputs):
+        tensors["q k v".split()[i] if i < 3 else f"c{i - 3}"] = interp.convert_in(t)
+    for kernel in kernels:
+        roles = [str(r).strip('"') for r in kernel.attributes["attn.arg_roles"]]
+        n_dest = len(kernel.attributes["function_type"].value.results)
+        ins = [tensors[r] for r in roles[:-n_dest]]
+        dests = _run_grid(interp, kernel, ins, [tensors.get(r) for r in roles[-n_dest:]])
+        tensors.update(zip(roles[-n_dest:], dests))
+    return [tensors[r] for r in ("out", "state") if r in tensors]
+
+
+def _run_grid(interp, kernel, values: list, dests: list | None) -> list:
+    """Every program of the kernel's grid in turn, the destinations threaded through; missing
+    destinations start as zeros."""
     block = kernel.regions[0].blocks[0]
     args = list(block.arguments)
-    n_dest = len(args) - len(inputs)
-    if n_dest < 1:
-        raise ValueError(f"the kernel takes {len(args)} arguments; {len(inputs)} inputs leave no destination")
-    values = [interp.convert_in(t) for t in inputs]
-    dests = [torch.zeros(_shape(a.type), dtype=interp.dtype_of(str(a.type.element_type)))
-             for a in args[len(inputs):]]
+    if len(args) <= len(values):
+        raise ValueError(f"the kernel takes {len(args)} arguments; {len(values)} inputs leave no destination")
+    dests = [d if d is not None else torch.zeros(_shape(a.type), dtype=interp.dtype_of(str(a.type.element_type)))
+             for a, d in zip(args[len(values):], dests or [None] * (len(args) - len(values)))]
     grid = [int(x) for x in kernel.attributes["attn.grid"]]
     for pid in itertools.product(*(range(n) for n in grid)):
         interp.pid = pid

@@ -72,7 +72,7 @@ def _specs(types: list, roles: list[str]) -> list[runtime.TensorSpec]:
 
 
 def lower(l0_text: str, config: dict):
-    """L0 text -> (L1 module text, kernel function name, input and output specs)."""
+    """L0 text -> (L1 module text, input, output and workspace specs)."""
     from mlir import ir
 
     from ..context import new_context, parse_module
@@ -88,7 +88,8 @@ def lower(l0_text: str, config: dict):
     fty = funcs[0].attributes["function_type"].value
     n_cap = len(fty.inputs) - 3
     inputs = _specs(list(fty.inputs), ["q", "k", "v"] + [f"c{i}" for i in range(n_cap)])
-    outputs = _specs(list(fty.results), ["out", "lse"])
+    linear = any(op.operation.name == "attn.linear_recurrence" for op in funcs[0].regions[0].blocks[0].operations)
+    outputs = _specs(list(fty.results), ["out", "state"] if linear else ["out", "lse"])
     pm = build_pass_manager(_pipeline(config["block_m"], config["block_n"]), ctx)
     try:
         pm.run(module.operation)
@@ -97,17 +98,27 @@ def lower(l0_text: str, config: dict):
 
         raise CompileError("the Triton pipeline failed",
                            [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None
-    kernel = next(op.operation for op in module.body.operations if op.operation.name == "func.func")
+    kernels = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
+    kernel = kernels[-1]
     if "attn.call_time_tables" in kernel.attributes:
         # The tile tables of a mask that reads closure tensors follow the inputs; the caller
         # computes them with ae_mlir.block_mask when it launches the kernel.
         types = list(kernel.attributes["function_type"].value.inputs)[len(inputs):len(inputs) + 4]
         inputs += _specs(types, [f"c{n_cap + i}" for i in range(4)])
-    return str(module), inputs, outputs
+    workspace = {}
+    for func in kernels:
+        if "attn.arg_roles" not in func.attributes:
+            continue
+        roles = [ir.StringAttr(r).value for r in func.attributes["attn.arg_roles"]]
+        for role, ty in zip(roles, func.attributes["function_type"].value.inputs):
+            if role.startswith("w"):
+                workspace.setdefault(role, ty)
+    return str(module), inputs, outputs, _specs(list(workspace.values()), list(workspace))
 
 
-def _lower_l1(l1_text: str, aligned: bool, precision: str) -> tuple[runtime.KernelVariant, dict]:
-    """One Triton IR variant of an L1 module, and the launch facts its tt.func records."""
+def _lower_l1(l1_text: str, aligned: bool, precision: str) -> list[tuple[runtime.KernelVariant, dict]]:
+    """One Triton IR variant of each kernel of an L1 module, in launch order, with the launch
+    facts its tt.func records."""
     from mlir import ir
 
     from ..context import new_context, parse_module
@@ -125,19 +136,21 @@ def _lower_l1(l1_text: str, aligned: bool, precision: str) -> tuple[runtime.Kern
 
         raise CompileError("attn-lower-to-triton failed",
                            [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None
-    kernel = kernel_op(module)
-    args = [ir.StringAttr(a).value for a in kernel.attributes["attn.kernel_args"]]
-    facts = {"name": ir.StringAttr(kernel.attributes["sym_name"]).value,
-             "grid": [int(x) for x in kernel.attributes["attn.grid"]], "tables": _tables(kernel)}
-    return runtime.KernelVariant(triton_text(module), args, aligned), facts
+    lowered = []
+    for kernel in kernel_ops(module):
+        args = [ir.StringAttr(a).value for a in kernel.attributes["attn.kernel_args"]]
+        facts = {"name": ir.StringAttr(kernel.attributes["sym_name"]).value,
+                 "grid": [int(x) for x in kernel.attributes["attn.grid"]], "tables": _tables(kernel)}
+        lowered.append((runtime.KernelVariant(triton_text(module, kernel), args, aligned), facts))
+    return lowered
 
 
-def kernel_op(module):
-    """The tt.func of a lowered module."""
-    for op in module.body.operations:
-        if op.operation.name == "tt.func":
-            return op.operation
-    raise CompileError("the module holds no tt.func kernel; run attn-lower-to-triton first")
+def kernel_ops(module) -> list:
+    """The tt.func kernels of a lowered module, in launch order."""
+    kernels = [op.operation for op in module.body.operations if op.operation.name == "tt.func"]
+    if not kernels:
+        raise CompileError("the module holds no tt.func kernel; run attn-lower-to-triton first")
+    return kernels
 
 
 def _tables(kernel) -> list[dict]:
@@ -157,17 +170,24 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
     """Compile an L0 module into a bundle (needs the MLIR bindings, no GPU)."""
     shapes = _shapes(l0_text)
     config = dict(config or default_config(*shapes, target=target))
-    l1_text, inputs, outputs = lower(l0_text, config)
-    aligned, facts = _lower_l1(l1_text, True, input_precision)
-    generic, _ = _lower_l1(l1_text, False, input_precision)
+    l1_text, inputs, outputs, workspace = lower(l0_text, config)
+    kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in
+               zip(_lower_l1(l1_text, True, input_precision), _lower_l1(l1_text, False, input_precision))]
     meta = {"input_precision": input_precision}
     if "attn.call_time_tables" in l1_text:
         meta["call_time_tables"] = True
+    stages = []
+    for aligned, generic, facts in kernels[:-1]:
+        if facts["tables"]:
+            raise CompileError(f"kernel '{facts['name']}' reads block tables; only a module's last kernel may")
+        stages.append(runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
+                                    config["num_warps"], config["num_stages"]))
+    aligned, generic, facts = kernels[-1]
     return runtime.Bundle(
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
         variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
         num_warps=config["num_warps"], num_stages=config["num_stages"], block_m=config["block_m"],
-        block_n=config["block_n"], target=target, meta=meta)
+        block_n=config["block_n"], target=target, meta=meta, stages=stages, workspace=workspace)
 
 
 def _shapes(l0_text: str) -> tuple:
@@ -252,7 +272,8 @@ def call_time_tables(bundle: runtime.Bundle, mask_mod, q, k) -> list:
 
 
 def emit(kind: str, module, target: str | None) -> str:
-    """The lowered module as Triton IR, or compiled to PTX (cuda) / AMDGCN (hip) for `target`."""
+    """The lowered module as Triton IR, or compiled to PTX (cuda) / AMDGCN (hip) for `target`
+    (each kernel of a multi-kernel module compiled on its own, in launch order)."""
     from mlir import ir
 
     from ..passes.lower_to_triton import triton_text
@@ -264,13 +285,15 @@ def emit(kind: str, module, target: str | None) -> str:
     target = target or default
     if target.split(":")[0] != default.split(":")[0]:
         raise CompileError(f"--emit={kind} needs a {default.split(':')[0]} target, got --target={target}")
-    kernel = kernel_op(module)
-    block_m = ir.IntegerAttr(kernel.attributes["attn.block_m"]).value if "attn.block_m" in kernel.attributes else 64
-    block_n = ir.IntegerAttr(kernel.attributes["attn.block_n"]).value if "attn.block_n" in kernel.attributes else 64
-    warps = 8 if block_m * block_n >= 128 * 64 and kind == "ptx" else 4
-    stages = 3 if kind == "ptx" else 2
-    try:
-        compiled = runtime.compile_ttir(text, target, warps, stages)
-    except Exception as err:
-        raise CompileError(f"triton.compile for {target} failed: {str(err).strip().splitlines()[-1]}") from None
-    return compiled.asm[kind]
+    assembly = []
+    for kernel in kernel_ops(module):
+        block_m = ir.IntegerAttr(kernel.attributes["attn.block_m"]).value if "attn.block_m" in kernel.attributes else 64
+        block_n = ir.IntegerAttr(kernel.attributes["attn.block_n"]).value if "attn.block_n" in kernel.attributes else 64
+        warps = 8 if block_m * block_n >= 128 * 64 and kind == "ptx" else 4
+        stages = 3 if kind == "ptx" else 2
+        try:
+            compiled = runtime.compile_ttir(triton_text(module, kernel), target, warps, stages)
+        except Exception as err:
+            raise CompileError(f"triton.compile for {target} failed: {str(err).strip().splitlines()[-1]}") from None
+        assembly.append(compiled.asm[kind])
+    return "\n".join(assembly)

@@ -83,22 +83,24 @@ func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tenso
 
 // -----
 
-// decay "token_dim" (GLA), bf16, normalize, no initial state: G = tril(ones) @ g per key dim; the
-// intra-chunk scores are one 3-D linalg.generic over (t, s, d) reducing d, so every exponent is a
-// difference G[t, d] - G[s, d] with s <= t. Dv = 8 fits one program.
+// decay "token_dim" (GLA), bf16, normalize, no initial state: G = tril(ones) @ g per key dim (an
+// f32 product at full precision); the intra-chunk scores are one 3-D linalg.generic over (t, s, d)
+// reducing d, so every exponent is a difference G[t, d] - G[s, d] with s <= t. The other products
+// take bf16 operands (the raw v tile, A, the decayed q and k and the state rounded to bf16) into
+// f32 accumulators. Dv = 8 fits one program.
 // CHECK-LABEL: func.func @token_dim
 // CHECK-SAME: %[[OUT:[a-z0-9]+]]: tensor<1x2x40x8xbf16>, %[[ST:[a-z0-9]+]]: tensor<1x2x16x8xf32>)
-// CHECK-SAME: attn.block_v = 8 : i64, attn.chunk_size = 32 : i64, attn.grid = array<i64: 1, 2, 1>
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "c0", "out", "state"], attn.block_v = 8 : i64, attn.chunk_size = 32 : i64, attn.grid = array<i64: 1, 2, 1>
 // The lower-triangular ones, built once before the loop.
 // CHECK: %[[TRIL:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<32x32xf32>)
 // CHECK: arith.cmpi sle
 // The state starts at zero, and so does z.
 // CHECK: %[[LOOP:.*]]:3 = scf.for {{.*}} iter_args(%[[S:.*]] = %{{.*}}, %[[Z:.*]] = %{{.*}}, %[[O:.*]] = %[[OUT]]) -> (tensor<16x8xf32>, tensor<16xf32>, tensor<1x2x40x8xbf16>)
-// q, k and v are widened to f32 once loaded.
+// q and k are widened to f32 once loaded, for the elementwise work; v only feeds products.
 // CHECK: %[[Q:.*]] = linalg.generic
 // CHECK: arith.extf
 // CHECK: %[[K:.*]] = linalg.generic
-// CHECK: %[[V:.*]] = linalg.generic
+// CHECK: %[[VRAW:.*]] = tensor.pad
 // CHECK: tensor.extract_slice %arg3
 // CHECK: %[[GF:.*]] = linalg.generic
 // CHECK: %[[G:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[TRIL]], %[[GF]] : tensor<32x32xf32>, tensor<32x16xf32>)
@@ -110,9 +112,12 @@ func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tenso
 // CHECK: %[[ARG:.*]] = arith.select %[[KEEP]], %[[DIFF]]
 // CHECK: math.exp %[[ARG]]
 // CHECK: arith.addf %out
-// CHECK: %[[OI:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[A]], %[[V]] : tensor<32x32xf32>, tensor<32x8xf32>)
+// CHECK: %[[A16:.*]] = linalg.generic {{.*}} ins(%[[A]] : tensor<32x32xf32>)
+// CHECK: arith.truncf {{.*}} : f32 to bf16
+// CHECK: %[[OI:.*]] = linalg.matmul ins(%[[A16]], %[[VRAW]] : tensor<32x32xbf16>, tensor<32x8xbf16>) outs(%{{.*}} : tensor<32x8xf32>)
 // CHECK: %[[QD:.*]] = linalg.generic {{.*}} ins(%[[Q]], %[[G]] :
-// CHECK: %[[OT:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[QD]], %[[S]] : tensor<32x16xf32>, tensor<16x8xf32>) outs(%[[OI]] : tensor<32x8xf32>)
+// CHECK: %[[QD16:.*]] = linalg.generic {{.*}} ins(%[[QD]] :
+// CHECK: %[[OT:.*]] = linalg.matmul ins(%[[QD16]], %[[S16:.*]] : tensor<32x16xbf16>, tensor<16x8xbf16>) outs(%[[OI]] : tensor<32x8xf32>)
 // normalize: divide by rowsum(A) + (scale * q * exp(G)) . z, then round to bf16.
 // CHECK: %[[DA:.*]] = linalg.reduce ins(%[[A]]
 // CHECK: linalg.generic {{.*}} ins(%[[QD]], %[[Z]] :
@@ -122,17 +127,62 @@ func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tenso
 // CHECK: arith.truncf {{.*}} : f32 to bf16
 // CHECK: tensor.insert_slice %{{.*}} into %[[O]]
 // CHECK: %[[KD:.*]] = linalg.generic {{.*}} ins(%[[K]], %[[G]], %[[GEND]] :
+// CHECK: %[[KD16:.*]] = linalg.generic {{.*}} ins(%[[KD]] :
 // CHECK: linalg.generic {{.*}} ins(%[[GEND]] : tensor<16xf32>) outs(%[[S]] : tensor<16x8xf32>)
-// CHECK: %[[KDT:.*]] = linalg.transpose ins(%[[KD]]
-// CHECK: linalg.matmul {attn.precision = "ieee"} ins(%[[KDT]], %[[V]] : tensor<16x32xf32>, tensor<32x8xf32>)
-// z: z * exp(G_end) + the row sums of the decayed k^T.
-// CHECK: %[[KS:.*]] = linalg.reduce ins(%[[KDT]]
+// CHECK: %[[KDT:.*]] = linalg.transpose ins(%[[KD16]]
+// CHECK: linalg.matmul ins(%[[KDT]], %[[VRAW]] : tensor<16x32xbf16>, tensor<32x8xbf16>) outs(%{{.*}} : tensor<16x8xf32>)
+// z: z * exp(G_end) + the row sums of the decayed k^T (f32).
+// CHECK: %[[KDTF:.*]] = linalg.transpose ins(%[[KD]]
+// CHECK: %[[KS:.*]] = linalg.reduce ins(%[[KDTF]]
 // CHECK: linalg.generic {{.*}} ins(%[[GEND]], %[[KS]] : tensor<16xf32>, tensor<16xf32>) outs(%[[Z]] : tensor<16xf32>)
 // CHECK: scf.yield
 // CHECK: tensor.insert_slice %[[LOOP]]#0 into %[[ST]]
 func.func @token_dim(%q: tensor<1x2x40x16xbf16>, %k: tensor<1x2x40x16xbf16>, %v: tensor<1x2x40x8xbf16>, %g: tensor<1x2x40x16xbf16>) -> (tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>) {
   %out, %state = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token_dim", scale = 0.25 : f32, normalize = true, chunk_size = 32 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>} : (tensor<1x2x40x16xbf16>, tensor<1x2x40x16xbf16>, tensor<1x2x40x8xbf16>, tensor<1x2x40x16xbf16>) -> (tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>)
   return %out, %state : tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>
+}
+
+// -----
+
+// split: the chunk states, then the outputs. decay "head", bf16, L = 40 in chunks of 16 (three,
+// the last ragged), Dk = 32 in two state-row blocks of 16, Dv = 32 in two column blocks of 16.
+// RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-chunk-recurrence{split=true block-k=16 block-v=16},cse)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=SPLIT
+// The chunk-state kernel: a program per (b, h, K block, V block) walks the chunks, storing the
+// state entering each chunk (rounded to bf16) into the workspace w0 before updating it.
+// SPLIT-LABEL: func.func @head_states(
+// SPLIT-SAME: %[[W:[a-z0-9]+]]: tensor<1x2x3x32x32xbf16>, %[[ST:[a-z0-9]+]]: tensor<1x2x32x32xf32>) -> (tensor<1x2x3x32x32xbf16>, tensor<1x2x32x32xf32>)
+// SPLIT-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w0", "state"], attn.block_v = 16 : i64, attn.chunk_size = 16 : i64, attn.grid = array<i64: 1, 2, 4>
+// SPLIT: %[[P2:.*]] = "attn.program_id"() {axis = 2 : i64}
+// SPLIT: %[[KB:.*]] = arith.divsi %[[P2]], %c2
+// SPLIT: %[[VB:.*]] = arith.remsi %[[P2]], %c2
+// SPLIT: %[[V0:.*]] = arith.muli %[[VB]], %c16
+// SPLIT: %[[K0:.*]] = arith.muli %[[KB]], %c16
+// SPLIT: %[[LOOP:.*]]:2 = scf.for %[[IT:.*]] = %c0 to %c3 step %c1 iter_args(%[[S:.*]] = %{{.*}}, %[[H:.*]] = %[[W]]) -> (tensor<16x16xf32>, tensor<1x2x3x32x32xbf16>)
+// SPLIT: arith.truncf {{.*}} : f32 to bf16
+// SPLIT: %[[H2:.*]] = tensor.insert_slice %{{.*}} into %[[H]][%{{.*}}, %{{.*}}, %[[IT]], %[[K0]], %[[V0]]] [1, 1, 1, 16, 16]
+// Only k's K block and v's V block are loaded; q is not.
+// SPLIT-NOT: tensor.extract_slice %arg0
+// SPLIT: tensor.extract_slice %arg1[{{.*}}, %[[K0]]] [1, 1, %{{.*}}, 16]
+// SPLIT-NOT: tensor.extract_slice %arg0
+// SPLIT: tensor.extract_slice %arg2[{{.*}}, %[[V0]]] [1, 1, %{{.*}}, 16]
+// SPLIT-NOT: tensor.extract_slice %arg0
+// SPLIT: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<16x16xbf16>, tensor<16x16xbf16>) outs(%{{.*}} : tensor<16x16xf32>)
+// SPLIT: scf.yield %{{.*}}, %[[H2]]
+// SPLIT: tensor.insert_slice %[[LOOP]]#0 into %[[ST]][%{{.*}}, %{{.*}}, %[[K0]], %[[V0]]] [1, 1, 16, 16]
+// The output kernel: a program per (b, h, chunk, V block), no loop; the chunk's state from w0.
+// SPLIT-LABEL: func.func @head(
+// SPLIT-SAME: %[[W:[a-z0-9]+]]: tensor<1x2x3x32x32xbf16>, %[[OUT:[a-z0-9]+]]: tensor<1x2x40x32xbf16>) -> tensor<1x2x40x32xbf16>
+// SPLIT-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w0", "out"], attn.block_v = 16 : i64, attn.chunk_size = 16 : i64, attn.grid = array<i64: 1, 2, 6>
+// SPLIT-NOT: scf.for
+// SPLIT: %[[C:.*]] = arith.divsi
+// SPLIT: %[[S:.*]] = tensor.extract_slice %[[W]][%{{.*}}, %{{.*}}, %[[C]], 0, %{{.*}}] [1, 1, 1, 32, 16]
+// SPLIT: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<16x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<16x16xf32>)
+// SPLIT: linalg.matmul ins(%{{.*}}, %[[S]] : tensor<16x32xbf16>, tensor<32x16xbf16>)
+// SPLIT: tensor.insert_slice %{{.*}} into %[[OUT]]
+// SPLIT-NOT: scf.for
+func.func @head(%q: tensor<1x2x40x32xbf16>, %k: tensor<1x2x40x32xbf16>, %v: tensor<1x2x40x32xbf16>, %g: tensor<2xf32>) -> (tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>) {
+  %out, %state = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "head", scale = 0.25 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>} : (tensor<1x2x40x32xbf16>, tensor<1x2x40x32xbf16>, tensor<1x2x40x32xbf16>, tensor<2xf32>) -> (tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>)
+  return %out, %state : tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>
 }
 
 // -----

@@ -29,7 +29,7 @@ func.func @odd_reduction(%q: tensor<1x1x16x24xf32>, %k: tensor<1x1x16x24xf32>, %
 func.func @stores_into_an_input(%q: tensor<1x1x16x16xf32>, %k: tensor<1x1x16x16xf32>, %v: tensor<1x1x16x16xf32>, %out: tensor<1x1x16x16xf32>) -> tensor<1x1x16x16xf32> attributes {attn.grid = array<i64: 1, 1, 1>} {
   %c0 = arith.constant 0 : index
   %tile = tensor.extract_slice %k[%c0, %c0, 0, 0] [1, 1, 16, 16] [1, 1, 1, 1] : tensor<1x1x16x16xf32> to tensor<16x16xf32>
-  // expected-error @+1 {{inserts into a destination argument (out or lse) only}}
+  // expected-error @+1 {{inserts into a destination argument only}}
   %bad = tensor.insert_slice %tile into %q[%c0, %c0, 0, 0] [1, 1, 16, 16] [1, 1, 1, 1] : tensor<16x16xf32> into tensor<1x1x16x16xf32>
   return %out : tensor<1x1x16x16xf32>
 }
