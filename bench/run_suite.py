@@ -156,6 +156,18 @@ class Gpu:
             kernel = runtime.compile_ttir(variant.ttir, runtime.current_target(), bundle.num_warps, bundle.num_stages)
             info.update(registers=getattr(kernel, "n_regs", None), spills=getattr(kernel, "n_spills", None),
                         shared_bytes=kernel.metadata.shared)
+        if bundle.stages:
+            # The kernels launched before this one (a split linear recurrence's chunk states).
+            info["stages"] = []
+            for stage in bundle.stages:
+                entry = {"name": stage.name, "grid": stage.grid, "num_warps": stage.num_warps,
+                         "num_stages": stage.num_stages}
+                if not self.dry:
+                    kernel = runtime.compile_ttir(stage.variants[info["kernel_variant"]].ttir,
+                                                  runtime.current_target(), stage.num_warps, stage.num_stages)
+                    entry.update(registers=getattr(kernel, "n_regs", None), spills=getattr(kernel, "n_spills", None),
+                                 shared_bytes=kernel.metadata.shared)
+                info["stages"].append(entry)
         return info
 
     def rows(self, length: int):

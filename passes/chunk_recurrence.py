@@ -58,6 +58,11 @@ from .l1_text import KernelText, convert, elt, fail, kernel_function, ops_named,
 
 DECAYS = ("none", "head", "token", "token_dim")
 ROLES_ATTR = "attn.arg_roles"
+# The "token_dim" output kernel's row blocks (the smallest tile tt.dot takes) and the widest Dk
+# slice of its 3-D diagonal blocks: SUB * SUB * SLICE f32 values are 64 registers per thread of
+# a 4-warp program.
+SUB = 16
+SLICE = 32
 
 
 def value_block(dv: int, block_v: int) -> int:
@@ -118,8 +123,8 @@ class _Kernel(KernelText):
         return f"tensor<{rows}x{cols}x{elt_}>"
 
     def modded(self, tile: str, elt_: str, cols: int, program, t0: str, col0: str | None,
-               zero_pad: bool) -> str:
-        """The f32 tile mod(x, b, h, t, d) of a loaded [C, cols] tile (identity without a mod).
+               zero_pad: bool, rows: int | None = None) -> str:
+        """The f32 tile mod(x, b, h, t, d) of a loaded [rows (C), cols] tile (identity without a mod).
         Padded rows read closure tensors at t = L - 1 (never out of bounds); with `zero_pad` their
         result is forced to 0, because a mod (elu + 1, say) can turn zero padding into non-zero."""
         if program is None and elt_ == "f32":
@@ -143,8 +148,9 @@ class _Kernel(KernelText):
                 y = _or_zero(inner, keep, y)
             return y
 
-        return self.generic([(tile, self.tile_type(self.c, cols, elt_), "(d0, d1)")],
-                            self.tile_type(self.c, cols), body)
+        rows = rows or self.c
+        return self.generic([(tile, self.tile_type(rows, cols, elt_), "(d0, d1)")],
+                            self.tile_type(rows, cols), body)
 
     def operand(self, value: str, rows: int, cols: int) -> str:
         """An f32 tile as a matmul operand: rounded to the dot type (16-bit inputs)."""
@@ -153,18 +159,19 @@ class _Kernel(KernelText):
         return self.generic([(value, self.tile_type(rows, cols), "(d0, d1)")], self.tile_type(rows, cols, self.dot_elt),
                             lambda inner, a: convert(inner, a[0], "f32", self.dot_elt))
 
-    def load(self, role: str, t0: str, col: str | None, width: int) -> tuple[str, str]:
-        """(f32 tile, matmul operand) of rows [t0, t0 + C) and columns [col, col + width) of q, k
-        or v, modded; k and v rows past L are zero (they would enter the state), q's are never
-        stored. Without a mod a 16-bit tile is its own operand."""
+    def load(self, role: str, t0: str, col: str | None, width: int, rows: int | None = None) -> tuple[str, str]:
+        """(f32 tile, matmul operand) of rows [t0, t0 + rows (C)) and columns [col, col + width) of
+        q, k or v, modded; k and v rows past L are zero (they would enter the state), q's are
+        never stored. Without a mod a 16-bit tile is its own operand."""
         value = {"q": self.q, "k": self.k, "v": self.v}[role]
         mod = self.mods["qkv".index(role)]
+        rows = rows or self.c
         raw = self.load_tile(self.arg_name(value, role), str(value.type), elt(value), [self.pb, self.ph], t0, self.l,
-                             self.c, width, col or "0")
-        tile = self.modded(raw, elt(value), width, mod, t0, col, role != "q")
+                             rows, width, col or "0", past_end=rows != self.c)
+        tile = self.modded(raw, elt(value), width, mod, t0, col, role != "q", rows)
         if mod is None and elt(value) == self.dot_elt:
             return tile, raw
-        return tile, self.operand(tile, self.c, width)
+        return tile, self.operand(tile, rows, width)
 
     def pair_mask(self, inner) -> str:
         """In a body over (t, s, ...): s <= t."""
@@ -179,11 +186,11 @@ class _Kernel(KernelText):
         zero = inner("arith.constant 0.0 : f32")
         return inner(f"math.exp {inner(f'arith.select {keep}, {diff}, {zero} : f32')} : f32")
 
-    def last_of(self, cum: str, cum_type: str, cum_map: str, rows: int) -> str:
-        """[rows] values of the last column of cum viewed as a [rows, C] tile through `cum_map`
-        (the chunk's total log-decay G_end): a row sum with every other column masked, so the
-        value is bitwise cum's last entry and G_end - G is exactly 0 at the chunk's end."""
-        c = self.c
+    def last_of(self, cum: str, cum_type: str, cum_map: str, rows: int, cols: int | None = None) -> str:
+        """[rows] values of the last column of cum viewed as a [rows, cols (C)] tile through
+        `cum_map` (the chunk's total log-decay G_end): a row sum with every other column masked,
+        so the value is bitwise cum's last entry and G_end - G is exactly 0 at the chunk's end."""
+        c = cols or self.c
 
         def pick(inner, a):
             j = inner("linalg.index 1 : index")
@@ -384,8 +391,11 @@ class _Kernel(KernelText):
         t0 = em(f"arith.muli {it}, {self.idx(self.c)} : index")
         state = em(f"tensor.extract_slice {h_arg}[{self.pb}, {self.ph}, {it}, 0, {self.v0 or 0}] [1, 1, 1, {dk}, {bv}] "
                    f"[1, 1, 1, 1, 1] : {self.h_type} to {self.tile_type(dk, bv, self.dot_elt)}")
-        q, k, v = self.load("q", t0, None, dk), self.load("k", t0, None, dk), self.load("v", t0, self.v0, bv)
-        out = self.store_output(t0, q, k, v, self.decays(t0, None, dk), state, None, out_arg)
+        if self.decay == "token_dim" and self.c % SUB == 0 and self.c > SUB:
+            out = self.store_output_by_subchunks(t0, state, out_arg)
+        else:
+            q, k, v = self.load("q", t0, None, dk), self.load("k", t0, None, dk), self.load("v", t0, self.v0, bv)
+            out = self.store_output(t0, q, k, v, self.decays(t0, None, dk), state, None, out_arg)
         return self.function(name, [("w0", self.h_type), ("out", self.out_type)], [(out, self.out_type)],
                              [self.b, self.h, self.chunks * self.nv])
 
@@ -459,11 +469,129 @@ class _Kernel(KernelText):
         elif self.out_elt != "f32":
             o = self.generic([(o, cb, "(d0, d1)")], self.tile_type(c, bv, self.out_elt),
                              lambda inner, a: convert(inner, a[0], "f32", self.out_elt))
-        rows = em(f"arith.minsi {em(f'arith.subi {self.idx(self.l)}, {t0} : index')}, {self.idx(c)} : index")
-        o_rows = em(f"tensor.extract_slice {o}[0, 0] [{rows}, {bv}] [1, 1] : {self.tile_type(c, bv, self.out_elt)} "
+        return self.store_rows(o, t0, c, out)
+
+    def store_rows(self, o: str, t0: str, rows: int, out: str) -> str:
+        """Insert the rows of the [rows, BV] output tile o that lie before L into `out` at t0."""
+        em, bv = self.em, self.bv
+        valid = self.rows_left(t0, self.l, rows, past_end=rows != self.c)
+        if rows != self.c:
+            t0 = em(f"arith.minsi {t0}, {self.idx(self.l)} : index")
+        o_rows = em(f"tensor.extract_slice {o}[0, 0] [{valid}, {bv}] [1, 1] : {self.tile_type(rows, bv, self.out_elt)} "
                     f"to tensor<?x{bv}x{self.out_elt}>")
         return em(f"tensor.insert_slice {o_rows} into {out}[{self.pb}, {self.ph}, {t0}, {self.v0 or 0}] "
-                  f"[1, 1, {rows}, {bv}] [1, 1, 1, 1] : tensor<?x{bv}x{self.out_elt}> into {self.out_type}")
+                  f"[1, 1, {valid}, {bv}] [1, 1, 1, 1] : tensor<?x{bv}x{self.out_elt}> into {self.out_type}")
+
+    def store_output_by_subchunks(self, t0: str, state: str, out: str) -> str:
+        """The "token_dim" output of one chunk, SUB rows at a time, as flash-linear-attention's
+        GLA kernels compute it: the 3-D scores of the one-kernel form cost C * C * Dk exponentials
+        and as many registers, more than a GPU program holds at C = 64, Dk = 128.
+
+        With the chunk cut into blocks I of SUB rows, L_I their local cumulative log-decays
+        (tril @ g_I) and R_I the log-decay accumulated before block I (the sum of the earlier
+        blocks' g; R_0 = 0), so that G = L_I + R_I on block I, a pair of blocks J < I factorizes
+        at the boundary R_I safely:
+
+            A_IJ = scale * (q_I exp(L_I)) @ (k_J exp(R_I - R_J - L_J))^T,
+
+        both exponents <= 0 (L_I is a prefix sum of g <= 0; R_I - R_J - L_J sums the g after a
+        row of J up to block I), on tensor cores. Only the SUB x SUB diagonal blocks need the 3-D
+        form, evaluated over Dk in slices of at most SLICE columns (re-loaded, not sliced: GPU
+        register tiles have no slices). Then o_I = sum_J A_IJ @ v_J + (scale q_I exp(G_I)) @ S."""
+        em = self.em
+        dk, bv, blocks = self.dk, self.bv, self.c // SUB
+        vec = f"tensor<{dk}xf32>"
+        sd = self.tile_type(SUB, dk)
+        dot_sd = self.tile_type(SUB, dk, self.dot_elt)
+        tril = self.generic([], self.tile_type(SUB, SUB), lambda inner, a: inner(
+            f"arith.select {self.pair_mask(inner)}, {inner('arith.constant 1.0 : f32')}, "
+            f"{inner('arith.constant 0.0 : f32')} : f32"))
+
+        def local_cum(start: str, col: str | None, width: int) -> str:
+            steps = self.load_tile(self.arg_name(self.g, "g"), str(self.g.type), elt(self.g), [self.pb, self.ph],
+                                   start, self.l, SUB, width, col or "0", past_end=True)
+            steps = self.modded(steps, elt(self.g), width, None, start, None, False, SUB)
+            return self.matmul(tril, self.tile_type(SUB, SUB), steps, self.tile_type(SUB, width),
+                               self.zeros(self.tile_type(SUB, width)), self.tile_type(SUB, width))
+
+        def add_vec(x: str, y: str) -> str:
+            return self.generic([(x, vec, "(d0)"), (y, vec, "(d0)")], vec,
+                                lambda inner, a: inner(f"arith.addf {a[0]}, {a[1]} : f32"), rank=1)
+
+        starts, tiles, before = [], [], []
+        total = None
+        for j in range(blocks):
+            start = em(f"arith.addi {t0}, {self.idx(j * SUB)} : index")
+            q, k = self.load("q", start, None, dk, SUB), self.load("k", start, None, dk, SUB)
+            v = self.load("v", start, self.v0, bv, SUB)
+            cum = local_cum(start, None, dk)
+            starts.append(start)
+            tiles.append((q, k, v, cum))
+            before.append(total)
+            block_sum = self.last_of(self.transpose(cum, SUB, dk), self.tile_type(dk, SUB), "(d0, d1)", dk, SUB)
+            total = block_sum if total is None else add_vec(total, block_sum)
+
+        for i in range(blocks):
+            (q, q_op), _, (_, v_op), cum = tiles[i]
+            r_i = before[i]
+            ins = [(q, sd, "(d0, d1)"), (cum, sd, "(d0, d1)")] + ([(r_i, vec, "(d1)")] if r_i else [])
+
+            def decayed_q(inner, a, with_r=True):
+                g = a[1] if not (with_r and len(a) > 2) else inner(f"arith.addf {a[1]}, {a[2]} : f32")
+                return self.scaled(inner, inner(f"arith.mulf {a[0]}, {_exp(inner, g)} : f32"))
+
+            o = self.matmul(self.operand(self.generic(ins, sd, decayed_q), SUB, dk), dot_sd, state,
+                            self.tile_type(dk, bv, self.dot_elt), self.zeros(self.tile_type(SUB, bv)),
+                            self.tile_type(SUB, bv))
+            if i:
+                q_local = self.operand(self.generic(ins[:2], sd, lambda inner, a: decayed_q(inner, a, False)), SUB, dk)
+            for j in range(i):
+                (_, _), (k_j, _), (_, v_j), cum_j = tiles[j]
+                gap = r_i if before[j] is None else self.generic(
+                    [(r_i, vec, "(d0)"), (before[j], vec, "(d0)")], vec,
+                    lambda inner, a: inner(f"arith.subf {a[0]}, {a[1]} : f32"), rank=1)
+                k_dec = self.generic([(k_j, sd, "(d0, d1)"), (cum_j, sd, "(d0, d1)"), (gap, vec, "(d1)")], sd,
+                                     lambda inner, a: inner(f"arith.mulf {a[0]}, {_exp_diff(inner, a[2], a[1])} : f32"))
+                k_t = self.transpose(self.operand(k_dec, SUB, dk), SUB, dk, self.dot_elt)
+                scores = self.matmul(q_local, dot_sd, k_t, self.tile_type(dk, SUB, self.dot_elt),
+                                     self.zeros(self.tile_type(SUB, SUB)), self.tile_type(SUB, SUB))
+                o = self.matmul(self.operand(scores, SUB, SUB), self.tile_type(SUB, SUB, self.dot_elt), v_j,
+                                self.tile_type(SUB, bv, self.dot_elt), o, self.tile_type(SUB, bv))
+
+            diagonal = self.zeros(self.tile_type(SUB, SUB))
+            width = value_block(dk, SLICE)
+            for col in range(0, dk, width):
+                if width == dk:
+                    q_s, k_s, cum_s = q, tiles[i][1][0], cum
+                else:
+                    c0 = self.idx(col)
+                    q_s = self.load("q", starts[i], c0, width, SUB)[0]
+                    k_s = self.load("k", starts[i], c0, width, SUB)[0]
+                    cum_s = local_cum(starts[i], c0, width)
+                diagonal = self.diagonal_scores(q_s, k_s, cum_s, width, diagonal)
+            o = self.matmul(self.operand(diagonal, SUB, SUB), self.tile_type(SUB, SUB, self.dot_elt), v_op,
+                            self.tile_type(SUB, bv, self.dot_elt), o, self.tile_type(SUB, bv))
+            if self.out_elt != "f32":
+                o = self.generic([(o, self.tile_type(SUB, bv), "(d0, d1)")], self.tile_type(SUB, bv, self.out_elt),
+                                 lambda inner, a: convert(inner, a[0], "f32", self.out_elt))
+            out = self.store_rows(o, starts[i], SUB, out)
+        return out
+
+    def diagonal_scores(self, q: str, k: str, cum: str, width: int, acc: str) -> str:
+        """acc + scale * [s <= t] * sum_d q[t,d] k[s,d] exp(cum[t,d] - cum[s,d]) over a [SUB, width]
+        slice: the 3-D form, on one diagonal block."""
+        sd = self.tile_type(SUB, width)
+
+        def body(inner, a):
+            keep = self.pair_mask(inner)
+            factor = self.safe_exp(inner, keep, a[2], a[3])
+            term = inner(f"arith.mulf {inner(f'arith.mulf {a[0]}, {a[1]} : f32')}, {factor} : f32")
+            term = _or_zero(inner, keep, self.scaled(inner, term))
+            return inner(f"arith.addf {a[4]}, {term} : f32")
+
+        return self.generic([(q, sd, "(d0, d2)"), (k, sd, "(d1, d2)"), (cum, sd, "(d0, d2)"), (cum, sd, "(d1, d2)")],
+                            self.tile_type(SUB, SUB), body, rank=3, iterators=["parallel", "parallel", "reduction"],
+                            init=acc, out_map="(d0, d1)")
 
     def decayed_keys(self, k: str, decay, width: int) -> str:
         """k * exp(G_end - G) [C, width] (f32)."""

@@ -189,6 +189,12 @@ class KernelText:
         row_type = f"tensor<{rows}xf32>"
         return self.reduce_rows(value, f"tensor<{rows}x{cols}xf32>", self.zeros(row_type), row_type, "arith.addf")
 
+    def rows_left(self, start: str, length: int, rows: int, past_end: bool = False) -> str:
+        """min(length - start, rows), and at least 0 with `past_end`."""
+        em = self.em
+        valid = em(f"arith.minsi {em(f'arith.subi {self.idx(length)}, {start} : index')}, {self.idx(rows)} : index")
+        return em(f"arith.maxsi {valid}, {self.idx(0)} : index") if past_end else valid
+
     def matmul(self, a: str, a_type: str, b: str, b_type: str, acc: str, acc_type: str) -> str:
         """acc + a @ b; f32 x f32 products are marked for full-precision dots."""
         attr = f' {{{PRECISION_ATTR} = "ieee"}}' if scalar_type(a_type) == scalar_type(b_type) == "f32" else ""
@@ -201,12 +207,15 @@ class KernelText:
                        f"outs({empty} : {out_type}) permutation = [1, 0]")
 
     def load_tile(self, src: str, src_type: str, elt_: str, coords: list[str], start: str, length: int,
-                  rows: int, width: int | None, col: str = "0") -> str:
+                  rows: int, width: int | None, col: str = "0", past_end: bool = False) -> str:
         """Rows [start, start + rows) of src[coords..., :, col:col + width] (or of the 1-D
-        src[coords..., :] when `width` is None), zero-padded past row `length`."""
+        src[coords..., :] when `width` is None), zero-padded past row `length`; `past_end` allows
+        a start at or beyond `length` (an all-zero tile)."""
         em = self.em
-        remaining = em(f"arith.subi {self.idx(length)}, {start} : index")
-        valid = em(f"arith.minsi {remaining}, {self.idx(rows)} : index")
+        valid = self.rows_left(start, length, rows, past_end)
+        if past_end:
+            # A slice may be empty but must start inside the tensor.
+            start = em(f"arith.minsi {start}, {self.idx(length)} : index")
         pad = em(f"arith.subi {self.idx(rows)}, {valid} : index")
         lead = ", ".join(coords)
         ones = ", ".join(["1"] * len(coords))

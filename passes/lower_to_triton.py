@@ -316,6 +316,27 @@ class _Kernel:
             return self.generic("arith.extsi" if signed else "arith.extui", [v], v.shape, elt)
         return self.generic("arith.trunci", [v], v.shape, elt)
 
+    def neutral_beyond(self, v: _V, axis: int, extent: int, combine: str, op) -> _V:
+        """v with the lanes of `axis` from `extent` on (padding) set to the identity of the
+        reduction `combine`, so reducing the padded tile reduces the logical one."""
+        identity = {"arith.addf": 0.0, "arith.addi": 0, "arith.mulf": 1.0, "arith.maximumf": "-inf",
+                    "arith.minimumf": "inf"}.get(combine)
+        if identity is None:
+            raise _fail(op, f"reduces a dimension of size {extent}, padded to {v.shape[axis]}, with '{combine}', "
+                            "which has no identity the lowering knows")
+        inside = self.cmpi("slt", self.arange(v.shape[axis], axis, len(v.shape)), self.const(extent, "i32"))
+        if identity in ("-inf", "inf"):
+            fill = self.const(float(identity), v.elt, v.shape)
+        else:
+            fill = self.const(identity, v.elt, v.shape)
+        return replace(self.select(self.to_shape(inside, v.shape), v, fill), logical=v.logical)
+
+    def zero_beyond(self, v: _V, axis: int) -> _V:
+        """The 2-D tile v with the padding lanes of `axis` (past its logical extent) set to 0."""
+        inside = self.cmpi("slt", self.arange(v.shape[axis], axis, 2), self.const(v.logical[axis], "i32"))
+        zero = self.const(0.0, v.elt, v.shape)
+        return replace(self.select(self.to_shape(inside, v.shape), v, zero), logical=v.logical, zero_pad=True)
+
     def arange(self, size: int, axis: int, rank: int) -> _V:
         """[0, size) along `axis` of a rank-`rank` tensor whose other dimensions are 1."""
         v = self.make_range(size)
@@ -679,8 +700,10 @@ class _Kernel:
             raise _fail(op, f"has mismatched tile shapes {a.type} x {b.type} -> {c.type}")
         if a.elt != b.elt:
             raise _fail(op, f"multiplies {a.elt} by {b.elt}; tt.dot needs one input type")
-        if a.logical[1] != a.shape[1] and not (a.zero_pad and b.zero_pad):
-            raise _fail(op, "contracts over a padded dimension whose padding is not known to be zero")
+        if a.logical[1] != a.shape[1]:
+            # Padding lanes of computed tiles hold whatever the computation gave them there.
+            a = a if a.zero_pad else self.zero_beyond(a, 1)
+            b = b if b.zero_pad else self.zero_beyond(b, 0)
         precision = self.precision
         if "attn.precision" in op.attributes:
             chosen = op.attributes["attn.precision"].value
@@ -715,10 +738,6 @@ class _Kernel:
         if any(n is None for n in domain):
             raise _fail(op, "has an iteration dimension no operand spans")
         padded = tuple(_pad(n) for n in domain)
-        for d, red in enumerate(iters):
-            if red and padded[d] != domain[d]:
-                raise _fail(op, f"reduces over dimension d{d} of size {domain[d]}, which is padded to "
-                                f"{padded[d]}; only power-of-two reductions are supported")
         block = op.regions[0].blocks[0]
         for k in range(n_in):
             self.values[block.arguments[k]] = self.map_input(op.operands[k], maps[k], len(padded), op)
@@ -747,6 +766,8 @@ class _Kernel:
             other = [v for v in combiner.operands if v != out_arg][0]
             result = self.to_shape(self.get(other, op), padded)
             for axis in reversed([d for d, red in enumerate(iters) if red]):
+                if padded[axis] != domain[axis]:
+                    result = self.neutral_beyond(result, axis, domain[axis], combiner.name, op)
                 result = self.tt_reduce(result, axis, combiner.name)
             init = self.tile(op.operands[n_in], op)
             result = self.op(combiner.name, self.to_shape(result, init.shape), init)
@@ -798,10 +819,10 @@ class _Kernel:
         if len(dims) != 1 or len(x.shape) != 2:
             raise _fail(op, "reduces one dimension of a 2-D tile only")
         axis = dims[0]
-        if x.logical[axis] != x.shape[axis]:
-            raise _fail(op, f"reduces dimension {axis} of size {x.logical[axis]}, which is padded to "
-                            f"{x.shape[axis]}; only power-of-two reductions are supported")
         block = op.regions[0].blocks[0]
+        if x.logical[axis] != x.shape[axis]:
+            combine = [o.operation.name for o in block.operations][0]
+            x = self.neutral_beyond(x, axis, x.logical[axis], combine, op)
         a, b = self.em.fresh("r"), self.em.fresh("r")
         self.values[block.arguments[0]] = _V(a, (), x.elt)
         self.values[block.arguments[1]] = _V(b, (), x.elt)

@@ -114,8 +114,8 @@ def test_numerics_of_uncanonicalized_l1(name, monkeypatch):
     """The lowering takes L1 as attn-tile writes it too (ae-opt --pipeline=triton runs no
     canonicalize): one-trip loops, constant block tables and in-body constants stay as they are."""
     pipeline = tb._pipeline
-    monkeypatch.setattr(tb, "_pipeline", lambda m, n: pipeline(m, n).replace(",canonicalize,cse", ""))
-    assert "canonicalize" not in tb._pipeline(32, 16)
+    monkeypatch.setattr(tb, "_pipeline", lambda config: pipeline(config).replace(",canonicalize,cse", ""))
+    assert "canonicalize" not in tb._pipeline({"block_m": 32, "block_n": 16})
     attn_kwargs, shape, config = CASES[name]
     check(ae.attention(**attn_kwargs), *qkv(**shape), config=config)
 
@@ -193,6 +193,24 @@ def test_linear_attention_numerics(decay):
     inputs = [t for t in (g, s0) if t is not None]
     bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), "cuda:90", SMALL)
     (out, state), _ = interpret(bundle, q, k, v, *inputs)
+    ref_out, ref_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
+    torch.testing.assert_close(out, ref_out, **TOL[torch.float32])
+    torch.testing.assert_close(state, ref_state, **TOL[torch.float32])
+
+
+def test_linear_gla_row_blocks_numerics():
+    """The split recurrence's "token_dim" output kernel: blocks of 16 rows (the last chunk of 70
+    tokens is 6 rows, three blocks wholly past L), the diagonal blocks over Dk = 48 in two
+    slices of 24 key columns, each padded to 32 lanes in Triton IR; two V column blocks."""
+    b, h, l, d = 1, 2, 70, 48
+    q, k = (rand(b, h, l, d, seed=s) for s in (1, 2))
+    v = rand(b, h, l, 128, seed=3)
+    g = -0.3 * rand(b, h, l, d, seed=4).abs()
+    s0 = rand(b, h, d, 128, seed=5)
+    lin = ae.linear_attention(decay="token_dim", chunk_size=64)
+    bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), "cuda:90")
+    assert [s.name for s in bundle.stages] == ["linear_attention_states"] and bundle.grid == [4, 2, 1]
+    (out, state), _ = interpret(bundle, q, k, v, g, s0)
     ref_out, ref_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
     torch.testing.assert_close(out, ref_out, **TOL[torch.float32])
     torch.testing.assert_close(state, ref_state, **TOL[torch.float32])

@@ -49,13 +49,38 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) 
     return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
 
 
-def _pipeline(block_m: int, block_n: int) -> str:
+# Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
+# blocks of 64 columns, as flash-linear-attention's chunk kernels use; (num_warps, num_stages).
+_LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 2}
+
+
+def linear_config(chunk: int) -> dict:
+    """Launch options of a linear-attention bundle; block_m/block_n are the chunk's rows (what the
+    runtime's 32-bit tile-offset check reads)."""
+    return dict(_LINEAR, block_m=chunk, block_n=chunk)
+
+
+def config_for(l0_text: str, target: str) -> dict:
+    """The default compile options of an L0 module on `target`."""
+    import re
+
+    chunk = re.search(r'"attn\.linear_recurrence".*?chunk_size = (\d+)', l0_text, re.S)
+    if chunk:
+        return linear_config(int(chunk.group(1)))
+    return default_config(*_shapes(l0_text), target=target)
+
+
+def _pipeline(config: dict) -> str:
     from ..passes import PIPELINES
 
     steps = []
     for name in PIPELINES["triton"]:
         if name == "attn-tile":
-            steps.append(f"attn-tile{{block-m={block_m} block-n={block_n} call-time-tables=true}}")
+            steps.append(f"attn-tile{{block-m={config['block_m']} block-n={config['block_n']} "
+                         "call-time-tables=true}")
+        elif name.startswith("attn-chunk-recurrence") and "block_v" in config:
+            steps.append(f"attn-chunk-recurrence{{split=true block-v={config['block_v']} "
+                         f"block-k={config['block_k']}}}")
         elif name == "attn-lower-to-triton":
             steps += ["canonicalize", "cse"]
         else:
@@ -90,7 +115,7 @@ def lower(l0_text: str, config: dict):
     inputs = _specs(list(fty.inputs), ["q", "k", "v"] + [f"c{i}" for i in range(n_cap)])
     linear = any(op.operation.name == "attn.linear_recurrence" for op in funcs[0].regions[0].blocks[0].operations)
     outputs = _specs(list(fty.results), ["out", "state"] if linear else ["out", "lse"])
-    pm = build_pass_manager(_pipeline(config["block_m"], config["block_n"]), ctx)
+    pm = build_pass_manager(_pipeline(config), ctx)
     try:
         pm.run(module.operation)
     except ir.MLIRError as err:
@@ -168,8 +193,7 @@ def _tables(kernel) -> list[dict]:
 def build_bundle(l0_text: str, target: str, config: dict | None = None,
                  input_precision: str = "ieee") -> runtime.Bundle:
     """Compile an L0 module into a bundle (needs the MLIR bindings, no GPU)."""
-    shapes = _shapes(l0_text)
-    config = dict(config or default_config(*shapes, target=target))
+    config = dict(config or config_for(l0_text, target))
     l1_text, inputs, outputs, workspace = lower(l0_text, config)
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in
                zip(_lower_l1(l1_text, True, input_precision), _lower_l1(l1_text, False, input_precision))]
@@ -211,8 +235,7 @@ def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | Non
     """
     q, k, v = (_as_tensor(x) for x in (q, k, v))
     text = attn.mlir(q, k, v)
-    lq, lk, dk, dv, dtype = _shapes(text)
-    config = dict(config or default_config(lq, lk, dk, dv, dtype, target))
+    config = dict(config or config_for(text, target))
     bundle = build_bundle(text, target, config, input_precision)
     bundle.key = runtime.cache_key(text, target, _options(config, input_precision))
     bundle.meta["l0"] = text
@@ -234,8 +257,7 @@ def _options(config: dict, input_precision: str) -> dict:
 
 def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runtime.Bundle:
     """The bundle of an L0 module for `target`: from the cache, or compiled and cached."""
-    lq, lk, dk, dv, dtype = _shapes(l0_text)
-    config = default_config(lq, lk, dk, dv, dtype, target)
+    config = config_for(l0_text, target)
     key = runtime.cache_key(l0_text, target, _options(config, input_precision))
     bundle = runtime.CACHE.get(key)
     if bundle is None:
