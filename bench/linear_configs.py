@@ -1,11 +1,12 @@
 """Time each kernel of the linear-attention bundles under several launch configurations.
 
-    python bench/linear_configs.py [--bundles bench/bundles] [--out DIR]
+    python bench/linear_configs.py [--bundles bench/bundles] [--out DIR] [--configs w4s3,...] [--name NAME]
 
 On the GPU machine (torch + triton, no MLIR). For every linear case of bench/suite.py whose bundle
 is in --bundles, each kernel (the chunk-state kernel, then the output kernel) runs alone on the
-case's inputs under every (num_warps, num_stages) of CONFIGS; the Triton IR does not change, only
-how Triton compiles it. Writes linear-configs.json: per case and kernel, the median ms of each
+case's inputs under every (num_warps, num_stages) of CONFIGS (or --configs); the Triton IR does not
+change, only how Triton compiles it. Pointing --bundles at bundles built with other block sizes
+compares those. Writes NAME.json (default linear-configs): per case and kernel, the median ms of each
 configuration (triton.testing.do_bench), from which ae_mlir.backends.triton's linear defaults are
 chosen. The compiles run first, in parallel worker processes (Triton's disk cache keeps them).
 """
@@ -45,7 +46,11 @@ def main(argv=None) -> int:
     p.add_argument("--bundles", default=os.path.join(HERE, "bundles"))
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1))
+    p.add_argument("--configs", default=",".join(f"w{w}s{s}" for w, s in CONFIGS),
+                   help="comma-separated w<num_warps>s<num_stages>")
+    p.add_argument("--name", default="linear-configs")
     args = p.parse_args(argv)
+    configs = [tuple(int(x) for x in c[1:].split("s")) for c in args.configs.split(",")]
 
     import torch
     import triton
@@ -59,7 +64,7 @@ def main(argv=None) -> int:
     for case in cases:
         path = os.path.join(args.bundles, case.bundle_file)
         n = len(runtime.Bundle.load(path).stages) + 1
-        jobs += [(path, i, w, s, target) for i in range(n) for w, s in CONFIGS]
+        jobs += [(path, i, w, s, target) for i in range(n) for w, s in configs]
     with futures.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile, *zip(*jobs)))
 
@@ -69,12 +74,14 @@ def main(argv=None) -> int:
         q, k, v, g = suite.linear_inputs(case, "cuda")["ae"]
         tensors = runtime.bind(bundle, q, k, v, g)
         aligned = runtime.aligned_ok(bundle, tensors)
-        rec = {"case": case.name, "variant": "aligned" if aligned else "generic", "kernels": []}
+        rec = {"case": case.name, "variant": "aligned" if aligned else "generic",
+               "state_block_v": bundle.meta.get("config", {}).get("state_block_v"),
+               "kernels": []}
         for kernel in bundle.stages + [bundle]:
             variant = kernel.variants["aligned" if aligned else "generic"]
             call = runtime.argument_values(variant, tensors, runtime.device_tables(bundle, q.device))
             times = {}
-            for warps, stages in CONFIGS:
+            for warps, stages in configs:
                 key = f"w{warps}s{stages}"
                 try:
                     compiled = runtime.compile_ttir(variant.ttir, target, warps, stages)
@@ -101,7 +108,7 @@ def main(argv=None) -> int:
            "benchmark": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms; one kernel alone",
            "cases": records}
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "linear-configs.json")
+    path = os.path.join(args.out, f"{args.name}.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     print("wrote", path)

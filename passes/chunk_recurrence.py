@@ -248,7 +248,7 @@ class _Kernel(KernelText):
         steps = self.load_tile(g_name, g_type, g_elt, [self.pb, self.ph], t0, self.l, c, width, col or "0")
         steps = self.modded(steps, g_elt, width, None, t0, None, False)
         cum = self.matmul(self.tril, self.tile_type(c, c), steps, self.tile_type(c, width),
-                          self.zeros(self.tile_type(c, width)), self.tile_type(c, width))
+                          self.zeros(self.tile_type(c, width)), self.tile_type(c, width), "tf32x3")
         cum_t = self.transpose(cum, c, width)
         return cum, self.last_of(cum_t, self.tile_type(width, c), "(d0, d1)", width)
 
@@ -488,91 +488,91 @@ class _Kernel(KernelText):
         and as many registers, more than a GPU program holds at C = 64, Dk = 128.
 
         With the chunk cut into blocks I of SUB rows, L_I their local cumulative log-decays
-        (tril @ g_I) and R_I the log-decay accumulated before block I (the sum of the earlier
-        blocks' g; R_0 = 0), so that G = L_I + R_I on block I, a pair of blocks J < I factorizes
-        at the boundary R_I safely:
+        (tril @ g_I) and R_I the log-decay accumulated before block I (the column sums of the
+        earlier blocks' g; R_0 = 0), so that G = L_I + R_I on block I, a pair of blocks J < I
+        factorizes at the boundary R_I safely:
 
             A_IJ = scale * (q_I exp(L_I)) @ (k_J exp(R_I - R_J - L_J))^T,
 
         both exponents <= 0 (L_I is a prefix sum of g <= 0; R_I - R_J - L_J sums the g after a
         row of J up to block I), on tensor cores. Only the SUB x SUB diagonal blocks need the 3-D
-        form, evaluated over Dk in slices of at most SLICE columns (re-loaded, not sliced: GPU
-        register tiles have no slices). Then o_I = sum_J A_IJ @ v_J + (scale q_I exp(G_I)) @ S."""
+        form, evaluated over Dk in slices of at most SLICE columns. Then
+        o_I = sum_J A_IJ @ v_J + (scale q_I exp(G_I)) @ S. Tiles are loaded where they are used,
+        again for each block pair, rather than kept: a GPU program's registers hold one block's
+        tiles, not the chunk's (and register tiles cannot be sliced)."""
         em = self.em
         dk, bv, blocks = self.dk, self.bv, self.c // SUB
         vec = f"tensor<{dk}xf32>"
         sd = self.tile_type(SUB, dk)
         dot_sd = self.tile_type(SUB, dk, self.dot_elt)
-        tril = self.generic([], self.tile_type(SUB, SUB), lambda inner, a: inner(
+        sub_sub, sub_bv = self.tile_type(SUB, SUB), self.tile_type(SUB, bv)
+        tril = self.generic([], sub_sub, lambda inner, a: inner(
             f"arith.select {self.pair_mask(inner)}, {inner('arith.constant 1.0 : f32')}, "
             f"{inner('arith.constant 0.0 : f32')} : f32"))
 
+        def steps(start: str, col: str | None, width: int) -> str:
+            raw = self.load_tile(self.arg_name(self.g, "g"), str(self.g.type), elt(self.g), [self.pb, self.ph],
+                                 start, self.l, SUB, width, col or "0", past_end=True)
+            return self.modded(raw, elt(self.g), width, None, start, None, False, SUB)
+
         def local_cum(start: str, col: str | None, width: int) -> str:
-            steps = self.load_tile(self.arg_name(self.g, "g"), str(self.g.type), elt(self.g), [self.pb, self.ph],
-                                   start, self.l, SUB, width, col or "0", past_end=True)
-            steps = self.modded(steps, elt(self.g), width, None, start, None, False, SUB)
-            return self.matmul(tril, self.tile_type(SUB, SUB), steps, self.tile_type(SUB, width),
-                               self.zeros(self.tile_type(SUB, width)), self.tile_type(SUB, width))
+            return self.matmul(tril, sub_sub, steps(start, col, width), self.tile_type(SUB, width),
+                               self.zeros(self.tile_type(SUB, width)), self.tile_type(SUB, width), "tf32x3")
 
-        def add_vec(x: str, y: str) -> str:
+        def vec_op(op: str, x: str, y: str) -> str:
             return self.generic([(x, vec, "(d0)"), (y, vec, "(d0)")], vec,
-                                lambda inner, a: inner(f"arith.addf {a[0]}, {a[1]} : f32"), rank=1)
+                                lambda inner, a: inner(f"arith.{op} {a[0]}, {a[1]} : f32"), rank=1)
 
-        starts, tiles, before = [], [], []
-        total = None
-        for j in range(blocks):
-            start = em(f"arith.addi {t0}, {self.idx(j * SUB)} : index")
-            q, k = self.load("q", start, None, dk, SUB), self.load("k", start, None, dk, SUB)
-            v = self.load("v", start, self.v0, bv, SUB)
-            cum = local_cum(start, None, dk)
-            starts.append(start)
-            tiles.append((q, k, v, cum))
-            before.append(total)
-            block_sum = self.last_of(self.transpose(cum, SUB, dk), self.tile_type(dk, SUB), "(d0, d1)", dk, SUB)
-            total = block_sum if total is None else add_vec(total, block_sum)
+        starts = [em(f"arith.addi {t0}, {self.idx(j * SUB)} : index") for j in range(blocks)]
+        before = [None]
+        for j in range(blocks - 1):
+            block_sum = self.row_sum(self.transpose(steps(starts[j], None, dk), SUB, dk), dk, SUB)
+            before.append(block_sum if before[-1] is None else vec_op("addf", before[-1], block_sum))
 
         for i in range(blocks):
-            (q, q_op), _, (_, v_op), cum = tiles[i]
+            q, _ = self.load("q", starts[i], None, dk, SUB)
+            cum = local_cum(starts[i], None, dk)
             r_i = before[i]
             ins = [(q, sd, "(d0, d1)"), (cum, sd, "(d0, d1)")] + ([(r_i, vec, "(d1)")] if r_i else [])
 
-            def decayed_q(inner, a, with_r=True):
-                g = a[1] if not (with_r and len(a) > 2) else inner(f"arith.addf {a[1]}, {a[2]} : f32")
+            def decayed_q(inner, a):
+                g = a[1] if len(a) == 2 else inner(f"arith.addf {a[1]}, {a[2]} : f32")
                 return self.scaled(inner, inner(f"arith.mulf {a[0]}, {_exp(inner, g)} : f32"))
 
             o = self.matmul(self.operand(self.generic(ins, sd, decayed_q), SUB, dk), dot_sd, state,
-                            self.tile_type(dk, bv, self.dot_elt), self.zeros(self.tile_type(SUB, bv)),
-                            self.tile_type(SUB, bv))
+                            self.tile_type(dk, bv, self.dot_elt), self.zeros(sub_bv), sub_bv)
             if i:
-                q_local = self.operand(self.generic(ins[:2], sd, lambda inner, a: decayed_q(inner, a, False)), SUB, dk)
+                q_local = self.operand(self.generic(ins[:2], sd, decayed_q), SUB, dk)
             for j in range(i):
-                (_, _), (k_j, _), (_, v_j), cum_j = tiles[j]
-                gap = r_i if before[j] is None else self.generic(
-                    [(r_i, vec, "(d0)"), (before[j], vec, "(d0)")], vec,
-                    lambda inner, a: inner(f"arith.subf {a[0]}, {a[1]} : f32"), rank=1)
-                k_dec = self.generic([(k_j, sd, "(d0, d1)"), (cum_j, sd, "(d0, d1)"), (gap, vec, "(d1)")], sd,
+                k_j, _ = self.load("k", starts[j], None, dk, SUB)
+                gap = r_i if before[j] is None else vec_op("subf", r_i, before[j])
+                k_dec = self.generic([(k_j, sd, "(d0, d1)"), (local_cum(starts[j], None, dk), sd, "(d0, d1)"),
+                                      (gap, vec, "(d1)")], sd,
                                      lambda inner, a: inner(f"arith.mulf {a[0]}, {_exp_diff(inner, a[2], a[1])} : f32"))
                 k_t = self.transpose(self.operand(k_dec, SUB, dk), SUB, dk, self.dot_elt)
                 scores = self.matmul(q_local, dot_sd, k_t, self.tile_type(dk, SUB, self.dot_elt),
-                                     self.zeros(self.tile_type(SUB, SUB)), self.tile_type(SUB, SUB))
-                o = self.matmul(self.operand(scores, SUB, SUB), self.tile_type(SUB, SUB, self.dot_elt), v_j,
-                                self.tile_type(SUB, bv, self.dot_elt), o, self.tile_type(SUB, bv))
+                                     self.zeros(sub_sub), sub_sub)
+                o = self.matmul(self.operand(scores, SUB, SUB), self.tile_type(SUB, SUB, self.dot_elt),
+                                self.load("v", starts[j], self.v0, bv, SUB)[1], self.tile_type(SUB, bv, self.dot_elt),
+                                o, sub_bv)
 
-            diagonal = self.zeros(self.tile_type(SUB, SUB))
+            diagonal = self.zeros(sub_sub)
             width = value_block(dk, SLICE)
             for col in range(0, dk, width):
                 if width == dk:
-                    q_s, k_s, cum_s = q, tiles[i][1][0], cum
+                    q_s, cum_s = q, cum
+                    k_s = self.load("k", starts[i], None, dk, SUB)[0]
                 else:
                     c0 = self.idx(col)
                     q_s = self.load("q", starts[i], c0, width, SUB)[0]
                     k_s = self.load("k", starts[i], c0, width, SUB)[0]
                     cum_s = local_cum(starts[i], c0, width)
                 diagonal = self.diagonal_scores(q_s, k_s, cum_s, width, diagonal)
-            o = self.matmul(self.operand(diagonal, SUB, SUB), self.tile_type(SUB, SUB, self.dot_elt), v_op,
-                            self.tile_type(SUB, bv, self.dot_elt), o, self.tile_type(SUB, bv))
+            o = self.matmul(self.operand(diagonal, SUB, SUB), self.tile_type(SUB, SUB, self.dot_elt),
+                            self.load("v", starts[i], self.v0, bv, SUB)[1], self.tile_type(SUB, bv, self.dot_elt),
+                            o, sub_bv)
             if self.out_elt != "f32":
-                o = self.generic([(o, self.tile_type(SUB, bv), "(d0, d1)")], self.tile_type(SUB, bv, self.out_elt),
+                o = self.generic([(o, sub_bv, "(d0, d1)")], self.tile_type(SUB, bv, self.out_elt),
                                  lambda inner, a: convert(inner, a[0], "f32", self.out_elt))
             out = self.store_rows(o, starts[i], SUB, out)
         return out
@@ -651,6 +651,7 @@ class ChunkRecurrence(ModulePass):
     chunk_size: int = option(0, "tokens per chunk; 0 keeps the op's chunk_size attribute")
     block_v: int = option(64, "at most this many V columns per program (the grid's third axis splits Dv)")
     block_k: int = option(64, "with split, at most this many state rows (K columns) per chunk-state program")
+    state_block_v: int = option(0, "with split, at most this many V columns per chunk-state program; 0: block-v")
     split: bool = option(False, "two kernels: chunk states walked in order into a workspace, then every chunk's "
                                 "output in parallel (normalize keeps one kernel)")
 
@@ -661,6 +662,8 @@ class ChunkRecurrence(ModulePass):
             raise ValueError(f"block-v must be positive, got {self.block_v}")
         if self.block_k < 1:
             raise ValueError(f"block-k must be positive, got {self.block_k}")
+        if self.state_block_v < 0:
+            raise ValueError(f"state-block-v must be 0 (block-v) or positive, got {self.state_block_v}")
 
     def apply(self, module_op) -> None:
         for op in ops_named(module_op, "attn.linear_recurrence"):
@@ -672,5 +675,7 @@ class ChunkRecurrence(ModulePass):
         if chunk < 1:
             raise fail(op, f"chunk_size must be positive, got {chunk}")
         forms = ["states", "outputs"] if self.split and not bool(op.attributes["normalize"].value) else ["fused"]
-        text = "".join(_Kernel(op, func, chunk, self.block_v, self.block_k, form).build() for form in forms)
+        widths = {"states": self.state_block_v or self.block_v}
+        text = "".join(_Kernel(op, func, chunk, widths.get(form, self.block_v), self.block_k, form).build()
+                       for form in forms)
         replace_function(module_op, func, text, "<attn-chunk-recurrence>")

@@ -195,9 +195,11 @@ class KernelText:
         valid = em(f"arith.minsi {em(f'arith.subi {self.idx(length)}, {start} : index')}, {self.idx(rows)} : index")
         return em(f"arith.maxsi {valid}, {self.idx(0)} : index") if past_end else valid
 
-    def matmul(self, a: str, a_type: str, b: str, b_type: str, acc: str, acc_type: str) -> str:
-        """acc + a @ b; f32 x f32 products are marked for full-precision dots."""
-        attr = f' {{{PRECISION_ATTR} = "ieee"}}' if scalar_type(a_type) == scalar_type(b_type) == "f32" else ""
+    def matmul(self, a: str, a_type: str, b: str, b_type: str, acc: str, acc_type: str,
+               precision: str = "ieee") -> str:
+        """acc + a @ b; f32 x f32 products are marked with `precision` for Triton's dot ("ieee":
+        exact f32 products; "tf32x3": three tf32 tensor-core products, about 21 bits)."""
+        attr = f' {{{PRECISION_ATTR} = "{precision}"}}' if scalar_type(a_type) == scalar_type(b_type) == "f32" else ""
         return self.em(f"linalg.matmul{attr} ins({a}, {b} : {a_type}, {b_type}) outs({acc} : {acc_type}) -> {acc_type}")
 
     def transpose(self, value: str, rows: int, cols: int, elt_: str = "f32") -> str:
