@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         tensors = runtime.bind(bundle, q, k, v, g)
         aligned = runtime.aligned_ok(bundle, tensors)
         rec = {"case": case.name, "variant": "aligned" if aligned else "generic",
-               "state_block_v": bundle.meta.get("config", {}).get("state_block_v"),
+               "config": bundle.meta.get("config"),
                "kernels": []}
         for kernel in bundle.stages + [bundle]:
             variant = kernel.variants["aligned" if aligned else "generic"]

@@ -217,6 +217,8 @@ class _Kernel(KernelText):
         c = self.c
         g_name, g_type, g_elt = self.arg_name(self.g, "g"), str(self.g.type), elt(self.g)
         vec = f"tensor<{c}xf32>"
+        if self.decay == "head":
+            return self.head_decay(t0, width)
         if self.decay == "token":
             steps = self.load_tile(g_name, g_type, g_elt, [self.pb, self.ph], t0, self.l, c, None)
             steps_type = f"tensor<{c}x{g_elt}>"
@@ -240,6 +242,30 @@ class _Kernel(KernelText):
         tri = self.generic([(steps, steps_type, "(d1)")], self.tile_type(c, c), prefix)
         cum = self.row_sum(tri, c, c)
         return cum, self.last_of(cum, vec, "(d1)", c), self.last_of(cum, vec, "(d1)", width)
+
+    def head_decay(self, t0: str, width: int) -> tuple[str, str, str]:
+        """The "head" decay in closed form: with n the chunk's valid rows, G_t = min(t + 1, n) * g_h
+        and G_end = n * g_h, both exactly as the sums of g define them, so G_end - G_t is exactly 0
+        at the last valid row. No cumulative sum: on a GPU its reductions and layout changes would
+        lengthen each step of the chunk-state loop."""
+        g_name, g_type, g_elt = self.arg_name(self.g, "g"), str(self.g.type), elt(self.g)
+        n = self.rows_left(t0, self.l, self.c) if self.ragged else None
+
+        def steps(inner, upto_row: bool) -> str:
+            count = self.index_const(inner, self.c) if n is None else n
+            if upto_row:
+                i = inner("linalg.index 0 : index")
+                count = inner(f"arith.minsi {inner(f'arith.addi {i}, {self.index_const(inner, 1)} : index')}, "
+                              f"{count} : index")
+            as_int = inner(f"arith.index_cast {count} : index to i32")
+            rate = convert(inner, inner(f"tensor.extract {g_name}[{self.ph}] : {g_type}"), g_elt, "f32")
+            return inner(f"arith.mulf {inner(f'arith.sitofp {as_int} : i32 to f32')}, {rate} : f32")
+
+        vec = f"tensor<{self.c}xf32>"
+        cum = self.generic([], vec, lambda inner, a: steps(inner, True), rank=1)
+        end_c = self.generic([], vec, lambda inner, a: steps(inner, False), rank=1)
+        end_k = self.generic([], f"tensor<{width}xf32>", lambda inner, a: steps(inner, False), rank=1)
+        return cum, end_c, end_k
 
     def dim_decay(self, t0: str, col: str | None, width: int) -> tuple[str, str]:
         """(G [C, width], G_end [width]) for the "token_dim" decay."""
@@ -651,7 +677,6 @@ class ChunkRecurrence(ModulePass):
     chunk_size: int = option(0, "tokens per chunk; 0 keeps the op's chunk_size attribute")
     block_v: int = option(64, "at most this many V columns per program (the grid's third axis splits Dv)")
     block_k: int = option(64, "with split, at most this many state rows (K columns) per chunk-state program")
-    state_block_v: int = option(0, "with split, at most this many V columns per chunk-state program; 0: block-v")
     split: bool = option(False, "two kernels: chunk states walked in order into a workspace, then every chunk's "
                                 "output in parallel (normalize keeps one kernel)")
 
@@ -662,8 +687,6 @@ class ChunkRecurrence(ModulePass):
             raise ValueError(f"block-v must be positive, got {self.block_v}")
         if self.block_k < 1:
             raise ValueError(f"block-k must be positive, got {self.block_k}")
-        if self.state_block_v < 0:
-            raise ValueError(f"state-block-v must be 0 (block-v) or positive, got {self.state_block_v}")
 
     def apply(self, module_op) -> None:
         for op in ops_named(module_op, "attn.linear_recurrence"):
@@ -675,7 +698,5 @@ class ChunkRecurrence(ModulePass):
         if chunk < 1:
             raise fail(op, f"chunk_size must be positive, got {chunk}")
         forms = ["states", "outputs"] if self.split and not bool(op.attributes["normalize"].value) else ["fused"]
-        widths = {"states": self.state_block_v or self.block_v}
-        text = "".join(_Kernel(op, func, chunk, widths.get(form, self.block_v), self.block_k, form).build()
-                       for form in forms)
+        text = "".join(_Kernel(op, func, chunk, self.block_v, self.block_k, form).build() for form in forms)
         replace_function(module_op, func, text, "<attn-chunk-recurrence>")

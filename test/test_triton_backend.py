@@ -237,6 +237,20 @@ def test_triton_compiles(name, target, kind, needle):
         assert needle in compiled.asm[kind]
 
 
+@pytest.mark.parametrize("decay", ["head", "token_dim"])
+@pytest.mark.parametrize("target,kind,needle", [("cuda:90", "ptx", "mma"), ("hip:gfx942", "amdgcn", "mfma")])
+def test_linear_kernels_compile(decay, target, kind, needle):
+    """Both kernels of the split recurrence compile for both GPU families, their products on
+    matrix units (wgmma or mma.sync on Hopper, mfma on MI300)."""
+    q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16, device="meta")
+    g = torch.empty(2) if decay == "head" else torch.empty(1, 2, 256, 64)
+    bundle = tb.build_bundle(ae.linear_attention(decay=decay).mlir(q, q, q, g.to("meta")), target)
+    assert len(bundle.stages) == 1 and bundle.workspace[0].shape == [1, 2, 4, 64, 64]
+    for kernel in bundle.stages + [bundle]:
+        compiled = runtime.compile_ttir(kernel.variants["aligned"].ttir, target, kernel.num_warps, kernel.num_stages)
+        assert needle in compiled.asm[kind]
+
+
 def test_ttir_structure_is_flash_attention():
     q, k, v = qkv(h=2, lq=1024, dk=64, dtype=torch.bfloat16)
     bundle = tb.compile_bundle(ae.attention(), q, k, v, target="cuda:90")

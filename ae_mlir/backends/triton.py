@@ -54,22 +54,18 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) 
 # H200 (bench/results/h200-linear-configs-2026-11-30.json): 8 warps are 30-40% slower for the
 # output kernel; 3 pipeline stages are 5-30% faster than 1 for the chunk-state kernel's loop.
 _LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
-# Multiprocessors per target: the chunk-state kernel walks its chunks in order, so it needs
-# programs for every multiprocessor from (batch, head, K block, V block) alone.
-_PROCESSORS = {"cuda:90": 132, "hip:gfx942": 304}
 
 
-def linear_config(chunk: int, b: int, h: int, dk: int, dv: int, target: str) -> dict:
+def linear_config(chunk: int, decay: str) -> dict:
     """Launch options of a linear-attention bundle. block_m/block_n are the chunk's rows (what
-    the runtime's 32-bit tile-offset check reads). The chunk-state kernel's V blocks narrow
-    (to 16 at least) until it has a program per multiprocessor: at B * H = 32 and D = 64 its
-    32 programs of 64 columns took 0.30 ms on an H200, the output kernel 0.07 ms."""
+    the runtime's 32-bit tile-offset check reads). Narrower chunk-state V blocks (more programs)
+    were slower on an H200 at every measured shape, 16 columns 2-3x (its loop is bound by each
+    step's latency, not by the programs in flight). With the "token_dim" decay the output kernel
+    takes all of V (up to 128 columns) in one program: its scores, most of its work, do not
+    depend on V."""
     config = dict(_LINEAR, block_m=chunk, block_n=chunk)
-    state_v = config["block_v"]
-    programs = b * h * -(-dk // config["block_k"])
-    while state_v > 16 and programs * -(-dv // state_v) < _PROCESSORS.get(target, 132):
-        state_v //= 2
-    config["state_block_v"] = state_v
+    if decay == "token_dim":
+        config["block_v"] = 128
     return config
 
 
@@ -77,11 +73,9 @@ def config_for(l0_text: str, target: str) -> dict:
     """The default compile options of an L0 module on `target`."""
     import re
 
-    chunk = re.search(r'"attn\.linear_recurrence".*?chunk_size = (\d+)', l0_text, re.S)
-    if chunk:
-        lq, _, dk, dv, _ = _shapes(l0_text)
-        b, h = _batch_heads(l0_text)
-        return linear_config(int(chunk.group(1)), b, h, dk, dv, target)
+    linear = re.search(r'"attn\.linear_recurrence".*?decay = "(\w+)".*?chunk_size = (\d+)', l0_text, re.S)
+    if linear:
+        return linear_config(int(linear.group(2)), linear.group(1))
     return default_config(*_shapes(l0_text), target=target)
 
 
@@ -95,7 +89,7 @@ def _pipeline(config: dict) -> str:
                          "call-time-tables=true}")
         elif name.startswith("attn-chunk-recurrence") and "block_v" in config:
             steps.append(f"attn-chunk-recurrence{{split=true block-v={config['block_v']} "
-                         f"block-k={config['block_k']} state-block-v={config.get('state_block_v', 0)}}}")
+                         f"block-k={config['block_k']}}}")
         elif name == "attn-lower-to-triton":
             steps += ["canonicalize", "cse"]
         else:
@@ -239,16 +233,6 @@ def _shapes(l0_text: str) -> tuple:
         raise CompileError("the Triton backend needs an attention module (q, k, v tensors) at L0")
     dims = [[int(n) for n in t[0].split("x")] for t in types[:3]]
     return dims[0][2], dims[1][2], dims[0][3], dims[2][3], types[0][1]
-
-
-def _batch_heads(l0_text: str) -> tuple[int, int]:
-    """(B, H) of q in the L0 function signature."""
-    import re
-
-    header = re.search(r"func\.func @\w+\((.*?)\)\s*->", l0_text, re.S)
-    dims = re.search(r"tensor<([0-9x]+)x\w+>", header.group(1) if header else "")
-    b, h = (int(n) for n in dims.group(1).split("x")[:2])
-    return b, h
 
 
 def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | None = None,
