@@ -84,7 +84,8 @@ func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tenso
 // -----
 
 // decay "token_dim" (GLA), bf16, normalize, no initial state: G = tril(ones) @ g per key dim (an
-// f32 product at full precision); the intra-chunk scores are one 3-D linalg.generic over (t, s, d)
+// f32 product, as three tf32 tensor-core products on a GPU: about 21 bits, where 16-bit operands
+// would lose the cumulative sum's accuracy); the intra-chunk scores are one 3-D linalg.generic over (t, s, d)
 // reducing d, so every exponent is a difference G[t, d] - G[s, d] with s <= t. The other products
 // take bf16 operands (the raw v tile, A, the decayed q and k and the state rounded to bf16) into
 // f32 accumulators. Dv = 8 fits one program.
@@ -103,7 +104,7 @@ func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tenso
 // CHECK: %[[VRAW:.*]] = tensor.pad
 // CHECK: tensor.extract_slice %arg3
 // CHECK: %[[GF:.*]] = linalg.generic
-// CHECK: %[[G:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[TRIL]], %[[GF]] : tensor<32x32xf32>, tensor<32x16xf32>)
+// CHECK: %[[G:.*]] = linalg.matmul {attn.precision = "tf32x3"} ins(%[[TRIL]], %[[GF]] : tensor<32x32xf32>, tensor<32x16xf32>)
 // CHECK: %[[GT:.*]] = linalg.transpose ins(%[[G]]
 // CHECK: %[[GEND:.*]] = linalg.reduce
 // CHECK: %[[A:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins(%[[Q]], %[[K]], %[[G]], %[[G]] : {{.*}}) outs(%{{.*}} : tensor<32x32xf32>)
@@ -166,6 +167,10 @@ func.func @token_dim(%q: tensor<1x2x40x16xbf16>, %k: tensor<1x2x40x16xbf16>, %v:
 // SPLIT-NOT: tensor.extract_slice %arg0
 // SPLIT: tensor.extract_slice %arg2[{{.*}}, %[[V0]]] [1, 1, %{{.*}}, 16]
 // SPLIT-NOT: tensor.extract_slice %arg0
+// The head decay in closed form, G_t = min(t + 1, n) * g_h: no cumulative sum, no reduction.
+// SPLIT: arith.minsi
+// SPLIT: arith.sitofp
+// SPLIT-NOT: linalg.reduce
 // SPLIT: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<16x16xbf16>, tensor<16x16xbf16>) outs(%{{.*}} : tensor<16x16xf32>)
 // SPLIT: scf.yield %{{.*}}, %[[H2]]
 // SPLIT: tensor.insert_slice %[[LOOP]]#0 into %[[ST]][%{{.*}}, %{{.*}}, %[[K0]], %[[V0]]] [1, 1, 16, 16]
