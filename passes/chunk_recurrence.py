@@ -114,6 +114,10 @@ class _Kernel(KernelText):
         self.out_type, self.state_type = str(op.results[0].type), str(op.results[1].type)
         self.h_type = (f"tensor<{self.b}x{self.h}x{self.chunks}x{self.dk}x{self.dv}x{self.dot_elt}>"
                        if form != "fused" else None)
+        # The split form's chunk-local cumulative log-decays G, for the decays that need a sum.
+        cum_shape = {"token": f"{self.b}x{self.h}x{self.l}", "token_dim": f"{self.b}x{self.h}x{self.l}x{self.dk}"}
+        self.g_cum_type = (f"tensor<{cum_shape[self.decay]}xf32>"
+                           if form != "fused" and self.decay in cum_shape else None)
 
     # --- helpers -----------------------------------------------------------------------------
     def index_const(self, inner, n: int) -> str:
@@ -200,9 +204,12 @@ class _Kernel(KernelText):
         return self.row_sum(picked, rows, c)
 
     # --- decay -------------------------------------------------------------------------------
-    def decays(self, t0: str, k_col: str | None, width: int):
+    def decays(self, t0: str, k_col: str | None, width: int, g_cum: str | None = None):
         """The chunk's cumulative log-decay for k columns [k_col, k_col + width): (G, G's type and
-        map over a [C, width] tile, G_end over C rows and its map, G_end [width]), or None."""
+        map over a [C, width] tile, G_end over C rows and its map, G_end [width]), or None.
+        With `g_cum` (the cumulative-decay workspace) G is loaded and G_end read from it."""
+        if g_cum is not None:
+            return self.loaded_decays(t0, k_col, width, g_cum)
         if self.decay in ("head", "token"):
             cum, end_c, end_k = self.scalar_decay(t0, width)
             return cum, f"tensor<{self.c}xf32>", "(d0)", end_c, f"tensor<{self.c}xf32>", "(d0)", end_k
@@ -211,6 +218,34 @@ class _Kernel(KernelText):
             vec = f"tensor<{width}xf32>"
             return cum, self.tile_type(self.c, width), "(d0, d1)", end_k, vec, "(d1)", end_k
         return None
+
+    def loaded_decays(self, t0: str, k_col: str | None, width: int, g_cum: str):
+        """`decays` from the workspace the cumulative-decay kernel wrote: G is a tile load and
+        G_end the entries of the chunk's last valid row."""
+        c = self.c
+        last = self.em(f"arith.subi {self.em(f'arith.addi {t0}, {self.rows_left(t0, self.l, c)} : index')}, "
+                       f"{self.idx(1)} : index")
+        if self.decay == "token":
+            cum = self.load_tile(g_cum, self.g_cum_type, "f32", [self.pb, self.ph], t0, self.l, c, None)
+
+            def end(inner, a):
+                return inner(f"tensor.extract {g_cum}[{self.pb}, {self.ph}, {last}] : {self.g_cum_type}")
+
+            vec = f"tensor<{c}xf32>"
+            end_c = self.generic([], vec, end, rank=1)
+            end_k = self.generic([], f"tensor<{width}xf32>", end, rank=1)
+            return cum, vec, "(d0)", end_c, vec, "(d0)", end_k
+
+        def end_row(inner, a):
+            d = inner("linalg.index 0 : index")
+            if k_col is not None:
+                d = inner(f"arith.addi {k_col}, {d} : index")
+            return inner(f"tensor.extract {g_cum}[{self.pb}, {self.ph}, {last}, {d}] : {self.g_cum_type}")
+
+        cum = self.load_tile(g_cum, self.g_cum_type, "f32", [self.pb, self.ph], t0, self.l, c, width, k_col or "0")
+        vec = f"tensor<{width}xf32>"
+        end_k = self.generic([], vec, end_row, rank=1)
+        return cum, self.tile_type(c, width), "(d0, d1)", end_k, vec, "(d1)", end_k
 
     def scalar_decay(self, t0: str, width: int) -> tuple[str, str, str]:
         """(G [C], G_end [C], G_end [width]) for the "head" and "token" decays."""
@@ -356,7 +391,8 @@ class _Kernel(KernelText):
 
     def build(self) -> str:
         name = self.func.attributes["sym_name"].value
-        return {"fused": self.build_fused, "states": self.build_states, "outputs": self.build_outputs}[self.form](name)
+        return {"fused": self.build_fused, "cumulative": self.build_cumulative, "states": self.build_states,
+                "outputs": self.build_outputs}[self.form](name)
 
     def build_fused(self, name: str) -> str:
         em = self.em
@@ -386,10 +422,34 @@ class _Kernel(KernelText):
         return self.function(name, [("out", self.out_type), ("state", self.state_type)],
                              [(results[-1], self.out_type), (final, self.state_type)], [self.b, self.h, self.nv])
 
+    def build_cumulative(self, name: str) -> str:
+        """The chunk-local cumulative log-decays G of every chunk, in parallel: the sums the
+        chunk-state kernel would otherwise do inside its sequential loop, where their reductions
+        lengthen every step (simple GLA at L = 8192 on an H200: 0.30 ms there, against 0.08 ms
+        for the closed-form head decay)."""
+        em = self.em
+        it = self.program_ids()
+        t0 = em(f"arith.muli {it}, {self.idx(self.c)} : index")
+        cum = self.decays(t0, None, self.dk)[0]
+        rows = self.rows_left(t0, self.l, self.c)
+        dest = self.dest(0)
+        if self.decay == "token":
+            piece = em(f"tensor.extract_slice {cum}[0] [{rows}] [1] : tensor<{self.c}xf32> to tensor<?xf32>")
+            out = em(f"tensor.insert_slice {piece} into {dest}[{self.pb}, {self.ph}, {t0}] [1, 1, {rows}] [1, 1, 1] "
+                     f": tensor<?xf32> into {self.g_cum_type}")
+        else:
+            piece = em(f"tensor.extract_slice {cum}[0, 0] [{rows}, {self.dk}] [1, 1] : {self.tile_type(self.c, self.dk)} "
+                       f"to tensor<?x{self.dk}xf32>")
+            out = em(f"tensor.insert_slice {piece} into {dest}[{self.pb}, {self.ph}, {t0}, 0] [1, 1, {rows}, {self.dk}] "
+                     f"[1, 1, 1, 1] : tensor<?x{self.dk}xf32> into {self.g_cum_type}")
+        return self.function(f"{name}_decays", [("w1", self.g_cum_type)], [(out, self.g_cum_type)],
+                             [self.b, self.h, self.chunks])
+
     def build_states(self, name: str) -> str:
         em = self.em
         bk, bv = self.bk, self.bv
-        h_arg, state_arg = self.dest(0), self.dest(1)
+        g_cum = self.dest(0) if self.g_cum_type else None
+        h_arg, state_arg = self.dest(1 if g_cum else 0), self.dest(2 if g_cum else 1)
         kb, self.v0 = self.split_id(self.program_ids())
         k0 = em(f"arith.muli {kb}, {self.idx(bk)} : index") if self.nk > 1 else None
         s_type = self.tile_type(bk, bv)
@@ -400,12 +460,13 @@ class _Kernel(KernelText):
             h = em(f"tensor.insert_slice {snapshot} into {h}[{self.pb}, {self.ph}, {it}, {k0 or 0}, {self.v0 or 0}] "
                    f"[1, 1, 1, {bk}, {bv}] [1, 1, 1, 1, 1] : {self.tile_type(bk, bv, self.dot_elt)} into {self.h_type}")
             k, v = self.load("k", t0, k0, bk), self.load("v", t0, self.v0, bv)
-            return [self.next_state(state, k, v, self.decays(t0, k0, bk), bk), h]
+            return [self.next_state(state, k, v, self.decays(t0, k0, bk, g_cum), bk), h]
 
         results = self.chunk_loop([(self.initial_state(k0, self.v0), s_type), (h_arg, self.h_type)], step)
         final = em(f"tensor.insert_slice {results[0]} into {state_arg}[{self.pb}, {self.ph}, {k0 or 0}, "
                    f"{self.v0 or 0}] [1, 1, {bk}, {bv}] [1, 1, 1, 1] : {s_type} into {self.state_type}")
-        return self.function(f"{name}_states", [("w0", self.h_type), ("state", self.state_type)],
+        extra = ([("w1", self.g_cum_type)] if g_cum else []) + [("w0", self.h_type), ("state", self.state_type)]
+        return self.function(f"{name}_states", extra,
                              [(results[1], self.h_type), (final, self.state_type)],
                              [self.b, self.h, self.nk * self.nv])
 
@@ -698,5 +759,7 @@ class ChunkRecurrence(ModulePass):
         if chunk < 1:
             raise fail(op, f"chunk_size must be positive, got {chunk}")
         forms = ["states", "outputs"] if self.split and not bool(op.attributes["normalize"].value) else ["fused"]
+        if forms[0] == "states" and op.attributes["decay"].value in ("token", "token_dim"):
+            forms.insert(0, "cumulative")
         text = "".join(_Kernel(op, func, chunk, self.block_v, self.block_k, form).build() for form in forms)
         replace_function(module_op, func, text, "<attn-chunk-recurrence>")

@@ -126,9 +126,16 @@ def test_split_matches_reference(decay, chunk):
     # of 12) written to the workspace, then every chunk's output from it; L = 77 is ragged.
     case = Case(decay, normalize=False, chunk=chunk, l=77, dk=16, dv=24)
     module = case.l1("split=true block-v=16 block-k=8")
-    states, outputs = kernels_of(module)
+    *first, states, outputs = kernels_of(module)
+    chunks = -(-77 // chunk)
+    if decay in ("token", "token_dim"):
+        # The cumulative log-decays of every chunk come first, in parallel, into workspace w1.
+        assert [int(x) for x in first[0].attributes["attn.grid"]] == [B, H, chunks]
+        assert '"w1", "w0", "state"]' in str(states.attributes["attn.arg_roles"])
+    else:
+        assert not first
     assert [int(x) for x in states.attributes["attn.grid"]] == [B, H, 4]
-    assert [int(x) for x in outputs.attributes["attn.grid"]] == [B, H, 2 * -(-77 // chunk)]
+    assert [int(x) for x in outputs.attributes["attn.grid"]] == [B, H, 2 * chunks]
     out, state = run_kernel(module, case.inputs)
     want_out, want_state = case.expected()
     close(out, want_out, 1e-9)
@@ -153,7 +160,8 @@ def test_split_gla_by_row_blocks(dk, slices):
 def test_split_bf16(decay):
     case = Case(decay, normalize=False, chunk=32, l=37, dtype=torch.bfloat16)
     module = case.l1("split=true")
-    assert 'attn.arg_roles = ["q", "k", "v", "c0", "c1", "c2", "c3", "w0", "state"]' in str(module.operation)
+    workspaces = '"w0"' if decay == "head" else '"w1", "w0"'
+    assert f'attn.arg_roles = ["q", "k", "v", "c0", "c1", "c2", "c3", {workspaces}, "state"]' in str(module.operation)
     assert "x2x16x24xbf16>" in str(module.operation)  # the workspace holds 16-bit states
     out, state = run_kernel(module, case.inputs)
     want_out, want_state = case.expected()

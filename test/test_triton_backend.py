@@ -210,7 +210,8 @@ def test_linear_gla_row_blocks_numerics():
     s0 = rand(b, h, d, 128, seed=5)
     lin = ae.linear_attention(decay="token_dim", chunk_size=64)
     bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), "cuda:90")
-    assert [s.name for s in bundle.stages] == ["linear_attention_states"] and bundle.grid == [2, 2, 1]
+    assert [s.name for s in bundle.stages] == ["linear_attention_decays", "linear_attention_states"]
+    assert bundle.grid == [2, 2, 1]
     (out, state), _ = interpret(bundle, q, k, v, g, s0)
     ref_out, ref_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
     torch.testing.assert_close(out, ref_out, **TOL[torch.float32])
@@ -241,15 +242,18 @@ def test_triton_compiles(name, target, kind, needle):
 @pytest.mark.parametrize("decay", ["head", "token_dim"])
 @pytest.mark.parametrize("target,kind,needle", [("cuda:90", "ptx", "mma"), ("hip:gfx942", "amdgcn", "mfma")])
 def test_linear_kernels_compile(decay, target, kind, needle):
-    """Both kernels of the split recurrence compile for both GPU families, their products on
-    matrix units (wgmma or mma.sync on Hopper, mfma on MI300)."""
+    """Every kernel of the split recurrence compiles for both GPU families, its products on
+    matrix units (wgmma or mma.sync on Hopper, mfma on MI300), within MI300's 64 KiB of LDS."""
     q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16, device="meta")
     g = torch.empty(2) if decay == "head" else torch.empty(1, 2, 256, 64)
     bundle = tb.build_bundle(ae.linear_attention(decay=decay).mlir(q, q, q, g.to("meta")), target)
-    assert len(bundle.stages) == 1 and bundle.workspace[0].shape == [1, 2, 4, 64, 64]
+    assert [w.shape for w in bundle.workspace if w.role == "w0"] == [[1, 2, 4, 64, 64]]
     for kernel in bundle.stages + [bundle]:
         compiled = runtime.compile_ttir(kernel.variants["aligned"].ttir, target, kernel.num_warps, kernel.num_stages)
-        assert needle in compiled.asm[kind]
+        if not kernel.name.endswith("_decays") or decay == "token_dim":  # a head decay sums nothing
+            assert needle in compiled.asm[kind]
+        if target.startswith("hip"):
+            assert compiled.metadata.shared <= 65536
 
 
 def test_ttir_structure_is_flash_attention():

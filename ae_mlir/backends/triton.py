@@ -56,7 +56,7 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) 
 _LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
 
 
-def linear_config(chunk: int, decay: str) -> dict:
+def linear_config(chunk: int, decay: str, target: str = "cuda:90") -> dict:
     """Launch options of a linear-attention bundle. block_m/block_n are the chunk's rows (what
     the runtime's 32-bit tile-offset check reads). Narrower chunk-state V blocks (more programs)
     were slower on an H200 at every measured shape, 16 columns 2-3x (its loop is bound by each
@@ -64,6 +64,9 @@ def linear_config(chunk: int, decay: str) -> dict:
     takes all of V (up to 128 columns) in one program: its scores, most of its work, do not
     depend on V."""
     config = dict(_LINEAR, block_m=chunk, block_n=chunk)
+    if target.startswith("hip"):
+        # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
+        config["num_stages"] = 2
     if decay == "token_dim":
         config["block_v"] = 128
     return config
@@ -75,7 +78,7 @@ def config_for(l0_text: str, target: str) -> dict:
 
     linear = re.search(r'"attn\.linear_recurrence".*?decay = "(\w+)".*?chunk_size = (\d+)', l0_text, re.S)
     if linear:
-        return linear_config(int(linear.group(2)), linear.group(1))
+        return linear_config(int(linear.group(2)), linear.group(1), target)
     return default_config(*_shapes(l0_text), target=target)
 
 
