@@ -183,12 +183,16 @@ class _Kernel(KernelText):
         j = inner("linalg.index 1 : index")
         return inner(f"arith.cmpi sle, {j}, {i} : index")
 
-    def safe_exp(self, inner, keep: str, hi: str, lo: str) -> str:
+    def safe_exp(self, inner, keep: str, hi: str, lo: str, clamp: bool = False) -> str:
         """exp(hi - lo) where `keep`, and exp(0) elsewhere: a masked pair's exponent may be large
-        and positive, so it is never evaluated."""
+        and positive, so it is never evaluated; with `clamp`, exponents above 0 (padded rows
+        whose G was loaded as 0) count as 0."""
         diff = inner(f"arith.subf {hi}, {lo} : f32")
         zero = inner("arith.constant 0.0 : f32")
-        return inner(f"math.exp {inner(f'arith.select {keep}, {diff}, {zero} : f32')} : f32")
+        exponent = inner(f"arith.select {keep}, {diff}, {zero} : f32")
+        if clamp:
+            exponent = inner(f"arith.minimumf {exponent}, {zero} : f32")
+        return inner(f"math.exp {exponent} : f32")
 
     def last_of(self, cum: str, cum_type: str, cum_map: str, rows: int, cols: int | None = None) -> str:
         """[rows] values of the last column of cum viewed as a [rows, cols (C)] tile through
@@ -473,18 +477,20 @@ class _Kernel(KernelText):
     def build_outputs(self, name: str) -> str:
         em = self.em
         dk, bv = self.dk, self.bv
-        h_arg, out_arg = self.dest(0), self.dest(1)
+        by_rows = self.decay == "token_dim" and self.c % SUB == 0 and self.c > SUB
+        g_cum = self.dest(0) if by_rows else None
+        h_arg, out_arg = self.dest(1 if by_rows else 0), self.dest(2 if by_rows else 1)
         it, self.v0 = self.split_id(self.program_ids())
         t0 = em(f"arith.muli {it}, {self.idx(self.c)} : index")
         state = em(f"tensor.extract_slice {h_arg}[{self.pb}, {self.ph}, {it}, 0, {self.v0 or 0}] [1, 1, 1, {dk}, {bv}] "
                    f"[1, 1, 1, 1, 1] : {self.h_type} to {self.tile_type(dk, bv, self.dot_elt)}")
-        if self.decay == "token_dim" and self.c % SUB == 0 and self.c > SUB:
-            out = self.store_output_by_subchunks(t0, state, out_arg)
+        if by_rows:
+            out = self.store_output_by_subchunks(t0, state, out_arg, g_cum)
         else:
             q, k, v = self.load("q", t0, None, dk), self.load("k", t0, None, dk), self.load("v", t0, self.v0, bv)
             out = self.store_output(t0, q, k, v, self.decays(t0, None, dk), state, None, out_arg)
-        return self.function(name, [("w0", self.h_type), ("out", self.out_type)], [(out, self.out_type)],
-                             [self.b, self.h, self.chunks * self.nv])
+        extra = ([("w1", self.g_cum_type)] if by_rows else []) + [("w0", self.h_type), ("out", self.out_type)]
+        return self.function(name, extra, [(out, self.out_type)], [self.b, self.h, self.chunks * self.nv])
 
     # --- one chunk ---------------------------------------------------------------------------
     def scaled(self, inner, x: str) -> str:
@@ -569,73 +575,63 @@ class _Kernel(KernelText):
         return em(f"tensor.insert_slice {o_rows} into {out}[{self.pb}, {self.ph}, {t0}, {self.v0 or 0}] "
                   f"[1, 1, {valid}, {bv}] [1, 1, 1, 1] : tensor<?x{bv}x{self.out_elt}> into {self.out_type}")
 
-    def store_output_by_subchunks(self, t0: str, state: str, out: str) -> str:
+    def store_output_by_subchunks(self, t0: str, state: str, out: str, g_cum: str) -> str:
         """The "token_dim" output of one chunk, SUB rows at a time, as flash-linear-attention's
         GLA kernels compute it: the 3-D scores of the one-kernel form cost C * C * Dk exponentials
         and as many registers, more than a GPU program holds at C = 64, Dk = 128.
 
-        With the chunk cut into blocks I of SUB rows, L_I their local cumulative log-decays
-        (tril @ g_I) and R_I the log-decay accumulated before block I (the column sums of the
-        earlier blocks' g; R_0 = 0), so that G = L_I + R_I on block I, a pair of blocks J < I
-        factorizes at the boundary R_I safely:
+        G comes from the cumulative-decay workspace `g_cum`. With the chunk cut into blocks I of
+        SUB rows and R_I the row of G just before block I, a pair of blocks J < I factorizes at
+        that boundary safely:
 
-            A_IJ = scale * (q_I exp(L_I)) @ (k_J exp(R_I - R_J - L_J))^T,
+            A_IJ = scale * (q_I exp(G_I - R_I)) @ (k_J exp(R_I - G_J))^T,
 
-        both exponents <= 0 (L_I is a prefix sum of g <= 0; R_I - R_J - L_J sums the g after a
-        row of J up to block I), on tensor cores. Only the SUB x SUB diagonal blocks need the 3-D
-        form, evaluated over Dk in slices of at most SLICE columns. Then
-        o_I = sum_J A_IJ @ v_J + (scale q_I exp(G_I)) @ S. Tiles are loaded where they are used,
-        again for each block pair, rather than kept: a GPU program's registers hold one block's
-        tiles, not the chunk's (and register tiles cannot be sliced)."""
+        both exponents <= 0 (decays only shrink G), on tensor cores. Only the SUB x SUB diagonal
+        blocks need the 3-D form, evaluated over Dk in slices of at most SLICE columns. Then
+        o_I = sum_J A_IJ @ v_J + (scale q_I exp(G_I)) @ S. The exponents are also clamped at 0:
+        rows past L load G = 0, and a padded row (never stored) must not overflow either. Tiles
+        are loaded where they are used, again for each block pair, rather than kept: a GPU
+        program's registers hold one block's tiles, not the chunk's (and cannot be sliced)."""
         em = self.em
         dk, bv, blocks = self.dk, self.bv, self.c // SUB
         vec = f"tensor<{dk}xf32>"
         sd = self.tile_type(SUB, dk)
         dot_sd = self.tile_type(SUB, dk, self.dot_elt)
         sub_sub, sub_bv = self.tile_type(SUB, SUB), self.tile_type(SUB, bv)
-        tril = self.generic([], sub_sub, lambda inner, a: inner(
-            f"arith.select {self.pair_mask(inner)}, {inner('arith.constant 1.0 : f32')}, "
-            f"{inner('arith.constant 0.0 : f32')} : f32"))
 
-        def steps(start: str, col: str | None, width: int) -> str:
-            raw = self.load_tile(self.arg_name(self.g, "g"), str(self.g.type), elt(self.g), [self.pb, self.ph],
-                                 start, self.l, SUB, width, col or "0", past_end=True)
-            return self.modded(raw, elt(self.g), width, None, start, None, False, SUB)
+        def cum(start: str, col: str | None, width: int) -> str:
+            return self.load_tile(g_cum, self.g_cum_type, "f32", [self.pb, self.ph], start, self.l, SUB, width,
+                                  col or "0", past_end=True)
 
-        def local_cum(start: str, col: str | None, width: int) -> str:
-            return self.matmul(tril, sub_sub, steps(start, col, width), self.tile_type(SUB, width),
-                               self.zeros(self.tile_type(SUB, width)), self.tile_type(SUB, width), "tf32x3")
-
-        def vec_op(op: str, x: str, y: str) -> str:
-            return self.generic([(x, vec, "(d0)"), (y, vec, "(d0)")], vec,
-                                lambda inner, a: inner(f"arith.{op} {a[0]}, {a[1]} : f32"), rank=1)
+        def decayed(inner, x: str, hi: str, lo: str | None, scale: bool) -> str:
+            exponent = hi if lo is None else inner(f"arith.subf {hi}, {lo} : f32")
+            if lo is not None:
+                exponent = inner(f"arith.minimumf {exponent}, {inner('arith.constant 0.0 : f32')} : f32")
+            y = inner(f"arith.mulf {x}, {_exp(inner, exponent)} : f32")
+            return self.scaled(inner, y) if scale else y
 
         starts = [em(f"arith.addi {t0}, {self.idx(j * SUB)} : index") for j in range(blocks)]
-        before = [None]
-        for j in range(blocks - 1):
-            block_sum = self.row_sum(self.transpose(steps(starts[j], None, dk), SUB, dk), dk, SUB)
-            before.append(block_sum if before[-1] is None else vec_op("addf", before[-1], block_sum))
-
         for i in range(blocks):
             q, _ = self.load("q", starts[i], None, dk, SUB)
-            cum = local_cum(starts[i], None, dk)
-            r_i = before[i]
-            ins = [(q, sd, "(d0, d1)"), (cum, sd, "(d0, d1)")] + ([(r_i, vec, "(d1)")] if r_i else [])
-
-            def decayed_q(inner, a):
-                g = a[1] if len(a) == 2 else inner(f"arith.addf {a[1]}, {a[2]} : f32")
-                return self.scaled(inner, inner(f"arith.mulf {a[0]}, {_exp(inner, g)} : f32"))
-
-            o = self.matmul(self.operand(self.generic(ins, sd, decayed_q), SUB, dk), dot_sd, state,
-                            self.tile_type(dk, bv, self.dot_elt), self.zeros(sub_bv), sub_bv)
+            g_i = cum(starts[i], None, dk)
+            o = self.matmul(self.operand(self.generic([(q, sd, "(d0, d1)"), (g_i, sd, "(d0, d1)")], sd,
+                                                      lambda inner, a: decayed(inner, a[0], a[1], None, True)),
+                                         SUB, dk),
+                            dot_sd, state, self.tile_type(dk, bv, self.dot_elt), self.zeros(sub_bv), sub_bv)
             if i:
-                q_local = self.operand(self.generic(ins[:2], sd, decayed_q), SUB, dk)
+                before = em(f"arith.minsi {em(f'arith.subi {starts[i]}, {self.idx(1)} : index')}, "
+                            f"{self.idx(self.l - 1)} : index")
+                boundary = self.generic([], vec, lambda inner, a: inner(
+                    f"tensor.extract {g_cum}[{self.pb}, {self.ph}, {before}, {inner('linalg.index 0 : index')}] "
+                    f": {self.g_cum_type}"), rank=1)
+                q_local = self.operand(self.generic(
+                    [(q, sd, "(d0, d1)"), (g_i, sd, "(d0, d1)"), (boundary, vec, "(d1)")], sd,
+                    lambda inner, a: decayed(inner, a[0], a[1], a[2], True)), SUB, dk)
             for j in range(i):
                 k_j, _ = self.load("k", starts[j], None, dk, SUB)
-                gap = r_i if before[j] is None else vec_op("subf", r_i, before[j])
-                k_dec = self.generic([(k_j, sd, "(d0, d1)"), (local_cum(starts[j], None, dk), sd, "(d0, d1)"),
-                                      (gap, vec, "(d1)")], sd,
-                                     lambda inner, a: inner(f"arith.mulf {a[0]}, {_exp_diff(inner, a[2], a[1])} : f32"))
+                k_dec = self.generic([(k_j, sd, "(d0, d1)"), (cum(starts[j], None, dk), sd, "(d0, d1)"),
+                                      (boundary, vec, "(d1)")], sd,
+                                     lambda inner, a: decayed(inner, a[0], a[2], a[1], False))
                 k_t = self.transpose(self.operand(k_dec, SUB, dk), SUB, dk, self.dot_elt)
                 scores = self.matmul(q_local, dot_sd, k_t, self.tile_type(dk, SUB, self.dot_elt),
                                      self.zeros(sub_sub), sub_sub)
@@ -647,14 +643,14 @@ class _Kernel(KernelText):
             width = value_block(dk, SLICE)
             for col in range(0, dk, width):
                 if width == dk:
-                    q_s, cum_s = q, cum
+                    q_s, g_s = q, g_i
                     k_s = self.load("k", starts[i], None, dk, SUB)[0]
                 else:
                     c0 = self.idx(col)
                     q_s = self.load("q", starts[i], c0, width, SUB)[0]
                     k_s = self.load("k", starts[i], c0, width, SUB)[0]
-                    cum_s = local_cum(starts[i], c0, width)
-                diagonal = self.diagonal_scores(q_s, k_s, cum_s, width, diagonal)
+                    g_s = cum(starts[i], c0, width)
+                diagonal = self.diagonal_scores(q_s, k_s, g_s, width, diagonal)
             o = self.matmul(self.operand(diagonal, SUB, SUB), self.tile_type(SUB, SUB, self.dot_elt),
                             self.load("v", starts[i], self.v0, bv, SUB)[1], self.tile_type(SUB, bv, self.dot_elt),
                             o, sub_bv)
@@ -671,7 +667,7 @@ class _Kernel(KernelText):
 
         def body(inner, a):
             keep = self.pair_mask(inner)
-            factor = self.safe_exp(inner, keep, a[2], a[3])
+            factor = self.safe_exp(inner, keep, a[2], a[3], clamp=True)
             term = inner(f"arith.mulf {inner(f'arith.mulf {a[0]}, {a[1]} : f32')}, {factor} : f32")
             term = _or_zero(inner, keep, self.scaled(inner, term))
             return inner(f"arith.addf {a[4]}, {term} : f32")
