@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from l1_interp import kernels_of, run_kernel
 
 import ae_mlir as ae
@@ -177,6 +180,22 @@ def test_split_keeps_one_kernel_to_normalize():
     want_out, want_state = case.expected()
     close(out, want_out, 1e-9)
     close(state, want_state, 1e-9)
+
+
+@settings(max_examples=int(os.environ.get("AE_LINEAR_EXAMPLES", "40")), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(decay=st.sampled_from(DECAYS), normalize=st.booleans(), split=st.booleans(),
+       chunk=st.sampled_from([16, 32, 64, 128]), l=st.integers(1, 150), dk=st.sampled_from([8, 16, 24, 40]),
+       dv=st.integers(1, 40), strength=st.floats(0.01, 30.0), mods=st.booleans(), seed=st.integers(0, 2**16))
+def test_property_matches_reference(decay, normalize, split, chunk, l, dk, dv, strength, mods, seed):
+    # Shapes (L below, at and past chunk multiples; any Dv), chunk sizes, gate strengths (log
+    # decays down to about -30 per token) and both forms, in float64 against the reference.
+    case = Case(decay, normalize, chunk, l=l, dk=dk, dv=dv, mods=mods, strength=strength, seed=seed)
+    options = "split=true block-v=16 block-k=8" if split else "block-v=16"
+    out, state = case.run(options)
+    want_out, want_state = case.expected()
+    close(out, want_out, 1e-8)
+    close(state, want_state, 1e-8)
 
 
 @pytest.mark.parametrize("decay", DECAYS)
