@@ -13,8 +13,8 @@ so nothing overflows however strong the decay (the factorization q exp(G) . k ex
 exponent of a pair s > t is replaced by 0 before `math.exp`, never evaluated. For scalar decays
 ("head", "token") the pair factor is a [C, C] tile and A is the masked, decayed `q @ k^T`; for
 "token_dim" it depends on d, so A is one 3-D `linalg.generic` over (t, s, d) with a reduction on
-d. G itself is a row sum of the masked [C, C] tile [j <= i] * g_j (scalar decays) or
-`tril(ones) @ g` ("token_dim", an f32 matmul at full precision). `normalize` divides o by the same
+d. G itself is a row sum of the masked [C, C] tile [j <= i] * g_j ("token"), `tril(ones) @ g`
+("token_dim") or in closed form ("head"). `normalize` divides o by the same
 quantity with v = 1: rowsum(A) + (scale * q * exp(G)) . z, z the decayed key sum.
 
 Two forms (option `split`):
@@ -23,7 +23,7 @@ Two forms (option `split`):
   (batch, head) and a BV-wide column slice of V, of the state and of the output, and carries S
   (and z) through one `scf.for` over the ceil(L / C) chunks. On a CPU the programs run one after
   another anyway, and this form reads every input once and writes nothing but the outputs.
-* Two kernels (`split`, the Triton pipeline's, as flash-linear-attention splits its chunk
+* Two or three kernels (`split`, the Triton pipeline's, as flash-linear-attention splits its chunk
   kernels). The one-kernel form leaves a GPU nearly idle: B * H * Dv / BV programs (64 for
   B = 2, H = 16, D = 128) each walk all chunks with four products per step, so its time grows with
   L. Instead `@<name>_states` (grid [B, H, Dk / BK * Dv / BV]) walks the chunks doing only the
@@ -31,20 +31,29 @@ Two forms (option `split`):
   (argument role "w0"), and the final state; then `@<name>` (grid [B, H, NC * Dv / BV]) computes
   every chunk's output in parallel from its q, k, v and h[chunk]. The workspace costs one write
   and one read of NC * Dk * Dv elements per head, far less than the sequential time it removes.
+  Decays that need a cumulative sum ("token", "token_dim") get a third kernel first,
+  `@<name>_decays` (grid [B, H, NC]), writing every chunk's G to workspace "w1", so the
+  chunk-state loop loads G instead of summing it: its reductions, in the loop, set the time of
+  every step (on an H200, simple GLA's chunk states took 0.30 ms at L = 8192 summing in the loop
+  and 0.085 ms loading). "head" needs none: G_t = min(t + 1, n) g_h in closed form. The
+  "token_dim" output kernel works in blocks of SUB rows (`store_output_by_subchunks`).
   `normalize` keeps the one-kernel form: its key sum z would need a second workspace written by
   every V-column program alike, for a variant (the normalized linear transformer) that is not
   bound by this.
 
-Products: with 16-bit q/k/v, every `linalg.matmul` but the cumulative sum takes 16-bit operands
+Products: with 16-bit q/k/v, every `linalg.matmul` but the cumulative sums takes 16-bit operands
 (A, the decayed q and k, and the state rounded to q's type) with an f32 accumulator, so GPUs run
 them on tensor cores; flash-linear-attention rounds the same operands. The carried state, G and
-all elementwise work stay f32. With f32 inputs every product is f32 and marked
-`attn.precision = "ieee"`. S and z are updated in place (they are the outputs of the generics that
-decay them), so a bufferized loop keeps one buffer for each.
+all elementwise work stay f32. The cumulative sums (`tril @ g`) are f32 products marked
+`attn.precision = "tf32x3"` (three tf32 tensor-core products, about 21 bits: 16-bit operands would
+lose the sums' accuracy, and f32 FMA products cost a GPU program more registers than it has).
+With f32 inputs every other product is f32 and marked `attn.precision = "ieee"`. S and z are
+updated in place (they are the outputs of the generics that decay them), so a bufferized loop
+keeps one buffer for each.
 
 Every kernel lists its arguments' roles in `attn.arg_roles` ("q", "k", "v", "c<i>" for g, the
-initial state and closure tensors in order, "w0" the workspace, "out", "state"); a module of
-several kernels runs them in module order.
+initial state and closure tensors in order, "w0" and "w1" the workspaces, "out", "state"); a
+module of several kernels runs them in module order.
 """
 from __future__ import annotations
 
@@ -729,13 +738,14 @@ class ChunkRecurrence(ModulePass):
     name: ClassVar[str] = "attn-chunk-recurrence"
     summary: ClassVar[str] = ("Rewrite attn.linear_recurrence into L1 kernels over chunks of tokens: one kernel "
                               "carrying the f32 state through an scf.for, or (split) a chunk-state kernel then a "
-                              "chunk-parallel output kernel")
+                              "chunk-parallel output kernel, after a chunk-parallel cumulative-decay kernel")
 
     chunk_size: int = option(0, "tokens per chunk; 0 keeps the op's chunk_size attribute")
     block_v: int = option(64, "at most this many V columns per program (the grid's third axis splits Dv)")
     block_k: int = option(64, "with split, at most this many state rows (K columns) per chunk-state program")
-    split: bool = option(False, "two kernels: chunk states walked in order into a workspace, then every chunk's "
-                                "output in parallel (normalize keeps one kernel)")
+    split: bool = option(False, "separate kernels: summed decays of every chunk, chunk states walked in order "
+                                "into a workspace, then every chunk's output in parallel (normalize keeps one "
+                                "kernel)")
 
     def __post_init__(self):
         if self.chunk_size < 0:
