@@ -51,8 +51,9 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) 
 
 # Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
 # blocks of 64 columns, as flash-linear-attention's chunk kernels use, 4 warps. Measured on an
-# H200 (bench/results/h200-linear-configs-2026-11-30.json): 8 warps are 30-40% slower for the
-# output kernel; 3 pipeline stages are 5-30% faster than 1 for the chunk-state kernel's loop.
+# H200 (bench/results/h200-linear-configs-2026-11-30.json): 8 warps make the output kernels
+# 30-50% slower; 2 and 3 pipeline stages are within a few percent of each other (an earlier
+# sweep of the chunk-state loop found 1 stage 5-30% slower).
 _LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
 
 
