@@ -327,13 +327,14 @@ class _Kernel(KernelText):
         return cum, self.last_of(cum_t, self.tile_type(width, c), "(d0, d1)", width)
 
     # --- kernels -----------------------------------------------------------------------------
-    def program_ids(self) -> str:
+    def program_ids(self, sums: bool = True) -> str:
         """Emit the kernel's prologue: the program ids (returning the third axis's) and, for the
-        "token_dim" decay, the lower-triangular ones that sum g along a chunk, built once."""
+        "token_dim" decay of a kernel that `sums` g along chunks, the lower-triangular ones that
+        do it, built once."""
         self.pb = self.em('"attn.program_id"() {axis = 0 : i64} : () -> index')
         self.ph = self.em('"attn.program_id"() {axis = 1 : i64} : () -> index')
         third = self.em('"attn.program_id"() {axis = 2 : i64} : () -> index')
-        if self.decay == "token_dim":
+        if self.decay == "token_dim" and sums:
             self.tril = self.generic([], self.tile_type(self.c, self.c), lambda inner, a: inner(
                 f"arith.select {self.pair_mask(inner)}, {inner('arith.constant 1.0 : f32')}, "
                 f"{inner('arith.constant 0.0 : f32')} : f32"))
@@ -463,7 +464,7 @@ class _Kernel(KernelText):
         bk, bv = self.bk, self.bv
         g_cum = self.dest(0) if self.g_cum_type else None
         h_arg, state_arg = self.dest(1 if g_cum else 0), self.dest(2 if g_cum else 1)
-        kb, self.v0 = self.split_id(self.program_ids())
+        kb, self.v0 = self.split_id(self.program_ids(sums=self.g_cum_type is None))
         k0 = em(f"arith.muli {kb}, {self.idx(bk)} : index") if self.nk > 1 else None
         s_type = self.tile_type(bk, bv)
 
@@ -489,7 +490,7 @@ class _Kernel(KernelText):
         by_rows = self.decay == "token_dim" and self.c % SUB == 0 and self.c > SUB
         g_cum = self.dest(0) if by_rows else None
         h_arg, out_arg = self.dest(1 if by_rows else 0), self.dest(2 if by_rows else 1)
-        it, self.v0 = self.split_id(self.program_ids())
+        it, self.v0 = self.split_id(self.program_ids(sums=not by_rows))
         t0 = em(f"arith.muli {it}, {self.idx(self.c)} : index")
         state = em(f"tensor.extract_slice {h_arg}[{self.pb}, {self.ph}, {it}, 0, {self.v0 or 0}] [1, 1, 1, {dk}, {bv}] "
                    f"[1, 1, 1, 1, 1] : {self.h_type} to {self.tile_type(dk, bv, self.dot_elt)}")
