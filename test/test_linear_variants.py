@@ -52,3 +52,47 @@ def test_state_carry_across_two_halves_equals_one_run(name):
                        return_state=True, backend="cpu")
     torch.testing.assert_close(torch.cat([first, second], dim=2), whole, **TOL)
     torch.testing.assert_close(last, whole_state, **TOL)
+
+
+def _strided(t, dtype, pad: int = 0):
+    """t's values in fla's [B, T, H, D] storage, seen as a [B, H, T, D] view (non-contiguous);
+    `pad` extra columns per row make the row strides odd."""
+    b, h, n, d = t.shape
+    storage = torch.zeros(b, n, h, d + pad, dtype=dtype)
+    storage[..., :d] = t.transpose(1, 2)
+    return storage[..., :d].transpose(1, 2)
+
+
+def _close_16bit(got, want):
+    """Within a few 16-bit roundings of the largest value (matmul operands are rounded)."""
+    assert torch.isfinite(got).all()
+    scale = max(want.abs().max().item(), 1.0)
+    torch.testing.assert_close(got.double(), want.double(), atol=2**-6 * scale, rtol=2**-6)
+
+
+@pytest.mark.parametrize("name", ["gated_retention", "gla"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_strided_on_cpu(name, dtype):
+    lin, g, q, k, v = _case(name)
+    q, k, v = (_strided(t, dtype) for t in (q, k, v))
+    assert not q.is_contiguous()
+    want, want_state = lin(q, k, v, g, return_state=True, backend="reference")
+    got, state = lin(q, k, v, g, return_state=True, backend="cpu")
+    assert got.dtype == dtype
+    _close_16bit(got, want)
+    _close_16bit(state, want_state)
+
+
+@pytest.mark.parametrize("name", ["retnet", "gla"])
+def test_fp16_strided_as_triton_ir(name):
+    # The split kernels on fp16 [B, T, H, D] views with rows of 19 elements: strides no
+    # multiple of 16, so the general (any-strides) variant of every kernel runs.
+    lin, g, q, k, v = _case(name)
+    q, k, v = (_strided(t, torch.float16, pad=3) for t in (q, k, v))
+    _, captures = lin._build(q, k, v, g, None)
+    bundle = tb.build_bundle(lin.mlir(q, k, v, g), "cuda:90", SMALL)
+    (out, state), chosen = interpret(bundle, q, k, v, *[t for t in (g,) if t is not None], *captures)
+    assert not chosen.aligned
+    want, want_state = lin(q, k, v, g, return_state=True, backend="reference")
+    _close_16bit(out, want)
+    _close_16bit(state, want_state)
