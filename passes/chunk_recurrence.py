@@ -509,7 +509,6 @@ class _Kernel(KernelText):
     def store_output(self, t0: str, q, k, v, decay, state: str, z: str | None, out: str) -> str:
         """Insert the chunk's output rows o = A @ v + (scale * q * exp(G)) @ S (normalized with z)
         into `out`; `state` is S [Dk, BV] as a matmul operand."""
-        em = self.em
         c, dk, bv = self.c, self.dk, self.bv
         (q, q_op), (k, k_op), (v, v_op) = q, k, v
         cd, cc, cb = self.tile_type(c, dk), self.tile_type(c, c), self.tile_type(c, bv)
