@@ -388,9 +388,12 @@ def argument_values(variant: KernelVariant, tensors: dict, tables: list) -> list
 
 
 def choose_variant(bundle: Bundle, tensors: dict) -> KernelVariant:
-    if "aligned" in bundle.variants and aligned_ok(bundle, tensors):
-        return bundle.variants["aligned"]
-    return bundle.variants["generic"]
+    return pick_variant(bundle, aligned_ok(bundle, tensors))
+
+
+def pick_variant(kernel: Bundle | Stage, aligned: bool) -> KernelVariant:
+    """The kernel's aligned variant where the call allows it (and it has one), else the general."""
+    return kernel.variants["aligned"] if aligned and "aligned" in kernel.variants else kernel.variants["generic"]
 
 
 _TABLES: dict = {}
@@ -456,7 +459,7 @@ def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
     with torch.cuda.device(device):
         target = current_target()
         for kernel in bundle.stages + [bundle]:
-            variant = kernel.variants["aligned" if aligned and "aligned" in kernel.variants else "generic"]
+            variant = pick_variant(kernel, aligned)
             _launch_one(kernel, variant, target, argument_values(variant, tensors, device_tables(bundle, device)))
     return [tensors[spec.role] for spec in bundle.outputs]
 

@@ -24,12 +24,12 @@ def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = 
     """Run a bundle's kernels (its stages, then its own) in the TTIR interpreter the way
     `runtime.launch` runs them on a GPU."""
     tensors = runtime.bind(bundle, q, k, v, *captures)
-    chosen = bundle.variants[variant] if variant else runtime.choose_variant(bundle, tensors)
-    name = "aligned" if chosen is bundle.variants.get("aligned") else "generic"
+    aligned = variant == "aligned" if variant else runtime.aligned_ok(bundle, tensors)
+    chosen = runtime.pick_variant(bundle, aligned)
     tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in bundle.tables]
     arrays = {}
     for kernel in bundle.stages + [bundle]:
-        picked = kernel.variants[name]
+        picked = runtime.pick_variant(kernel, aligned)
         args = []
         for label, value in zip(picked.args, runtime.argument_values(picked, tensors, tables)):
             if isinstance(value, torch.Tensor):
