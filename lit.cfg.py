@@ -6,7 +6,7 @@ import sys
 
 import lit.formats
 
-from ae_mlir.context import dialect_path
+from ae_mlir.core.context import dialect_path
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

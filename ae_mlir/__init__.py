@@ -19,7 +19,7 @@ def __getattr__(name):
 
         return OnlineNormalizer
     if name == "CompileError":
-        from .context import CompileError
+        from .core.context import CompileError
 
         return CompileError
     raise AttributeError(f"module 'ae_mlir' has no attribute {name!r}")

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
-from .context import CompileError, Diagnostic
+from .core.context import CompileError, Diagnostic
 
 EMIT_KINDS = ("mlir", "ttir", "ptx", "amdgcn", "llvmir")
 SPLIT_MARKER = "// -----"
@@ -255,7 +255,7 @@ class _Collector:
     """Receives every diagnostic of a context (errors included) in emission order."""
 
     def __init__(self, ctx):
-        from .context import diagnostic_from_mlir
+        from .core.context import diagnostic_from_mlir
 
         self.diagnostics: list[Diagnostic] = []
         self._convert = diagnostic_from_mlir
@@ -276,8 +276,8 @@ def _process(chunk: str, line_offset: int, job: _Job) -> tuple[str | None, list[
     Returns (output or None, diagnostics with file-relative lines, whether it failed)."""
     from mlir import ir, passmanager
 
-    from .context import diagnostic_from_mlir, new_context, parse_module
-    from .verifier import verify_module
+    from .core.context import diagnostic_from_mlir, new_context, parse_module
+    from .core.verifier import verify_module
 
     ctx = new_context()
     ctx.enable_multithreading(False)

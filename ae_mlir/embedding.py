@@ -21,7 +21,7 @@ them). An unknown pass name or a bad option raises `CompileError` when the pass 
 """
 from __future__ import annotations
 
-from .context import CompileError, dialect_path, load_dialects
+from .core.context import CompileError, dialect_path, load_dialects
 from .passes import add_pass, pass_names
 from .passes import add_pipeline as add_passes
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .context import CompileError, Diagnostic, location_parts
+from .core.context import CompileError, Diagnostic, location_parts
 
 _CMPI = {0: "eq", 1: "ne", 2: "lt", 3: "le", 4: "gt", 5: "ge", 6: "lt", 7: "le", 8: "gt", 9: "ge"}
 # arith.cmpf predicates: (comparison, true when either side is NaN)
@@ -304,8 +304,8 @@ def run_module_text(text: str, inputs: list, out_dtype) -> list:
     """Parse, verify and evaluate `text`; the first result takes `out_dtype`, the rest stay f32."""
     import torch
 
-    from .context import new_context, parse_module
-    from .verifier import check_module
+    from .core.context import new_context, parse_module
+    from .core.verifier import check_module
 
     ctx = new_context()
     module = parse_module(text, ctx)

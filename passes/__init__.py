@@ -26,7 +26,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from ..context import CompileError
+from ..core.context import CompileError
 
 # Pass name -> "module:Class" under this package; modules are imported on first use only.
 _REGISTRY: dict[str, str] = {

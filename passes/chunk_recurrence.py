@@ -60,8 +60,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..frontend.emit import float_literal
-from ..regions import emit_scalar, from_region
+from ..core.regions import float_literal
+from ..core.regions import emit_scalar, from_region
 from . import ModulePass, option
 from .l1_text import KernelText, convert, elt, fail, kernel_function, ops_named, replace_function, shape
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..context import CompileError, Diagnostic, location_parts, parse_module
+from ..core.context import CompileError, Diagnostic, location_parts, parse_module
 from ..normalizers import BUILTIN, region_texts
-from ..regions import TextEmitter, emit_scalar, from_region
+from ..core.regions import TextEmitter, emit_scalar, from_region
 from . import ModulePass
 from .l1_text import ops_named
 

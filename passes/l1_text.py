@@ -10,9 +10,9 @@ the same names when called the same way.
 """
 from __future__ import annotations
 
-from ..context import CompileError, Diagnostic, location_parts
-from ..frontend.emit import float_literal
-from ..regions import TextEmitter
+from ..core.context import CompileError, Diagnostic, location_parts
+from ..core.regions import float_literal
+from ..core.regions import TextEmitter
 
 # Triton runs f32 x f32 dots as tf32 unless told otherwise; L1 matmuls whose accuracy matters
 # carry this attribute and the Triton lowering passes it on as the dot's input precision.
@@ -62,7 +62,7 @@ def replace_function(module_op, func, text: str, source_name: str) -> None:
     """Parse the kernel `text` and put its functions, in order, where `func` was."""
     from mlir import ir
 
-    from ..context import parse_module
+    from ..core.context import parse_module
 
     parsed = parse_module(text, module_op.context, source_name)
     with module_op.context:

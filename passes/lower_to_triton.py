@@ -51,8 +51,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
-from ..context import CompileError, Diagnostic, location_parts, parse_module
-from ..frontend.emit import float_literal
+from ..core.context import CompileError, Diagnostic, location_parts, parse_module
+from ..core.regions import float_literal
 from . import ModulePass, option
 
 MIN_DIM = 16

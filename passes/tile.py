@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..frontend.emit import float_literal
-from ..regions import TextEmitter, emit_scalar, from_region
+from ..core.regions import float_literal
+from ..core.regions import TextEmitter, emit_scalar, from_region
 from . import ModulePass, option
 from .l1_text import (KernelText, constant_op, convert, elt, fail, kernel_function, ops_named, replace_function,
                       shape)

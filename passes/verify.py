@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..context import CompileError
-from ..verifier import verify_module
+from ..core.context import CompileError
+from ..core.verifier import verify_module
 from . import ModulePass, option
 
 

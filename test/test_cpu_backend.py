@@ -314,7 +314,7 @@ def test_exponentials_are_accurate_to_a_few_ulp():
 
     from mlir.execution_engine import ExecutionEngine
 
-    from ae_mlir.context import new_context, parse_module
+    from ae_mlir.core.context import new_context, parse_module
     from ae_mlir.passes import build_pass_manager
 
     special = torch.tensor([0.0, -0.0, 1e-30, -1e-30, math.inf, -math.inf, math.nan, 88.7, 89.0, 127.9, 128.0,

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import and_masks, noop_mask, or_masks
 
 import ae_mlir as ae
-from ae_mlir.context import new_context, parse_module
+from ae_mlir.core.context import new_context, parse_module
 from ae_mlir.frontend.trace import TraceError
-from ae_mlir.verifier import verify_module
+from ae_mlir.core.verifier import verify_module
 
 B, H, L, D = 2, 4, 17, 16
 

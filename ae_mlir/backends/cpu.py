@@ -11,7 +11,7 @@ import functools
 import threading
 from dataclasses import dataclass
 
-from ..context import CompileError
+from ..core.context import CompileError
 
 # Rows per program and keys per KV tile: a 64x64 f32 score tile (16 KiB) and the K, V and
 # accumulator tiles stay in L1/L2 for head dims up to 128.
@@ -66,8 +66,8 @@ class CompiledKernel:
         from mlir import ir
         from mlir.execution_engine import ExecutionEngine
 
-        from ..context import new_context, parse_module
-        from ..verifier import check_module
+        from ..core.context import new_context, parse_module
+        from ..core.verifier import check_module
 
         self._context = new_context()
         module = parse_module(module_text, self._context)
@@ -98,7 +98,11 @@ class CompiledKernel:
             self._engine = ExecutionEngine(module, opt_level=3)
         except RuntimeError as err:
             raise CompileError(f"the LLVM JIT rejected the lowered module: {err}") from None
-        self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._engine.raw_lookup("_mlir_ciface_" + self.name))
+        address = self._engine.raw_lookup("_mlir_ciface_" + self.name)
+        if not address:
+            # The JIT reports unresolved symbols on stderr and hands back a null entry point.
+            raise CompileError(f"the LLVM JIT could not link kernel '{self.name}' (unresolved symbols)")
+        self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
 
     def _run(self, pipeline: str, module) -> None:
         from mlir import ir
@@ -108,7 +112,7 @@ class CompiledKernel:
         try:
             build_pass_manager(pipeline, self._context).run(module.operation)
         except ir.MLIRError as err:
-            from ..context import diagnostic_from_mlir
+            from ..core.context import diagnostic_from_mlir
 
             diags = [diagnostic_from_mlir(d) for d in err.error_diagnostics]
             raise CompileError("compiling for the CPU failed", diags) from None

@@ -12,7 +12,7 @@ tensors, on a machine without a GPU.
 from __future__ import annotations
 
 from .. import runtime
-from ..context import CompileError
+from ..core.context import CompileError
 
 _ELT_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
                "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool"}
@@ -113,9 +113,9 @@ def lower(l0_text: str, config: dict):
     """L0 text -> (L1 module text, input, output and workspace specs)."""
     from mlir import ir
 
-    from ..context import new_context, parse_module
+    from ..core.context import new_context, parse_module
     from ..passes import build_pass_manager
-    from ..verifier import check_module
+    from ..core.verifier import check_module
 
     ctx = new_context()
     module = parse_module(l0_text, ctx, "<l0>")
@@ -132,7 +132,7 @@ def lower(l0_text: str, config: dict):
     try:
         pm.run(module.operation)
     except ir.MLIRError as err:
-        from ..context import diagnostic_from_mlir
+        from ..core.context import diagnostic_from_mlir
 
         raise CompileError("the Triton pipeline failed",
                            [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None
@@ -159,7 +159,7 @@ def _lower_l1(l1_text: str, aligned: bool, precision: str) -> list[tuple[runtime
     facts its tt.func records."""
     from mlir import ir
 
-    from ..context import new_context, parse_module
+    from ..core.context import new_context, parse_module
     from ..passes import build_pass_manager
     from ..passes.lower_to_triton import triton_text
 
@@ -170,7 +170,7 @@ def _lower_l1(l1_text: str, aligned: bool, precision: str) -> list[tuple[runtime
     try:
         build_pass_manager(pipeline, ctx).run(module.operation)
     except ir.MLIRError as err:
-        from ..context import diagnostic_from_mlir
+        from ..core.context import diagnostic_from_mlir
 
         raise CompileError("attn-lower-to-triton failed",
                            [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None

@@ -1,9 +1,7 @@
 """Turn traced expressions into MLIR region bodies and whole L0 modules (text, generic form)."""
 from __future__ import annotations
 
-import math
-
-from ..regions import TextEmitter
+from ..core.regions import TextEmitter, float_literal
 from .trace import F32, I1, INDEX, Expr
 
 _FLOAT_OPS = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf", "div": "arith.divf",
@@ -36,17 +34,6 @@ def tensor_type(shape, elt: str) -> str:
     dims = "x".join(str(int(d)) for d in shape)
     return f"tensor<{dims}x{elt}>" if dims else f"tensor<{elt}>"
 
-
-def float_literal(v: float) -> str:
-    if math.isnan(v):
-        return "0x7FC00000"
-    if math.isinf(v):
-        return "0x7F800000" if v > 0 else "0xFF800000"
-    # MLIR's float literal needs a '.' even with an exponent: "1e-05" does not parse, "1.0e-05" does.
-    text = repr(float(v))
-    if "." not in text:
-        text = text.replace("e", ".0e") if "e" in text else text + ".0"
-    return text
 
 
 class RegionEmitter(TextEmitter):

@@ -6,6 +6,7 @@ so every emitter renames values and retypes results without re-parsing text.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -124,3 +125,14 @@ def emit_scalar(program: ScalarProgram, args: list[str], em: TextEmitter, extern
                        f'({", ".join(op.operand_types)}) -> ({results})')
         env[f"v{i}_0"] = value
     return env[program.result]
+
+def float_literal(v: float) -> str:
+    if math.isnan(v):
+        return "0x7FC00000"
+    if math.isinf(v):
+        return "0x7F800000" if v > 0 else "0xFF800000"
+    # MLIR's float literal needs a '.' even with an exponent: "1e-05" does not parse, "1.0e-05" does.
+    text = repr(float(v))
+    if "." not in text:
+        text = text.replace("e", ".0e") if "e" in text else text + ".0"
+    return text
