@@ -25,64 +25,12 @@ from typing import ClassVar
 from ..core.regions import float_literal
 from ..core.regions import TextEmitter, emit_scalar, from_region
 from . import ModulePass, option
-from .l1_text import (KernelText, constant_op, convert, elt, fail, kernel_function, ops_named, replace_function,
+from .tile_tables import Classification, classify_blocks, table_constants
+from .l1_text import (KernelText, convert, elt, fail, kernel_function, ops_named, replace_function,
                       shape)
 
 LOG2E = 1.0 / math.log(2.0)
 NEG_INF = "0xFF800000"
-
-
-@dataclass
-class _Classification:
-    """Per query block: the KV blocks to visit with the mask (partial) and without it (full).
-    With `at_call_time`, the lists are not known yet: the kernel reads them from arguments."""
-
-    partial: list[list[int]]
-    full: list[list[int]]
-    at_call_time: bool = False
-
-
-def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, outer_constants: dict,
-                    at_call_time: bool = False) -> _Classification:
-    """Classify every (query block, KV block) pair as skipped, full or partial.
-
-    A mask that reads only q_idx, kv_idx and constants is evaluated here on the index grid. A mask
-    that also reads closure tensors (but not b or h) is classified at call time when
-    `at_call_time`; otherwise, and for masks that read b or h, every tile is partial. No mask
-    leaves only the ragged last tile partial.
-    """
-    from ..block_mask import classify, unmasked
-    from ..reference import eval_region
-
-    if mask_region is None:
-        return _Classification(*unmasked(lq, lk, bm, bn).as_lists())
-    if not _is_positional(mask_region):
-        nn = -(-lk // bn)
-        program = from_region(mask_region)
-        if at_call_time and not (program.uses_arg(0) or program.uses_arg(1)):
-            return _Classification([], [], at_call_time=True)
-        return _Classification([list(range(nn)) for _ in range(-(-lq // bm))], [[] for _ in range(-(-lq // bm))])
-    tables = classify(lambda b, h, q, kv: eval_region(mask_region, [b, h, q, kv], outer_constants),
-                      1, 1, lq, lk, bm, bn)
-    return _Classification(*tables.as_lists())
-
-
-def _is_positional(region) -> bool:
-    """True when the mask reads only q_idx, kv_idx and constants (no b, h or closure tensors)."""
-    program = from_region(region)
-    if program.uses_arg(0) or program.uses_arg(1):
-        return False
-    return all(constant_op(v) is not None for v in program.externals)
-
-
-def _table(values: list[list[int]]) -> tuple[str, str, str]:
-    """(counts constant, indices constant, their types) for per-query-block block lists."""
-    nm = len(values)
-    width = max([1] + [len(v) for v in values])
-    counts = ", ".join(str(len(v)) for v in values)
-    rows = ", ".join("[" + ", ".join(str(x) for x in v + [0] * (width - len(v))) + "]" for v in values)
-    return (f"dense<[{counts}]> : tensor<{nm}xi32>", f"dense<[{rows}]> : tensor<{nm}x{width}xi32>",
-            f"tensor<{nm}xi32>|tensor<{nm}x{width}xi32>")
 
 
 class _Kernel(KernelText):
@@ -116,7 +64,7 @@ class _Kernel(KernelText):
         return super().load_tile(src, src_type, self.elt, coords, start, length, rows, width)
 
     # --- the kernel ----------------------------------------------------------------------
-    def build(self, classification: _Classification) -> str:
+    def build(self, classification: Classification) -> str:
         em = self.em
         bm, bn, elt = self.bm, self.bn, self.elt
         nm = -(-self.lq // bm)
@@ -162,7 +110,7 @@ class _Kernel(KernelText):
             elif not any(lists):
                 continue
             else:
-                counts, indices, types = _table(lists)
+                counts, indices, types = table_constants(lists)
                 count_t, index_t = types.split("|")
                 count_tab = em(f"arith.constant {counts}")
                 index_tab = em(f"arith.constant {indices}")
@@ -219,9 +167,10 @@ class _Kernel(KernelText):
         params += [f"{out_arg}: {out_type}"] + ([f"{lse_arg}: {lse_type}"] if self.with_lse else [])
         name = self.func.attributes["sym_name"].value
         body = "\n".join(f"    {line}" for line in em.lines)
+        extra = "".join(f", {key} = {value}" for key, value in classification.kernel_attributes())
         return (f"func.func @{name}({', '.join(params)}) -> ({', '.join(result_types)}) attributes "
                 f"{{attn.grid = array<i64: {self.b}, {self.h}, {nm}>, attn.block_m = {bm} : i64, "
-                f"attn.block_n = {bn} : i64{', attn.call_time_tables' if table_args else ''}}} {{\n{body}\n}}\n")
+                f"attn.block_n = {bn} : i64{extra}}} {{\n{body}\n}}\n")
 
     def safe_max(self, m: str) -> str:
         """Row max with -inf (a row with nothing visible yet) replaced by 0."""
@@ -341,7 +290,8 @@ class AttnTile(ModulePass):
     block_n: int = option(64, "keys per KV tile")
     call_time_tables: bool = option(False, "classify masks that read closure tensors at call time: the "
                                            "kernel takes the tile tables as four extra arguments after "
-                                           "the inputs (partial count/index, full count/index)")
+                                           "the inputs (partial count/index, full count/index) "
+                                           "and carries the mask as JSON in attn.mask_program")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
@@ -355,15 +305,7 @@ class AttnTile(ModulePass):
     def _tile(self, module_op, op) -> None:
         func = kernel_function(op, "tiled")
         kernel = _Kernel(op, func, self.block_m, self.block_n)
-        outer = {}
         mask_region = op.regions[1] if list(op.regions[1].blocks) else None
-        if mask_region is not None:
-            from ..reference import _scalar_op
-
-            for value in from_region(mask_region).externals:
-                const = constant_op(value)
-                if const is not None:
-                    outer[value] = _scalar_op(const, [])
-        classification = classify_blocks(mask_region, kernel.lq, kernel.lk, self.block_m, self.block_n, outer,
+        classification = classify_blocks(mask_region, kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables)
         replace_function(module_op, func, kernel.build(classification), "<attn-tile>")

@@ -6,8 +6,9 @@ so every emitter renames values and retypes results without re-parsing text.
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,48 @@ class ScalarProgram:
     ops: tuple[ScalarOp, ...]
     result: str  # the key of the yielded value
     result_type: str
-    externals: tuple = ()  # the enclosing function's values the region reads, by "ext<i>"
+    # The enclosing function's values the region reads, by "ext<i>"; MLIR values, so they take
+    # no part in comparing programs: `sources` says what each one is.
+    externals: tuple = field(default=(), compare=False)
+    # Per external: ("operand", i) for the function's i-th argument (a closure tensor),
+    # ("constant", value attribute, type) for an arith.constant, ("other",) for anything else.
+    sources: tuple = ()
 
     def uses_arg(self, index: int) -> bool:
         key = f"arg{index}"
         return self.result == key or any(key in op.operands for op in self.ops)
+
+    def to_json(self) -> str:
+        """The program as JSON, its outer values as sources; ValueError when one is neither a
+        function argument nor a constant (it could not be bound without the MLIR module)."""
+        if any(s[0] == "other" for s in self.sources):
+            raise ValueError("the program reads an outer value that is neither a function argument nor a constant")
+        ops = [{"name": op.name, "operands": list(op.operands), "attributes": [list(a) for a in op.attributes],
+                "result_types": list(op.result_types), "operand_types": list(op.operand_types)} for op in self.ops]
+        return json.dumps({"arg_types": list(self.arg_types), "ops": ops, "result": self.result,
+                           "result_type": self.result_type, "sources": [list(s) for s in self.sources]},
+                          separators=(",", ":"), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "ScalarProgram":
+        data = json.loads(text)
+        ops = tuple(ScalarOp(op["name"], tuple(op["operands"]), tuple(tuple(a) for a in op["attributes"]),
+                             tuple(op["result_types"]), tuple(op["operand_types"])) for op in data["ops"])
+        return ScalarProgram(tuple(data["arg_types"]), ops, data["result"], data["result_type"],
+                             sources=tuple(tuple(s) for s in data["sources"]))
+
+
+def _source(value) -> tuple:
+    owner = value.owner
+    operation = getattr(owner, "operation", None)
+    if operation is not None:
+        if operation.name == "arith.constant":
+            return ("constant", str(operation.attributes["value"]), str(value.type))
+        return ("other",)
+    parent = owner.owner if hasattr(owner, "owner") else None
+    if parent is not None and parent.operation.name == "func.func":
+        return ("operand", value.arg_number)
+    return ("other",)
 
 
 def from_region(region) -> ScalarProgram | None:
@@ -74,7 +112,7 @@ def from_region(region) -> ScalarProgram | None:
     if result is None:
         raise ValueError("mod region does not end with gpu.yield")
     return ScalarProgram(tuple(str(a.type) for a in block.arguments), tuple(ops), result, result_type,
-                         tuple(externals))
+                         tuple(externals), tuple(_source(v) for v in externals))
 
 
 class TextEmitter:

@@ -1,0 +1,92 @@
+"""Tile classification: which KV tiles each query block visits, with or without the mask.
+
+For every (query block, KV tile) pair a mask is either empty (no pair kept: the tile is skipped),
+full (every pair kept and the tile not ragged: no mask evaluation) or partial. The kernels walk
+two lists per query block, partial tiles then full ones, stored as tables:
+
+    partial_count [.., NM] i32, partial_index [.., NM, W] i32, full_count, full_index
+
+It needs only torch: the tile pass classifies positional masks with it at compile time, and the
+runtime (`ae_mlir.block_mask`) masks that read closure tensors at call time, on the tensors' own
+device, as FlexAttention's BlockMask does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockTables:
+    partial_count: object  # torch.int32 [Bt, Ht, NM]
+    partial_index: object  # torch.int32 [Bt, Ht, NM, W]
+    full_count: object
+    full_index: object
+
+    def as_lists(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(partial, full) block lists of the first (b, h) slice, for compile-time tables."""
+        def lists(count, index):
+            return [index[0, 0, m, : int(count[0, 0, m])].tolist() for m in range(count.shape[2])]
+
+        return lists(self.partial_count, self.partial_index), lists(self.full_count, self.full_index)
+
+    def tensors(self) -> list:
+        return [self.partial_count, self.partial_index, self.full_count, self.full_index]
+
+
+def _pack(flags, device, full_width: bool):
+    """Per-row block lists from a [Bt, Ht, NM, NN] bool tensor, as (count, index) tables; the
+    index table is NN wide with `full_width` (a kernel's fixed argument shape), else as narrow as
+    the longest list."""
+    import torch
+
+    count = flags.sum(dim=-1, dtype=torch.int32)
+    width = flags.shape[-1] if full_width else max(1, int(count.max()) if count.numel() else 1)
+    # Stable sort puts the chosen block numbers first, in increasing order.
+    order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)[..., :width]
+    index = torch.where(torch.arange(width, device=device) < count.unsqueeze(-1), order,
+                        torch.zeros_like(order)).to(torch.int32)
+    return count.contiguous(), index.contiguous()
+
+
+def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int, block_n: int,
+             device="cpu", full_width: bool = False) -> BlockTables:
+    """Classify tiles of the mask `keep(b, h, q_idx, kv_idx) -> bool tensor`.
+
+    `keep` is called on broadcastable int64 index tensors, one query block of rows at a time, so
+    memory stays O(batch * heads * block_m * seq_k). `batch` / `heads` of 1 mean the mask does
+    not depend on that index.
+    """
+    import torch
+
+    nm, nn = -(-seq_q // block_m), -(-seq_k // block_n)
+    ragged = seq_k % block_n != 0
+    any_kept = torch.zeros(batch, heads, nm, nn, dtype=torch.bool, device=device)
+    all_kept = torch.zeros_like(any_kept)
+    b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
+    h = torch.arange(heads, device=device).view(1, heads, 1, 1)
+    kv = torch.arange(seq_k, device=device).view(1, 1, 1, seq_k)
+    for m in range(nm):
+        rows = min(block_m, seq_q - m * block_m)
+        q = torch.arange(m * block_m, m * block_m + rows, device=device).view(1, 1, rows, 1)
+        kept = torch.as_tensor(keep(b, h, q, kv), device=device).to(torch.bool)
+        kept = kept.expand(batch, heads, rows, seq_k)
+        padded = torch.zeros(batch, heads, rows, nn * block_n, dtype=torch.bool, device=device)
+        padded[..., :seq_k] = kept
+        tiles = padded.view(batch, heads, rows, nn, block_n)
+        any_kept[:, :, m] = tiles.any(dim=4).any(dim=2)
+        all_kept[:, :, m] = tiles.all(dim=4).all(dim=2)
+    if ragged:
+        all_kept[..., nn - 1] = False
+    full = any_kept & all_kept
+    partial = any_kept & ~all_kept
+    pc, pi = _pack(partial, device, full_width)
+    fc, fi = _pack(full, device, full_width)
+    return BlockTables(pc, pi, fc, fi)
+
+
+def unmasked(seq_q: int, seq_k: int, block_m: int, block_n: int, device="cpu") -> BlockTables:
+    """Tables without a mask: every tile full, except a ragged last KV tile (bounds only)."""
+    import torch
+
+    return classify(lambda b, h, q, kv: torch.ones((), dtype=torch.bool), 1, 1, seq_q, seq_k,
+                    block_m, block_n, device)

@@ -1,0 +1,88 @@
+"""Tile classification for `attn-tile`: which KV tiles each query block visits, with or without
+the mask, and how the kernel learns it.
+
+* A mask that reads only q_idx, kv_idx and constants is evaluated here, on the index grid, with
+  the shared scalar evaluator; the kernel carries the lists as constant tables.
+* A mask that also reads closure tensors (but not b or h) is classified at call time when asked:
+  the kernel takes the four tables as arguments and carries the mask's program as JSON
+  (`attn.mask_program`), which the runtime evaluates on the closure tensors it is launched with.
+* Otherwise every tile is partial; without a mask only the ragged last tile is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.block_tables import classify, unmasked
+from ..core.regions import ScalarProgram, from_region
+from ..core.scalar_eval import bind_externals, evaluate
+
+MASK_PROGRAM = "attn.mask_program"
+CALL_TIME_TABLES = "attn.call_time_tables"
+
+
+@dataclass
+class Classification:
+    """Per query block: the KV blocks to visit with the mask (partial) and without it (full).
+    With `program`, the lists are not known yet: the kernel reads them from arguments and the
+    runtime computes them from this mask program."""
+
+    partial: list[list[int]]
+    full: list[list[int]]
+    program: ScalarProgram | None = None
+
+    @property
+    def at_call_time(self) -> bool:
+        return self.program is not None
+
+    def kernel_attributes(self) -> list[tuple[str, str]]:
+        """(name, attribute text) pairs the kernel function carries: none for compile-time
+        tables; the call-time marker and the mask program otherwise."""
+        if self.program is None:
+            return []
+        return [(CALL_TIME_TABLES, "unit"), (MASK_PROGRAM, string_attribute(self.program.to_json()))]
+
+
+def string_attribute(text: str) -> str:
+    """`text` as an MLIR string attribute; JSON from `to_json` is ASCII without newlines, so
+    quotes and backslashes are all that need escaping."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, at_call_time: bool = False) -> Classification:
+    """Classify every (query block, KV block) pair as skipped, full or partial (see the module
+    docstring for which masks are classified when)."""
+    if mask_region is None:
+        return Classification(*unmasked(lq, lk, bm, bn).as_lists())
+    program = from_region(mask_region)
+    if not _is_positional(program):
+        if at_call_time and _classifiable_at_call_time(program):
+            return Classification([], [], program)
+        nm, nn = -(-lq // bm), -(-lk // bn)
+        return Classification([list(range(nn)) for _ in range(nm)], [[] for _ in range(nm)])
+    constants = bind_externals(program, [])
+    tables = classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], constants), 1, 1, lq, lk, bm, bn)
+    return Classification(*tables.as_lists())
+
+
+def _is_positional(program: ScalarProgram) -> bool:
+    """True when the mask reads only q_idx, kv_idx and constants (no b, h or closure tensors)."""
+    if program.uses_arg(0) or program.uses_arg(1):
+        return False
+    return all(source[0] == "constant" for source in program.sources)
+
+
+def _classifiable_at_call_time(program: ScalarProgram) -> bool:
+    """The runtime classifies one (b, h) slice for all, from kernel operands and constants."""
+    if program.uses_arg(0) or program.uses_arg(1):
+        return False
+    return all(source[0] in ("operand", "constant") for source in program.sources)
+
+
+def table_constants(values: list[list[int]]) -> tuple[str, str, str]:
+    """(counts constant, indices constant, their types) for per-query-block block lists."""
+    nm = len(values)
+    width = max([1] + [len(v) for v in values])
+    counts = ", ".join(str(len(v)) for v in values)
+    rows = ", ".join("[" + ", ".join(str(x) for x in v + [0] * (width - len(v))) + "]" for v in values)
+    return (f"dense<[{counts}]> : tensor<{nm}xi32>", f"dense<[{rows}]> : tensor<{nm}x{width}xi32>",
+            f"tensor<{nm}xi32>|tensor<{nm}x{width}xi32>")
