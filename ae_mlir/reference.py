@@ -2,28 +2,20 @@
 
 It materializes every intermediate (scores are [B, H, Lq, Lk]), so it is the semantic oracle of
 the dialect, not a fast path. Mod regions are evaluated once, vectorized over the whole index
-grid, by interpreting their arith/math/tensor ops with torch.
+grid, by `core.scalar_eval`, the evaluator the compiler and the runtime classify masks with.
 """
 from __future__ import annotations
 
 import math
 
 from .core.context import CompileError, Diagnostic, location_parts
-
-_CMPI = {0: "eq", 1: "ne", 2: "lt", 3: "le", 4: "gt", 5: "ge", 6: "lt", 7: "le", 8: "gt", 9: "ge"}
-# arith.cmpf predicates: (comparison, true when either side is NaN)
-_CMPF = {1: ("eq", False), 2: ("gt", False), 3: ("ge", False), 4: ("lt", False), 5: ("le", False),
-         6: ("ne", False), 8: ("eq", True), 9: ("gt", True), 10: ("ge", True), 11: ("lt", True),
-         12: ("le", True), 13: ("ne", True)}
+from .core.regions import from_region
+from .core import scalar_eval
 
 
 def _error(op, message: str) -> CompileError:
     filename, line, col = location_parts(op.location)
     return CompileError(message, [Diagnostic("error", f"'{op.operation.name}' op {message}", filename, line, col)])
-
-
-def _attr_int(op, name: str) -> int:
-    return int(op.attributes[name].value)
 
 
 def _attr_float(op, name: str) -> float:
@@ -34,97 +26,19 @@ def _attr_str(op, name: str) -> str:
     return op.attributes[name].value
 
 
-def _cmp(a, b, pred: str):
-    import torch
-
-    return {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
-            "ge": torch.ge}[pred](a, b)
-
-
-def _scalar_op(op, args):
-    """Evaluate one arith/math/tensor op of a mod region on broadcastable torch tensors."""
-    import torch
-
-    name = op.operation.name
-    if name == "arith.constant":
-        attr = op.attributes["value"]
-        if str(attr.type) == "i1":
-            return torch.tensor(bool(attr.value))
-        if str(attr.type) in ("index", "i64", "i32", "i16", "i8"):
-            return torch.tensor(int(attr.value), dtype=torch.int64)
-        return torch.tensor(float(attr.value), dtype=torch.float64)
-    binary = {
-        "arith.addf": torch.add, "arith.subf": torch.sub, "arith.mulf": torch.mul, "arith.divf": torch.div,
-        "arith.addi": torch.add, "arith.subi": torch.sub, "arith.muli": torch.mul,
-        "arith.maximumf": torch.maximum, "arith.minimumf": torch.minimum,
-        "arith.maxsi": torch.maximum, "arith.minsi": torch.minimum,
-        "arith.andi": torch.bitwise_and, "arith.ori": torch.bitwise_or, "arith.xori": torch.bitwise_xor,
-        "arith.remf": torch.fmod, "arith.remsi": torch.fmod, "math.powf": torch.pow,
-    }
-    if name in binary:
-        return binary[name](args[0], args[1])
-    if name == "arith.floordivsi":
-        return torch.div(args[0], args[1], rounding_mode="floor")
-    if name == "arith.divsi":
-        return torch.div(args[0], args[1], rounding_mode="trunc")
-    unary = {
-        "arith.negf": torch.neg, "math.exp": torch.exp, "math.exp2": torch.exp2, "math.log": torch.log,
-        "math.log2": torch.log2, "math.sqrt": torch.sqrt, "math.rsqrt": torch.rsqrt, "math.tanh": torch.tanh,
-        "math.absf": torch.abs, "math.absi": torch.abs, "math.sin": torch.sin, "math.cos": torch.cos,
-        "math.floor": torch.floor, "math.ceil": torch.ceil, "math.erf": torch.erf, "math.log1p": torch.log1p,
-        "math.expm1": torch.expm1,
-    }
-    if name in unary:
-        return unary[name](args[0])
-    if name == "arith.cmpi":
-        return _cmp(args[0], args[1], _CMPI[_attr_int(op, "predicate")])
-    if name == "arith.cmpf":
-        pred = _attr_int(op, "predicate")
-        if pred in (0, 15):
-            return torch.full(torch.broadcast_shapes(args[0].shape, args[1].shape), pred == 15)
-        if pred in (7, 14):
-            unordered = torch.isnan(args[0]) | torch.isnan(args[1])
-            return ~unordered if pred == 7 else unordered
-        cmp, unordered_true = _CMPF[pred]
-        result = _cmp(args[0], args[1], cmp)
-        nan = torch.isnan(args[0]) | torch.isnan(args[1])
-        return (result | nan) if unordered_true else (result & ~nan)
-    if name == "arith.select":
-        return torch.where(args[0], args[1], args[2])
-    if name in ("arith.index_cast", "arith.extsi", "arith.trunci", "arith.index_castui"):
-        return args[0].to(torch.int64)
-    if name == "arith.extui":
-        return args[0].to(torch.int64)
-    if name in ("arith.sitofp", "arith.uitofp", "arith.extf", "arith.truncf"):
-        return args[0].to(torch.float64)
-    if name == "arith.fptosi":
-        return torch.trunc(args[0]).to(torch.int64)
-    if name == "tensor.extract":
-        tensor, idx = args[0], args[1:]
-        if not idx:
-            return tensor
-        for axis, (i, size) in enumerate(zip(idx, tensor.shape)):
-            if bool(((i < 0) | (i >= size)).any()):
-                raise _error(op, f"index out of bounds on axis {axis} of a closure tensor of shape "
-                                 f"{tuple(tensor.shape)}")
-        grid = torch.broadcast_tensors(*idx)
-        return tensor[tuple(grid)]
-    raise _error(op, "is not supported inside mod regions")
-
-
 def eval_region(region, args: list, outer: dict):
-    """Evaluate a one-block mod region; `args` bind its block arguments in order and `outer`
-    holds the enclosing function's values (the closure tensors the region reads)."""
-    block = region.blocks[0]
-    env = dict(outer)
-    for value, tensor in zip(block.arguments, args):
-        env[value] = tensor
-    for op in block.operations:
-        operands = [env[v] for v in op.operands]
-        if op.operation.name == "gpu.yield":
-            return operands[0]
-        env[op.results[0]] = _scalar_op(op, operands)
-    raise _error(region.owner, "region has no gpu.yield")
+    """Evaluate a one-block mod region with `core.scalar_eval`; `args` bind its block arguments
+    in order and `outer` holds the enclosing function's values (the closure tensors the region
+    reads)."""
+    ops = list(region.blocks[0].operations)
+    try:
+        program = from_region(region)
+    except ValueError as err:
+        raise _error(region.owner, str(err)) from None
+    try:
+        return scalar_eval.evaluate(program, args, [outer[v] for v in program.externals])
+    except scalar_eval.ScalarEvalError as err:
+        raise _error(ops[err.index], str(err)) from None
 
 
 def _grid(*sizes):
