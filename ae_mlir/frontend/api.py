@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import math
 
-from .emit import emit_region, float_literal, mlir_elt, tensor_type
+from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
+from .locations import definition_location, user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
 
 NORMALIZERS = ("softmax", "sigmoid", "relu", "none")
@@ -123,13 +124,16 @@ class attention:
         if hkv == 0 or h % hkv:
             raise ValueError(f"q heads ({h}) must be a multiple of k/v heads ({hkv}) for GQA")
 
-    def mlir(self, q, k, v) -> str:
-        """The L0 `attn` module for these tensors' shapes and dtypes (generic form)."""
+    def mlir(self, q, k, v, debug_info: bool = False) -> str:
+        """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
+        `debug_info`, every op ends with its location in the user's source, as compiling sees it."""
         self._validate(q, k, v)
         text, _ = self._build(q, k, v)
-        return text
+        return text if debug_info else strip_locations(text)
 
     def _build(self, q, k, v) -> tuple[str, list]:
+        """The L0 module with locations: ops a mod produced point at its lines, the mod ops at its
+        definition, the rest at the user's call."""
         b, h, lq, dk = q.shape
         _, hkv, lk, dv = v.shape
         scale = _default_scale(self.scale, dk)
@@ -139,10 +143,12 @@ class attention:
         tm = tensor_type((b, h, lq, lk), "i1")
         to = tensor_type((b, h, lq, dv), elt)
         tl = tensor_type((b, h, lq), "f32")
+        call = loc_suffix(user_location())
         caps = _Captures()
         body = []
         scores = "%scores"
-        body.append(f'%scores = "attn.score"(%q, %k) {{scale = {float_literal(scale)} : f32}} : ({tq}, {tk}) -> {ts}')
+        body.append(f'%scores = "attn.score"(%q, %k) {{scale = {float_literal(scale)} : f32}} : ({tq}, {tk}) -> {ts}'
+                    + call)
         if self.score_mod is not None:
             name = _mod_name(self.score_mod, "score_mod")
             expr, state = trace(self.score_mod, name, [F32, INDEX, INDEX, INDEX, INDEX])
@@ -152,7 +158,8 @@ class attention:
                 expr = _as_float(expr)
             args = [("%s", "f32"), ("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
             region = _region(expr, args, state, caps, "s")
-            body.append(f'%modded = "attn.score_mod"({scores}) ({region}) : ({ts}) -> {ts}')
+            body.append(f'%modded = "attn.score_mod"({scores}) ({region}) : ({ts}) -> {ts}'
+                        + _defined_at(self.score_mod, call))
             scores = "%modded"
         keep = None
         if self.mask_mod is not None:
@@ -162,15 +169,16 @@ class attention:
                 raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
             args = [("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
             region = _region(expr, args, state, caps, "m")
-            body.append(f'%keep = "attn.mask"() ({region}) : () -> {tm}')
+            body.append(f'%keep = "attn.mask"() ({region}) : () -> {tm}' + _defined_at(self.mask_mod, call))
             keep = "%keep"
         with_lse = self.normalize == "softmax"
         results = "%probs, %lse" if with_lse else "%probs"
         operands = [scores] + ([keep] if keep else [])
         in_types = [ts] + ([tm] if keep else [])
         out_types = [ts] + ([tl] if with_lse else [])
-        kind, regions = self.normalize, "{}, {}, {}"
+        kind, regions, norm_loc = self.normalize, "{}, {}, {}", call
         if not isinstance(kind, str):
+            norm_loc = _defined_at(self.normalize.prob, call)
             from ..normalizers import region_texts
 
             texts = region_texts(self.normalize, with_lse=False, indent="    ")
@@ -179,14 +187,15 @@ class attention:
             f'{results} = "attn.normalize"({", ".join(operands)}) ({regions}) '
             f'{{kind = "{kind}", operandSegmentSizes = array<i32: 1, {1 if keep else 0}>, '
             f'resultSegmentSizes = array<i32: 1, {1 if with_lse else 0}>}} : {_sig(in_types)} -> {_sig(out_types)}'
+            + norm_loc
         )
-        body.append(f'%out = "attn.aggregate"(%probs, %v) : ({ts}, {tv}) -> {to}')
+        body.append(f'%out = "attn.aggregate"(%probs, %v) : ({ts}, {tv}) -> {to}' + call)
         ret_vals = ["%out"] + (["%lse"] if with_lse else [])
         ret_types = [to] + ([tl] if with_lse else [])
-        body.append(f"return {', '.join(ret_vals)} : {', '.join(ret_types)}")
+        body.append(f"return {', '.join(ret_vals)} : {', '.join(ret_types)}" + call)
         params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"] + [
             f"%c{i}: {t}" for i, t in enumerate(caps.types())]
-        text = _func("attention", params, ret_types, body)
+        text = _func("attention", params, ret_types, body, call)
         return text, caps.tensors
 
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None):
@@ -204,20 +213,26 @@ class attention:
             lse = torch.full((b, h, lq), -math.inf, dtype=torch.float32, device=q.device)
             return (out, lse) if return_lse else out
         text, captures = self._build(q, k, v)
-        results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype, mask_mod=self.mask_mod)
+        results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         return (results[0], results[1]) if return_lse else results[0]
 
 
 def _as_float(expr):
     from .trace import Expr
 
-    return Expr("cast", F32, (expr,))
+    return Expr("cast", F32, (expr,), loc=expr.loc)
 
 
-def _func(name: str, params: list[str], ret_types: list[str], body: list[str]) -> str:
+def _defined_at(fn, call: str) -> str:
+    """The location suffix of the op a user function becomes: its definition, else the call."""
+    loc = definition_location(fn)
+    return loc_suffix(loc) if loc is not None else call
+
+
+def _func(name: str, params: list[str], ret_types: list[str], body: list[str], loc: str) -> str:
     lines = [f"func.func @{name}({', '.join(params)}) -> ({', '.join(ret_types)}) {{"]
     lines += [f"  {line}" for line in body]
-    lines.append("}")
+    lines.append("}" + loc)
     return "module {\n" + "\n".join("  " + line for line in lines) + "\n}\n"
 
 
@@ -272,15 +287,18 @@ class linear_attention:
                 raise ValueError(f"initial_state must have shape {want}, got {tuple(initial_state.shape)}")
             _same("q", q.device, "initial_state", initial_state.device, "device")
 
-    def mlir(self, q, k, v, g=None, initial_state=None) -> str:
-        """The L0 `attn` module for these tensors' shapes and dtypes (generic form)."""
+    def mlir(self, q, k, v, g=None, initial_state=None, debug_info: bool = False) -> str:
+        """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
+        `debug_info`, every op ends with its location in the user's source."""
         self._validate(q, k, v, g, initial_state)
-        return self._build(q, k, v, g, initial_state)[0]
+        text = self._build(q, k, v, g, initial_state)[0]
+        return text if debug_info else strip_locations(text)
 
     def _build(self, q, k, v, g, initial_state) -> tuple[str, list]:
         b, h, l, dk = q.shape
         dv = v.shape[3]
         scale = _default_scale(self.scale, dk)
+        call = loc_suffix(user_location())
         elt = mlir_elt(q.dtype)
         tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
         params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
@@ -326,10 +344,10 @@ class linear_attention:
             f'%out, %state = "attn.linear_recurrence"({", ".join(operands)}) ({", ".join(regions)}) '
             f'{{decay = "{self.decay or "none"}", scale = {float_literal(scale)} : f32, '
             f'normalize = {str(self.normalize).lower()}, chunk_size = {self.chunk_size} : i64, '
-            f'operandSegmentSizes = array<i32: {seg}>}} : {_sig(types)} -> ({to}, {tst})',
-            f"return %out, %state : {to}, {tst}",
+            f'operandSegmentSizes = array<i32: {seg}>}} : {_sig(types)} -> ({to}, {tst}){call}',
+            f"return %out, %state : {to}, {tst}{call}",
         ]
-        return _func("linear_attention", params, [to, tst], body), caps.tensors
+        return _func("linear_attention", params, [to, tst], body, call), caps.tensors
 
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None):
@@ -362,7 +380,7 @@ def _backend(backend: str | None, q) -> str:
     raise ValueError(f"no ae-mlir backend runs on device '{q.device}'; use CPU or CUDA/ROCm tensors")
 
 
-def _execute(text: str, inputs: list, backend: str, out_dtype, mask_mod=None):
+def _execute(text: str, inputs: list, backend: str, out_dtype):
     from .. import backends
 
-    return backends.run(text, inputs, backend, out_dtype, mask_mod)
+    return backends.run(text, inputs, backend, out_dtype)

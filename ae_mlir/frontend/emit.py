@@ -1,7 +1,10 @@
 """Turn traced expressions into MLIR region bodies and whole L0 modules (text, generic form)."""
 from __future__ import annotations
 
+import re
+
 from ..core.regions import TextEmitter, float_literal
+from .locations import SourceLoc
 from .trace import F32, I1, INDEX, Expr
 
 _FLOAT_OPS = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf", "div": "arith.divf",
@@ -35,6 +38,22 @@ def tensor_type(shape, elt: str) -> str:
     return f"tensor<{dims}x{elt}>" if dims else f"tensor<{elt}>"
 
 
+def loc_suffix(loc: SourceLoc | None) -> str:
+    """` loc("file":line:col)` to end an op's text with, or nothing for an unknown location."""
+    if loc is None:
+        return ""
+    file = loc.file.replace("\\", "\\\\").replace('"', '\\"')
+    return f' loc("{file}":{loc.line}:{loc.col})'
+
+
+_LOC_SUFFIX = re.compile(r' loc\("(?:[^"\\]|\\.)*":\d+:\d+\)')
+
+
+def strip_locations(text: str) -> str:
+    """The module text without the locations `loc_suffix` wrote."""
+    return _LOC_SUFFIX.sub("", text)
+
+
 
 class RegionEmitter(TextEmitter):
     """Emits the body of one region in SSA form; each Expr node is emitted once."""
@@ -45,9 +64,10 @@ class RegionEmitter(TextEmitter):
         self.capture_names = capture_names
         self.capture_types = capture_types
         self.names: dict[int, str] = {}
+        self.loc: SourceLoc | None = None  # of the expression whose ops are being written
 
     def op(self, text: str) -> str:
-        return self(text)
+        return self(text + loc_suffix(self.loc))
 
     def const(self, value, ty: str) -> str:
         if ty == I1:
@@ -60,6 +80,9 @@ class RegionEmitter(TextEmitter):
         key = id(e)
         if key in self.names:
             return self.names[key]
+        for x in e.args:  # operands first, so that every op written below is e's own
+            self.emit(x)
+        self.loc = e.loc
         name = self._emit(e)
         self.names[key] = name
         return name
@@ -175,5 +198,5 @@ def emit_region(root: Expr, arg_decls: list[tuple[str, str]], capture_names: lis
     lines = [f"{indent}^bb0({decls}):"]
     if body:
         lines.append(body)
-    lines.append(f'{indent}  "gpu.yield"({result}) : ({root.type}) -> ()')
+    lines.append(f'{indent}  "gpu.yield"({result}) : ({root.type}) -> (){loc_suffix(root.loc)}')
     return "{\n" + "\n".join(lines) + f"\n{indent}}}"

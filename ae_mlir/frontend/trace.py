@@ -7,7 +7,9 @@ Values are typed like torch's: "index" (integers), "f32" (floats) and "i1" (bool
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from .locations import SourceLoc, user_location
 
 
 class TraceError(ValueError):
@@ -23,7 +25,9 @@ class Expr:
     type: str
     args: tuple = ()
     value: object = None  # constant value, argument position, or capture
-    extra: dict = field(default_factory=dict)
+    # The user's source line that built this node (set when a Sym first wraps it); the ops
+    # emitted for it carry this location.
+    loc: SourceLoc | None = None
 
 
 @dataclass(eq=False)
@@ -137,6 +141,8 @@ class Sym:
     __slots__ = ("expr", "state")
 
     def __init__(self, expr: Expr, state: TraceState):
+        if expr.loc is None:
+            expr.loc = user_location()
         self.expr = expr
         self.state = state
 
@@ -433,13 +439,6 @@ def _logical(op):
 
 def _cmp_fn(pred):
     return lambda state, a, b: lift(a, state)._cmp(b, pred)
-
-
-def _sign_preserving(name):
-    def handler(state, x, *a, **k):
-        return getattr(lift(x, state), name)()
-
-    return handler
 
 
 _TORCH_HANDLERS = {name: _unary(name) for name in _UNARY_FLOAT}

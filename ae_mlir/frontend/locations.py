@@ -1,0 +1,64 @@
+"""Source locations of traced code: which line of the user's Python built an op.
+
+The tracer records, for every expression node, the innermost frame that is neither ae-mlir's nor
+torch's; the emitter writes it as an MLIR `loc("file.py":line:col)`, so a diagnostic about a mod's
+op, at any level, names the user's line.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    """A position in the user's Python source; `col` is 1-based, 0 when unknown (MLIR's usage)."""
+
+    file: str
+    line: int
+    col: int = 0
+
+
+@functools.lru_cache(maxsize=1)
+def _own_dir() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _is_library_file(filename: str) -> bool:
+    """ae-mlir's own frames and torch's (its __torch_function__ dispatch, flex_attention's
+    and_masks) stand between the user's line and the expression being recorded."""
+    if filename.startswith(_own_dir()):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and filename.startswith(os.path.dirname(torch.__file__) + os.sep)
+
+
+@functools.lru_cache(maxsize=256)
+def _positions(code) -> tuple:
+    return tuple(code.co_positions())
+
+
+def user_location() -> SourceLoc | None:
+    """Where the innermost frame outside ae-mlir and torch is: the user's line being run."""
+    frame = sys._getframe(1)
+    while frame is not None and _is_library_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    # co_positions has one entry per 2-byte code unit; f_lasti is the running instruction's offset.
+    positions = _positions(frame.f_code)
+    index = frame.f_lasti // 2
+    line, _, col, _ = positions[index] if 0 <= index < len(positions) else (None, None, None, None)
+    return SourceLoc(frame.f_code.co_filename, line or frame.f_lineno, col + 1 if col is not None else 0)
+
+
+def definition_location(fn) -> SourceLoc | None:
+    """The line that defines the user function `fn` (a partial's function, a callable object's
+    __call__); None when it is defined inside ae-mlir or torch or has no Python code."""
+    target = getattr(fn, "func", fn)
+    code = getattr(target, "__code__", None) or getattr(getattr(type(target), "__call__", None), "__code__", None)
+    if code is None or _is_library_file(code.co_filename):
+        return None
+    return SourceLoc(code.co_filename, code.co_firstlineno)
