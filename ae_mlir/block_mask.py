@@ -1,41 +1,51 @@
-"""Tile classification: which KV tiles each query block visits, with or without the mask.
+"""Call-time tile classification of masks that read closure tensors.
 
-For every (query block, KV tile) pair a mask is either empty (no pair kept: the tile is skipped),
-full (every pair kept and the tile not ragged: no mask evaluation) or partial. The kernels walk
-two lists per query block, partial tiles then full ones, stored as tables:
-
-    partial_count [.., NM] i32, partial_index [.., NM, W] i32, full_count, full_index
-
-This module needs only torch, so the runtime can classify masks that read closure tensors on the
-tensors' own device at call time, as FlexAttention's BlockMask does; the compiler uses the same
-code at compile time for masks that read only positions.
+A kernel whose mask reads closure tensors (but not b or h) takes its four tile tables as
+arguments (see `core.block_tables`) and carries the mask as a JSON `ScalarProgram`. At each call
+the runtime evaluates that program with torch on the tensors' own device, reading the closure
+tensors from the kernel's operands, as FlexAttention's BlockMask does: no user Python is needed,
+so a bundle built ahead of time classifies on its own.
 """
 from __future__ import annotations
 
+import functools
+
 from .core.block_tables import classify
+from .core.regions import ScalarProgram
+from .core.scalar_eval import bind_externals, evaluate
+
+
+@functools.lru_cache(maxsize=64)
+def _program(program_json: str) -> ScalarProgram:
+    return ScalarProgram.from_json(program_json)
+
+
+def classify_program(program: ScalarProgram, operands: list, seq_q: int, seq_k: int, block_m: int,
+                     block_n: int, device) -> list:
+    """The four tables (partial count/index, full count/index; [NM] and [NM, NN] int32) of the
+    mask `program`, whose outer values are `operands` (the kernel's inputs) or constants."""
+    externals = bind_externals(program, operands, device)
+    tables = classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], externals, device),
+                      1, 1, seq_q, seq_k, block_m, block_n, device, full_width=True)
+    return [t.reshape(t.shape[2:]) for t in tables.tensors()]
 
 
 _CACHE: dict = {}
 
 
-def classify_cached(mask_mod, seq_q: int, seq_k: int, block_m: int, block_n: int, device) -> list:
-    """Tables of a mask that reads closure tensors (not b or h), as kernel arguments.
-
-    Cached per mask function, shape, device and the closure tensors' identities and versions, so
-    calling the same attention again (the common case: same document ids for many layers) costs
-    nothing; changing a closure tensor in place bumps its version and reclassifies.
-    """
-    import torch
-
-    cells = [c.cell_contents for c in (getattr(mask_mod, "__closure__", None) or ())
-             if isinstance(getattr(c, "cell_contents", None), torch.Tensor)]
-    key = (mask_mod, seq_q, seq_k, block_m, block_n, str(device),
-           tuple((id(t), t._version) for t in cells))
-    tables = _CACHE.get(key)
-    if tables is None:
-        tables = classify(mask_mod, 1, 1, seq_q, seq_k, block_m, block_n, device, full_width=True)
-        tables = [t.reshape(t.shape[2:]) for t in tables.tensors()]
+def call_time_tables(program_json: str, operands: list, seq_q: int, seq_k: int, block_m: int, block_n: int,
+                     device) -> list:
+    """`classify_program`, cached per program, shape, blocks, device and the identities and
+    versions of the closure tensors it reads, so calling the same attention again (the common
+    case: the same document ids for many layers) costs nothing; changing a closure tensor in
+    place bumps its version and reclassifies."""
+    program = _program(program_json)
+    reads = tuple(operands[s[1]] for s in program.sources if s[0] == "operand")
+    key = (program_json, seq_q, seq_k, block_m, block_n, str(device), tuple((id(t), t._version) for t in reads))
+    entry = _CACHE.get(key)
+    if entry is None:
         if len(_CACHE) > 64:
             _CACHE.clear()
-        _CACHE[key] = tables
-    return tables
+        # The entry holds the closure tensors: while it lives, no other tensor can take their ids.
+        entry = _CACHE[key] = (reads, classify_program(program, operands, seq_q, seq_k, block_m, block_n, device))
+    return entry[1]

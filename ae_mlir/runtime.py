@@ -30,6 +30,8 @@ from pathlib import Path
 
 FORMAT_VERSION = 1
 _STREAMS = ("q", "k", "v", "out", "lse", "state")
+# Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables.
+MASK_PROGRAM = "mask_program"
 _TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
                  "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool"}
 
@@ -415,9 +417,11 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
     import torch
 
     given = [q, k, v] + list(captures)
-    if len(given) != len(bundle.inputs):
-        raise ValueError(f"kernel '{bundle.name}' takes {len(bundle.inputs)} tensors (q, k, v and "
-                         f"{len(bundle.inputs) - 3} closure tensors), got {len(given)}")
+    n_tables = 4 if MASK_PROGRAM in bundle.meta else 0
+    if len(given) != len(bundle.inputs) - n_tables:
+        raise ValueError(f"kernel '{bundle.name}' takes {len(bundle.inputs) - n_tables} tensors (q, k, v and "
+                         f"{len(bundle.inputs) - n_tables - 3} closure tensors), got {len(given)}")
+    given += call_time_tables(bundle, q, k, v, *captures)
     device = q.device
     tensors = {}
     for spec, t in zip(bundle.inputs, given):
@@ -440,6 +444,19 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
     for spec in bundle.workspace:
         tensors[spec.role] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
     return tensors
+
+
+def call_time_tables(bundle: Bundle, q, k, v, *captures) -> list:
+    """The tile tables of a bundle whose mask reads closure tensors, classified from the mask
+    program it carries on q's device (cached while the closure tensors are unchanged); [] for
+    any other bundle."""
+    program = bundle.meta.get(MASK_PROGRAM)
+    if program is None:
+        return []
+    from .block_mask import call_time_tables as classify
+
+    return classify(program, [q, k, v, *captures], q.shape[2], k.shape[2], bundle.block_m, bundle.block_n,
+                    q.device)
 
 
 _LAUNCHABLE: dict = {}

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 
-def run(module_text: str, inputs: list, backend: str, out_dtype, mask_mod=None) -> list:
-    """Compile (or interpret) `module_text` for `backend` and run it on `inputs`; `mask_mod` lets a
-    backend classify tiles at call time for masks that read closure tensors."""
+def run(module_text: str, inputs: list, backend: str, out_dtype) -> list:
+    """Compile (or interpret) `module_text` for `backend` and run it on `inputs` (q, k, v, then the
+    closure tensors); a mask that reads closure tensors is classified from the compiled kernel's
+    own mask program, so nothing but tensors is needed."""
     if backend == "reference":
         from ..reference import run_module_text
 
@@ -12,11 +13,11 @@ def run(module_text: str, inputs: list, backend: str, out_dtype, mask_mod=None) 
     if backend == "cpu":
         from .cpu import run_module_text
 
-        return run_module_text(module_text, inputs, out_dtype, mask_mod)
+        return run_module_text(module_text, inputs, out_dtype)
     if backend == "triton":
         from .triton import run
 
-        return run(module_text, inputs, out_dtype, mask_mod)
+        return run(module_text, inputs, out_dtype)
     raise NotImplementedError(
         f"backend '{backend}' is not available in this version of ae-mlir; use backend='reference'"
     )

@@ -162,11 +162,12 @@ def evaluate(program: ScalarProgram, args: list, externals: list = (), device=No
 
 def bind_externals(program: ScalarProgram, operands: list, device=None) -> list:
     """The tensors a program's outer values stand for, from its `sources`: a kernel operand
-    (a closure tensor, by position) or a constant."""
+    (a closure tensor, by position; moved to `device` when given) or a constant."""
     values = []
     for source in program.sources:
         if source[0] == "operand":
-            values.append(operands[source[1]])
+            operand = operands[source[1]]
+            values.append(operand if device is None else operand.to(device))
         elif source[0] == "constant":
             values.append(constant_value(source[1], source[2], device))
         else:

@@ -62,7 +62,6 @@ def triton_interpreted(attn, q, k, v):
 
     bundle = tb.compile_bundle(attn, q, k, v, config=SMALL)
     _, captures = attn._build(q, k, v)
-    captures += tb.call_time_tables(bundle, attn.mask_mod, q, k)
     (out, *_), _ = interpret(bundle, q, k, v, *captures)
     return out
 

@@ -1,0 +1,218 @@
+"""Mask programs: JSON round trips, the scalar evaluator against eager torch, and call-time tile
+tables classified from the program a kernel carries (no user Python at call time)."""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import weakref
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+import ae_mlir as ae
+from ae_mlir import block_mask, runtime
+from ae_mlir.backends import triton as tb
+from ae_mlir.core import scalar_eval
+from ae_mlir.core.block_tables import classify
+from ae_mlir.core.context import new_context, parse_module
+from ae_mlir.core.regions import ScalarProgram, from_region
+from ae_mlir.passes import build_pass_manager
+from ae_mlir.passes.tile_tables import MASK_PROGRAM
+from bundle_interp import interpret
+from inputs import qkv
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fuzz"))
+from programs import programs  # noqa: E402
+
+BM, BN = 16, 16
+SMALL = {"block_m": 32, "block_n": 16, "num_warps": 4, "num_stages": 2}
+
+
+def _op_regions(text: str, name: str) -> list:
+    """The ScalarPrograms of every `name` op's regions in an L0 module (non-empty ones)."""
+    module = parse_module(text, new_context())
+    func = next(op for op in module.body.operations if op.operation.name == "func.func")
+    return [from_region(r) for op in func.regions[0].blocks[0].operations if op.operation.name == name
+            for r in op.regions if list(r.blocks)]
+
+
+def _kernel_program(attn, q, k, v) -> str:
+    """The JSON mask program `attn-tile` writes on a call-time-classified kernel."""
+    ctx = new_context()
+    module = parse_module(attn.mlir(q, k, v), ctx)
+    pipeline = (f"builtin.module(attn-fuse-online-softmax,attn-tile{{block-m={BM} block-n={BN} "
+                "call-time-tables=true})")
+    build_pass_manager(pipeline, ctx).run(module.operation)
+    kernel = [op.operation for op in module.body.operations if op.operation.name == "func.func"][-1]
+    return kernel.attributes[MASK_PROGRAM].value
+
+
+def _grid(b, h, lq, lk):
+    return (torch.arange(b).view(b, 1, 1, 1), torch.arange(h).view(1, h, 1, 1),
+            torch.arange(lq).view(1, 1, lq, 1), torch.arange(lk).view(1, 1, 1, lk))
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+
+DOC = torch.tensor([0] * 20 + [1] * 25 + [2] * 19)
+
+
+def document(b, h, q_idx, kv_idx):
+    return DOC[q_idx] == DOC[kv_idx]
+
+
+def test_json_round_trip_keeps_ops_constants_and_capture_positions():
+    bias = torch.randn(2)
+    attn = ae.attention(score_mod=lambda s, b, h, qi, ki: torch.where(qi >= ki, s * 0.5 + bias[h], -float("inf")),
+                        mask_mod=document)
+    q, k, v = qkv(lq=64, dk=16)
+    for program in _op_regions(attn.mlir(q, k, v), "attn.score_mod") + _op_regions(attn.mlir(q, k, v), "attn.mask"):
+        back = ScalarProgram.from_json(program.to_json())
+        assert back == program
+        assert back.externals == ()
+        assert all(s[0] == "operand" and s[1] >= 3 for s in back.sources)
+    score, mask = _op_regions(attn.mlir(q, k, v), "attn.score_mod")[0], _op_regions(attn.mlir(q, k, v), "attn.mask")[0]
+    assert score.sources != mask.sources  # bias is c0, DOC is c1: positions, not values
+    assert any(op.attr("value") and "0xFF800000" in op.attr("value") for op in score.ops)
+
+
+def test_kernel_attribute_holds_the_mask_program():
+    q, k, v = qkv(lq=64, dk=16)
+    attn = ae.attention(mask_mod=document)
+    (mask,) = _op_regions(attn.mlir(q, k, v), "attn.mask")
+    assert ScalarProgram.from_json(_kernel_program(attn, q, k, v)) == mask
+
+
+def test_program_reading_a_computed_value_does_not_serialize():
+    program = ScalarProgram(("index",), (), "ext0", "index", sources=(("other",),))
+    with pytest.raises(ValueError, match="neither a function argument nor a constant"):
+        program.to_json()
+
+
+# --- the evaluator against eager torch ------------------------------------------------------------
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(programs(max_seq=24, dtypes=(torch.float32,)))
+def test_scalar_eval_matches_eager_torch(p):
+    attn = ae.attention(score_mod=p.score_mod(), mask_mod=p.mask_mod())
+    q, k, v = p.inputs()
+    text, captures = attn._build(q, k, v)
+    operands = [q, k, v] + [c.to(torch.float64) if c.dtype.is_floating_point else c for c in captures]
+    b, h, iq, ik = _grid(p.batch, p.heads, p.seq_q, p.seq_k)
+    if p.mask_tree is not None:
+        (program,) = _op_regions(text, "attn.mask")
+        program = ScalarProgram.from_json(program.to_json())
+        got = scalar_eval.evaluate(program, [b, h, iq, ik], scalar_eval.bind_externals(program, operands))
+        want = p.mask_mod()(b, h, iq, ik)
+        assert torch.equal(got.expand(want.shape), want), str(p)
+    if p.score_tree is not None:
+        (program,) = _op_regions(text, "attn.score_mod")
+        program = ScalarProgram.from_json(program.to_json())
+        score = torch.randn(p.batch, p.heads, p.seq_q, p.seq_k, dtype=torch.float64)
+        got = scalar_eval.evaluate(program, [score, b, h, iq, ik], scalar_eval.bind_externals(program, operands))
+        want = p.score_mod()(score.float(), b, h, iq, ik).double()
+        torch.testing.assert_close(got.expand(want.shape), want, atol=1e-5, rtol=1e-5, msg=str(p))
+
+
+def test_constant_literals():
+    assert scalar_eval.constant_value("0x7F800000 : f32", "f32").item() == float("inf")
+    assert scalar_eval.constant_value("0xFF800000 : f32", "f32").item() == -float("inf")
+    assert scalar_eval.constant_value("0x3F80 : bf16", "bf16").item() == 1.0
+    assert scalar_eval.constant_value("-3 : index", "index").item() == -3
+    assert scalar_eval.constant_value("true", "i1").item() is True
+    assert scalar_eval.constant_value("2.500000e-01 : f32", "f32").item() == 0.25
+
+
+# --- call-time tables -----------------------------------------------------------------------------
+
+WINDOW = torch.tensor(7)
+PERM = torch.randperm(64, generator=torch.Generator().manual_seed(3))
+
+
+def sliding_window(b, h, q_idx, kv_idx):
+    return (q_idx - kv_idx <= WINDOW) & (kv_idx <= q_idx)
+
+
+def _nested():
+    """A mask built from closures over closures: the gather goes through a permutation."""
+    def same_doc(q_idx, kv_idx):
+        return DOC[PERM[q_idx]] == DOC[PERM[kv_idx]]
+
+    def near(q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= WINDOW * 2
+
+    def mask(b, h, q_idx, kv_idx):
+        return same_doc(q_idx, kv_idx) | near(q_idx, kv_idx)
+
+    return mask
+
+
+@pytest.mark.parametrize("mask_mod", [document, sliding_window, _nested()], ids=["document", "window", "nested"])
+@pytest.mark.parametrize("lk", [64, 57])
+def test_call_time_tables_equal_the_mask_mod_ones(mask_mod, lk):
+    q, k, v = qkv(lq=64, lk=lk, dk=16)
+    attn = ae.attention(mask_mod=mask_mod)
+    program = _kernel_program(attn, q, k, v)
+    operands = [q, k, v] + attn._build(q, k, v)[1]
+    got = block_mask.call_time_tables(program, operands, 64, lk, BM, BN, "cpu")
+    want = classify(mask_mod, 1, 1, 64, lk, BM, BN, "cpu", full_width=True).tensors()
+    for g, w in zip(got, want):
+        assert torch.equal(g, w.reshape(w.shape[2:]))
+
+
+def test_call_time_tables_are_cached_until_a_closure_tensor_changes():
+    doc = DOC.clone()
+
+    def mask(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+
+    q, k, v = qkv(lq=64, dk=16)
+    attn = ae.attention(mask_mod=mask)
+    program = _kernel_program(attn, q, k, v)
+    operands = [q, k, v] + attn._build(q, k, v)[1]
+    first = block_mask.call_time_tables(program, operands, 64, 64, BM, BN, "cpu")
+    assert block_mask.call_time_tables(program, operands, 64, 64, BM, BN, "cpu") is first
+    doc[:32] = 5  # in place: same tensor, new version
+    changed = block_mask.call_time_tables(program, operands, 64, 64, BM, BN, "cpu")
+    assert changed is not first
+    want = classify(mask, 1, 1, 64, 64, BM, BN, "cpu", full_width=True).tensors()
+    assert all(torch.equal(g, w.reshape(w.shape[2:])) for g, w in zip(changed, want))
+
+
+def _doc_attention():
+    doc = torch.tensor([0] * 40 + [1] * 50 + [2] * 38)
+
+    def doc_mask(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+
+    return ae.attention(mask_mod=doc_mask), weakref.ref(doc_mask)
+
+
+def test_bundle_runs_without_the_users_function():
+    q, k, v = qkv(lq=128, dk=16)
+    attn, mask_ref = _doc_attention()
+    want = attn(q, k, v, backend="reference")
+    captures = attn._build(q, k, v)[1]
+    text = tb.compile_bundle(attn, q, k, v, config=SMALL).to_json()
+    del attn
+    gc.collect()
+    assert mask_ref() is None, "something still holds the user's mask function"
+    bundle = runtime.Bundle.from_json(text)  # as a deployment loads it: tensors and JSON only
+    (out, _), _ = interpret(bundle, q, k, v, *captures)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=2e-5)
+
+
+def test_cpu_kernel_runs_without_the_users_function():
+    from ae_mlir import backends
+
+    q, k, v = qkv(lq=128, dk=16)
+    attn, mask_ref = _doc_attention()
+    want = attn(q, k, v, backend="reference")
+    text, captures = attn._build(q, k, v)
+    del attn
+    gc.collect()
+    assert mask_ref() is None
+    out, _ = backends.run(text, [q, k, v] + captures, "cpu", q.dtype)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=2e-5)
