@@ -3,7 +3,9 @@
 A bundle is what `ae_mlir.backends.triton` compiles from an L0 module: the Triton IR of the kernel
 (an aligned variant specialized for the usual layouts and a general one for any strides), the
 launch grid, what each kernel argument is, the block tables' contents and the compile options;
-plus, for a split chunked recurrence, the kernels launched before it (`stages`) and the scratch
+for a mask that reads closure tensors, the mask itself as a JSON scalar program, which the launcher
+evaluates with torch to classify the tiles per call (`ae_mlir.block_mask`); plus, for a split
+chunked recurrence, the kernels launched before it (`stages`) and the scratch
 tensors they hand on (`workspace`).
 This module needs only torch and triton (both imported on first use) and never the MLIR bindings,
 so a machine without them runs kernels built elsewhere:
@@ -28,7 +30,9 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 1
+# 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
+# tiles; launch takes no tile tables.
+FORMAT_VERSION = 2
 _STREAMS = ("q", "k", "v", "out", "lse", "state")
 # Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables.
 MASK_PROGRAM = "mask_program"

@@ -306,8 +306,8 @@ def _speedups(results: dict) -> dict:
 def softmax_case(case, bundle, eng, budget: Budget) -> dict:
     import torch
 
-    from ae_mlir.backends.triton import call_time_tables
-    from ae_mlir.block_mask import classify
+    from ae_mlir import block_mask, runtime
+    from ae_mlir.core.regions import ScalarProgram
 
     attn, shape = suite.softmax_problem(case, eng.device)
     q, k, v = suite.softmax_inputs(shape, case.dtype, eng.device)
@@ -317,9 +317,10 @@ def softmax_case(case, bundle, eng, budget: Budget) -> dict:
            "H": shape.heads, "Hkv": shape.kv_heads, "L": shape.seq_q, "Dk": shape.dim_qk, "Dv": shape.dim_v,
            "normalize": normalize}
     captures = attn._build(q, k, v)[1]
-    tables = call_time_tables(bundle, attn.mask_mod, q, k)
+    tables = runtime.call_time_tables(bundle, q, k, v, *captures)
     outs = eng.outputs(bundle)
-    args = (q, k, v, *captures, *tables)
+    # The runtime adds the call-time tables itself, as `ae.attention` calls it.
+    args = (q, k, v, *captures)
     kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, eng.device)
     flops = suite.softmax_flops(shape, kept)
     rec.update(kept_fraction=kept, flops=flops, closure_tensors=len(captures), call_time_tables=bool(tables))
@@ -364,10 +365,11 @@ def softmax_case(case, bundle, eng, budget: Budget) -> dict:
         # What the call-time tables cost when the closure tensors change (uncached) and when they
         # do not (the cache hit every later call takes), beside FlexAttention's create_block_mask.
         bm, bn = bundle.block_m, bundle.block_n
-        uncached = eng.wall_ms(lambda: classify(attn.mask_mod, 1, 1, shape.seq_q, shape.seq_k, bm, bn,
-                                                eng.device, full_width=True))
+        program = bundle.meta[runtime.MASK_PROGRAM]
+        uncached = eng.wall_ms(lambda: block_mask.classify_program(
+            ScalarProgram.from_json(program), [q, k, v, *captures], shape.seq_q, shape.seq_k, bm, bn, eng.device))
         classification = {"ms": uncached,
-                          "cached_ms": eng.wall_ms(lambda: call_time_tables(bundle, attn.mask_mod, q, k)),
+                          "cached_ms": eng.wall_ms(lambda: runtime.call_time_tables(bundle, q, k, v, *captures)),
                           "flex_create_block_mask_ms": eng.block_mask_ms(attn, shape)}
         if "ms" in results["ae_mlir"]:
             classification["fraction_of_attention"] = uncached / results["ae_mlir"]["ms"]
