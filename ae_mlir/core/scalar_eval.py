@@ -127,6 +127,12 @@ def _extract(args, index: int):
     return value.to(torch.float64) if value.dtype.is_floating_point else value
 
 
+def supported_ops() -> frozenset:
+    binary, unary, _ = _tables()
+    return frozenset(binary) | frozenset(unary) | {"arith.constant", "arith.cmpi", "arith.cmpf", "arith.select",
+                                                   "tensor.extract"}
+
+
 def eval_op(op: ScalarOp, args: list, index: int = 0, device=None):
     """Evaluate one op on broadcastable tensors (int64 / float64 / bool)."""
     import torch
