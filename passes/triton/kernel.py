@@ -1,0 +1,72 @@
+"""`Kernel`: one L1 kernel function lowered op by op, and the tt.func text that results."""
+from __future__ import annotations
+
+from .linalg import LinalgOps
+from .ops import ELEMENTWISE, TensorOps
+from .values import PRECISION, Dest, Table, fail
+
+
+class Kernel(TensorOps, LinalgOps):
+    def __init__(self, func, aligned: bool, precision: str):
+        super().__init__()
+        self.func = func
+        self.aligned = aligned
+        self.precision = PRECISION[precision]
+        self.params: list[tuple[str, str, str, str]] = []  # name, type, arg attrs, label
+        self.tables: list[Table] = []
+        self.dest_of: dict[str, Dest] = {}
+        self.grid = [int(x) for x in func.attributes["attn.grid"]]
+
+    def lower_op(self, op) -> None:
+        name = op.name
+        handler = _HANDLERS.get(name)
+        if handler is not None:
+            handler(self, op)
+        elif ELEMENTWISE.fullmatch(name):
+            self.elementwise(op)
+        else:
+            raise fail(op, "is not supported by the Triton lowering (expected L1 from attn-tile or "
+                           "attn-chunk-recurrence)")
+
+    def build(self) -> str:
+        """The tt.func of the kernel, in generic form."""
+        self.setup_args()
+        terminator = self.lower_block(self.func.regions[0].blocks[0])
+        if terminator.name != "func.return":
+            raise fail(terminator, "must end the kernel function")
+        self.func_return(terminator)
+        b, h, nm = self.grid
+        params = ", ".join(f"{n}: {t}" for n, t, _, _ in self.params)
+        types = ", ".join(t for _, t, _, _ in self.params)
+        arg_attrs = ", ".join(f"{{{a}}}" for _, _, a, _ in self.params)
+        labels = ", ".join(f'"{label}"' for _, _, _, label in self.params)
+        tables = ", ".join(t.attr for t in self.tables)
+        name = self.func.attributes["sym_name"].value
+        attrs = [f"function_type = ({types}) -> ()", f'sym_name = "{name}"', 'sym_visibility = "public"',
+                 "noinline = false", f"arg_attrs = [{arg_attrs}]", f"attn.grid = array<i64: {nm}, {h}, {b}>",
+                 f"attn.kernel_args = [{labels}]", f"attn.tables = [{tables}]",
+                 f"attn.assume_aligned = {str(self.aligned).lower()}"]
+        for key in ("attn.block_m", "attn.block_n"):
+            if key in self.func.attributes:
+                attrs.append(f"{key} = {self.func.attributes[key]}")
+        body = "\n".join(self.em.prologue + self.em.lines)
+        return (f'"tt.func"() ({{\n^bb0({params}):\n{body}\n"gpu.yield"() : () -> ()\n}}) '
+                f"{{{', '.join(attrs)}}} : () -> ()\n")
+
+
+_HANDLERS = {
+    "arith.constant": Kernel.constant,
+    "attn.program_id": Kernel.program_id,
+    "tensor.empty": Kernel.empty,
+    "tensor.extract_slice": Kernel.extract_slice,
+    "tensor.pad": Kernel.pad,
+    "tensor.insert_slice": Kernel.insert_slice,
+    "tensor.extract": Kernel.extract,
+    "linalg.fill": Kernel.fill,
+    "linalg.transpose": Kernel.transpose,
+    "linalg.matmul": Kernel.matmul,
+    "linalg.generic": Kernel.linalg_generic,
+    "linalg.index": Kernel.linalg_index,
+    "linalg.reduce": Kernel.reduce,
+    "scf.for": Kernel.scf_for,
+}

@@ -1,0 +1,123 @@
+"""`Memory`: the kernel's arguments (a pointer and strides per tensor) and the pointer arithmetic of
+tile loads, stores and gathers."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .builder import TileBuilder
+from .values import STREAMS, Arg, Slice, Value, element_type, fail, padded_size
+
+
+class Memory(TileBuilder):
+    """Needs `func` (the L1 function), `aligned` and `params` (name, type, arg attrs, label) from
+    the kernel."""
+
+    def add_param(self, hint: str, ty: str, label: str, attrs: str = "") -> Value:
+        name = f"%{hint}"
+        self.params.append((name, ty, attrs, label))
+        return Value(name, (), ty)
+
+    def setup_args(self):
+        from mlir import ir
+
+        args = list(self.func.regions[0].blocks[0].arguments)
+        n_out = len(self.func.attributes["function_type"].value.results)
+        n_cap = len(args) - 3 - n_out
+        if n_cap < 0:
+            raise fail(self.func, "is not an L1 kernel: it needs q, k, v, captures and destination arguments")
+        labels = ["q", "k", "v"] + [f"c{i}" for i in range(n_cap)] + ["out", "lse"][:n_out]
+        if "attn.arg_roles" in self.func.attributes:
+            labels = [ir.StringAttr(r).value for r in self.func.attributes["attn.arg_roles"]]
+            if len(labels) != len(args):
+                raise fail(self.func, f"names {len(labels)} argument roles for {len(args)} arguments")
+        for i, (arg, label) in enumerate(zip(args, labels)):
+            ty = arg.type
+            if not hasattr(ty, "shape") or not ty.has_static_shape:
+                raise fail(self.func, f"argument {i} ({label}) must be a statically shaped tensor, got {ty}")
+            shape = tuple(ty.shape)
+            elt = element_type(ty)
+            stream = label in STREAMS or label.startswith("w")
+            aligned = self.aligned and stream
+            stored = "i8" if elt == "i1" else elt
+            ptr_attrs = "tt.divisibility = 16 : i32" if aligned else ""
+            ptr = self.add_param(label, f"!tt.ptr<{stored}>", label, ptr_attrs)
+            strides = []
+            for d in range(len(shape)):
+                if aligned and d == len(shape) - 1:
+                    strides.append(1)
+                    continue
+                hint = "tt.divisibility = 16 : i32" if aligned and label != "lse" else ""
+                strides.append(self.add_param(f"{label}_stride{d}", "i32" if aligned else "i64",
+                                              f"{label}.stride{d}", hint))
+            self.values[arg] = Arg(label, shape, stored, ptr, strides, "i32" if aligned else "i64", elt == "i1")
+        self.dests = args[len(args) - n_out:]
+        self.dest_labels = labels[len(args) - n_out:]
+
+    def origin(self, arg: Arg, offsets: list) -> Value:
+        """Scalar pointer to arg[offsets...]; the offset is computed in i64."""
+        total = None
+        for d, o in enumerate(offsets):
+            if isinstance(o, int) and o == 0:
+                continue
+            o64 = self.const(o, "i64") if isinstance(o, int) else self.cast_int(o, "i64")
+            stride = arg.strides[d]
+            term = o64 if stride == 1 else self.op("arith.muli", o64, self.cast_int(stride, "i64"))
+            total = term if total is None else self.op("arith.addi", total, term)
+        return arg.ptr if total is None else self.addptr(arg.ptr, total)
+
+    def tile_pointers(self, arg: Arg, origin: Value, padded: tuple, extents: list):
+        """Pointers to a tile over the last len(padded) dims of `arg`, with the mask of lanes
+        inside `extents` (ints or scalar Values per tile dimension)."""
+        rank, t = len(arg.shape), len(padded)
+        offs, mask = None, None
+        off_elt = arg.offset_elt
+        for k in range(t):
+            r = self.arange(padded[k], k, t)
+            stride = arg.strides[rank - t + k]
+            term = self.cast_int(r, off_elt)
+            if stride != 1:
+                term = self.op("arith.muli", term, self.cast_int(stride, off_elt))
+            offs = term if offs is None else self.op("arith.addi", offs, term)
+            ext = extents[k]
+            if isinstance(ext, int) and ext >= padded[k]:
+                continue
+            bound = self.const(ext, "i32") if isinstance(ext, int) else ext
+            inside = self.cmpi("slt", r, bound)
+            mask = inside if mask is None else self.op("arith.andi", mask, inside)
+        offs = self.to_shape(offs, padded)
+        return self.addptr(self.to_shape(origin, padded), offs), mask
+
+    def load_slice(self, sl: Slice, shape: tuple, user) -> Value:
+        arg, rank, t = sl.arg, len(sl.arg.shape), len(shape)
+        if t == 0 or t > 2:
+            raise fail(user, f"loads tiles of rank 1 or 2 only, not {t}")
+        lead = sl.sizes[: rank - t]
+        if any(s != 1 for s in lead):
+            raise fail(user, "must slice a tile out of the trailing dimensions (leading sizes must be 1)")
+        padded = tuple(padded_size(n) for n in shape)
+        extents = [s if isinstance(s, Value) else min(s, n) for s, n in zip(sl.sizes[rank - t:], shape)]
+        ptrs, mask = self.tile_pointers(arg, self.origin(arg, sl.offsets), padded, extents)
+        value = self.load(ptrs, mask, arg.elt)
+        return replace(value, logical=shape, zero_pad=True)
+
+    def gather(self, arg: Arg, indices: list[Value], user) -> Value:
+        """arg[indices...] for index values of any (lazily broadcast) shape; out of range reads 0."""
+        if len(indices) != len(arg.shape):
+            raise fail(user, f"indexes a rank-{len(arg.shape)} tensor with {len(indices)} indices")
+        offset, mask = None, None
+        for d, idx in enumerate(indices):
+            i64 = self.cast_int(idx, "i64")
+            stride = arg.strides[d]
+            term = i64 if stride == 1 else self.op("arith.muli", i64, self.cast_int(stride, "i64"))
+            offset = term if offset is None else self.op("arith.addi", offset, term)
+            ok = self.op("arith.andi", self.cmpi("sge", idx, self.const(0, idx.elt)),
+                         self.cmpi("slt", idx, self.const(arg.shape[d], idx.elt)))
+            mask = ok if mask is None else self.op("arith.andi", mask, ok)
+        if offset is None:
+            # A 0-d closure tensor (e.g. `bias[0]` taken in Python) is one scalar at offset 0.
+            offset, mask = self.const(0, "i64"), self.const(1, "i1")
+        shape = self.join([offset, mask])
+        value = self.load(self.addptr(self.to_shape(arg.ptr, shape), offset), mask, arg.elt)
+        if arg.bool_bytes:
+            value = self.cmpi("ne", value, self.const(0, "i8"))
+        return value

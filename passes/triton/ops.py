@@ -1,0 +1,243 @@
+"""`TensorOps`: handlers of the L1 ops that are not linalg: constants, program ids, slices and pads
+(tile loads), insert_slice (tile stores), element reads, scf.for, the return, and elementwise
+arith/math ops."""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from .expansions import EXPANSIONS, MathExpansions
+from .tables import Tables
+from .values import (DYNAMIC, Arg, Dest, Empty, Slice, Table, Value, constant_int, constant_value, element_type,
+                     fail, logical_shape, padded_size, scalar_literal)
+
+# Ops copied as they are (operands broadcast to a common shape); everything else has a handler.
+ELEMENTWISE = re.compile(r"(arith|math)\.\w+")
+_CASTS = ("arith.index_cast", "arith.index_castui")
+
+
+class TensorOps(Tables, MathExpansions):
+    """Needs `grid`, `dests` and `dest_labels` (set by setup_args) and `dest_of` from the kernel."""
+
+    def constant(self, op) -> None:
+        from mlir import ir
+
+        attr = op.attributes["value"]
+        result = op.results[0]
+        if isinstance(attr, ir.DenseElementsAttr):
+            if isinstance(attr, ir.DenseIntElementsAttr) and not attr.is_splat:
+                import numpy as np
+
+                self.values[result] = Table(np.array(attr).astype(np.int64), str(attr))
+                return
+            if not attr.is_splat:
+                raise fail(op, "non-splat float tensor constants are not supported by the Triton lowering")
+            shape = tuple(result.type.shape)
+            scalar = scalar_literal(attr.get_splat_value())
+            if isinstance(attr, ir.DenseIntElementsAttr) and len(shape) <= 2:
+                import numpy as np
+
+                self.values[result] = Table(np.full(shape, int(scalar), np.int64), str(attr))
+                return
+            v = self.const(scalar, element_type(result.type), tuple(padded_size(n) for n in shape))
+            zero = isinstance(attr.get_splat_value(), ir.FloatAttr) and attr.get_splat_value().value == 0
+            self.values[result] = replace(v, logical=shape, zero_pad=zero)
+            return
+        self.values[result] = self.const(scalar_literal(attr), element_type(result.type))
+
+    def program_id(self, op) -> None:
+        axis = int(op.attributes["axis"].value)
+        if axis not in (0, 1, 2):
+            raise fail(op, f"has axis {axis}; L1 kernels have axes 0 (batch), 1 (head), 2 (query block)")
+        triton_axis = 2 - axis
+        pid = Value(self.em(f'"tt.get_program_id"() {{axis = {triton_axis} : i32}} : () -> i32'), (), "i32")
+        if axis == 2 and self.grid[2] > 1:
+            pid = self.op("arith.subi", self.const(self.grid[2] - 1, "i32"), pid)
+        self.values[op.results[0]] = pid
+
+    def empty(self, op) -> None:
+        self.values[op.results[0]] = Empty()
+
+    def extract_slice(self, op) -> None:
+        src = self.get(op.operands[0], op)
+        offsets, sizes, strides = _mixed(self, op, 1)
+        if any(s != 1 for s in strides):
+            raise fail(op, "must have unit strides")
+        rtype = op.results[0].type
+        if isinstance(src, Arg):
+            sl = Slice(src, offsets, sizes)
+            if rtype.has_static_shape:
+                self.values[op.results[0]] = self.load_slice(sl, tuple(rtype.shape), op)
+            else:
+                self.values[op.results[0]] = sl
+            return
+        if isinstance(src, Value) and src.shape and all(isinstance(o, int) and o == 0 for o in offsets):
+            src = self.full(src)
+            rank = len(src.shape)
+            dims = tuple(n if n != DYNAMIC else src.logical[i] for i, n in enumerate(rtype.shape))
+            if len(dims) != rank or tuple(padded_size(n) for n in dims) != src.shape:
+                raise fail(op, "may only trim a computed tile within its padded power-of-two shape")
+            self.values[op.results[0]] = replace(src, logical=dims, zero_pad=False)
+            return
+        raise fail(op, "slices a function argument or the origin of a computed tile only")
+
+    def pad(self, op) -> None:
+        src = self.get(op.operands[0], op)
+        low = list(op.attributes["static_low"])
+        if any(x != 0 for x in low):
+            raise fail(op, "pads at the high end only")
+        terminator = list(op.regions[0].blocks[0].operations)[-1].operation
+        if constant_value(terminator.operands[0]) not in (0, 0.0):
+            raise fail(op, "must pad with zeros (the tile load fills masked lanes with 0)")
+        shape = tuple(op.results[0].type.shape)
+        if isinstance(src, Slice):
+            self.values[op.results[0]] = self.load_slice(src, shape, op)
+            return
+        if isinstance(src, Value) and src.zero_pad and src.shape == tuple(padded_size(n) for n in shape):
+            self.values[op.results[0]] = replace(src, logical=shape)
+            return
+        raise fail(op, "pads a slice of a function argument only")
+
+    def insert_slice(self, op) -> None:
+        value = self.tile(op.operands[0], op)
+        dest = self.destination(self.get(op.operands[1], op))
+        if dest is None:
+            raise fail(op, "inserts into a destination argument only")
+        arg = dest.arg
+        offsets, sizes, strides = _mixed(self, op, 2)
+        if any(s != 1 for s in strides):
+            raise fail(op, "must have unit strides")
+        rank, t = len(arg.shape), len(value.shape)
+        if any(s != 1 for s in sizes[: rank - t]):
+            raise fail(op, "must write a tile into the trailing dimensions (leading sizes must be 1)")
+        if value.elt != arg.elt:
+            raise fail(op, f"stores {value.elt} into a {arg.elt} tensor")
+        ptrs, mask = self.tile_pointers(arg, self.origin(arg, offsets), value.shape, sizes[rank - t:])
+        self.store(ptrs, value, mask)
+        self.values[op.results[0]] = dest
+
+    def extract(self, op) -> None:
+        src = self.get(op.operands[0], op)
+        indices = list(op.operands[1:])
+        lowered = [self.get(i, op) for i in indices]
+        if not all(isinstance(v, Value) for v in lowered):
+            raise fail(op, "has an index that is not an integer value")
+        if isinstance(src, Table) and not any(v.shape for v in lowered):
+            self.values[op.results[0]] = self.table_lookup(src, indices, op)
+            return
+        if isinstance(src, Table):
+            src = self.table_arg(src)
+        if not isinstance(src, Arg):
+            raise fail(op, "reads elements of closure tensors or block tables only")
+        self.values[op.results[0]] = self.gather(src, lowered, op)
+
+    def scf_for(self, op) -> None:
+        lb, ub, step = (self.scalar(v, op) for v in list(op.operands)[:3])
+        block = op.regions[0].blocks[0]
+        iv = self.em.fresh("iv")
+        self.values[block.arguments[0]] = Value(iv, (), "i32")
+        # A destination tensor threaded through the loop (stores inside it) is memory, not a
+        # loop-carried value: only tiles and scalars become iter_args.
+        carried = []
+        for k, value in enumerate(list(op.operands)[3:]):
+            init = self.get(value, op)
+            dest = self.destination(init)
+            if dest is not None:
+                self.values[block.arguments[k + 1]] = dest
+                self.values[op.results[k]] = dest
+            else:
+                carried.append(k)
+        inits = [self.carried(self.get(op.operands[3 + k], op), op) for k in carried]
+        names = [self.em.fresh("it") for _ in inits]
+        for k, init, name in zip(carried, inits, names):
+            self.values[block.arguments[k + 1]] = replace(init, name=name, const=False)
+        with self.em.capture() as lines:
+            terminator = self.lower_block(block)
+            for k, value in enumerate(terminator.operands):
+                if k not in carried and self.destination(self.get(value, op)) is not self.values[op.results[k]]:
+                    raise fail(op, "must yield the destination it carries, updated by tensor.insert_slice")
+            yields = [self.carried(self.get(terminator.operands[k], op), op) for k in carried]
+            for y, init in zip(yields, inits):
+                if y.type != init.type:
+                    raise fail(op, f"carries {init.type} into the loop but yields {y.type}")
+            if yields:
+                self.em.raw(f"scf.yield {', '.join(y.name for y in yields)} : {', '.join(y.type for y in yields)}")
+        types = ", ".join(i.type for i in inits)
+        head = f"scf.for {iv} = {lb.name} to {ub.name} step {step.name}"
+        if inits:
+            result = self.em.fresh("for")
+            bindings = ", ".join(f"{n} = {i.name}" for n, i in zip(names, inits))
+            self.em.raw(f"{result}:{len(inits)} = {head} iter_args({bindings}) -> ({types}) : i32 {{")
+        else:
+            self.em.raw(f"{head} : i32 {{")
+        self.em.lines.extend(lines)
+        self.em.raw("}")
+        for j, (k, init) in enumerate(zip(carried, inits)):
+            self.values[op.results[k]] = replace(init, name=f"{result}#{j}", const=False)
+
+    def destination(self, v) -> Dest | None:
+        """The destination a value stands for (a trailing destination argument or an update of
+        one), or None."""
+        if isinstance(v, Dest):
+            return v
+        if isinstance(v, Arg) and v.label in self.dest_labels:
+            return self.dest_of.setdefault(v.label, Dest(v))
+        return None
+
+    def carried(self, v, op) -> Value:
+        if not isinstance(v, Value):
+            raise fail(op, "carries a value that is neither a scalar nor a tile through the loop")
+        return self.full(v)
+
+    def func_return(self, op) -> None:
+        for k, value in enumerate(op.operands):
+            dest = self.destination(self.get(value, op))
+            if dest is None:
+                raise fail(op, "must return the destination arguments, updated by tensor.insert_slice")
+            if dest.arg is not self.values[self.dests[k]]:
+                raise fail(op, f"returns result {k} from the wrong destination")
+
+    def elementwise(self, op) -> None:
+        name = op.name
+        operands = []
+        for v in op.operands:
+            x = self.get(v, op)
+            if not isinstance(x, Value):
+                raise fail(op, "operates on a tensor the Triton lowering cannot express elementwise")
+            operands.append(self.full(x) if x.logical is not None and self.generic_shape is None else x)
+        if len(op.results) != 1:
+            raise fail(op, "must have one result")
+        rtype = op.results[0].type
+        elt = element_type(rtype)
+        expand = EXPANSIONS.get(name)
+        if expand is not None:
+            out = expand(self, *operands)
+        elif name in _CASTS:
+            out = self.cast_int(operands[0], elt, signed=name == "arith.index_cast")
+        else:
+            attrs = ", ".join(f"{k} = {op.attributes[k]}" for k in op.attributes)
+            out = self.op(name, *operands, elt=elt, attrs=attrs)
+        logical = logical_shape(rtype) if hasattr(rtype, "shape") else None
+        self.values[op.results[0]] = replace(out, logical=logical)
+
+
+def _mixed(kernel: TensorOps, op, first: int) -> tuple[list, list, list]:
+    """Offsets, sizes and strides of a slice op: ints where static, lowered scalars where not."""
+    seg = list(op.attributes["operandSegmentSizes"])
+    dynamic = list(op.operands)[first:]
+    counts = seg[first:]
+    groups = []
+    pos = 0
+    for key, count in zip(("static_offsets", "static_sizes", "static_strides"), counts):
+        values = dynamic[pos : pos + count]
+        pos += count
+        out, it = [], iter(values)
+        for s in op.attributes[key]:
+            if s == DYNAMIC:
+                v = next(it)
+                c = constant_int(v)
+                out.append(c if c is not None else kernel.scalar(v, op))
+            else:
+                out.append(int(s))
+        groups.append(out)
+    return groups[0], groups[1], groups[2]
