@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import os
 import re
+import shlex
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -25,17 +26,20 @@ _TARGET = re.compile(r"cuda:\d+|hip:gfx[0-9a-z]+|host")
 class EmitOptions:
     target: str | None
     generic: bool
+    # (num_warps, num_stages) of a preset's kernels, as the runtime launches them.
+    launch: tuple[int, int] | None = None
+    debug_info: bool = False  # print each op's location (--mlir-print-debuginfo)
 
 
 def _emit_mlir(module, options: EmitOptions) -> str:
-    return module.operation.get_asm(print_generic_op_form=options.generic)
+    return module.operation.get_asm(print_generic_op_form=options.generic, enable_debug_info=options.debug_info)
 
 
 def _emit_triton(kind: str) -> Callable[[object, EmitOptions], str]:
     def emit(module, options: EmitOptions) -> str:
         from .backends.triton import emit as triton_emit
 
-        return triton_emit(kind, module, options.target)
+        return triton_emit(kind, module, options.target, options.launch)
 
     return emit
 
@@ -65,18 +69,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default="-", help="input file; '-' or none reads stdin")
     p.add_argument("-o", dest="output", default="-", metavar="OUT", help="output file (default: stdout)")
     p.add_argument("--pass-pipeline", metavar="PIPELINE", help="e.g. 'builtin.module(attn-verify,canonicalize)'")
-    p.add_argument("--pipeline", metavar="NAME", help="a named preset pipeline (cpu, triton)")
+    p.add_argument("--pipeline", metavar="NAME", help="a named preset pipeline (cpu, triton), options "
+                   "derived from the input and the target; NAME{opt=value ...} overrides them "
+                   "(e.g. 'triton{assume-aligned=false}')")
     p.add_argument("--emit", default="mlir", help=f"what to write: {', '.join(EMIT_KINDS)} (default: mlir)")
     p.add_argument("--target", help="cuda:<sm>, hip:<gfx arch> or host")
     p.add_argument("--split-input-file", action="store_true", help=f"process chunks between '{SPLIT_MARKER}' lines separately")
     p.add_argument("--verify-diagnostics", action="store_true", help="check diagnostics against expected-* comments")
     p.add_argument("--mlir-print-ir-after-all", action="store_true", help="print the IR after every pass to stderr")
+    p.add_argument("--dump-pass-pipeline", action="store_true", help="print the pass pipeline to stderr before running it")
     p.add_argument(
         "--mlir-print-op-generic",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="print ops in generic form (default; IRDL ops have no custom form)",
     )
+    p.add_argument("--mlir-print-debuginfo", action="store_true", help="print each op's location")
     p.add_argument("--list-passes", action="store_true", help="list the ae-mlir passes and pipelines")
     return p
 
@@ -101,10 +109,11 @@ def main(argv: list[str] | None = None) -> int:
 @dataclass(frozen=True)
 class _Job:
     source_name: str
-    pipeline: list[Callable]
+    pipeline: _Pipeline
     emit: Callable
     emit_options: EmitOptions
     print_ir_after_all: bool
+    dump_pass_pipeline: bool
 
 
 def _main(argv: list[str]) -> int:
@@ -114,10 +123,12 @@ def _main(argv: list[str]) -> int:
         return 0
     job = _Job(
         source_name="<stdin>" if args.file == "-" else args.file,
-        pipeline=_pipeline_steps(args, extras),
+        pipeline=_pipeline(args, extras),
         emit=_emitter(args.emit),
-        emit_options=EmitOptions(_target(args.target), args.mlir_print_op_generic),
+        emit_options=EmitOptions(_target(args.target), args.mlir_print_op_generic,
+                                 debug_info=args.mlir_print_debuginfo),
         print_ir_after_all=args.mlir_print_ir_after_all,
+        dump_pass_pipeline=args.dump_pass_pipeline,
     )
     _check_pipeline(job.pipeline)
     text = _read_input(args.file)
@@ -143,22 +154,66 @@ def _main(argv: list[str]) -> int:
 # --- pipeline ------------------------------------------------------------------------------------
 
 
-def _pipeline_steps(args, extras: list[str]) -> list[Callable]:
-    """The pipeline as steps that each append passes to a PassManager (one is built per chunk)."""
-    from . import passes
+@dataclass(frozen=True)
+class _Pipeline:
+    """The pipeline of one run: `--pass-pipeline` text, single-pass flags, or a named preset,
+    whose passes and options `ae_mlir.presets` derives from each input module."""
 
+    text: str = ""
+    flags: bool = False
+    preset: str | None = None
+    target: str | None = None
+    overrides: tuple = ()
+
+    def resolve(self, module) -> tuple[str, tuple[int, int] | None]:
+        """(pipeline text, the kernels' launch options or None) for `module` (None: no input)."""
+        if self.preset is None:
+            return self.text, None
+        from . import presets
+
+        problem = presets.read_problem(module) if module is not None else None
+        options = presets.options_for(self.preset, problem, self.target, **dict(self.overrides))
+        launch = (options.num_warps, options.num_stages) if self.preset == "triton" else None
+        return presets.pipeline_text(self.preset, options), launch
+
+    def add_to(self, pm, text: str) -> None:
+        from . import passes
+
+        try:
+            passes.add_pipeline(pm, text)
+        except passes.UnknownPassError as err:
+            if not self.flags:
+                raise
+            raise CompileError(f"unknown option or pass '--{err.pass_name}' (see ae-opt --help and --list-passes)") from None
+
+
+def _pipeline(args, extras: list[str]) -> _Pipeline:
     flags = [_pass_flag(extra) for extra in extras]
     sources = [bool(args.pass_pipeline is not None), bool(args.pipeline is not None), bool(flags)]
     if sum(sources) > 1:
         raise CompileError("use only one of --pass-pipeline, --pipeline and individual pass options")
     if args.pass_pipeline is not None:
-        return [lambda pm: passes.add_pipeline(pm, args.pass_pipeline)]
+        return _Pipeline(text=args.pass_pipeline)
     if args.pipeline is not None:
-        return [lambda pm: passes.add_preset(pm, args.pipeline)]
-    return flags
+        from . import passes
+
+        name, brace, rest = args.pipeline.partition("{")
+        if brace and not rest.endswith("}"):
+            raise CompileError(f"cannot parse --pipeline '{args.pipeline}' (expected NAME or NAME{{opt=value ...}})")
+        overrides = passes.parse_option_text(rest[:-1]) if brace else {}
+        return _Pipeline(preset=name, target=_preset_target(name, args), overrides=tuple(overrides.items()))
+    return _Pipeline(text=",".join(flags), flags=True)
 
 
-def _pass_flag(arg: str) -> Callable:
+def _preset_target(preset: str, args) -> str | None:
+    """--target, else the preset's own (the triton preset tunes for the GPU family --emit names)."""
+    if args.target is not None or preset != "triton":
+        return args.target
+    return "hip:gfx942" if args.emit == "amdgcn" else "cuda:90"
+
+
+def _pass_flag(arg: str) -> str:
+    """`--NAME=opt=value,...` as a pipeline element `NAME{opt=value ...}`."""
     from . import passes
 
     if not arg.startswith("--") or arg == "--":
@@ -167,24 +222,18 @@ def _pass_flag(arg: str) -> Callable:
         raise CompileError(f"unexpected argument '{arg}': ae-opt takes one input file")
     name, has_options, text = arg[2:].partition("=")
     options = passes.parse_option_text(text, "comma") if has_options else {}
-
-    def step(pm):
-        try:
-            passes.add_pass(pm, name, **options)
-        except passes.UnknownPassError:
-            raise CompileError(f"unknown option or pass '--{name}' (see ae-opt --help and --list-passes)") from None
-
-    return step
+    if not options:
+        return name
+    return name + "{" + " ".join(f"{key}={shlex.quote(value)}" for key, value in options.items()) + "}"
 
 
-def _check_pipeline(steps: list[Callable]) -> None:
+def _check_pipeline(pipeline: _Pipeline) -> None:
     """Report pipeline errors before touching the input, as mlir-opt does."""
     from mlir import ir, passmanager
 
     with ir.Context() as ctx:
         pm = passmanager.PassManager("builtin.module", context=ctx)
-        for step in steps:
-            step(pm)
+        pipeline.add_to(pm, pipeline.resolve(None)[0])
 
 
 def _emitter(kind: str) -> Callable:
@@ -202,7 +251,7 @@ def _target(target: str | None) -> str | None:
 
 
 def _list_passes() -> str:
-    from . import passes
+    from . import passes, presets
 
     lines = ["ae-mlir passes (in --pass-pipeline='builtin.module(NAME{opt=value ...})' or as --NAME=opt=value,...):"]
     for name, cls in passes.get_all_passes().items():
@@ -215,8 +264,9 @@ def _list_passes() -> str:
     lines.append("own options, and may nest: func.func(cse). `mlir-opt --help` lists them.")
     lines.append("")
     lines.append("Pipelines (--pipeline=NAME):")
-    for name, elements in passes.PIPELINES.items():
-        lines.append(f"  {name}  {','.join(elements)}")
+    for name in presets.PRESETS:
+        lines.append(f"  {name}  {presets.outline(name)}")
+    lines.append("Their options follow the input module and --target; --dump-pass-pipeline prints them.")
     return "\n".join(lines)
 
 
@@ -288,16 +338,20 @@ def _process(chunk: str, line_offset: int, job: _Job) -> tuple[str | None, list[
         errors = verify_module(module)
         if errors:
             raise CompileError("invalid attn IR", errors)
+        text, launch = job.pipeline.resolve(module)
+        if job.dump_pass_pipeline:
+            print(text, file=sys.stderr)
+            if launch is not None:
+                print(f"// launch: num-warps={launch[0]} num-stages={launch[1]}", file=sys.stderr)
         with ctx:
             pm = passmanager.PassManager("builtin.module")
-            for step in job.pipeline:
-                step(pm)
+            job.pipeline.add_to(pm, text)
             if job.print_ir_after_all:
                 pm.enable_ir_printing(print_generic_op_form=job.emit_options.generic)
             sys.stdout.flush()
             sys.stderr.flush()
             pm.run(module.operation)
-        output = job.emit(module, job.emit_options)
+        output = job.emit(module, dataclasses.replace(job.emit_options, launch=launch))
     except CompileError as err:
         failed, summary = True, err.summary
         collector.diagnostics.extend(err.diagnostics)

@@ -38,25 +38,6 @@ _REGISTRY: dict[str, str] = {
     "attn-lower-to-triton": "lower_to_triton:LowerToTriton",
 }
 
-# Named presets for `ae-opt --pipeline=NAME` and the Python driver: pipeline elements in order.
-PIPELINES: dict[str, tuple[str, ...]] = {
-    "cpu": (
-        "attn-verify",
-        "attn-fuse-online-softmax",
-        "attn-chunk-recurrence",
-        "attn-tile",
-        "attn-lower-to-cpu",
-    ),
-    "triton": (
-        "attn-verify",
-        "attn-fuse-online-softmax",
-        "attn-chunk-recurrence{split=true}",
-        "attn-tile",
-        "attn-lower-to-triton",
-    ),
-}
-
-
 def option(default: Any, help: str) -> Any:
     """Declare a pass option: a dataclass field with a default and a one-line help text."""
     return dataclasses.field(default=default, metadata={"help": help})
@@ -282,18 +263,6 @@ def build_pass_manager(pipeline: str, context=None):
     pm = passmanager.PassManager("builtin.module", context=context)
     add_pipeline(pm, pipeline)
     return pm
-
-
-def add_preset(pm, preset: str) -> None:
-    """Append the named preset pipeline (`PIPELINES`) to `pm`."""
-    if preset not in PIPELINES:
-        raise CompileError(f"unknown pipeline '{preset}' (expected one of {', '.join(PIPELINES)})")
-    try:
-        add_pipeline(pm, ",".join(PIPELINES[preset]))
-    except UnknownPassError as err:
-        raise CompileError(
-            f"pipeline '{preset}' needs pass '{err.pass_name}', which is not available yet"
-        ) from None
 
 
 @dataclass(frozen=True)

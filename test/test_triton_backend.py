@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import ae_mlir as ae
-from ae_mlir import runtime
+from ae_mlir import presets, runtime
 from ae_mlir.backends import triton as tb
 from inputs import qkv, rand
 from bundle_interp import interpret
@@ -104,20 +104,17 @@ def test_numerics(name):
     q, k, v = qkv(**shape)
     if config is None:
         dtype = str(q.dtype).removeprefix("torch.")
-        config = tb.default_config(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dtype, "cuda:90")
+        config = presets.default_config(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dtype, "cuda:90")
     check(ae.attention(**attn_kwargs), q, k, v, config=config)
 
 
 @pytest.mark.parametrize("name", ["alibi-causal-gqa-bf16", "softcap-fp32-D80-lq-ne-lk", "document-bf16",
                                   "dk64-dv16-fp32"])
-def test_numerics_of_uncanonicalized_l1(name, monkeypatch):
-    """The lowering takes L1 as attn-tile writes it too (ae-opt --pipeline=triton runs no
-    canonicalize): one-trip loops, constant block tables and in-body constants stay as they are."""
-    pipeline = tb._pipeline
-    monkeypatch.setattr(tb, "_pipeline", lambda config: pipeline(config).replace(",canonicalize,cse", ""))
-    assert "canonicalize" not in tb._pipeline({"block_m": 32, "block_n": 16})
+def test_numerics_of_uncanonicalized_l1(name):
+    """The lowering takes L1 as attn-tile writes it too (the preset's canonicalize=false):
+    one-trip loops, constant block tables and in-body constants stay as they are."""
     attn_kwargs, shape, config = CASES[name]
-    check(ae.attention(**attn_kwargs), *qkv(**shape), config=config)
+    check(ae.attention(**attn_kwargs), *qkv(**shape), config=dict(config, canonicalize=False))
 
 
 def test_fully_masked_row_gives_zero_and_minus_inf_lse():

@@ -1,5 +1,9 @@
 """The CPU backend: L0 module -> fuse, tile, `attn-lower-to-cpu` -> LLVM JIT, run on torch tensors.
 
+The passes and their options are `ae_mlir.presets`' "cpu" pipeline, run in its two stages (L0 -> L1,
+then L1 -> llvm) because the L1 kernel says in between whether it takes call-time tile tables; so
+`ae-opt --pipeline=cpu` prints what `lowered_text` returns and the JIT compiles.
+
 Tensors are handed to the kernel in place: each becomes a ranked memref descriptor (ctypes) over
 its own storage, with its sizes, strides and storage offset, so any strided layout runs without a
 copy. The outputs are allocated here with torch and passed as the kernel's destination arguments.
@@ -11,12 +15,8 @@ import functools
 import threading
 from dataclasses import dataclass
 
+from ..core import abi
 from ..core.context import CompileError
-
-# Rows per program and keys per KV tile: a 64x64 f32 score tile (16 KiB) and the K, V and
-# accumulator tiles stay in L1/L2 for head dims up to 128.
-BLOCK_M = 64
-BLOCK_N = 64
 
 _TORCH_DTYPES = {
     "f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
@@ -59,41 +59,85 @@ def _descriptor(tensor):
     return desc
 
 
+@dataclass
+class _Lowered:
+    """An L0 module lowered to the llvm dialect, with what the caller needs to call it."""
+
+    module: object
+    name: str
+    inputs: list[_ArgSpec]
+    outputs: list[_ArgSpec]
+    block_m: int
+    block_n: int
+    call_time_tables: bool
+
+
+def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
+           unit_inner_stride: bool) -> _Lowered:
+    from .. import presets
+    from ..core.context import parse_module
+    from ..core.verifier import check_module
+
+    module = parse_module(module_text, context)
+    check_module(module)
+    funcs = abi.functions(module)
+    if len(funcs) != 1:
+        raise CompileError(f"the CPU backend runs a module with exactly one function, found {len(funcs)}")
+    inputs = [_spec(t) for t in abi.input_types(funcs[0])]
+    outputs = [_spec(t) for t in abi.result_types(funcs[0])]
+    name = abi.name(funcs[0])
+    overrides = {key: value for key, value in (("block_m", block_m), ("block_n", block_n)) if value}
+    options = presets.options_for("cpu", presets.read_problem(module), "host",
+                                  unit_inner_stride=unit_inner_stride, **overrides)
+    _run(presets.pipeline_text("cpu", options, "l1"), module)
+    kernel = abi.functions(module)[0]
+    # A mask that reads closure tensors is classified per call (block_mask); its four tile
+    # tables follow the inputs.
+    inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
+    lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n,
+                       abi.takes_call_time_tables(kernel))
+    _run(presets.pipeline_text("cpu", options, "llvm"), module)
+    return lowered
+
+
+def _run(pipeline: str, module) -> None:
+    from mlir import ir
+
+    from ..passes import build_pass_manager
+
+    try:
+        build_pass_manager(pipeline, module.context).run(module.operation)
+    except ir.MLIRError as err:
+        from ..core.context import diagnostic_from_mlir
+
+        diags = [diagnostic_from_mlir(d) for d in err.error_diagnostics]
+        raise CompileError("compiling for the CPU failed", diags) from None
+
+
+def lowered_text(module_text: str, block_m: int | None = None, block_n: int | None = None,
+                 unit_inner_stride: bool = True) -> str:
+    """The llvm-dialect module (generic form) that `compile_module` hands to the JIT."""
+    from ..core.context import new_context
+
+    lowered = _lower(module_text, new_context(), block_m, block_n, unit_inner_stride)
+    return lowered.module.operation.get_asm(print_generic_op_form=True)
+
+
 class CompiledKernel:
     """A JIT-compiled kernel and the argument types it was compiled for."""
 
     def __init__(self, module_text: str, block_m: int | None, block_n: int | None, unit_inner_stride: bool):
-        from mlir import ir
         from mlir.execution_engine import ExecutionEngine
 
-        from ..core.context import new_context, parse_module
-        from ..core.verifier import check_module
+        from ..core.context import new_context
 
         self._context = new_context()
-        module = parse_module(module_text, self._context)
-        check_module(module)
-        funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
-        if len(funcs) != 1:
-            raise CompileError(f"the CPU backend runs a module with exactly one function, found {len(funcs)}")
-        func = funcs[0]
-        self.name = ir.StringAttr(func.attributes["sym_name"]).value
-        ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-        self.inputs = [_spec(t) for t in ftype.inputs]
-        self.outputs = [_spec(t) for t in ftype.results]
+        lowered = _lower(module_text, self._context, block_m, block_n, unit_inner_stride)
+        self.name, self.inputs, self.outputs = lowered.name, lowered.inputs, lowered.outputs
+        self.block_m, self.block_n = lowered.block_m, lowered.block_n
+        self.call_time_tables = lowered.call_time_tables
         self.unit_inner_stride = unit_inner_stride
-        default_m, default_n = _block_sizes(self.inputs)
-        self.block_m, self.block_n = block_m or default_m, block_n or default_n
-        to_l1, to_llvm = _pipeline(self.block_m, self.block_n, unit_inner_stride)
-        self._run(to_l1, module)
-        kernel = next(op.operation for op in module.body.operations if op.operation.name == "func.func")
-        # A mask that reads closure tensors is classified per call (block_mask); its four tile
-        # tables follow the inputs.
-        self.call_time_tables = "attn.call_time_tables" in kernel.attributes
-        if self.call_time_tables:
-            l1_inputs = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value).inputs
-            self.inputs += [_spec(t) for t in list(l1_inputs)[len(self.inputs):len(self.inputs) + 4]]
-        self._run(to_llvm, module)
-        self._module = module
+        module = self._module = lowered.module
         try:
             self._engine = ExecutionEngine(module, opt_level=3)
         except RuntimeError as err:
@@ -103,19 +147,6 @@ class CompiledKernel:
             # The JIT reports unresolved symbols on stderr and hands back a null entry point.
             raise CompileError(f"the LLVM JIT could not link kernel '{self.name}' (unresolved symbols)")
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
-
-    def _run(self, pipeline: str, module) -> None:
-        from mlir import ir
-
-        from ..passes import build_pass_manager
-
-        try:
-            build_pass_manager(pipeline, self._context).run(module.operation)
-        except ir.MLIRError as err:
-            from ..core.context import diagnostic_from_mlir
-
-            diags = [diagnostic_from_mlir(d) for d in err.error_diagnostics]
-            raise CompileError("compiling for the CPU failed", diags) from None
 
     def __call__(self, inputs: list) -> list:
         import torch
@@ -139,32 +170,6 @@ class CompiledKernel:
         return outputs
 
 
-def _pipeline(block_m: int, block_n: int, unit_inner_stride: bool) -> tuple[str, str]:
-    """The cpu preset split where L1 is complete: (L0 -> L1, L1 -> llvm)."""
-    from ..passes import PIPELINES
-
-    to_l1, to_llvm = [], []
-    for name in PIPELINES["cpu"]:
-        if name == "attn-tile":
-            to_l1.append(f"attn-tile{{block-m={block_m} block-n={block_n} call-time-tables=true}}")
-        elif name == "attn-lower-to-cpu":
-            to_llvm.append(f"attn-lower-to-cpu{{unit-inner-stride={str(unit_inner_stride).lower()}}}")
-        else:
-            to_l1.append(name)
-    return "builtin.module(" + ",".join(to_l1) + ")", "builtin.module(" + ",".join(to_llvm) + ")"
-
-
-def _block_sizes(inputs: list[_ArgSpec]) -> tuple[int, int]:
-    """BLOCK_M x BLOCK_N, shrunk to the power of two at or above a shorter Lq or Lk (q and k are
-    the first two inputs, [B, H, L, D])."""
-    def pow2(n: int) -> int:
-        return 1 << max(0, n - 1).bit_length()
-
-    if len(inputs) < 2 or len(inputs[0].shape) != 4 or len(inputs[1].shape) != 4:
-        return BLOCK_M, BLOCK_N
-    return min(BLOCK_M, pow2(inputs[0].shape[2])), min(BLOCK_N, pow2(inputs[1].shape[2]))
-
-
 def _unit_inner_stride(t) -> bool:
     return t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1
 
@@ -184,7 +189,7 @@ def compile_module(module_text: str, block_m: int | None = None, block_n: int | 
                    unit_inner_stride: bool = True) -> CompiledKernel:
     """The compiled kernel for an L0 module, from the in-memory cache when it was built before.
 
-    Block sizes default to BLOCK_M x BLOCK_N (less for short sequences). With `unit_inner_stride`
+    Block sizes default to the cpu preset's (`presets.cpu_config`). With `unit_inner_stride`
     (the usual case: torch's layouts, transposes of them included) tile rows load as vectors;
     without it any strides work, with element-wise tile loads.
     """

@@ -1,104 +1,35 @@
 """The Triton backend, compile side: an L0 module becomes a runtime `Bundle`.
 
-    L0 --attn-verify, attn-fuse-online-softmax, attn-chunk-recurrence, attn-tile{block-m,block-n},
-         canonicalize, cse--> L1 --attn-lower-to-triton{assume-aligned=true|false}--> Triton IR
+    L0 --stage "l1" of the triton preset--> L1 --stage "ttir", assume-aligned=true|false--> Triton IR
 
-Both Triton IR variants go into the bundle with the launch grid, argument labels, block tables and
-the compile options (`default_config`). `run` is what `ae.attention(...)(q, k, v)` calls on GPU
-tensors: the bundle comes from the cache (memory, then disk) when it can, so MLIR is imported only
-to build a missing one. `compile_bundle` builds a bundle ahead of time from shapes or "meta"
-tensors, on a machine without a GPU.
+The passes, their order and options, and the launch options are `ae_mlir.presets`' ("triton"), so
+`ae-opt --pipeline=triton` runs what this backend runs. Both Triton IR variants go into the bundle
+with the launch grid, argument labels, block tables and the compile options. `run` is what
+`ae.attention(...)(q, k, v)` calls on GPU tensors: the bundle comes from the cache (memory, then
+disk) when it can, so MLIR is imported only to build a missing one. `compile_bundle` builds a
+bundle ahead of time from shapes or "meta" tensors, on a machine without a GPU.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from .. import runtime
+from ..core import abi
 from ..core.context import CompileError
 
 _ELT_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
                "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool"}
 
-# (block_m, block_n, num_warps, num_stages) by head dim (padded to a power of two); 16-bit inputs
-# run tt.dot on wgmma. Measured on an H200 (bf16, B*L = 16k, H = 16, 2026-11-30): at D = 128,
-# 128x64 with 8 warps and 3 stages beat 128x128 (out of shared memory), 2 stages and 64x64; at
-# D = 64, 128x128 with 4 warps (FlexAttention's choice) spills with a score_mod (63 TFLOP/s on
-# softcap) where 128x64 runs 168 and causal 349 instead of 237.
-_CUDA_16BIT = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 3)}
-_CUDA_FP32 = {64: (128, 32, 4, 3), 128: (32, 64, 4, 3), 256: (32, 32, 4, 3)}
-# MI300 (gfx942): mfma 32x32 tiles; one LDS buffer per operand leaves room for 128x64 at D=128.
-_HIP_16BIT = {64: (128, 64, 4, 2), 128: (128, 64, 4, 2), 256: (64, 32, 4, 2)}
-_HIP_FP32 = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 2)}
 
+def preset_options(module, target: str, config: dict | None = None, input_precision: str = "ieee"):
+    """The triton preset's options for a parsed L0 module; `config` overrides them (block sizes,
+    launch options: any `PresetOptions` field)."""
+    from .. import presets
 
-def _pow2(n: int) -> int:
-    return max(16, 1 << (max(n, 1) - 1).bit_length())
-
-
-def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) -> dict:
-    """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942")."""
-    d = max(_pow2(dk), _pow2(dv), 64)
-    wide = dtype in ("bfloat16", "float16", "bf16", "f16")
-    if target.startswith("hip"):
-        table = _HIP_16BIT if wide else _HIP_FP32
-    else:
-        table = _CUDA_16BIT if wide else _CUDA_FP32
-    block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
-    block_m = min(block_m, _pow2(lq))
-    block_n = min(block_n, _pow2(lk))
-    if block_m * block_n <= 64 * 64:
-        warps = 4
-    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
-
-
-# Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
-# blocks of 64 columns, as flash-linear-attention's chunk kernels use, 4 warps. Measured on an
-# H200 (bench/results/h200-linear-configs-2026-11-30.json): 8 warps make the output kernels
-# 30-50% slower; 2 and 3 pipeline stages are within a few percent of each other (an earlier
-# sweep of the chunk-state loop found 1 stage 5-30% slower).
-_LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
-
-
-def linear_config(chunk: int, decay: str, target: str = "cuda:90") -> dict:
-    """Launch options of a linear-attention bundle. block_m/block_n are the chunk's rows (what
-    the runtime's 32-bit tile-offset check reads). Narrower chunk-state V blocks (more programs)
-    were slower on an H200 at every measured shape, 16 columns 2-3x (its loop is bound by each
-    step's latency, not by the programs in flight). With the "token_dim" decay the output kernel
-    takes all of V (up to 128 columns) in one program: its scores, most of its work, do not
-    depend on V."""
-    config = dict(_LINEAR, block_m=chunk, block_n=chunk)
-    if target.startswith("hip"):
-        # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
-        config["num_stages"] = 2
-    if decay == "token_dim":
-        config["block_v"] = 128
-    return config
-
-
-def config_for(l0_text: str, target: str) -> dict:
-    """The default compile options of an L0 module on `target`."""
-    import re
-
-    linear = re.search(r'"attn\.linear_recurrence".*?decay = "(\w+)".*?chunk_size = (\d+)', l0_text, re.S)
-    if linear:
-        return linear_config(int(linear.group(2)), linear.group(1), target)
-    return default_config(*_shapes(l0_text), target=target)
-
-
-def _pipeline(config: dict) -> str:
-    from ..passes import PIPELINES
-
-    steps = []
-    for name in PIPELINES["triton"]:
-        if name == "attn-tile":
-            steps.append(f"attn-tile{{block-m={config['block_m']} block-n={config['block_n']} "
-                         "call-time-tables=true}")
-        elif name.startswith("attn-chunk-recurrence") and "block_v" in config:
-            steps.append(f"attn-chunk-recurrence{{split=true block-v={config['block_v']} "
-                         f"block-k={config['block_k']}}}")
-        elif name == "attn-lower-to-triton":
-            steps += ["canonicalize", "cse"]
-        else:
-            steps.append(name)
-    return "builtin.module(" + ",".join(steps) + ")"
+    problem = presets.read_problem(module)
+    if problem is None:
+        raise CompileError("the Triton backend needs an attention module (q, k, v tensors) at L0")
+    return presets.options_for("triton", problem, target, **dict(config or {}, input_precision=input_precision))
 
 
 def _specs(types: list, roles: list[str]) -> list[runtime.TensorSpec]:
@@ -109,77 +40,68 @@ def _specs(types: list, roles: list[str]) -> list[runtime.TensorSpec]:
     return specs
 
 
-def lower(l0_text: str, config: dict):
-    """L0 text -> (L1 module text, input, output and workspace specs)."""
-    from mlir import ir
-
+def _parse_l0(l0_text: str):
     from ..core.context import new_context, parse_module
-    from ..passes import build_pass_manager
     from ..core.verifier import check_module
 
     ctx = new_context()
     module = parse_module(l0_text, ctx, "<l0>")
     check_module(module)
-    funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
-    if len(funcs) != 1:
-        raise CompileError(f"the Triton backend compiles a module with one function, found {len(funcs)}")
-    fty = funcs[0].attributes["function_type"].value
-    n_cap = len(fty.inputs) - 3
-    inputs = _specs(list(fty.inputs), ["q", "k", "v"] + [f"c{i}" for i in range(n_cap)])
-    linear = any(op.operation.name == "attn.linear_recurrence" for op in funcs[0].regions[0].blocks[0].operations)
-    outputs = _specs(list(fty.results), ["out", "state"] if linear else ["out", "lse"])
-    pm = build_pass_manager(_pipeline(config), ctx)
-    try:
-        pm.run(module.operation)
-    except ir.MLIRError as err:
-        from ..core.context import diagnostic_from_mlir
-
-        raise CompileError("the Triton pipeline failed",
-                           [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None
-    kernels = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
-    kernel = kernels[-1]
-    if "attn.call_time_tables" in kernel.attributes:
-        # The tile tables of a mask that reads closure tensors follow the inputs; the caller
-        # computes them with ae_mlir.block_mask when it launches the kernel.
-        types = list(kernel.attributes["function_type"].value.inputs)[len(inputs):len(inputs) + 4]
-        inputs += _specs(types, [f"c{n_cap + i}" for i in range(4)])
-    workspace = {}
-    for func in kernels:
-        if "attn.arg_roles" not in func.attributes:
-            continue
-        roles = [ir.StringAttr(r).value for r in func.attributes["attn.arg_roles"]]
-        for role, ty in zip(roles, func.attributes["function_type"].value.inputs):
-            if role.startswith("w"):
-                workspace.setdefault(role, ty)
-    return str(module), inputs, outputs, _specs(list(workspace.values()), list(workspace))
+    return module
 
 
-def _lower_l1(l1_text: str, aligned: bool, precision: str) -> list[tuple[runtime.KernelVariant, dict]]:
-    """One Triton IR variant of each kernel of an L1 module, in launch order, with the launch
-    facts its tt.func records."""
+def _run(pipeline: str, module, what: str) -> None:
     from mlir import ir
 
-    from ..core.context import new_context, parse_module
     from ..passes import build_pass_manager
-    from ..passes.lower_to_triton import triton_text
 
-    ctx = new_context()
-    module = parse_module(l1_text, ctx, "<l1>")
-    pipeline = (f"builtin.module(attn-lower-to-triton{{assume-aligned={str(aligned).lower()} "
-                f"input-precision={precision}}})")
     try:
-        build_pass_manager(pipeline, ctx).run(module.operation)
+        build_pass_manager(pipeline, module.context).run(module.operation)
     except ir.MLIRError as err:
         from ..core.context import diagnostic_from_mlir
 
-        raise CompileError("attn-lower-to-triton failed",
-                           [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None
+        raise CompileError(what, [diagnostic_from_mlir(d) for d in err.error_diagnostics]) from None
+
+
+def lower(module, options) -> tuple:
+    """Run the preset's "l1" stage on a parsed L0 module; returns (L1 module text, input, output
+    and workspace specs, whether the kernel takes call-time tables)."""
+    from .. import presets
+
+    funcs = abi.functions(module)
+    if len(funcs) != 1:
+        raise CompileError(f"the Triton backend compiles a module with one function, found {len(funcs)}")
+    n_inputs = len(abi.input_types(funcs[0]))
+    inputs = _specs(abi.input_types(funcs[0]), abi.input_roles(n_inputs))
+    outputs = _specs(abi.result_types(funcs[0]), abi.output_roles(options.linear))
+    _run(presets.pipeline_text("triton", options, "l1"), module, "the Triton pipeline failed")
+    kernel = abi.functions(module)[-1]
+    # The tile tables of a mask that reads closure tensors follow the inputs; the caller
+    # computes them with ae_mlir.block_mask when it launches the kernel.
+    inputs += _specs(abi.call_time_table_types(kernel, n_inputs), abi.call_time_table_roles(n_inputs - 3))
+    workspace = {}
+    for func in abi.functions(module):
+        for role, ty in zip(abi.arg_roles(func) or [], abi.input_types(func)):
+            if abi.is_workspace(role):
+                workspace.setdefault(role, ty)
+    return (str(module), inputs, outputs, _specs(list(workspace.values()), list(workspace)),
+            abi.takes_call_time_tables(kernel))
+
+
+def _lower_l1(l1_text: str, options) -> list[tuple[runtime.KernelVariant, dict]]:
+    """One Triton IR variant (`options.assume_aligned`) of each kernel of an L1 module, in launch
+    order, with the launch facts its tt.func records."""
+    from .. import presets
+    from ..core.context import new_context, parse_module
+    from ..passes.lower_to_triton import triton_text
+
+    module = parse_module(l1_text, new_context(), "<l1>")
+    _run(presets.pipeline_text("triton", options, "ttir"), module, "attn-lower-to-triton failed")
     lowered = []
     for kernel in kernel_ops(module):
-        args = [ir.StringAttr(a).value for a in kernel.attributes["attn.kernel_args"]]
-        facts = {"name": ir.StringAttr(kernel.attributes["sym_name"]).value,
-                 "grid": [int(x) for x in kernel.attributes["attn.grid"]], "tables": _tables(kernel)}
-        lowered.append((runtime.KernelVariant(triton_text(module, kernel), args, aligned), facts))
+        facts = {"name": abi.name(kernel), "grid": abi.grid(kernel), "tables": _tables(kernel)}
+        variant = runtime.KernelVariant(triton_text(module, kernel), abi.kernel_args(kernel), options.assume_aligned)
+        lowered.append((variant, facts))
     return lowered
 
 
@@ -195,7 +117,7 @@ def _tables(kernel) -> list[dict]:
     import numpy as np
 
     tables = []
-    for attr in kernel.attributes["attn.tables"]:
+    for attr in kernel.attributes[abi.TABLES]:
         data = np.array(attr).astype(np.int64)
         if attr.is_splat:
             data = np.full(tuple(attr.type.shape), int(attr.get_splat_value().value), np.int64)
@@ -205,38 +127,28 @@ def _tables(kernel) -> list[dict]:
 
 def build_bundle(l0_text: str, target: str, config: dict | None = None,
                  input_precision: str = "ieee") -> runtime.Bundle:
-    """Compile an L0 module into a bundle (needs the MLIR bindings, no GPU)."""
-    config = dict(config or config_for(l0_text, target))
-    l1_text, inputs, outputs, workspace = lower(l0_text, config)
-    kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in
-               zip(_lower_l1(l1_text, True, input_precision), _lower_l1(l1_text, False, input_precision))]
-    meta = {"input_precision": input_precision, "config": config}
-    if "attn.call_time_tables" in l1_text:
+    """Compile an L0 module into a bundle (needs the MLIR bindings, no GPU); `config` overrides
+    the preset's options (`preset_options`)."""
+    module = _parse_l0(l0_text)
+    options = preset_options(module, target, config, input_precision)
+    l1_text, inputs, outputs, workspace, call_time_tables = lower(module, options)
+    variants = [_lower_l1(l1_text, dataclasses.replace(options, assume_aligned=aligned)) for aligned in (True, False)]
+    kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
+    meta = {"input_precision": input_precision, "config": options.launch_config()}
+    if call_time_tables:
         meta["call_time_tables"] = True
     stages = []
     for aligned, generic, facts in kernels[:-1]:
         if facts["tables"]:
             raise CompileError(f"kernel '{facts['name']}' reads block tables; only a module's last kernel may")
         stages.append(runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
-                                    config["num_warps"], config["num_stages"]))
+                                    options.num_warps, options.num_stages))
     aligned, generic, facts = kernels[-1]
     return runtime.Bundle(
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
         variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
-        num_warps=config["num_warps"], num_stages=config["num_stages"], block_m=config["block_m"],
-        block_n=config["block_n"], target=target, meta=meta, stages=stages, workspace=workspace)
-
-
-def _shapes(l0_text: str) -> tuple:
-    """(Lq, Lk, Dk, Dv, dtype) read from the L0 function signature without MLIR."""
-    import re
-
-    header = re.search(r"func\.func @\w+\((.*?)\)\s*->", l0_text, re.S)
-    types = re.findall(r"tensor<([0-9x]+)x(\w+)>", header.group(1) if header else "")
-    if len(types) < 3:
-        raise CompileError("the Triton backend needs an attention module (q, k, v tensors) at L0")
-    dims = [[int(n) for n in t[0].split("x")] for t in types[:3]]
-    return dims[0][2], dims[1][2], dims[0][3], dims[2][3], types[0][1]
+        num_warps=options.num_warps, num_stages=options.num_stages, block_m=options.block_m,
+        block_n=options.block_n, target=target, meta=meta, stages=stages, workspace=workspace)
 
 
 def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | None = None,
@@ -248,9 +160,8 @@ def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | Non
     """
     q, k, v = (_as_tensor(x) for x in (q, k, v))
     text = attn.mlir(q, k, v)
-    config = dict(config or config_for(text, target))
     bundle = build_bundle(text, target, config, input_precision)
-    bundle.key = runtime.cache_key(text, target, _options(config, input_precision))
+    bundle.key = _key(text, target, config, input_precision)
     bundle.meta["l0"] = text
     return bundle
 
@@ -264,14 +175,15 @@ def _as_tensor(x):
     return torch.empty(tuple(shape), dtype=dtype, device="meta")
 
 
-def _options(config: dict, input_precision: str) -> dict:
-    return dict(config, input_precision=input_precision)
+def _key(l0_text: str, target: str, config: dict | None, input_precision: str) -> str:
+    # The preset's defaults are a function of the IR, the target and the compiler's sources (which
+    # the key hashes), so only the overrides go in: a cache hit needs no MLIR to derive them.
+    return runtime.cache_key(l0_text, target, {"config": dict(config or {}), "input_precision": input_precision})
 
 
 def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runtime.Bundle:
     """The bundle of an L0 module for `target`: from the cache, or compiled and cached."""
-    config = config_for(l0_text, target)
-    key = runtime.cache_key(l0_text, target, _options(config, input_precision))
+    key = _key(l0_text, target, None, input_precision)
     bundle = runtime.CACHE.get(key)
     if bundle is None:
         try:
@@ -280,7 +192,7 @@ def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runt
             raise CompileError("no cached kernel for this attention and the MLIR bindings are not installed "
                                "to compile one; build bundles with ae_mlir.backends.triton.compile_bundle "
                                "on a machine that has them") from None
-        bundle = build_bundle(l0_text, target, config, input_precision)
+        bundle = build_bundle(l0_text, target, None, input_precision)
         runtime.CACHE.put(key, bundle)
     return bundle
 
@@ -306,28 +218,32 @@ def call_time_tables(bundle: runtime.Bundle, mask_mod, q, k) -> list:
 # --- ae-opt --emit=ttir|ptx|amdgcn --------------------------------------------------------------
 
 
-def emit(kind: str, module, target: str | None) -> str:
-    """The lowered module as Triton IR, or compiled to PTX (cuda) / AMDGCN (hip) for `target`
-    (each kernel of a multi-kernel module compiled on its own, in launch order)."""
-    from mlir import ir
+# Triton's own defaults, for a module that no preset lowered (its launch options are unknown).
+_TRITON_WARPS = 4
+_TRITON_STAGES = {"cuda": 3, "hip": 2}
 
+
+def emit(kind: str, module, target: str | None, launch: tuple[int, int] | None = None) -> str:
+    """The lowered module's kernels as Triton IR, each a module of its own as the bundle holds
+    them (between `// -----` lines, in launch order), or compiled to PTX (cuda) / AMDGCN (hip)
+    for `target` with `launch` = (num_warps, num_stages): the preset's, as the runtime launches
+    them, else Triton's defaults."""
     from ..passes.lower_to_triton import triton_text
 
-    text = triton_text(module)
+    kernels = kernel_ops(module)
+    texts = [triton_text(module, kernel) for kernel in kernels]
     if kind == "ttir":
-        return text
+        return "// -----\n".join(texts)
     default = {"ptx": "cuda:90", "amdgcn": "hip:gfx942"}[kind]
     target = target or default
-    if target.split(":")[0] != default.split(":")[0]:
-        raise CompileError(f"--emit={kind} needs a {default.split(':')[0]} target, got --target={target}")
+    family = default.split(":")[0]
+    if target.split(":")[0] != family:
+        raise CompileError(f"--emit={kind} needs a {family} target, got --target={target}")
+    warps, stages = launch or (_TRITON_WARPS, _TRITON_STAGES[family])
     assembly = []
-    for kernel in kernel_ops(module):
-        block_m = ir.IntegerAttr(kernel.attributes["attn.block_m"]).value if "attn.block_m" in kernel.attributes else 64
-        block_n = ir.IntegerAttr(kernel.attributes["attn.block_n"]).value if "attn.block_n" in kernel.attributes else 64
-        warps = 8 if block_m * block_n >= 128 * 64 and kind == "ptx" else 4
-        stages = 3 if kind == "ptx" else 2
+    for text in texts:
         try:
-            compiled = runtime.compile_ttir(triton_text(module, kernel), target, warps, stages)
+            compiled = runtime.compile_ttir(text, target, warps, stages)
         except Exception as err:
             raise CompileError(f"triton.compile for {target} failed: {str(err).strip().splitlines()[-1]}") from None
         assembly.append(compiled.asm[kind])

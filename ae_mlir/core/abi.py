@@ -1,0 +1,133 @@
+"""The L1 kernel ABI: what the passes write on a kernel and the backends read back.
+
+An L1 kernel is a `func.func` carrying `attn.grid`; after `attn-lower-to-triton` it is a `tt.func`
+with the same grid plus `attn.kernel_args` and `attn.tables`. Its arguments are, in order, the
+inputs (q, k, v, then closure tensors c0, c1, ...), the four call-time tile tables when it has
+`attn.call_time_tables` (labelled as the next closure roles), workspaces (w0, w1, ...) and the
+destinations (out, then lse or state). A kernel whose arguments do not follow the softmax layout
+(the linear recurrence's kernels) names every argument's role in `attn.arg_roles`.
+
+Every name here is part of the contract between passes/ (which write it), the backends and the
+runtime (which read it); a change here is a change of that contract.
+"""
+from __future__ import annotations
+
+# Attributes of an L1 kernel (func.func) and of its lowered tt.func.
+GRID = "attn.grid"                          # array<i64>: programs per grid axis
+BLOCK_M = "attn.block_m"                    # i64: query rows per program
+BLOCK_N = "attn.block_n"                    # i64: keys per KV tile
+BLOCK_V = "attn.block_v"                    # i64: V columns per program (linear recurrence)
+CHUNK_SIZE = "attn.chunk_size"              # i64: tokens per chunk (linear recurrence)
+ARG_ROLES = "attn.arg_roles"                # [string]: one role per argument
+CALL_TIME_TABLES = "attn.call_time_tables"  # unit: the four tile tables follow the inputs
+# Only on tt.func (attn-lower-to-triton):
+KERNEL_ARGS = "attn.kernel_args"            # [string]: "q", "q.stride0", ..., "table0"
+TABLES = "attn.tables"                      # [dense i32]: compile-time tile tables, "table<j>"
+# On L0/L1 ops: the tt.dot precision the lowering chose for a contraction.
+PRECISION = "attn.precision"
+
+# Roles: the fixed inputs, closure tensors c<i>, workspaces w<i>, and the destinations.
+INPUTS = ("q", "k", "v")
+SOFTMAX_OUTPUTS = ("out", "lse")
+LINEAR_OUTPUTS = ("out", "state")
+# Tensors the runtime binds by role (strides, alignment checks).
+STREAMS = INPUTS + ("out", "lse", "state")
+# The call-time tile tables, in argument order (ae_mlir.block_mask.BlockMask.tables gives them so).
+CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index")
+
+
+def capture(i: int) -> str:
+    return f"c{i}"
+
+
+def workspace(i: int) -> str:
+    return f"w{i}"
+
+
+def is_workspace(role: str) -> bool:
+    return role.startswith("w")
+
+
+def input_roles(n_inputs: int) -> list[str]:
+    """q, k, v and the closure tensors of an L0 function with `n_inputs` arguments."""
+    return list(INPUTS) + [capture(i) for i in range(n_inputs - len(INPUTS))]
+
+
+def output_roles(linear: bool) -> tuple[str, ...]:
+    return LINEAR_OUTPUTS if linear else SOFTMAX_OUTPUTS
+
+
+def call_time_table_roles(n_captures: int) -> list[str]:
+    """The roles of the four call-time tables: the closure roles after the kernel's own."""
+    return [capture(n_captures + i) for i in range(len(CALL_TIME_TABLE_ORDER))]
+
+
+# --- reading a kernel op (mlir.ir Operation) --------------------------------------------------------
+
+
+def functions(module) -> list:
+    """The func.func ops at the top of a module, in order."""
+    op = getattr(module, "operation", module)
+    return [f.operation for f in op.regions[0].blocks[0].operations if f.operation.name == "func.func"]
+
+
+def is_kernel(func) -> bool:
+    return GRID in func.attributes
+
+
+def kernels(module) -> list:
+    """The L1 kernels of a module (func.func with `attn.grid`), in launch order."""
+    return [f for f in functions(module) if is_kernel(f)]
+
+
+def input_types(func) -> list:
+    return list(func.attributes["function_type"].value.inputs)
+
+
+def result_types(func) -> list:
+    return list(func.attributes["function_type"].value.results)
+
+
+def name(func) -> str:
+    from mlir import ir
+
+    return ir.StringAttr(func.attributes["sym_name"]).value
+
+
+def grid(func) -> list[int]:
+    return [int(x) for x in func.attributes[GRID]]
+
+
+def int_attr(func, attr: str) -> int | None:
+    from mlir import ir
+
+    return ir.IntegerAttr(func.attributes[attr]).value if attr in func.attributes else None
+
+
+def _strings(func, attr: str) -> list[str] | None:
+    from mlir import ir
+
+    if attr not in func.attributes:
+        return None
+    return [ir.StringAttr(s).value for s in func.attributes[attr]]
+
+
+def arg_roles(func) -> list[str] | None:
+    """The kernel's `attn.arg_roles`, or None where its arguments follow the softmax layout."""
+    return _strings(func, ARG_ROLES)
+
+
+def kernel_args(func) -> list[str]:
+    """The labels of a lowered tt.func's arguments (the runtime binds them by these)."""
+    return _strings(func, KERNEL_ARGS) or []
+
+
+def takes_call_time_tables(func) -> bool:
+    return CALL_TIME_TABLES in func.attributes
+
+
+def call_time_table_types(func, n_inputs: int) -> list:
+    """The types of the four call-time tables, which follow the kernel's `n_inputs` inputs."""
+    if not takes_call_time_tables(func):
+        return []
+    return input_types(func)[n_inputs:n_inputs + len(CALL_TIME_TABLE_ORDER)]

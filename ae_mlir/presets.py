@@ -1,0 +1,272 @@
+"""The named pipelines, "triton" and "cpu": the one place that says which passes run, in which
+order, with which options, and how the kernels are launched.
+
+A preset is an ordered list of stages over one `PresetOptions` (as Triton's backends list their
+`add_stages` over one options object). The options come from the L0 module itself, read from the
+parsed IR (the function's types, the linear recurrence's attributes), and the target:
+
+    options = options_for(module, "triton", "cuda:90")     # block sizes, warps, stages, ...
+    pipeline_text("triton", options)                        # every pass with its options
+    builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{...},attn-tile{...},
+                   canonicalize,cse,attn-lower-to-triton{assume-aligned=true input-precision=ieee})
+
+`ae-opt --pipeline=NAME` runs exactly that text; the backends run the same stages one at a time,
+because they read the L1 kernels between the two (argument specs, call-time tables), and the
+Triton backend runs the last stage twice, with assume-aligned true and false, for the bundle's two
+variants. `ae-opt` prints the aligned one, which the runtime launches on the usual layouts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Literal
+
+from .core import abi
+from .core.context import CompileError
+
+PRESETS = ("cpu", "triton")
+TARGETS = {"cpu": "host", "triton": "cuda:90"}
+
+# --- Triton launch defaults ----------------------------------------------------------------------
+
+# (block_m, block_n, num_warps, num_stages) by head dim (padded to a power of two); 16-bit inputs
+# run tt.dot on wgmma. Measured on an H200 (bf16, B*L = 16k, H = 16, 2026-11-30): at D = 128,
+# 128x64 with 8 warps and 3 stages beat 128x128 (out of shared memory), 2 stages and 64x64; at
+# D = 64, 128x128 with 4 warps (FlexAttention's choice) spills with a score_mod (63 TFLOP/s on
+# softcap) where 128x64 runs 168 and causal 349 instead of 237.
+_CUDA_16BIT = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 3)}
+_CUDA_FP32 = {64: (128, 32, 4, 3), 128: (32, 64, 4, 3), 256: (32, 32, 4, 3)}
+# MI300 (gfx942): mfma 32x32 tiles; one LDS buffer per operand leaves room for 128x64 at D=128.
+_HIP_16BIT = {64: (128, 64, 4, 2), 128: (128, 64, 4, 2), 256: (64, 32, 4, 2)}
+_HIP_FP32 = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 2)}
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (max(n, 1) - 1).bit_length())
+
+
+def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) -> dict:
+    """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942")."""
+    d = max(_pow2(dk), _pow2(dv), 64)
+    wide = dtype in ("bfloat16", "float16", "bf16", "f16")
+    if target.startswith("hip"):
+        table = _HIP_16BIT if wide else _HIP_FP32
+    else:
+        table = _CUDA_16BIT if wide else _CUDA_FP32
+    block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
+    block_m = min(block_m, _pow2(lq))
+    block_n = min(block_n, _pow2(lk))
+    if block_m * block_n <= 64 * 64:
+        warps = 4
+    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+
+
+# Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
+# blocks of 64 columns, as flash-linear-attention's chunk kernels use, 4 warps. Measured on an
+# H200 (bench/results/h200-linear-configs-2026-11-30.json): 8 warps make the output kernels
+# 30-50% slower; 2 and 3 pipeline stages are within a few percent of each other (an earlier
+# sweep of the chunk-state loop found 1 stage 5-30% slower).
+_LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
+
+
+def linear_config(chunk: int, decay: str, target: str = "cuda:90") -> dict:
+    """Launch options of a linear-attention bundle. block_m/block_n are the chunk's rows (what
+    the runtime's 32-bit tile-offset check reads). Narrower chunk-state V blocks (more programs)
+    were slower on an H200 at every measured shape, 16 columns 2-3x (its loop is bound by each
+    step's latency, not by the programs in flight). With the "token_dim" decay the output kernel
+    takes all of V (up to 128 columns) in one program: its scores, most of its work, do not
+    depend on V."""
+    config = dict(_LINEAR, block_m=chunk, block_n=chunk)
+    if target.startswith("hip"):
+        # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
+        config["num_stages"] = 2
+    if decay == "token_dim":
+        config["block_v"] = 128
+    return config
+
+
+# --- CPU defaults --------------------------------------------------------------------------------
+
+# Rows per program and keys per KV tile: a 64x64 f32 score tile (16 KiB) and the K, V and
+# accumulator tiles stay in L1/L2 for head dims up to 128. Shorter sequences take the power of two
+# at or above their length.
+CPU_BLOCK_M = 64
+CPU_BLOCK_N = 64
+
+
+def cpu_config(lq: int, lk: int) -> dict:
+    def pow2(n: int) -> int:
+        return 1 << max(0, n - 1).bit_length()
+
+    return {"block_m": min(CPU_BLOCK_M, pow2(lq)), "block_n": min(CPU_BLOCK_N, pow2(lk))}
+
+
+# --- the problem an L0 module poses -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the presets read from an L0 module: sequence lengths, head dims, q's element type,
+    and for linear attention the decay kind and chunk size."""
+
+    lq: int
+    lk: int
+    dk: int
+    dv: int
+    dtype: str                 # MLIR's element type name: f32, f16, bf16
+    decay: str | None = None   # set for an attn.linear_recurrence module ("none", "head", ...)
+    chunk_size: int = 0
+
+    @property
+    def linear(self) -> bool:
+        return self.decay is not None
+
+
+def read_problem(module) -> Problem | None:
+    """The problem of the module's attention function, or None where it has none (no function
+    whose first three arguments are [B, H, L, D] tensors)."""
+    from mlir import ir
+
+    for func in abi.functions(module):
+        types = abi.input_types(func)
+        if len(types) < 3 or not all(isinstance(t, ir.RankedTensorType) and t.rank == 4 for t in types[:3]):
+            continue
+        q, k, v = types[:3]
+        decay, chunk = None, 0
+        for op in func.regions[0].blocks[0].operations:
+            if op.operation.name == "attn.linear_recurrence":
+                decay = ir.StringAttr(op.operation.attributes["decay"]).value
+                chunk = ir.IntegerAttr(op.operation.attributes["chunk_size"]).value
+        return Problem(q.shape[2], k.shape[2], q.shape[3], v.shape[3], str(q.element_type), decay, chunk)
+    return None
+
+
+# --- options and stages --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PresetOptions:
+    """Every choice a preset makes; `options_for` derives them, keyword overrides replace them."""
+
+    target: str
+    block_m: int = 64              # attn-tile: query rows per program (linear: the chunk)
+    block_n: int = 64              # attn-tile: keys per KV tile
+    call_time_tables: bool = True  # attn-tile: closure-reading masks classified per call
+    split: bool = False            # attn-chunk-recurrence: the split (multi-kernel) recurrence
+    block_v: int = 64              # attn-chunk-recurrence: V columns per program
+    block_k: int = 64              # attn-chunk-recurrence: state rows per chunk-state program
+    canonicalize: bool = True      # triton: canonicalize,cse on L1 before attn-lower-to-triton
+    assume_aligned: bool = True    # attn-lower-to-triton: the aligned variant
+    input_precision: Literal["ieee", "tf32", "tf32x3"] = "ieee"   # attn-lower-to-triton
+    unit_inner_stride: bool = True  # attn-lower-to-cpu
+    num_warps: int = 4             # Triton launch
+    num_stages: int = 2            # Triton launch
+    linear: bool = False           # the module is linear attention (its launch config has block_v/k)
+
+    def launch_config(self) -> dict:
+        """The compile options a Triton bundle records (`meta["config"]`, its cache key)."""
+        config = {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
+                  "num_stages": self.num_stages}
+        if self.linear:
+            config.update(block_v=self.block_v, block_k=self.block_k)
+        return config
+
+
+def options_for(preset: str, problem: Problem | None, target: str | None = None, **overrides) -> PresetOptions:
+    """The preset's options for `problem` on `target` (the preset's default target if None), with
+    `overrides` (field names; strings are parsed by the field's type) applied last. Without a
+    problem (a module that is not L0 attention) the block sizes are the passes' defaults."""
+    _check_preset(preset)
+    target = target or TARGETS[preset]
+    if (preset == "cpu") != (target == "host"):
+        raise CompileError(f"pipeline '{preset}' compiles for "
+                           f"{'--target=host' if preset == 'cpu' else 'a cuda or hip target'}, got '{target}'")
+    values: dict = {"split": preset == "triton"}
+    if problem is not None and preset == "cpu":
+        values.update(cpu_config(problem.lq, problem.lk))
+    elif problem is not None and problem.linear:
+        values.update(linear_config(problem.chunk_size, problem.decay, target), linear=True)
+    elif problem is not None:
+        values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))
+    values.update(_typed(overrides))
+    return PresetOptions(target=target, **values)
+
+
+def _typed(overrides: dict) -> dict:
+    hints = typing.get_type_hints(PresetOptions)
+    # The target has its own flag and argument; whether the module is linear is read from it.
+    fields = {f.name for f in dataclasses.fields(PresetOptions)} - {"target", "linear"}
+    typed = {}
+    for key, raw in overrides.items():
+        name = key.replace("-", "_")
+        if name not in fields:
+            raise CompileError(f"the presets have no option '{key}' (their options: "
+                               f"{', '.join(sorted(f.replace('_', '-') for f in fields))})")
+        typ = hints[name]
+        if typing.get_origin(typ) is Literal:
+            if raw not in typing.get_args(typ):
+                raise CompileError(f"preset option '{key}' must be one of {', '.join(typing.get_args(typ))}, "
+                                   f"got '{raw}'")
+            typed[name] = raw
+        elif typ is bool and isinstance(raw, str):
+            if raw.lower() not in ("true", "false"):
+                raise CompileError(f"preset option '{key}' expects true or false, got '{raw}'")
+            typed[name] = raw.lower() == "true"
+        else:
+            try:
+                typed[name] = typ(raw)
+            except ValueError:
+                raise CompileError(f"preset option '{key}' expects an integer, got '{raw}'") from None
+    return typed
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named run of passes: what a backend runs before reading the module again."""
+
+    name: str
+    passes: tuple[str, ...]
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def stages(preset: str, o: PresetOptions) -> list[Stage]:
+    """The preset's stages in order: "l1" (L0 -> L1 kernels), then "ttir" or "llvm"."""
+    _check_preset(preset)
+    to_l1 = [
+        "attn-verify",
+        "attn-fuse-online-softmax",
+        f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
+        f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)}}}",
+    ]
+    if preset == "cpu":
+        return [Stage("l1", tuple(to_l1)),
+                Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)}}}",))]
+    # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
+    # the lowering takes unfolded L1 too (the `canonicalize=false` option).
+    if o.canonicalize:
+        to_l1 += ["canonicalize", "cse"]
+    return [Stage("l1", tuple(to_l1)),
+            Stage("ttir", (f"attn-lower-to-triton{{assume-aligned={_flag(o.assume_aligned)} "
+                           f"input-precision={o.input_precision}}}",))]
+
+
+def pipeline_text(preset: str, options: PresetOptions, stage: str | None = None) -> str:
+    """The textual pipeline of the whole preset, or of one of its stages."""
+    chosen = [s for s in stages(preset, options) if stage is None or s.name == stage]
+    if not chosen:
+        raise CompileError(f"pipeline '{preset}' has no stage '{stage}'")
+    return "builtin.module(" + ",".join(p for s in chosen for p in s.passes) + ")"
+
+
+def outline(preset: str) -> str:
+    """The preset's passes without the options that depend on the module (for --list-passes)."""
+    return ",".join(p.split("{")[0] for s in stages(preset, PresetOptions(TARGETS[preset])) for p in s.passes)
+
+
+def _check_preset(preset: str) -> None:
+    if preset not in PRESETS:
+        raise CompileError(f"unknown pipeline '{preset}' (expected one of {', '.join(PRESETS)})")
