@@ -39,7 +39,7 @@ SMALL = {"block_m": 32, "block_n": 16, "num_warps": 4, "num_stages": 2}
 
 def check(attn, q, k, v, config=SMALL, variant=None, expect_variant=None):
     bundle = tb.compile_bundle(attn, q, k, v, config=config)
-    (out, *rest), chosen = interpret(bundle, q, k, v, *captures_of(attn, q, k, v, bundle), variant=variant)
+    (out, *rest), chosen = interpret(bundle, q, k, v, *captures_of(attn, q, k, v), variant=variant)
     if expect_variant is not None:
         assert chosen is bundle.variants[expect_variant]
     ref = attn(q, k, v, return_lse=bool(rest), backend="reference")
@@ -51,12 +51,10 @@ def check(attn, q, k, v, config=SMALL, variant=None, expect_variant=None):
     return out, (rest[0] if rest else None), bundle
 
 
-def captures_of(attn, q, k, v, bundle=None):
-    """The kernel's inputs after q, k, v: closure tensors, then call-time tile tables if any."""
-    _, captures = attn._build(q, k, v)
-    if bundle is not None:
-        captures += tb.call_time_tables(bundle, attn.mask_mod, q, k)
-    return captures
+def captures_of(attn, q, k, v):
+    """The closure tensors a bundle takes after q, k, v (the runtime adds call-time tile tables
+    itself, from the bundle's mask program)."""
+    return attn._build(q, k, v)[1]
 
 
 SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625])
@@ -526,8 +524,9 @@ def test_closure_reading_mask_is_classified_at_call_time():
     q, k, v = qkv(lq=128, dk=16)
     attn = ae.attention(mask_mod=document)
     bundle = tb.compile_bundle(attn, q, k, v, config=SMALL)
-    assert bundle.meta.get("call_time_tables")
-    partial_count, partial_index, full_count, full_index = tb.call_time_tables(bundle, document, q, k)
+    assert runtime.MASK_PROGRAM in bundle.meta
+    tables = runtime.call_time_tables(bundle, q, k, v, *captures_of(attn, q, k, v))
+    partial_count, partial_index, full_count, full_index = tables
     bm, bn = SMALL["block_m"], SMALL["block_n"]
     for m in range(128 // bm):
         rows = DOC[m * bm:(m + 1) * bm]

@@ -69,7 +69,7 @@ class _Lowered:
     outputs: list[_ArgSpec]
     block_m: int
     block_n: int
-    call_time_tables: bool
+    mask_program: str | None  # JSON, for a kernel that takes call-time tile tables
 
 
 def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
@@ -94,8 +94,7 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
     # A mask that reads closure tensors is classified per call (block_mask); its four tile
     # tables follow the inputs.
     inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
-    lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n,
-                       abi.takes_call_time_tables(kernel))
+    lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n, _mask_program(kernel))
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
     return lowered
 
@@ -135,7 +134,7 @@ class CompiledKernel:
         lowered = _lower(module_text, self._context, block_m, block_n, unit_inner_stride)
         self.name, self.inputs, self.outputs = lowered.name, lowered.inputs, lowered.outputs
         self.block_m, self.block_n = lowered.block_m, lowered.block_n
-        self.call_time_tables = lowered.call_time_tables
+        self.mask_program = lowered.mask_program
         self.unit_inner_stride = unit_inner_stride
         module = self._module = lowered.module
         try:
@@ -202,17 +201,23 @@ def compile_module(module_text: str, block_m: int | None = None, block_n: int | 
     return kernel
 
 
-def run_module_text(module_text: str, inputs: list, out_dtype, mask_mod=None) -> list:
-    """Compile (once) and run `module_text` on CPU tensors; the first result takes `out_dtype`;
-    `mask_mod` classifies the tiles per call when the kernel asks for tile tables."""
+def _mask_program(kernel) -> str | None:
+    """The JSON mask program of an L1 kernel that takes call-time tile tables, else None."""
+    from ..passes.tile_tables import MASK_PROGRAM
+
+    return kernel.attributes[MASK_PROGRAM].value if abi.takes_call_time_tables(kernel) else None
+
+
+def run_module_text(module_text: str, inputs: list, out_dtype) -> list:
+    """Compile (once) and run `module_text` on CPU tensors; the first result takes `out_dtype`.
+    A kernel whose mask reads closure tensors gets its tile tables classified per call from the
+    mask program it carries."""
     unit = all(_unit_inner_stride(t) for t in inputs)
     kernel = compile_module(module_text, unit_inner_stride=unit)
-    if kernel.call_time_tables:
-        if mask_mod is None:
-            raise CompileError(f"kernel '{kernel.name}' classifies its mask at call time; pass the mask_mod")
-        from ..block_mask import classify_cached
+    if kernel.mask_program is not None:
+        from ..block_mask import call_time_tables
 
-        inputs = list(inputs) + classify_cached(mask_mod, inputs[0].shape[2], inputs[1].shape[2],
-                                                kernel.block_m, kernel.block_n, "cpu")
+        inputs = list(inputs) + call_time_tables(kernel.mask_program, inputs, inputs[0].shape[2], inputs[1].shape[2],
+                                                 kernel.block_m, kernel.block_n, "cpu")
     results = kernel(inputs)
     return [results[0].to(out_dtype)] + results[1:]

@@ -136,7 +136,7 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
     meta = {"input_precision": input_precision, "config": options.launch_config()}
     if call_time_tables:
-        meta["call_time_tables"] = True
+        meta[runtime.MASK_PROGRAM] = _mask_program(module)
     stages = []
     for aligned, generic, facts in kernels[:-1]:
         if facts["tables"]:
@@ -197,22 +197,18 @@ def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runt
     return bundle
 
 
-def run(module_text: str, inputs: list, out_dtype, mask_mod=None) -> list:
-    """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures];
-    `mask_mod` classifies the tiles at call time when the kernel asks for tables."""
+def run(module_text: str, inputs: list, out_dtype) -> list:
+    """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures]."""
     bundle = get_bundle(module_text, runtime.current_target())
-    return runtime.launch(bundle, *inputs, *call_time_tables(bundle, mask_mod, inputs[0], inputs[1]))
+    return runtime.launch(bundle, *inputs)
 
 
-def call_time_tables(bundle: runtime.Bundle, mask_mod, q, k) -> list:
-    """The four tile tables a bundle compiled for a closure-reading mask takes after its inputs."""
-    if not bundle.meta.get("call_time_tables"):
-        return []
-    if mask_mod is None:
-        raise CompileError(f"kernel '{bundle.name}' classifies its mask at call time; pass the mask_mod")
-    from ..block_mask import classify_cached
+def _mask_program(l1_module) -> str:
+    """The JSON mask program of an L1 kernel that takes call-time tile tables; the runtime
+    classifies its tiles with it at every launch."""
+    from ..passes.tile_tables import MASK_PROGRAM
 
-    return classify_cached(mask_mod, q.shape[2], k.shape[2], bundle.block_m, bundle.block_n, q.device)
+    return abi.functions(l1_module)[-1].attributes[MASK_PROGRAM].value
 
 
 # --- ae-opt --emit=ttir|ptx|amdgcn --------------------------------------------------------------
