@@ -5,6 +5,10 @@ options as dataclass fields (field `block_m` is option `block-m`), and `apply(mo
 rewrites a `builtin.module` in place and raises `CompileError` with located diagnostics on bad
 input. Adding a pass is one module under passes/ plus one line in `_REGISTRY`.
 
+A `PassPipeline` registers a name for a sequence of passes, ae and upstream, with typed options of
+its own (`attn-lower-to-cpu`): adding it to a PassManager adds its elements, each a pass of its own
+in `--mlir-print-ir-after-all`.
+
 Inside an `mlir.passmanager.PassManager` an ae pass is a Python external pass; upstream passes go
 through the PassManager's own textual parser, so both kinds mix freely in one pipeline:
 
@@ -35,6 +39,15 @@ _REGISTRY: dict[str, str] = {
     "attn-tile": "tile:AttnTile",
     "attn-chunk-recurrence": "chunk_recurrence:ChunkRecurrence",
     "attn-lower-to-cpu": "lower_to_cpu:LowerToCpu",
+    "attn-cpu-grid-loops": "cpu_grid_loops:GridLoops",
+    "attn-cpu-split-empty-tensors": "cpu_split_empty_tensors:SplitEmptyTensors",
+    "attn-cpu-vectorize": "cpu_vectorize:Vectorize",
+    "attn-cpu-carry-state-in-place": "cpu_carry_state:CarryStateInPlace",
+    "attn-cpu-bufferize": "cpu_bufferize:Bufferize",
+    "attn-cpu-pin-unit-inner-stride": "cpu_unit_inner_stride:PinUnitInnerStride",
+    "attn-cpu-lower-vectors": "cpu_lower_vectors:LowerVectors",
+    "attn-cpu-legalize-for-llvm": "cpu_legalize_for_llvm:LegalizeForLlvm",
+    "attn-cpu-define-bf16-truncation": "cpu_bf16_truncation:DefineBf16Truncation",
     "attn-lower-to-triton": "lower_to_triton:LowerToTriton",
 }
 
@@ -44,15 +57,12 @@ def option(default: Any, help: str) -> Any:
 
 
 @dataclass(frozen=True)
-class ModulePass(abc.ABC):
-    """Base of every ae pass; subclasses are frozen dataclasses whose fields are the options."""
+class Registered(abc.ABC):
+    """What ae passes and pass pipelines share: a name, a summary, and options that are the fields
+    of a frozen dataclass subclass."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
-
-    @abc.abstractmethod
-    def apply(self, module_op) -> None:
-        """Transform the `builtin.module` operation in place; raise `CompileError` on bad input."""
 
     @classmethod
     def options(cls) -> list[OptionInfo]:
@@ -63,7 +73,7 @@ class ModulePass(abc.ABC):
         ]
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> ModulePass:
+    def from_options(cls, options: dict[str, Any]) -> Registered:
         """Build the pass from option values keyed by CLI name (`block-m`) or field name.
 
         String values are parsed according to the field's type; other values must have that type.
@@ -85,6 +95,25 @@ class ModulePass(abc.ABC):
             return cls(**values)
         except ValueError as err:
             raise CompileError(f"invalid options for pass '{cls.name}': {err}") from None
+
+
+@dataclass(frozen=True)
+class ModulePass(Registered):
+    """Base of every ae pass."""
+
+    @abc.abstractmethod
+    def apply(self, module_op) -> None:
+        """Transform the `builtin.module` operation in place; raise `CompileError` on bad input."""
+
+
+@dataclass(frozen=True)
+class PassPipeline(Registered):
+    """Base of every named pipeline: a sequence of passes that `add_pass` and `add_pipeline` add in
+    its place, so each runs, fails and prints as a pass of its own."""
+
+    @abc.abstractmethod
+    def elements(self) -> list[str]:
+        """The pipeline elements for these option values, in textual pipeline syntax."""
 
 
 @dataclass(frozen=True)
@@ -161,12 +190,13 @@ def parse_option_text(text: str, separator: Literal["space", "comma"] = "space")
 
 
 def pass_names() -> list[str]:
-    """Names of the registered ae passes, without importing them."""
+    """Names of the registered ae passes and pipelines, without importing them."""
     return sorted(_REGISTRY)
 
 
-def get_pass(name: str) -> type[ModulePass]:
-    """The pass class registered under `name`; raises `UnknownPassError` if there is none."""
+def get_pass(name: str) -> type[ModulePass | PassPipeline]:
+    """The pass or pipeline class registered under `name`; raises `UnknownPassError` if there is
+    none."""
     entry = _REGISTRY.get(name)
     if entry is None:
         raise UnknownPassError(name)
@@ -177,12 +207,12 @@ def get_pass(name: str) -> type[ModulePass]:
     return cls
 
 
-def get_all_passes() -> dict[str, type[ModulePass]]:
-    """Every registered ae pass by name (imports all pass modules)."""
+def get_all_passes() -> dict[str, type[ModulePass | PassPipeline]]:
+    """Every registered ae pass and pipeline by name (imports all pass modules)."""
     return {name: get_pass(name) for name in pass_names()}
 
 
-def create_pass(name: str, options: dict[str, Any] | None = None) -> ModulePass:
+def create_pass(name: str, options: dict[str, Any] | None = None) -> ModulePass | PassPipeline:
     return get_pass(name).from_options(dict(options or {}))
 
 
@@ -222,14 +252,17 @@ def _as_external(instance: ModulePass):
     return run
 
 
-def _add_instance(pm, instance: ModulePass) -> None:
+def _add_instance(pm, instance: ModulePass | PassPipeline) -> None:
+    if isinstance(instance, PassPipeline):
+        add_pipeline(pm, ",".join(instance.elements()))
+        return
     cls = type(instance)
     pm.add(_as_external(instance), name=cls.__name__, argument=cls.name, description=cls.summary)
 
 
 def add_pass(pm, name: str, **options: Any) -> None:
-    """Append one pass to `pm`: an ae pass by name with typed options (`block_m=64`), or an
-    upstream pass, whose options are passed through as text."""
+    """Append one pass to `pm`: an ae pass by name with typed options (`block_m=64`), the passes
+    of an ae pipeline, or an upstream pass, whose options are passed through as text."""
     if name in _REGISTRY:
         _add_instance(pm, create_pass(name, options))
         return

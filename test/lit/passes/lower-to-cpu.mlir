@@ -1,9 +1,11 @@
 // attn-lower-to-cpu turns an L1 kernel into LLVM-dialect code: a loop nest over attn.grid carrying
 // the destination (program ids become induction variables), then tiling, vectorization and
 // one-shot bufferization with strided arguments, then upstream conversions to the llvm dialect.
-// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu{stage=loops})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=LOOPS
-// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu{stage=memrefs})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=MEM
-// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu{stage=memrefs unit-inner-stride=false})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=ANY
+// LOOPS and MEM run the stages up to the grid loops and up to the conversion to LLVM; ANY shows
+// that unit-inner-stride=false leaves attn-cpu-pin-unit-inner-stride out of the pipeline.
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-cpu-grid-loops,canonicalize,cse,attn-cpu-split-empty-tensors)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=LOOPS
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-cpu-grid-loops,canonicalize,cse,attn-cpu-split-empty-tensors,attn-cpu-vectorize,attn-cpu-carry-state-in-place,attn-cpu-bufferize,attn-cpu-pin-unit-inner-stride,canonicalize,cse,attn-cpu-lower-vectors,func.func(buffer-loop-hoisting),buffer-deallocation-pipeline,convert-bufferization-to-memref,convert-linalg-to-loops,convert-vector-to-scf,canonicalize,cse,attn-cpu-legalize-for-llvm)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=MEM
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu{unit-inner-stride=false})' --mlir-print-ir-after-all --no-mlir-print-op-generic 2>&1 >/dev/null | FileCheck %s --check-prefix=ANY
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=LLVM
 
 // Each program (b, h, m) loads rows [8m, 8m + 8) of q[b, h] (zero-padded past L = 12), adds a
@@ -47,8 +49,11 @@
 // MEM: memref.subview %[[OUT]]
 // MEM: memref.dealloc
 // MEM-NEXT: return
-// ANY-LABEL: func.func @kernel
+// ANY: IR Dump After Bufferize (attn-cpu-bufferize)
+// ANY: func.func @kernel
 // ANY-SAME: (%{{[a-z0-9]+}}: memref<2x2x12x16xf32, strided<[?, ?, ?, ?], offset: ?>>, %{{[a-z0-9]+}}: memref<2xf32, strided<[?], offset: ?>>, %{{[a-z0-9]+}}: memref<2x2x12x16xf32, strided<[?, ?, ?, ?], offset: ?>>)
+// ANY-NOT: attn-cpu-pin-unit-inner-stride
+// ANY: IR Dump After DefineBf16Truncation (attn-cpu-define-bf16-truncation)
 
 // LLVM-NOT: attn.
 // LLVM: llvm.func @kernel(%arg0: !llvm.ptr, %arg1: !llvm.ptr, %arg2: i64

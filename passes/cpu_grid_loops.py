@@ -1,0 +1,147 @@
+"""`attn-cpu-grid-loops`: each L1 kernel runs all its programs in a loop nest over its grid.
+
+A kernel (`attn.grid = array<i64: ...>`) runs once per program; a nest of `scf.for` loops over the
+grid runs them all in turn, carrying the destination tensors (the trailing arguments, one per
+result) so each program's `tensor.insert_slice` stays in destination-passing style;
+`attn.program_id` becomes the induction variable of its axis. The kernel then carries
+`llvm.emit_c_interface` instead of `attn.grid`. Captured bool tensors get byte elements, and the
+kernel's own loops are tagged `ae.cpu_state_loop` for `attn-cpu-carry-state-in-place`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from . import ModulePass
+from .cpu_support import GRID_ATTR, KERNEL_ATTR, STATE_LOOP_ATTR, fail, ops, walk
+
+
+@dataclass(frozen=True)
+class GridLoops(ModulePass):
+    name: ClassVar[str] = "attn-cpu-grid-loops"
+    summary: ClassVar[str] = ("CPU lowering: loop nests over each L1 kernel's grid, carrying the destination "
+                              "tensors; program ids become induction variables")
+
+    def apply(self, module_op) -> None:
+        kernels = [op for op in ops(module_op.regions[0].blocks[0])
+                   if op.name == "func.func" and GRID_ATTR in op.attributes]
+        for stray in walk(module_op, "attn."):
+            inside = stray.parent
+            while inside is not None and inside.name != "func.func":
+                inside = inside.parent
+            if stray.name != "attn.program_id" or inside is None or GRID_ATTR not in inside.attributes:
+                raise fail(stray, "is not L1 input for the CPU lowering; run attn-fuse-online-softmax and "
+                                  "attn-tile (or attn-chunk-recurrence) first (attn.program_id may appear "
+                                  f"only in a function with '{GRID_ATTR}')")
+        for kernel in kernels:
+            grid_loops = lower_grid(kernel)
+            widen_bool_arguments(kernel)
+            mark_state_loops(kernel, grid_loops)
+
+
+def lower_grid(func) -> list:
+    """Replace `attn.program_id` in kernel `func` by the induction variables of a loop nest over
+    its `attn.grid`, the loops carrying the destination arguments; returns the loops, outermost
+    first."""
+    from mlir import ir
+    from mlir.dialects import arith, scf
+
+    op = func.operation
+    grid = [int(x) for x in op.attributes[GRID_ATTR]]
+    if not grid or any(n < 0 for n in grid):
+        raise fail(op, f"'{GRID_ATTR}' must list at least one extent, none negative, got {grid}")
+    block = func.regions[0].blocks[0]
+    body = ops(block)
+    ret = body[-1]
+    if ret.name != "func.return":
+        raise fail(op, "a kernel must end with func.return")
+    n_out = len(ret.operands)
+    args = list(block.arguments)
+    if n_out == 0 or n_out > len(args):
+        raise fail(op, "a kernel returns its destination arguments updated; this one returns "
+                       f"{n_out} values for {len(args)} arguments")
+    dests = args[len(args) - n_out:]
+    for dest, result in zip(dests, ret.operands):
+        if dest.type != result.type:
+            raise fail(op, f"result type {result.type} does not match its destination argument type {dest.type}")
+    program_ids = walk(op, "attn.program_id")
+    for pid in program_ids:
+        axis = int(pid.attributes["axis"].value)
+        if not 0 <= axis < len(grid):
+            raise fail(pid, f"axis {axis} is outside the {len(grid)}-d grid")
+
+    with op.context, op.location:
+        index = ir.IndexType.get()
+        ip = ir.InsertionPoint.at_block_begin(block)
+        zero = arith.ConstantOp(index, 0, ip=ip).result
+        one = arith.ConstantOp(index, 1, ip=ip).result
+        carried = list(dests)
+        loops = []
+        for extent in grid:
+            upper = arith.ConstantOp(index, extent, ip=ip).result
+            loop = scf.ForOp(zero, upper, one, carried, ip=ip)
+            if loops:
+                scf.YieldOp(loop.results, ip=ip)
+            loops.append(loop)
+            carried = list(loop.inner_iter_args)
+            ip = ir.InsertionPoint(loop.body)
+        innermost = loops[-1]
+        terminator = scf.YieldOp(list(ret.operands), ip=ip)
+        for moved in body[:-1]:
+            moved.move_before(terminator)
+        for dest, inner in zip(dests, innermost.inner_iter_args):
+            dest.replace_all_uses_except(inner, loops[0].operation)
+        for i, result in enumerate(loops[0].results):
+            ret.operands[i] = result
+        for pid in program_ids:
+            axis = int(pid.attributes["axis"].value)
+            pid.results[0].replace_all_uses_with(loops[axis].induction_variable)
+            pid.erase()
+        del op.attributes[GRID_ATTR]
+        op.attributes[KERNEL_ATTR] = ir.UnitAttr.get()
+    return [loop.operation for loop in loops]
+
+
+def mark_state_loops(kernel, grid_loops) -> None:
+    """Tag the kernel's own loops (those of L1, not the grid) for `carry_loop_state_in_place`,
+    which runs after tiling has added loops of its own."""
+    from mlir import ir
+
+    for loop in walk(kernel, "scf.for"):
+        if loop not in grid_loops:
+            loop.attributes[STATE_LOOP_ATTR] = ir.UnitAttr.get(kernel.context)
+
+
+def widen_bool_arguments(kernel) -> None:
+    """Give i1 tensor arguments (captured torch.bool tensors, one byte per element) i8 elements.
+
+    The memref-to-LLVM conversion cannot load i1 from memory (it asserts on sub-byte loads), and
+    a bool array is bytes anyway; each `tensor.extract` of one becomes an i8 extract and a
+    comparison with zero.
+    """
+    from mlir import ir
+    from mlir.dialects import arith, tensor
+
+    block = kernel.regions[0].blocks[0]
+    i1 = ir.IntegerType.get_signless(1, kernel.context)
+    i8 = ir.IntegerType.get_signless(8, kernel.context)
+    for arg in block.arguments:
+        if not isinstance(arg.type, ir.RankedTensorType) or arg.type.element_type != i1:
+            continue
+        uses = [use.owner for use in arg.uses]
+        for user in uses:
+            if user.operation.name != "tensor.extract":
+                raise fail(user.operation, "reads a captured bool tensor other than by tensor.extract, "
+                                            "which the CPU lowering does not support")
+        arg.set_type(ir.RankedTensorType.get(arg.type.shape, i8, loc=kernel.location))
+        for user in uses:
+            op = user.operation
+            with kernel.context, op.location, ir.InsertionPoint(op):
+                byte = tensor.extract(arg, list(op.operands)[1:])
+                flag = arith.cmpi(arith.CmpIPredicate.ne, byte, arith.constant(i8, 0))
+            op.results[0].replace_all_uses_with(flag)
+            op.erase()
+    with kernel.context:
+        results = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value).results
+        kernel.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get([a.type for a in block.arguments], results))

@@ -1,0 +1,183 @@
+"""`attn-cpu-legalize-for-llvm`: the last rewrites of the memref and vector IR before the upstream
+conversion to the llvm dialect, for what that conversion would reject, miscompile or make slow.
+
+It reports i1 buffers and vector views of padded rows (which the conversion cannot handle) at the
+op, aligns buffers viewed as vectors, replaces f32 exp and exp2 by polynomials, and runs math ops
+on n-D vectors as 1-D ones.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from . import ModulePass
+from .cpu_support import fail, walk
+
+# exp2(r) on [-1/2, 1/2] (Cephes exp2f), highest degree first.
+EXP2_POLYNOMIAL = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
+                   5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0)
+# (exp(r) - 1 - r) / r^2 on [-ln(2)/2, ln(2)/2] (Cephes expf); ln 2 = LN2_HIGH + LN2_LOW, the high
+# part exact in a few bits so that n * LN2_HIGH is exact.
+EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                  1.6666665459e-1, 5.0000001201e-1)
+LN2_HIGH = 0.693359375
+LN2_LOW = -2.12194440e-4
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class LegalizeForLlvm(ModulePass):
+    name: ClassVar[str] = "attn-cpu-legalize-for-llvm"
+    summary: ClassVar[str] = ("CPU lowering: reject i1 buffers and padded vector views, align buffers viewed "
+                              "as vectors, exp/exp2 as polynomials, math on n-D vectors as 1-D")
+
+    def apply(self, module_op) -> None:
+        _reject_bool_buffers(module_op)
+        _reject_padded_vector_views(module_op)
+        align_vector_views(module_op)
+        expand_exponentials(module_op)
+        flatten_math_vectors(module_op)
+
+
+def _reject_bool_buffers(module_op) -> None:
+    """The LLVM conversion aborts the process on an i1 load or store (it asserts on sub-byte
+    elements); deallocation with run-time ownership flags is what makes i1 buffers (see
+    `attn-cpu-carry-state-in-place`), so report one instead of crashing."""
+    from mlir import ir
+
+    for name in ("memref.alloc", "memref.alloca"):
+        for op in walk(module_op, name):
+            elt = op.results[0].type.element_type
+            if isinstance(elt, ir.IntegerType) and elt.width == 1:
+                raise fail(op, "is a buffer of i1 (run-time buffer ownership), which the LLVM conversion "
+                                "cannot load or store")
+
+
+def _reject_padded_vector_views(module_op) -> None:
+    """A buffer of scalars viewed as vectors whose rows LLVM pads in memory (rows of 24 floats
+    take 32) would be overrun by the vector stores; `_tile_sizes` keeps tile rows to powers of two,
+    and this says so if some other op still made one, rather than corrupting memory."""
+    from mlir import ir
+
+    for op in walk(module_op, "vector.type_cast"):
+        source = op.operands[0].type
+        vector = ir.MemRefType(op.results[0].type).element_type
+        if isinstance(source.element_type, ir.VectorType) or not isinstance(vector, ir.VectorType):
+            continue
+        row = vector.shape[-1]
+        if row & (row - 1):
+            raise fail(op, f"views a buffer as {vector}, whose rows LLVM pads in memory; the CPU lowering "
+                            "needs power-of-two vector rows here")
+
+
+def align_vector_views(module_op) -> None:
+    """Align each buffer viewed as vectors (`vector.type_cast`) to the vector rows' own size.
+
+    The whole-vector load or store through such a view becomes an LLVM load or store with the
+    vector's ABI alignment (its size: 64 bytes for 16 floats), but the staging buffers that
+    `split_transfer_full_partial` allocates for partial tiles are 32-byte aligned. With AVX-512,
+    LLVM then emits an aligned 64-byte move into a 32-byte-aligned stack slot, which faults
+    whenever the incoming stack pointer happens to be an odd multiple of 32.
+    """
+    from mlir import ir
+
+    for op in walk(module_op, "vector.type_cast"):
+        vector = ir.MemRefType(op.results[0].type).element_type
+        if not isinstance(vector, ir.VectorType):
+            continue
+        row_bytes = vector.shape[-1] * max(1, vector.element_type.width // 8)
+        alignment = 1 << (row_bytes - 1).bit_length()
+        buffer = op.operands[0].owner
+        if not isinstance(buffer, ir.OpView) or buffer.operation.name not in ("memref.alloca", "memref.alloc"):
+            raise fail(op, f"views a buffer not allocated here as {vector}, whose alignment the CPU lowering "
+                            "cannot raise to the vector's")
+        buffer = buffer.operation
+        if "alignment" in buffer.attributes and ir.IntegerAttr(buffer.attributes["alignment"]).value >= alignment:
+            continue
+        buffer.attributes["alignment"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64, op.context), alignment)
+
+
+def expand_exponentials(module_op) -> None:
+    """Replace f32 `math.exp2` and `math.exp` (scalar or vector) by polynomials and exponent
+    arithmetic.
+
+    LLVM turns a vector exp into one libm call per lane, which would cost more than the matmuls of
+    a tile; upstream's polynomial approximations (MathPolynomialApproximation) are not exposed as
+    a pass or transform op. With n = round(x) (exp2) or round(x / ln 2) (exp), the result is
+    p(r) * 2^(n >> 1) * 2^(n - (n >> 1)) for the reduced argument r (Cephes exp2f and expf, within
+    2 ulp): the split keeps both scales normal, so results underflow to 0 (x = -inf included) and
+    overflow to inf as the exact functions do; NaN passes through.
+    """
+    from mlir import ir
+    from mlir.dialects import arith
+    from mlir.dialects import math as math_ops
+
+    for name in ("math.exp2", "math.exp"):
+        for op in walk(module_op, name):
+            x = op.operands[0]
+            ftype = x.type
+            shape = list(ftype.shape) if isinstance(ftype, ir.VectorType) else None
+            if (ftype.element_type if shape is not None else ftype) != ir.F32Type.get(op.context):
+                continue
+            with op.context, op.location, ir.InsertionPoint(op):
+                itype = ir.IntegerType.get_signless(32)
+                if shape is not None:
+                    itype = ir.VectorType.get(shape, itype)
+
+                def const(t, value):
+                    elt = t.element_type if shape is not None else t
+                    attr = ir.FloatAttr.get(elt, value) if isinstance(value, float) else ir.IntegerAttr.get(elt, value)
+                    return arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr) if shape is not None else attr)
+
+                def horner(coefficients, r):
+                    p = const(ftype, coefficients[0])
+                    for c in coefficients[1:]:
+                        p = arith.addf(arith.mulf(p, r), const(ftype, c))
+                    return p
+
+                clamped = arith.minimumf(arith.maximumf(x, const(ftype, -160.0)), const(ftype, 160.0))
+                if name == "math.exp2":
+                    n = math_ops.floor(arith.addf(clamped, const(ftype, 0.5)))
+                    p = horner(EXP2_POLYNOMIAL, arith.subf(clamped, n))
+                else:
+                    n = math_ops.floor(arith.addf(arith.mulf(clamped, const(ftype, LOG2E)), const(ftype, 0.5)))
+                    r = arith.subf(arith.subf(clamped, arith.mulf(n, const(ftype, LN2_HIGH))),
+                                   arith.mulf(n, const(ftype, LN2_LOW)))
+                    p = arith.addf(arith.addf(arith.mulf(horner(EXP_POLYNOMIAL, r), arith.mulf(r, r)), r),
+                                   const(ftype, 1.0))
+                ni = arith.fptosi(itype, n)
+                half = arith.shrsi(ni, const(itype, 1))
+                for part in (half, arith.subi(ni, half)):
+                    bits = arith.shli(arith.addi(part, const(itype, 127)), const(itype, 23))
+                    p = arith.mulf(p, arith.bitcast(ftype, bits))
+                result = arith.select(arith.cmpf(arith.CmpFPredicate.UNO, x, x), x, p)
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+
+
+def flatten_math_vectors(module_op) -> None:
+    """Run math ops on n-D vectors as 1-D ones (shape casts around them).
+
+    The math-to-LLVM conversion takes some ops (math.absi, for one) only on scalars and 1-D
+    vectors, and the libm conversion only on scalars and vectors it can unroll; vectorized mods
+    (`(q_idx - kv_idx).abs()`) produce them on the 2-D vectors of a row block.
+    """
+    from mlir import ir
+    from mlir.dialects import vector
+
+    for op in walk(module_op, "math."):
+        types = [v.type for v in list(op.operands) + list(op.results)]
+        if not any(isinstance(t, ir.VectorType) and t.rank > 1 for t in types):
+            continue
+        with op.context, op.location, ir.InsertionPoint(op):
+            def flat(t):
+                return ir.VectorType.get([math.prod(t.shape)], t.element_type)
+
+            operands = [vector.shape_cast(flat(v.type), v) for v in op.operands]
+            result_types = [flat(r.type) for r in op.results]
+            attributes = {name: op.attributes[name] for name in op.attributes}
+            flat_op = ir.Operation.create(op.name, results=result_types, operands=operands, attributes=attributes)
+            for old, new in zip(op.results, flat_op.results):
+                old.replace_all_uses_with(vector.shape_cast(old.type, new))
+        op.erase()

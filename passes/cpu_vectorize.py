@@ -1,0 +1,107 @@
+"""`attn-cpu-vectorize`: tile the linalg ops of each kernel to register-sized blocks and turn them
+into vector ops, still on tensors; a tile load (`tensor.pad` of a slice) becomes a masked transfer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from . import ModulePass
+from .cpu_support import lowered_kernels, run_transform, walk
+
+# Register tiles: a matmul runs as 8x32 (rows x columns) outer products, one reduction step at a
+# time, so its accumulator stays in vector registers (16 x 16-lane or 32 x 8-lane); elementwise and
+# row-reduction ops run 8 rows at a time, at most ROW_LENGTH elements of a row at once.
+MATMUL_TILE = (8, 32)
+ROW_TILE = 8
+ROW_LENGTH = 256
+TRANSPOSE_TILE = 8
+TILE_ATTR = "ae.cpu_tile"
+
+# Tile and vectorize, through the transform dialect (upstream has no pass that tiles linalg ops).
+VECTORIZE_SCRIPT = """
+module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @__transform_main(%root: !transform.any_op {{transform.readonly}}) {{
+{tiling}
+    %func = transform.structured.match ops{{["func.func"]}} in %root : (!transform.any_op) -> !transform.any_op
+    %vectorized = transform.structured.vectorize_children_and_apply_patterns %func
+        {{vectorize_padding, vectorize_nd_extract}} : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }}
+}}
+"""
+
+TILE_STEP = """    %t{n} = transform.structured.match attributes{{{attr} = {n} : i64}} in %root : (!transform.any_op) -> !transform.any_op
+    %tiled{n}, %loops{n}:{loops} = transform.structured.tile_using_for %t{n} tile_sizes [{sizes}]
+        : (!transform.any_op) -> ({results})"""
+
+
+@dataclass(frozen=True)
+class Vectorize(ModulePass):
+    name: ClassVar[str] = "attn-cpu-vectorize"
+    summary: ClassVar[str] = ("CPU lowering: tile matmuls to register tiles and elementwise ops and row "
+                              "reductions to row blocks, then vectorize every linalg op (on tensors)")
+
+    def apply(self, module_op) -> None:
+        run_transform(module_op, _vectorize_script(lowered_kernels(module_op)))
+
+
+def _tile_sizes(op) -> list[int] | None:
+    """Tile sizes for one linalg op of a kernel (0: untiled), or None to vectorize it whole.
+
+    Vectors stay near register size (LLVM unrolls a long vector into one instruction per
+    register, so an op vectorized whole over thousands of elements takes seconds to compile), and
+    every tile extent is a power of two: the vector lowering stages partial tiles in a buffer of
+    scalars viewed as a vector (`vector.type_cast`), and LLVM pads a vector of 24 floats to 32 in
+    memory, so a tile row of 24 would overrun that buffer.
+    """
+    from mlir import ir
+
+    def fit(extent: int, cap: int) -> int:
+        """The largest power of two that divides `extent` and is at most `cap`."""
+        return min(extent & -extent, cap)
+
+    def tile(extent: int, cap: int) -> int:
+        size = fit(extent, cap)
+        return 0 if size == extent else size
+
+    shapes = [ir.ShapedType(v.type).shape for v in op.operands if isinstance(v.type, ir.ShapedType)]
+    if op.name == "linalg.matmul":
+        (m, _), (_, n) = shapes[0], shapes[1]
+        return [fit(m, MATMUL_TILE[0]), fit(n, MATMUL_TILE[1]), 1]
+    if op.name == "linalg.transpose":
+        rows, cols = shapes[0]
+        return [fit(rows, TRANSPOSE_TILE), fit(cols, TRANSPOSE_TILE)]
+    if op.name not in ("linalg.generic", "linalg.reduce", "linalg.fill", "linalg.copy"):
+        return None
+    domain = max(shapes, key=len)
+    if len(domain) == 1:
+        size = tile(domain[0], ROW_LENGTH)
+        return [size] if size else None
+    if len(domain) == 2:
+        return [fit(domain[0], ROW_TILE), tile(domain[1], ROW_LENGTH)]
+    return None
+
+
+def _vectorize_script(kernels) -> str:
+    """The tile-and-vectorize transform script for `kernels`; tags each op to tile with its group."""
+    from mlir import ir
+
+    groups: dict[tuple[int, ...], int] = {}
+    for kernel in kernels:
+        for op in walk(kernel, "linalg."):
+            if any(isinstance(v.type, ir.ShapedType) and not ir.ShapedType(v.type).has_static_shape
+                   for v in op.operands):
+                continue
+            sizes = _tile_sizes(op)
+            if sizes is None:
+                continue
+            group = groups.setdefault(tuple(sizes), len(groups))
+            op.attributes[TILE_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64, op.context), group)
+    steps = []
+    for sizes, n in groups.items():
+        loops = sum(1 for x in sizes if x)
+        results = ", ".join(["!transform.any_op"] * (loops + 1))
+        steps.append(TILE_STEP.format(n=n, attr=TILE_ATTR, loops=loops, sizes=", ".join(map(str, sizes)),
+                                      results=results))
+    return VECTORIZE_SCRIPT.format(tiling="\n".join(steps))
