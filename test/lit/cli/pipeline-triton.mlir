@@ -1,0 +1,28 @@
+// --pipeline=triton is the pipeline the Triton backend runs, its options derived from the input
+// (shapes, dtype) and the target; --dump-pass-pipeline prints it with the kernels' launch
+// options, and NAME{opt=value ...} overrides an option. ae-opt prints the aligned variant
+// (assume-aligned=true), which the runtime launches on the usual layouts.
+// RUN: ae-opt %s --pipeline=triton --dump-pass-pipeline 2>&1 >/dev/null | FileCheck %s --check-prefix=CUDA
+// RUN: ae-opt %s --pipeline=triton --target=hip:gfx942 --dump-pass-pipeline 2>&1 >/dev/null | FileCheck %s --check-prefix=HIP
+// RUN: ae-opt %s --pipeline='triton{assume-aligned=false block-m=32}' --dump-pass-pipeline 2>&1 >/dev/null | FileCheck %s --check-prefix=OVERRIDE
+// RUN: ae-opt %s --pipeline=triton --mlir-print-ir-after-all 2>&1 >/dev/null | FileCheck %s --check-prefix=AFTER
+// RUN: not ae-opt %s --pipeline=triton --target=host 2>&1 | FileCheck %s --check-prefix=HOST --implicit-check-not=Traceback
+// RUN: not ae-opt %s --pipeline='triton{colour=red}' 2>&1 | FileCheck %s --check-prefix=UNKNOWN --implicit-check-not=Traceback
+
+// CUDA: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=true block-v=64 block-k=64},attn-tile{block-m=16 block-n=16 call-time-tables=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=true input-precision=ieee})
+// CUDA-NEXT: // launch: num-warps=4 num-stages=3
+// HIP: attn-tile{block-m=16 block-n=16 call-time-tables=true}
+// HIP: // launch: num-warps=4 num-stages=2
+// OVERRIDE: attn-tile{block-m=32 block-n=16 call-time-tables=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=false input-precision=ieee})
+// AFTER: IR Dump After AttnTile (attn-tile)
+// AFTER: IR Dump After Canonicalizer (canonicalize)
+// AFTER: IR Dump After CSE (cse)
+// AFTER: IR Dump After LowerToTriton (attn-lower-to-triton)
+// HOST: error: pipeline 'triton' compiles for a cuda or hip target, got 'host'
+// UNKNOWN: error: the presets have no option 'colour'
+func.func @attention(%q: tensor<1x2x8x16xf32>, %k: tensor<1x2x8x16xf32>, %v: tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xf32> {
+  %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>) -> tensor<1x2x8x8xf32>
+  %p = "attn.normalize"(%s) ({}, {}, {}) {kind = "softmax", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x2x8x8xf32>) -> tensor<1x2x8x8xf32>
+  %o = "attn.aggregate"(%p, %v) : (tensor<1x2x8x8xf32>, tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xf32>
+  return %o : tensor<1x2x8x16xf32>
+}

@@ -1,0 +1,155 @@
+"""The named pipelines have one owner (ae_mlir.presets): `ae-opt --pipeline=NAME` prints exactly
+what the backends compile. For each L0 module, the Triton IR of `ae-opt --pipeline=triton
+--emit=ttir` is the bundle's (aligned variant, every kernel in launch order), and the llvm dialect
+of `ae-opt --pipeline=cpu` is what the CPU backend hands to the JIT."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import presets
+from ae_mlir.backends import cpu
+from ae_mlir.backends import triton as tb
+from ae_mlir.core.context import CompileError, new_context, parse_module
+
+DOC = torch.tensor([0] * 40 + [1] * 50 + [2] * 38)
+
+
+def _meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _softmax(attn, b=1, h=2, hkv=None, lq=128, lk=None, dk=16, dv=None, dtype=torch.float32):
+    hkv, lk, dv = hkv or h, lk or lq, dv or dk
+    return attn.mlir(_meta(b, h, lq, dk, dtype=dtype), _meta(b, hkv, lk, dk, dtype=dtype),
+                     _meta(b, hkv, lk, dv, dtype=dtype))
+
+
+def _linear(decay, l=96, d=16, dtype=torch.float32):
+    q = _meta(1, 2, l, d, dtype=dtype)
+    g = {"head": (2,), "token_dim": (1, 2, l, d)}[decay]
+    return ae.linear_attention(decay=decay, chunk_size=32).mlir(q, q, q, _meta(*g))
+
+
+def _modules() -> dict:
+    return {
+        "plain-f32": _softmax(ae.attention(), lq=37),
+        "causal-bf16": _softmax(ae.attention(mask_mod=lambda b, h, q, k: q >= k), dk=64, dtype=torch.bfloat16),
+        "document-bf16": _softmax(ae.attention(mask_mod=lambda b, h, q, k: DOC[q] == DOC[k]),
+                                  dtype=torch.bfloat16),
+        "gqa-f32": _softmax(ae.attention(), h=4, hkv=2, lq=50, lk=70),
+        "dk64-dv16-f32": _softmax(ae.attention(mask_mod=lambda b, h, q, k: q >= k), lq=40, dk=64, dv=16),
+        "linear-head-f32": _linear("head"),
+        "linear-token-dim-bf16": _linear("token_dim", dtype=torch.bfloat16),
+    }
+
+
+MODULES = _modules()
+
+
+def ae_opt(path, *args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "ae_mlir.cli", str(path), *args],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "l0.mlir"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_triton_cli_prints_the_bundles_triton_ir(name, tmp_path):
+    bundle = tb.build_bundle(MODULES[name], "cuda:90")
+    expected = "// -----\n".join(k.variants["aligned"].ttir for k in bundle.stages + [bundle])
+    got = ae_opt(_write(tmp_path, MODULES[name]), "--pipeline=triton", "--emit=ttir", "--target=cuda:90")
+    assert got.rstrip("\n") == expected.rstrip("\n")
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_cpu_cli_prints_what_the_cpu_backend_compiles(name, tmp_path):
+    got = ae_opt(_write(tmp_path, MODULES[name]), "--pipeline=cpu")
+    assert got.rstrip("\n") == cpu.lowered_text(MODULES[name]).rstrip("\n")
+
+
+def test_ptx_uses_the_launch_options_of_the_bundle(tmp_path):
+    """bf16 at D = 128: 128x64 tiles on 8 warps (256 threads) on cuda:90, 4 warps on gfx942."""
+    text = _softmax(ae.attention(), lq=256, dk=128, dtype=torch.bfloat16)
+    path = _write(tmp_path, text)
+    assert tb.build_bundle(text, "cuda:90").num_warps == 8
+    assert ".reqntid 256" in ae_opt(path, "--pipeline=triton", "--emit=ptx")
+
+
+def test_dump_pass_pipeline_prints_the_presets_text(tmp_path):
+    text = MODULES["causal-bf16"]
+    options = presets.options_for("triton", presets.read_problem(parse_module(text, new_context())), "cuda:90")
+    result = subprocess.run([sys.executable, "-m", "ae_mlir.cli", str(_write(tmp_path, text)), "--pipeline=triton",
+                             "--dump-pass-pipeline"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [presets.pipeline_text("triton", options),
+                                          f"// launch: num-warps={options.num_warps} num-stages={options.num_stages}"]
+
+
+# --- the options object -----------------------------------------------------------------------------
+
+
+def _problem(name: str):
+    return presets.read_problem(parse_module(MODULES[name], new_context()))
+
+
+def test_problem_is_read_from_the_parsed_module():
+    assert _problem("dk64-dv16-f32") == presets.Problem(40, 40, 64, 16, "f32")
+    assert _problem("gqa-f32") == presets.Problem(50, 70, 16, 16, "f32")
+    assert _problem("linear-token-dim-bf16") == presets.Problem(96, 96, 16, 16, "bf16", "token_dim", 32)
+
+
+def test_triton_text_names_every_option():
+    options = presets.options_for("triton", _problem("causal-bf16"), "cuda:90")
+    assert presets.pipeline_text("triton", options) == (
+        "builtin.module(attn-verify,attn-fuse-online-softmax,"
+        "attn-chunk-recurrence{split=true block-v=64 block-k=64},"
+        "attn-tile{block-m=128 block-n=64 call-time-tables=true},canonicalize,cse,"
+        "attn-lower-to-triton{assume-aligned=true input-precision=ieee})")
+    assert (options.num_warps, options.num_stages) == (4, 3)
+
+
+def test_linear_and_hip_options():
+    options = presets.options_for("triton", _problem("linear-token-dim-bf16"), "hip:gfx942")
+    assert (options.block_m, options.block_v, options.num_stages, options.split) == (32, 128, 2, True)
+    assert options.launch_config() == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 2,
+                                       "block_v": 128, "block_k": 64}
+
+
+def test_cpu_stages_and_overrides():
+    options = presets.options_for("cpu", _problem("plain-f32"), unit_inner_stride="false")
+    assert [s.name for s in presets.stages("cpu", options)] == ["l1", "llvm"]
+    assert presets.pipeline_text("cpu", options, "llvm") == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false})"
+    assert "attn-tile{block-m=64 block-n=64 call-time-tables=true}" in presets.pipeline_text("cpu", options, "l1")
+    assert "canonicalize" not in presets.pipeline_text(
+        "triton", presets.options_for("triton", _problem("plain-f32"), canonicalize=False))
+
+
+@pytest.mark.parametrize("preset,target,overrides,message", [
+    ("cpu", "cuda:90", {}, "pipeline 'cpu' compiles for --target=host"),
+    ("triton", "host", {}, "pipeline 'triton' compiles for a cuda or hip target"),
+    ("gpu", None, {}, "unknown pipeline 'gpu'"),
+    ("triton", None, {"colour": "red"}, "the presets have no option 'colour'"),
+    ("triton", None, {"assume-aligned": "maybe"}, "expects true or false"),
+    ("triton", None, {"input-precision": "fp8"}, "must be one of ieee, tf32, tf32x3"),
+])
+def test_bad_preset_requests(preset, target, overrides, message):
+    with pytest.raises(CompileError, match=message):
+        presets.options_for(preset, None, target, **overrides)
+
+
+def test_cli_rejects_a_cpu_pipeline_for_a_gpu_target(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "ae_mlir.cli", str(_write(tmp_path, MODULES["plain-f32"])),
+                             "--pipeline=cpu", "--target=cuda:90"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1
+    assert "error: pipeline 'cpu' compiles for --target=host, got 'cuda:90'" in result.stderr
