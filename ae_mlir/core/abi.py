@@ -20,6 +20,7 @@ BLOCK_V = "attn.block_v"                    # i64: V columns per program (linear
 CHUNK_SIZE = "attn.chunk_size"              # i64: tokens per chunk (linear recurrence)
 ARG_ROLES = "attn.arg_roles"                # [string]: one role per argument
 CALL_TIME_TABLES = "attn.call_time_tables"  # unit: the four tile tables follow the inputs
+MASK_PROGRAM = "attn.mask_program"          # string: JSON mask program that classifies those tables
 # Only on tt.func (attn-lower-to-triton):
 KERNEL_ARGS = "attn.kernel_args"            # [string]: "q", "q.stride0", ..., "table0"
 TABLES = "attn.tables"                      # [dense i32]: compile-time tile tables, "table<j>"
@@ -124,6 +125,13 @@ def kernel_args(func) -> list[str]:
 
 def takes_call_time_tables(func) -> bool:
     return CALL_TIME_TABLES in func.attributes
+
+
+def mask_program(func) -> str | None:
+    """The JSON mask program of a kernel that takes call-time tables, else None."""
+    from mlir import ir
+
+    return ir.StringAttr(func.attributes[MASK_PROGRAM]).value if MASK_PROGRAM in func.attributes else None
 
 
 def call_time_table_types(func, n_inputs: int) -> list:
