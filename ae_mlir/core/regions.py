@@ -18,6 +18,9 @@ class ScalarOp:
     attributes: tuple[tuple[str, str], ...]
     result_types: tuple[str, ...]
     operand_types: tuple[str, ...]
+    # The op's location as MLIR text (`loc("mods.py":12:5)`), None when unknown: emitters write
+    # it back so that the op, wherever it is inlined, still points at the user's source.
+    location: str | None = field(default=None, compare=False)
 
     def attr(self, key: str) -> str | None:
         for k, v in self.attributes:
@@ -106,9 +109,11 @@ def from_region(region) -> ScalarProgram | None:
         for j, r in enumerate(operation.results):
             keys[r] = f"v{len(ops)}_{j}"
         attrs = tuple((name, str(operation.attributes[name])) for name in operation.attributes)
+        location = str(operation.location)
         ops.append(ScalarOp(operation.name, tuple(operand_keys), attrs,
                             tuple(str(r.type) for r in operation.results),
-                            tuple(str(v.type) for v in operation.operands)))
+                            tuple(str(v.type) for v in operation.operands),
+                            None if location == "loc(unknown)" else location))
     if result is None:
         raise ValueError("mod region does not end with gpu.yield")
     return ScalarProgram(tuple(str(a.type) for a in block.arguments), tuple(ops), result, result_type,
@@ -143,8 +148,8 @@ class TextEmitter:
 
 def emit_scalar(program: ScalarProgram, args: list[str], em: TextEmitter, externals: list[str] = (),
                 extract=None) -> str:
-    """Inline `program` as scalar ops (generic form) with block arguments bound to `args` and
-    the outer values it reads bound to `externals`.
+    """Inline `program` as scalar ops (generic form, each at its original location) with block
+    arguments bound to `args` and the outer values it reads bound to `externals`.
 
     `extract(capture_name, indices, op)` may override how `tensor.extract` from a captured tensor
     is emitted; by default the op is copied.
@@ -159,8 +164,9 @@ def emit_scalar(program: ScalarProgram, args: list[str], em: TextEmitter, extern
             attrs = ", ".join(f"{k} = {v}" for k, v in op.attributes)
             attr_text = f" {{{attrs}}}" if attrs else ""
             results = ", ".join(op.result_types)
+            location = f" {op.location}" if op.location else ""
             value = em(f'"{op.name}"({", ".join(operands)}){attr_text} : '
-                       f'({", ".join(op.operand_types)}) -> ({results})')
+                       f'({", ".join(op.operand_types)}) -> ({results}){location}')
         env[f"v{i}_0"] = value
     return env[program.result]
 
