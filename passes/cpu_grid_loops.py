@@ -132,7 +132,7 @@ def widen_bool_arguments(kernel) -> None:
         for user in uses:
             if user.operation.name != "tensor.extract":
                 raise fail(user.operation, "reads a captured bool tensor other than by tensor.extract, "
-                                            "which the CPU lowering does not support")
+                                           "which the CPU lowering does not support")
         arg.set_type(ir.RankedTensorType.get(arg.type.shape, i8, loc=kernel.location))
         for user in uses:
             op = user.operation

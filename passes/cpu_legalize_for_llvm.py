@@ -51,7 +51,7 @@ def _reject_bool_buffers(module_op) -> None:
             elt = op.results[0].type.element_type
             if isinstance(elt, ir.IntegerType) and elt.width == 1:
                 raise fail(op, "is a buffer of i1 (run-time buffer ownership), which the LLVM conversion "
-                                "cannot load or store")
+                               "cannot load or store")
 
 
 def _reject_padded_vector_views(module_op) -> None:
@@ -68,7 +68,7 @@ def _reject_padded_vector_views(module_op) -> None:
         row = vector.shape[-1]
         if row & (row - 1):
             raise fail(op, f"views a buffer as {vector}, whose rows LLVM pads in memory; the CPU lowering "
-                            "needs power-of-two vector rows here")
+                           "needs power-of-two vector rows here")
 
 
 def align_vector_views(module_op) -> None:
@@ -91,7 +91,7 @@ def align_vector_views(module_op) -> None:
         buffer = op.operands[0].owner
         if not isinstance(buffer, ir.OpView) or buffer.operation.name not in ("memref.alloca", "memref.alloc"):
             raise fail(op, f"views a buffer not allocated here as {vector}, whose alignment the CPU lowering "
-                            "cannot raise to the vector's")
+                           "cannot raise to the vector's")
         buffer = buffer.operation
         if "alignment" in buffer.attributes and ir.IntegerAttr(buffer.attributes["alignment"]).value >= alignment:
             continue

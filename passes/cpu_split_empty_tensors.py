@@ -12,7 +12,7 @@ from .cpu_support import walk
 @dataclass(frozen=True)
 class SplitEmptyTensors(ModulePass):
     name: ClassVar[str] = "attn-cpu-split-empty-tensors"
-    summary: ClassVar[str] = ("CPU stage: give each use of a tensor.empty its own op (undoes CSE), so "
+    summary: ClassVar[str] = ("CPU lowering: give each use of a tensor.empty its own op (undoes CSE), so "
                               "bufferization allocates separate tile buffers")
 
     def apply(self, module_op) -> None:
