@@ -31,10 +31,10 @@ TARGETS = {"cpu": "host", "triton": "cuda:90"}
 # --- Triton launch defaults ----------------------------------------------------------------------
 
 # (block_m, block_n, num_warps, num_stages) by head dim (padded to a power of two); 16-bit inputs
-# run tt.dot on wgmma. Measured on an H200 (bf16, B*L = 16k, H = 16, 2026-11-30): at D = 128,
-# 128x64 with 8 warps and 3 stages beat 128x128 (out of shared memory), 2 stages and 64x64; at
-# D = 64, 128x128 with 4 warps (FlexAttention's choice) spills with a score_mod (63 TFLOP/s on
-# softcap) where 128x64 runs 168 and causal 349 instead of 237.
+# run tt.dot on wgmma. At D = 128, 128x128 tiles run out of shared memory, so 128x64 with 8 warps
+# and 3 stages; at D = 64, 128x128 with 4 warps (FlexAttention's choice) spills registers once a
+# score_mod adds live values, so 128x64. The H200 runs behind these choices are in
+# bench/results/h200-catalogue-*.json and h200-verify-*.json.
 _CUDA_16BIT = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 3)}
 _CUDA_FP32 = {64: (128, 32, 4, 3), 128: (32, 64, 4, 3), 256: (32, 32, 4, 3)}
 # MI300 (gfx942): mfma 32x32 tiles; one LDS buffer per operand leaves room for 128x64 at D=128.
@@ -63,20 +63,18 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) 
 
 
 # Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
-# blocks of 64 columns, as flash-linear-attention's chunk kernels use, 4 warps. Measured on an
-# H200 (bench/results/h200-linear-configs-2026-11-30.json): 8 warps make the output kernels
-# 30-50% slower; 2 and 3 pipeline stages are within a few percent of each other (an earlier
-# sweep of the chunk-state loop found 1 stage 5-30% slower).
+# blocks of 64 columns, as flash-linear-attention's chunk kernels use, and 4 warps: 8 warps left
+# the output kernels slower and the stage count barely mattered in the per-kernel sweep,
+# bench/results/h200-linear-configs-*.json (`python bench/linear_configs.py`).
 _LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
 
 
 def linear_config(chunk: int, decay: str, target: str = "cuda:90") -> dict:
     """Launch options of a linear-attention bundle. block_m/block_n are the chunk's rows (what
-    the runtime's 32-bit tile-offset check reads). Narrower chunk-state V blocks (more programs)
-    were slower on an H200 at every measured shape, 16 columns 2-3x (its loop is bound by each
-    step's latency, not by the programs in flight). With the "token_dim" decay the output kernel
-    takes all of V (up to 128 columns) in one program: its scores, most of its work, do not
-    depend on V."""
+    the runtime's 32-bit tile-offset check reads). The chunk-state V blocks stay 64 wide: that
+    loop is bound by each step's latency, not by the programs in flight, so narrower blocks (more
+    programs) only add work. With the "token_dim" decay the output kernel takes all of V (up to
+    128 columns) in one program: its scores, most of its work, do not depend on V."""
     config = dict(_LINEAR, block_m=chunk, block_n=chunk)
     if target.startswith("hip"):
         # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
