@@ -1,7 +1,11 @@
 """Online normalizers: how a row of scores is normalized while KV tiles stream by.
 
-A normalizer is written in Python, like a mod, and traced into regions: those of a user's
-`attn.normalize` op (kind "online") at L0, and those of the fused `attn.online_attention` op. Per query row the lowering keeps an optional running statistic `m`
+A normalizer is written in Python, like a mod; a user's is traced into the regions of its
+`attn.normalize` op (kind "online") at L0, which `attn-fuse-online-softmax` moves into the fused
+`attn.online_attention` op. The built-in ones below (SOFTMAX, SIGMOID, RELU, NONE) state the math
+that pass builds for the kinds "softmax", "sigmoid", "relu" and "none" with
+`ae_mlir.core.normalizer_regions` (test_normalizers checks that both agree), so that no pass runs
+the tracer. Per query row the lowering keeps an optional running statistic `m`
 (a max over the scores seen so far; masked scores count as -inf) and a running sum `l` of the
 probabilities, and for every KV tile computes
 
@@ -99,16 +103,14 @@ NONE = OnlineNormalizer(prob=_identity_prob, finalize=_accumulator, name="none")
 BUILTIN = {n.name: n for n in (SOFTMAX, SIGMOID, RELU, NONE)}
 
 
-def region_texts(normalizer: OnlineNormalizer, with_lse: bool, indent: str = "      ") -> dict[str, str]:
-    """Trace the normalizer's functions into region texts keyed prob/rescale/finalize/lse."""
+def region_texts(normalizer: OnlineNormalizer, indent: str = "    ") -> dict[str, str]:
+    """Trace a user normalizer's functions into region texts keyed prob/rescale/finalize."""
     from .frontend.emit import emit_region
     from .frontend.trace import F32, TraceError, trace
 
     pieces = {"prob": (normalizer.prob, ("%s", "%m")), "finalize": (normalizer.finalize, ("%acc", "%l"))}
     if normalizer.stat is not None:
         pieces["rescale"] = (normalizer.rescale, ("%m_old", "%m_new"))
-    if with_lse and normalizer.lse is not None:
-        pieces["lse"] = (normalizer.lse, ("%m", "%l"))
     out = {}
     for key, (fn, names) in pieces.items():
         expr, state = trace(fn, f"normalizer '{normalizer.name}' {key}", [F32, F32])

@@ -80,3 +80,34 @@ def test_return_lse_needs_softmax():
     q, k, v = _inputs()
     with pytest.raises(ValueError, match="return_lse=True needs normalize='softmax'"):
         ae.attention(normalize=retnet_normalizer())(q, k, v, return_lse=True, backend="reference")
+
+
+@pytest.mark.parametrize("kind", ["softmax", "sigmoid", "relu", "none"])
+def test_builtin_regions_compute_what_the_python_normalizers_state(kind):
+    # attn-fuse-online-softmax builds the built-in normalizers with the IR layer's builders; they
+    # must compute what ae_mlir.normalizers writes in Python, region by region.
+    from mlir import ir
+
+    from ae_mlir.core.context import new_context
+    from ae_mlir.core.normalizer_regions import BUILTIN, REGION_NAMES, build_regions
+    from ae_mlir.core.regions import from_region
+    from ae_mlir.core.scalar_eval import evaluate
+    from ae_mlir.normalizers import BUILTIN as PYTHON_BUILTIN
+
+    ctx = new_context()
+    ctx.allow_unregistered_dialects = True
+    with ctx, ir.Location.unknown() as loc:
+        holder = ir.Operation.create("test.regions", regions=len(REGION_NAMES))
+        build_regions(kind, list(holder.regions), True, loc)
+    python = PYTHON_BUILTIN[kind]
+    assert BUILTIN[kind].stat == (python.stat or "none") and BUILTIN[kind].log2_domain == python.log2_domain
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(64, generator=gen, dtype=torch.float64) * 4
+    b = torch.randn(64, generator=gen, dtype=torch.float64).abs() * 4
+    b[::7] = 0.0  # empty rows (l = 0) for finalize and lse
+    for name, region in zip(REGION_NAMES, holder.regions):
+        fn = getattr(python, name)
+        program = from_region(region)
+        assert (program is None) == (fn is None), name
+        if fn is not None:
+            torch.testing.assert_close(evaluate(program, [a, b]), fn(a, b).to(torch.float64), msg=name)

@@ -181,7 +181,7 @@ class attention:
             norm_loc = _defined_at(self.normalize.prob, call)
             from ..normalizers import region_texts
 
-            texts = region_texts(self.normalize, with_lse=False, indent="    ")
+            texts = region_texts(self.normalize)
             kind, regions = "online", ", ".join(texts.get(r, "{}") for r in ("prob", "rescale", "finalize"))
         body.append(
             f'{results} = "attn.normalize"({", ".join(operands)}) ({regions}) '

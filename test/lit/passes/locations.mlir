@@ -1,6 +1,17 @@
 // Locations survive fusion and tiling: the ops of a mod region, inlined into the tiled kernel's
 // linalg.generic bodies, keep the locations they had at L0 (here, lines of the user's mods.py).
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=32 block-n=32})' --mlir-print-debuginfo --no-mlir-print-op-generic | FileCheck %s
+// RUN: ae-opt %s --attn-fuse-online-softmax --mlir-print-debuginfo --no-mlir-print-op-generic | FileCheck %s --check-prefix=FUSE
+
+// The fused op is located at all the ops it replaces; the softmax regions it builds are at the
+// normalize op's location, the moved mod regions keep theirs.
+// FUSE: [[CALL:#loc[0-9]+]] = loc("mods.py":17:7)
+// FUSE: "attn.online_attention"
+// FUSE: tensor.extract %{{.*}}[%{{.*}}] : tensor<2xf32> loc([[SLOPE:#loc[0-9]+]])
+// FUSE: math.exp2 %{{.*}} : f32 loc([[CALL]])
+// FUSE: normalizer = "softmax"{{.*}} loc([[FUSED:#loc[0-9]+]])
+// FUSE-DAG: [[SLOPE]] = loc("mods.py":8:20)
+// FUSE-DAG: [[FUSED]] = loc(fused[[[CALL]], #loc{{[0-9]+}}, #loc{{[0-9]+}}])
 
 // CHECK-LABEL: func.func @alibi_causal
 // CHECK: scf.for
