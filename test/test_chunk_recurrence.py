@@ -22,7 +22,7 @@ from l1_interp import kernels_of, run_kernel
 import ae_mlir as ae
 from ae_mlir.core.context import CompileError, new_context, parse_module
 from ae_mlir.passes import build_pass_manager, create_pass
-from ae_mlir.passes.chunk_recurrence import value_block
+from ae_mlir.passes.chunk.kernel import value_block
 from ae_mlir.reference import evaluate
 from ae_mlir.core.verifier import check_module
 
