@@ -15,6 +15,8 @@ class Kernel(TensorOps, LinalgOps):
         self.params: list[tuple[str, str, str, str]] = []  # name, type, arg attrs, label
         self.tables: list[Table] = []
         self.dest_of: dict[str, Dest] = {}
+        # Static slices of arguments loaded where they are sliced, by their L1 value.
+        self.loaded_slices: dict = {}
         self.grid = [int(x) for x in func.attributes["attn.grid"]]
 
     def lower_op(self, op) -> None:

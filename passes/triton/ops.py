@@ -17,7 +17,8 @@ _CASTS = ("arith.index_cast", "arith.index_castui")
 
 
 class TensorOps(Tables, MathExpansions):
-    """Needs `grid`, `dests` and `dest_labels` (set by setup_args) and `dest_of` from the kernel."""
+    """Needs `grid`, `dests` and `dest_labels` (set by setup_args), `dest_of` and `loaded_slices`
+    from the kernel."""
 
     def constant(self, op) -> None:
         from mlir import ir
@@ -66,8 +67,12 @@ class TensorOps(Tables, MathExpansions):
         rtype = op.results[0].type
         if isinstance(src, Arg):
             sl = Slice(src, offsets, sizes)
-            if rtype.has_static_shape:
+            # canonicalize makes a ragged slice of constant size (the last KV tile, or a whole
+            # sequence shorter than the block) static while the tensor.pad after it still pads to
+            # the block: loaded here at the slice's own power of two, the pad could not widen it.
+            if rtype.has_static_shape and not _only_padded(op.results[0]):
                 self.values[op.results[0]] = self.load_slice(sl, tuple(rtype.shape), op)
+                self.loaded_slices[op.results[0]] = sl
             else:
                 self.values[op.results[0]] = sl
             return
@@ -95,6 +100,10 @@ class TensorOps(Tables, MathExpansions):
             return
         if isinstance(src, Value) and src.zero_pad and src.shape == tuple(padded_size(n) for n in shape):
             self.values[op.results[0]] = replace(src, logical=shape)
+            return
+        if op.operands[0] in self.loaded_slices:
+            # Also read unpadded, the slice was loaded at its own shape; the pad needs a wider tile.
+            self.values[op.results[0]] = self.load_slice(self.loaded_slices[op.operands[0]], shape, op)
             return
         raise fail(op, "pads a slice of a function argument only")
 
@@ -219,6 +228,11 @@ class TensorOps(Tables, MathExpansions):
             out = self.op(name, *operands, elt=elt, attrs=attrs)
         logical = logical_shape(rtype) if hasattr(rtype, "shape") else None
         self.values[op.results[0]] = replace(out, logical=logical)
+
+
+def _only_padded(value) -> bool:
+    users = [getattr(use.owner, "operation", use.owner) for use in value.uses]
+    return bool(users) and all(user.name == "tensor.pad" for user in users)
 
 
 def _mixed(kernel: TensorOps, op, first: int) -> tuple[list, list, list]:

@@ -109,7 +109,8 @@ class Arg:
 
 @dataclass
 class Slice:
-    """A slice of a tensor argument whose size is dynamic: loaded by the tensor.pad that follows."""
+    """A slice of a tensor argument whose size is dynamic, or that only tensor.pad ops read: loaded
+    by the pad, at the padded shape."""
 
     arg: Arg
     offsets: list

@@ -1,0 +1,89 @@
+"""The Triton backend at its default launch configuration (the block sizes `compile_bundle` picks
+for a target when it is given no config) on ragged shapes: sequences shorter than a block or not a
+multiple of it, head dims that are not powers of two. Each bundle is compiled for the target as for
+a GPU and run in the NumPy TTIR interpreter against the float64 reference executor; one is also
+compiled by Triton for both GPU families.
+
+Other suites compile with small explicit blocks; these shapes only go wrong at the defaults'
+larger ones, where the last KV tile can be shorter than half a block.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import runtime
+from ae_mlir.backends import triton as tb
+from ae_mlir.reference import run_module_text
+from bundle_interp import interpret
+from inputs import qkv
+
+pytest.importorskip("mlir", reason="compile_bundle needs the MLIR bindings")
+
+TARGETS = ("cuda:90", "hip:gfx942")
+DTYPES = (torch.float32, torch.bfloat16)
+# Outputs are in the input dtype; P is rounded to it before P @ V, as on the GPU.
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def check_default_config(q, k, v, target: str):
+    attn = ae.attention()
+    bundle = tb.compile_bundle(attn, q, k, v, target=target)
+    (out, lse), _ = interpret(bundle, q, k, v)
+    ref_out, ref_lse = run_module_text(attn.mlir(q, k, v), [q, k, v], torch.float64)
+    assert not torch.isnan(out).any(), "the kernel left output elements unwritten"
+    torch.testing.assert_close(out.double(), ref_out, **TOL[q.dtype])
+    torch.testing.assert_close(lse.double(), ref_lse.double(), atol=1e-4, rtol=1e-4)
+
+
+# Shapes whose last KV tile canonicalize made static and shorter than half the default block: the
+# lowering failed with "'tensor.pad' op pads a slice of a function argument only".
+REPORTED = [
+    (torch.float32, (1, 2, 77, 64)),
+    (torch.float32, (2, 3, 200, 48)),
+    (torch.bfloat16, (1, 2, 200, 48)),
+    (torch.float32, (1, 2, 40, 32)),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype,shape", REPORTED, ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple)
+                         else str(x).removeprefix("torch."))
+def test_reported_ragged_shapes(dtype, shape, target):
+    b, h, length, dim = shape
+    q, k, v = qkv(b=b, h=h, lq=length, dk=dim, dtype=dtype, seed=length + dim)
+    check_default_config(q, k, v, target)
+
+
+@pytest.mark.parametrize("target,kind,needle", [("cuda:90", "ptx", "wgmma"), ("hip:gfx942", "amdgcn", "mfma")])
+def test_reported_shape_compiles_for_the_gpu(target, kind, needle):
+    q = torch.empty(1, 2, 200, 48, dtype=torch.bfloat16, device="meta")
+    bundle = tb.compile_bundle(ae.attention(), q, q, q, target=target)
+    compiled = runtime.compile_ttir(bundle.variants["aligned"].ttir, target, bundle.num_warps, bundle.num_stages)
+    assert needle in compiled.asm[kind]
+
+
+LENGTHS = (1, 5, 40, 77, 130, 200)
+HEAD_DIMS = (16, 48, 64, 80, 128)
+
+
+def _sweep():
+    """Each target and dtype sees every length as Lq and as Lk and every head dim, paired by a
+    rotation that differs between them (so Lq = Lk in one group, Lq != Lk in the others)."""
+    cases = []
+    for t, target in enumerate(TARGETS):
+        for d, dtype in enumerate(DTYPES):
+            shift = 2 * t + d
+            for i, lq in enumerate(LENGTHS):
+                lk = LENGTHS[(i + shift) % len(LENGTHS)]
+                dim = HEAD_DIMS[(i + shift) % len(HEAD_DIMS)]
+                name = f"{target}-{str(dtype).removeprefix('torch.')}-lq{lq}-lk{lk}-d{dim}"
+                cases.append(pytest.param(target, dtype, lq, lk, dim, id=name))
+    return cases
+
+
+@pytest.mark.parametrize("target,dtype,lq,lk,dim", _sweep())
+def test_default_config_sweep(target, dtype, lq, lk, dim):
+    q, k, v = qkv(b=1, h=1, lq=lq, lk=lk, dk=dim, dtype=dtype, seed=lq * 7 + lk + dim)
+    check_default_config(q, k, v, target)
