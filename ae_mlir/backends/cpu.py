@@ -4,6 +4,10 @@ The passes and their options are `ae_mlir.presets`' "cpu" pipeline, run in its t
 then L1 -> llvm) because the L1 kernel says in between whether it takes call-time tile tables; so
 `ae-opt --pipeline=cpu` prints what `lowered_text` returns and the JIT compiles.
 
+Compiled kernels are cached in memory and on disk (`cpu_cache`: the JIT's code linked into a
+shared object, loaded with ctypes), so a later process calls a kernel without MLIR or a compile.
+A compile that runs long says so, stage by stage (`ae_mlir.progress`).
+
 Tensors are handed to the kernel in place: each becomes a ranked memref descriptor (ctypes) over
 its own storage, with its sizes, strides and storage offset, so any strided layout runs without a
 copy. The outputs are allocated here with torch and passed as the kernel's destination arguments.
@@ -15,8 +19,10 @@ import functools
 import threading
 from dataclasses import dataclass
 
+from .. import progress
 from ..core import abi
 from ..core.context import CompileError
+from . import cpu_cache
 
 _TORCH_DTYPES = {
     "f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
@@ -36,6 +42,13 @@ class _ArgSpec:
 
     def describe(self) -> str:
         return f"[{', '.join(map(str, self.shape))}] {_TORCH_DTYPES.get(self.elt, self.elt)}"
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "elt": self.elt}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> _ArgSpec:
+        return cls(tuple(int(n) for n in d["shape"]), str(d["elt"]))
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,11 +86,12 @@ class _Lowered:
 
 
 def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
-           unit_inner_stride: bool) -> _Lowered:
+           unit_inner_stride: bool, report: progress.Compile | progress.Silent | None = None) -> _Lowered:
     from .. import presets
     from ..core.context import parse_module
     from ..core.verifier import check_module
 
+    report = report or progress.Silent()
     module = parse_module(module_text, context)
     check_module(module)
     funcs = abi.functions(module)
@@ -85,16 +99,18 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         raise CompileError(f"the CPU backend runs a module with exactly one function, found {len(funcs)}")
     inputs = [_spec(t) for t in abi.input_types(funcs[0])]
     outputs = [_spec(t) for t in abi.result_types(funcs[0])]
-    name = abi.name(funcs[0])
+    name = report.name = abi.name(funcs[0])
     overrides = {key: value for key, value in (("block_m", block_m), ("block_n", block_n)) if value}
     options = presets.options_for("cpu", presets.read_problem(module), "host",
                                   unit_inner_stride=unit_inner_stride, **overrides)
+    report.stage("L0 -> L1: fuse, tile")
     _run(presets.pipeline_text("cpu", options, "l1"), module)
     kernel = abi.functions(module)[0]
     # A mask that reads closure tensors is classified per call (block_mask); its four tile
     # tables follow the inputs.
     inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
     lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n, _mask_program(kernel))
+    report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
     return lowered
 
@@ -123,28 +139,17 @@ def lowered_text(module_text: str, block_m: int | None = None, block_n: int | No
 
 
 class CompiledKernel:
-    """A JIT-compiled kernel and the argument types it was compiled for."""
+    """A compiled kernel (JIT-built, or loaded from the disk cache) and the argument types it
+    was compiled for."""
 
-    def __init__(self, module_text: str, block_m: int | None, block_n: int | None, unit_inner_stride: bool):
-        from mlir.execution_engine import ExecutionEngine
-
-        from ..core.context import new_context
-
-        self._context = new_context()
-        lowered = _lower(module_text, self._context, block_m, block_n, unit_inner_stride)
-        self.name, self.inputs, self.outputs = lowered.name, lowered.inputs, lowered.outputs
-        self.block_m, self.block_n = lowered.block_m, lowered.block_n
-        self.mask_program = lowered.mask_program
-        self.unit_inner_stride = unit_inner_stride
-        module = self._module = lowered.module
-        try:
-            self._engine = ExecutionEngine(module, opt_level=3)
-        except RuntimeError as err:
-            raise CompileError(f"the LLVM JIT rejected the lowered module: {err}") from None
-        address = self._engine.raw_lookup("_mlir_ciface_" + self.name)
-        if not address:
-            # The JIT reports unresolved symbols on stderr and hands back a null entry point.
-            raise CompileError(f"the LLVM JIT could not link kernel '{self.name}' (unresolved symbols)")
+    def __init__(self, record: dict, address: int, owner):
+        self.name = record["name"]
+        self.inputs = [_ArgSpec.from_dict(d) for d in record["inputs"]]
+        self.outputs = [_ArgSpec.from_dict(d) for d in record["outputs"]]
+        self.block_m, self.block_n = int(record["block_m"]), int(record["block_n"])
+        self.mask_program = record["mask_program"]
+        self.unit_inner_stride = bool(record["unit_inner_stride"])
+        self._owner = owner  # the JIT engine or the loaded library: keeps the code mapped
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
 
     def __call__(self, inputs: list) -> list:
@@ -180,25 +185,67 @@ def _spec(mlir_type) -> _ArgSpec:
     return _ArgSpec(tuple(shaped.shape), str(shaped.element_type))
 
 
+def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inner_stride: bool,
+           key: str) -> CompiledKernel:
+    """JIT-compile the kernel and store it in the disk cache; the stored library runs it where it
+    loads (the same machine code), else the JIT's."""
+    from mlir.execution_engine import ExecutionEngine
+
+    from ..core.context import new_context
+
+    with progress.Compile("for the CPU", "L0 -> L1 -> LLVM -> native code") as report:
+        context = new_context()
+        lowered = _lower(module_text, context, block_m, block_n, unit_inner_stride, report)
+        record = {"name": lowered.name, "inputs": [a.to_dict() for a in lowered.inputs],
+                  "outputs": [a.to_dict() for a in lowered.outputs], "block_m": lowered.block_m,
+                  "block_n": lowered.block_n, "mask_program": lowered.mask_program,
+                  "unit_inner_stride": unit_inner_stride}
+        report.stage("LLVM -> native code (JIT, -O3)")
+        try:
+            engine = ExecutionEngine(lowered.module, opt_level=3)
+        except RuntimeError as err:
+            raise CompileError(f"the LLVM JIT rejected the lowered module: {err}") from None
+        address = engine.raw_lookup("_mlir_ciface_" + lowered.name)
+        if not address:
+            # The JIT reports unresolved symbols on stderr and hands back a null entry point.
+            raise CompileError(f"the LLVM JIT could not link kernel '{lowered.name}' (unresolved symbols)")
+        report.stage("caching the kernel (shared object)")
+        stored = cpu_cache.store(key, engine, record)
+    if stored is not None:
+        return CompiledKernel(*stored)
+    return CompiledKernel(record, address, (context, lowered.module, engine))
+
+
 _CACHE: dict[tuple, CompiledKernel] = {}
 _CACHE_LOCK = threading.Lock()
 
 
 def compile_module(module_text: str, block_m: int | None = None, block_n: int | None = None,
                    unit_inner_stride: bool = True) -> CompiledKernel:
-    """The compiled kernel for an L0 module, from the in-memory cache when it was built before.
+    """The compiled kernel for an L0 module: from the in-memory cache, else the disk cache
+    (`cpu_cache`, no MLIR needed), else compiled and stored in both.
 
     Block sizes default to the cpu preset's (`presets.cpu_config`). With `unit_inner_stride`
     (the usual case: torch's layouts, transposes of them included) tile rows load as vectors;
     without it any strides work, with element-wise tile loads.
     """
-    key = (module_text, block_m, block_n, unit_inner_stride)
+    memory_key = (module_text, block_m, block_n, unit_inner_stride)
     with _CACHE_LOCK:
-        kernel = _CACHE.get(key)
+        kernel = _CACHE.get(memory_key)
         if kernel is None:
-            kernel = CompiledKernel(module_text, block_m, block_n, unit_inner_stride)
-            _CACHE[key] = kernel
+            key = cpu_cache.key(module_text, {"block_m": block_m, "block_n": block_n,
+                                              "unit_inner_stride": unit_inner_stride})
+            loaded = cpu_cache.load(key)
+            kernel = CompiledKernel(*loaded) if loaded else _build(module_text, block_m, block_n,
+                                                                   unit_inner_stride, key)
+            _CACHE[memory_key] = kernel
     return kernel
+
+
+def clear_memory_cache() -> None:
+    """Forget the kernels held in memory (the disk cache stays)."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
 
 
 def _mask_program(kernel) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import runtime
+from .. import progress, runtime
 from ..core import abi
 from ..core.context import CompileError
 
@@ -129,10 +129,14 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
                  input_precision: str = "ieee") -> runtime.Bundle:
     """Compile an L0 module into a bundle (needs the MLIR bindings, no GPU); `config` overrides
     the preset's options (`preset_options`)."""
-    module = _parse_l0(l0_text)
-    options = preset_options(module, target, config, input_precision)
-    l1_text, inputs, outputs, workspace, call_time_tables = lower(module, options)
-    variants = [_lower_l1(l1_text, dataclasses.replace(options, assume_aligned=aligned)) for aligned in (True, False)]
+    with progress.Compile(f"for {target}", "L0 -> L1 -> Triton IR") as report:
+        module = _parse_l0(l0_text)
+        options = preset_options(module, target, config, input_precision)
+        report.stage("L0 -> L1: fuse, tile")
+        l1_text, inputs, outputs, workspace, call_time_tables = lower(module, options)
+        report.stage("L1 -> Triton IR (aligned and general variants)")
+        variants = [_lower_l1(l1_text, dataclasses.replace(options, assume_aligned=aligned))
+                    for aligned in (True, False)]
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
     meta = {"input_precision": input_precision, "config": options.launch_config()}
     if call_time_tables:

@@ -1,0 +1,156 @@
+"""The CPU backend's disk cache: JIT-compiled kernels kept as shared objects.
+
+After the LLVM JIT builds a kernel, its object file (`ExecutionEngine.dump_to_object_file`) is
+linked into a shared object with the system C compiler and stored beside a JSON record of what a
+call needs (the kernel's name and argument specs, block sizes, its call-time mask program):
+
+    <cache_dir>/cpu/<key>.so     <cache_dir>/cpu/<key>.json
+
+A later process loads both with ctypes, which takes no MLIR and no compile. The key hashes the L0
+module, the compile options, the host CPU (its architecture and feature flags: the JIT compiles
+for the host), the MLIR/LLVM libraries and ae-mlir's own sources. Files are written atomically and
+the record carries the shared object's hash, so a torn, truncated or edited entry, or one that
+does not load, is rebuilt. Without a C compiler kernels stay in-process JIT only.
+
+This module imports neither the MLIR bindings nor torch.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from .. import runtime
+
+# The record's layout; a change makes old entries misses.
+FORMAT_VERSION = 1
+# The JIT's packed wrapper of the kernel's C interface (what ExecutionEngine.raw_lookup returns):
+# one argument, an array of pointers to the memref descriptors.
+_SYMBOL_PREFIX = "_mlir__mlir_ciface_"
+_log = logging.getLogger("ae_mlir.cpu_cache")
+
+
+def directory() -> Path:
+    return runtime.cache_dir() / "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def host_identity() -> str:
+    """The architecture and the CPU feature flags the JIT's host target is derived from."""
+    features = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                # x86 lists "flags", AArch64 "Features"; the first CPU speaks for all of them.
+                if line.startswith(("flags", "Features")):
+                    features = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        features = platform.processor()
+    return f"{platform.machine()}:{hashlib.sha256(features.encode()).hexdigest()[:16]}"
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_identity() -> str:
+    """The MLIR and LLVM libraries that compile the kernels, by size and modification time
+    (found without importing the bindings; a distribution's metadata takes 100 ms to read)."""
+    spec = importlib.util.find_spec("mlir")
+    if spec is None or not spec.submodule_search_locations:
+        return "no-mlir"
+    root = Path(list(spec.submodule_search_locations)[0])
+    parts = []
+    for lib in (root / "_mlir_libs" / "libMLIRPythonCAPI.so", root.parent / "llvm" / "lib" / "libLLVM.so"):
+        try:
+            st = lib.stat()
+            parts.append(f"{lib.name}:{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            parts.append(f"{lib.name}:absent")
+    return ",".join(parts)
+
+
+def key(module_text: str, options: dict) -> str:
+    return runtime.cache_key(module_text, f"cpu:{host_identity()}",
+                             dict(options, toolchain=toolchain_identity(), cpu_format=FORMAT_VERSION))
+
+
+def _paths(key: str) -> tuple[Path, Path]:
+    return directory() / f"{key}.so", directory() / f"{key}.json"
+
+
+def _checksum(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def load(key: str) -> tuple[dict, int, object] | None:
+    """The cached kernel's record, the address of its entry point and its loaded library (keep
+    it alive while the kernel is used); None on a miss or a bad entry (the caller rebuilds it)."""
+    library, record_path = _paths(key)
+    try:
+        doc = json.loads(record_path.read_text())
+        payload = doc["kernel"]
+        if doc.get("format") != FORMAT_VERSION or doc.get("key") != key or doc.get("checksum") != _checksum(payload):
+            raise ValueError("a record of another format, key or content")
+        if hashlib.sha256(library.read_bytes()).hexdigest() != payload["library_sha256"]:
+            raise ValueError("the shared object does not match its record")
+        lib = ctypes.CDLL(str(library))
+        entry = getattr(lib, _SYMBOL_PREFIX + payload["name"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        # Not deleted: a concurrent writer may be halfway through replacing it; the rebuild
+        # overwrites it either way.
+        _log.debug("CPU kernel cache entry %s is unusable, rebuilding it: %s", key, err)
+        return None
+    return payload, ctypes.cast(entry, ctypes.c_void_p).value, lib
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler() -> str | None:
+    found = shutil.which("cc")
+    if found is None:
+        _log.debug("no C compiler (cc) on PATH: CPU kernels are compiled in every process, not cached on disk")
+    return found
+
+
+def store(key: str, engine, kernel: dict) -> tuple[dict, int, object] | None:
+    """Link the JIT's object code into `<key>.so`, record `kernel` (the name and what a call
+    needs) beside it, and load it back as `load` does; None where that is not possible (no C
+    compiler, a failed link, an unwritable cache directory), and the caller keeps the JIT's code."""
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    library, record_path = _paths(key)
+    try:
+        library.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as tmp:
+            obj, linked = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+            engine.dump_to_object_file(str(obj))
+            # The JIT's code is not position independent, so the library carries text
+            # relocations (-z notext says that is intended); -Bsymbolic binds the kernel's calls
+            # to its own helpers (e.g. __truncsfbf2) rather than to a same-named global symbol,
+            # as the JIT did.
+            result = subprocess.run([compiler, "-shared", "-o", str(linked), str(obj), "-lm",
+                                     "-Wl,-Bsymbolic", "-Wl,-z,notext"],
+                                    capture_output=True, text=True, timeout=120)
+            if result.returncode != 0:
+                _log.debug("linking CPU kernel %s failed, not caching it: %s", key, result.stderr.strip())
+                return None
+            data = linked.read_bytes()
+            os.chmod(linked, 0o755)
+            os.replace(linked, library)
+        payload = dict(kernel, library_sha256=hashlib.sha256(data).hexdigest())
+        runtime.atomic_write(record_path, json.dumps({"format": FORMAT_VERSION, "key": key,
+                                                      "checksum": _checksum(payload), "kernel": payload}))
+    except (OSError, subprocess.SubprocessError) as err:
+        _log.debug("caching CPU kernel %s failed: %s", key, err)
+        return None
+    return load(key)
