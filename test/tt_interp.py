@@ -155,6 +155,7 @@ _ELEMENTWISE = {
     "math.sqrt": np.sqrt, "math.rsqrt": lambda x: 1 / np.sqrt(x), "math.tanh": np.tanh,
     "math.sin": np.sin, "math.cos": np.cos, "math.absf": np.abs, "math.absi": np.abs,
     "math.floor": np.floor, "math.ceil": np.ceil, "math.trunc": np.trunc,
+    "math.roundeven": np.rint,  # half to even in the current (default) rounding mode
     "math.erf": lambda x: _erf(x).astype(x.dtype),
     # float64 products of f32/f16 inputs are exact, so this rounds like a fused multiply-add.
     "math.fma": lambda a, b, c: (a.astype(np.float64) * b + c).astype(a.dtype),

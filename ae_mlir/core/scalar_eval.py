@@ -50,7 +50,7 @@ def _torch_tables():
         "math.log2": torch.log2, "math.sqrt": torch.sqrt, "math.rsqrt": torch.rsqrt, "math.tanh": torch.tanh,
         "math.absf": torch.abs, "math.absi": torch.abs, "math.sin": torch.sin, "math.cos": torch.cos,
         "math.floor": torch.floor, "math.ceil": torch.ceil, "math.erf": torch.erf, "math.log1p": torch.log1p,
-        "math.expm1": torch.expm1,
+        "math.expm1": torch.expm1, "math.roundeven": torch.round,  # torch.round: half to even
         "arith.index_cast": lambda a: a.to(torch.int64), "arith.index_castui": lambda a: a.to(torch.int64),
         "arith.extsi": lambda a: a.to(torch.int64), "arith.extui": lambda a: a.to(torch.int64),
         "arith.trunci": lambda a: a.to(torch.int64),

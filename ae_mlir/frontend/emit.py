@@ -14,8 +14,8 @@ _INT_OPS = {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli", "floo
             "xor": "arith.xori"}
 _MATH = {"exp": "math.exp", "exp2": "math.exp2", "log": "math.log", "log2": "math.log2",
          "sqrt": "math.sqrt", "rsqrt": "math.rsqrt", "tanh": "math.tanh", "sin": "math.sin",
-         "cos": "math.cos", "floor": "math.floor", "ceil": "math.ceil", "erf": "math.erf",
-         "log1p": "math.log1p", "expm1": "math.expm1"}
+         "cos": "math.cos", "floor": "math.floor", "ceil": "math.ceil", "round": "math.roundeven",
+         "erf": "math.erf", "log1p": "math.log1p", "expm1": "math.expm1"}
 # arith.cmpi / arith.cmpf predicates; unordered-not-equal keeps NaN != x true, as in torch.
 _CMPI = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
 _CMPF = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}

@@ -2,7 +2,8 @@
 
 A mod is called once with `Sym` stand-ins for its arguments. `Sym` overloads Python's operators
 and implements `__torch_function__`, so `torch.where`, `torch.exp`, indexing a closure tensor with
-symbolic indices, and the Tensor-method forms all record `Expr` nodes instead of computing.
+symbolic indices, and the Tensor-method forms all record `Expr` nodes instead of computing; the
+functions and methods a mod may call are the table of `torch_functions` (`SUPPORTED` lists them).
 Values are typed like torch's: "index" (integers), "f32" (floats) and "i1" (booleans).
 """
 from __future__ import annotations
@@ -10,6 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .locations import SourceLoc, user_location
+
+
+def __getattr__(name):
+    # The table of torch functions lives with its handlers, which build on this module.
+    if name == "SUPPORTED":
+        from .torch_functions import SUPPORTED
+
+        return SUPPORTED
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TraceError(ValueError):
@@ -127,12 +137,6 @@ def _extract(tensor, index_syms, state: TraceState) -> "Sym":
         idx.append(s.expr)
     cap = state.capture(tensor)
     return Sym(Expr("extract", ty, tuple(idx), value=cap), state)
-
-
-_UNARY_FLOAT = {
-    "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "floor", "ceil",
-    "erf", "log1p", "expm1",
-}
 
 
 class Sym:
@@ -327,12 +331,16 @@ class Sym:
 
     def where(self, condition, other):
         # Tensor.where(cond, y) is torch.where(cond, self, y): self is not the first operand.
-        return _where(self.state, condition, self, other)
+        from .torch_functions import where
+
+        return where(self.state, condition, self, other)
 
     def __getattr__(self, name):
         # Tensor-method forms (x.abs(), x.clamp(lo, hi), x.exp(), ...) reuse the torch handlers.
         # Only reached for names not found normally; dunders and unset slots stay AttributeErrors.
-        handler = None if name.startswith("_") or name in Sym.__slots__ else _TORCH_HANDLERS.get(name)
+        from .torch_functions import HANDLERS
+
+        handler = None if name.startswith("_") or name in Sym.__slots__ else HANDLERS.get(name)
         if handler is None:
             raise AttributeError(f"'Sym' object has no attribute {name!r} (Tensor.{name} is not supported in mods)")
         return lambda *args, **kwargs: handler(self.state, self, *args, **kwargs)
@@ -346,7 +354,9 @@ class Sym:
         kwargs = kwargs or {}
         state = next(a.state for a in _flatten((args, kwargs)) if isinstance(a, Sym))
         name = getattr(func, "__name__", str(func))
-        handler = _TORCH_HANDLERS.get(name)
+        from .torch_functions import HANDLERS
+
+        handler = HANDLERS.get(name)
         if handler is None:
             state.fail(f"torch function '{_qualname(func)}' is not supported in mods")
         return handler(state, *args, **kwargs)
@@ -367,112 +377,6 @@ def _flatten(obj):
             yield from _flatten(x)
     else:
         yield obj
-
-
-def _unary(name):
-    def handler(state, x, *rest, **kw):
-        if rest or any(k not in ("out",) for k in kw) or kw.get("out") is not None:
-            state.fail(f"torch.{name} with extra arguments is not supported")
-        x = _to(lift(x, state), F32)
-        return Sym(Expr(name, F32, (x.expr,)), state)
-
-    return handler
-
-
-def _where(state, cond, a, b):
-    cond = lift(cond, state)
-    if cond.expr.type != I1:
-        cond = cond != 0
-    a, b, ty = _unify(lift(a, state), lift(b, state), allow_bool=True)
-    return Sym(Expr("select", ty, (cond.expr, a.expr, b.expr)), state)
-
-
-def _minmax(op):
-    def handler(state, a, b, **kw):
-        a, b, ty = _unify(lift(a, state), lift(b, state))
-        return Sym(Expr(op, ty, (a.expr, b.expr)), state)
-
-    return handler
-
-
-def _clamp(state, x, min=None, max=None):
-    x = lift(x, state)
-    if min is not None:
-        x = _minmax("max")(state, x, min)
-    if max is not None:
-        x = _minmax("min")(state, x, max)
-    return x
-
-
-def _getitem(state, tensor, item):
-    import torch
-
-    if not isinstance(tensor, torch.Tensor):
-        state.fail("indexing a symbolic value; only closure tensors can be indexed")
-    items = item if isinstance(item, tuple) else (item,)
-    for it in items:
-        if not isinstance(it, (Sym, int)) or isinstance(it, bool):
-            state.fail(f"closure tensors must be indexed by index expressions, got {type(it).__name__}")
-    return _extract(tensor, items, state)
-
-
-def _binary_fn(op):
-    def handler(state, a, b, **kw):
-        if kw.get("alpha", 1) != 1:
-            b = b * kw["alpha"]
-        return lift(a, state)._bin(b, op)
-
-    return handler
-
-
-def _logical(op):
-    def handler(state, a, b=None):
-        if op == "not":
-            return ~(lift(a, state) != 0 if lift(a, state).expr.type != I1 else lift(a, state))
-        a, b = lift(a, state), lift(b, state)
-        a = a if a.expr.type == I1 else a != 0
-        b = b if b.expr.type == I1 else b != 0
-        return a._logic(b, op)
-
-    return handler
-
-
-def _cmp_fn(pred):
-    return lambda state, a, b: lift(a, state)._cmp(b, pred)
-
-
-_TORCH_HANDLERS = {name: _unary(name) for name in _UNARY_FLOAT}
-_TORCH_HANDLERS.update({
-    "where": _where,
-    "maximum": _minmax("max"), "max": _minmax("max"),
-    "minimum": _minmax("min"), "min": _minmax("min"),
-    "fmax": _minmax("max"), "fmin": _minmax("min"),
-    "clamp": _clamp, "clip": _clamp,
-    "abs": lambda state, x: abs(lift(x, state)),
-    "neg": lambda state, x: -lift(x, state), "negative": lambda state, x: -lift(x, state),
-    "__getitem__": _getitem,
-    "add": _binary_fn("add"), "sub": _binary_fn("sub"), "mul": _binary_fn("mul"),
-    "div": _binary_fn("truediv"), "true_divide": _binary_fn("truediv"),
-    "floor_divide": _binary_fn("floordiv"), "remainder": _binary_fn("mod"), "pow": _binary_fn("pow"),
-    "logical_and": _logical("and"), "logical_or": _logical("or"), "logical_xor": _logical("xor"),
-    "logical_not": _logical("not"),
-    "eq": _cmp_fn("eq"), "ne": _cmp_fn("ne"), "lt": _cmp_fn("lt"), "le": _cmp_fn("le"),
-    "gt": _cmp_fn("gt"), "ge": _cmp_fn("ge"),
-    "square": lambda state, x: lift(x, state) * lift(x, state),
-    "relu": lambda state, x: _minmax("max")(state, x, 0.0),
-    "to": lambda state, x, *a, **k: lift(x, state).to(*a, **k),
-    "float": lambda state, x: lift(x, state).float(),
-    "bool": lambda state, x: lift(x, state).bool(),
-    "long": lambda state, x: lift(x, state).long(),
-    "int": lambda state, x: lift(x, state).long(),
-})
-for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor"):
-    _TORCH_HANDLERS[f"__{_name}__"] = (lambda n: lambda state, a, b: lift(a, state)._bin(b, n)
-                                       if n not in ("and", "or", "xor") else lift(a, state)._logic(b, n))(_name)
-    _TORCH_HANDLERS[f"__r{_name}__"] = (lambda n: lambda state, a, b: lift(b, state)._bin(a, n)
-                                        if n not in ("and", "or", "xor") else lift(b, state)._logic(a, n))(_name)
-for _pred in ("lt", "le", "gt", "ge", "eq", "ne"):
-    _TORCH_HANDLERS[f"__{_pred}__"] = _cmp_fn(_pred)
 
 
 def trace(fn, mod_name: str, arg_types: list[str], state: TraceState | None = None) -> tuple[Expr, TraceState]:
