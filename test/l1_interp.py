@@ -27,7 +27,8 @@ import itertools
 
 import torch
 
-from ae_mlir.reference import _scalar_op
+from ae_mlir.core.regions import ScalarOp
+from ae_mlir.core.scalar_eval import eval_op
 
 __all__ = ["run_kernel", "kernel_of", "kernels_of"]
 
@@ -165,7 +166,7 @@ class _Interpreter:
             return torch.div(vals[0], vals[1], rounding_mode="floor")
         if name == "arith.ceildivsi":
             return -torch.div(-vals[0], vals[1], rounding_mode="floor")
-        out = _scalar_op(op, vals)
+        out = eval_op(_scalar_op(op), vals)
         return out.to(self.float_dtype) if out.dtype.is_floating_point else out
 
     def constant(self, op):
@@ -183,7 +184,12 @@ class _Interpreter:
             import numpy as np
 
             return torch.from_numpy(np.array(dense).copy()).to(dtype).reshape(shape)
-        return _scalar_op(op, []).to(self.dtype_of(str(attr.type)))
+        # The attribute's own value: its printed form rounds f32 constants to 7 digits.
+        if str(attr.type) == "i1":
+            return torch.tensor(bool(attr.value))
+        if str(attr.type) in ("index", "i64", "i32", "i16", "i8"):
+            return torch.tensor(int(attr.value), dtype=torch.int64)
+        return torch.tensor(float(attr.value), dtype=torch.float64).to(self.dtype_of(str(attr.type)))
 
     def op_attn_program_id(self, op, vals, env):
         return [torch.tensor(self.pid[int(op.attributes["axis"].value)], dtype=torch.int64)]
@@ -352,3 +358,10 @@ class _Interpreter:
                 local[arg] = value
             carried = self.run_block(block, local)
         return carried
+
+
+def _scalar_op(op) -> ScalarOp:
+    """An L1 scalar op as the shared evaluator's `ScalarOp` (operands are passed positionally)."""
+    attrs = tuple((name, str(op.attributes[name])) for name in op.attributes)
+    return ScalarOp(op.name, tuple(f"arg{i}" for i in range(len(op.operands))), attrs,
+                    tuple(str(r.type) for r in op.results), tuple(str(v.type) for v in op.operands))
