@@ -2,8 +2,8 @@
 conversion to the llvm dialect, for what that conversion would reject, miscompile or make slow.
 
 It reports i1 buffers and vector views of padded rows (which the conversion cannot handle) at the
-op, aligns buffers viewed as vectors, replaces f32 exp and exp2 by polynomials, and runs math ops
-on n-D vectors as 1-D ones.
+op, aligns buffers viewed as vectors, writes expm1 with exp and log (Kahan), replaces f32 exp and
+exp2 by polynomials, and runs math ops on n-D vectors as 1-D ones.
 """
 from __future__ import annotations
 
@@ -30,12 +30,14 @@ LOG2E = 1.4426950408889634
 class LegalizeForLlvm(ModulePass):
     name: ClassVar[str] = "attn-cpu-legalize-for-llvm"
     summary: ClassVar[str] = ("CPU lowering: reject i1 buffers and padded vector views, align buffers viewed "
-                              "as vectors, exp/exp2 as polynomials, math on n-D vectors as 1-D")
+                              "as vectors, expm1 as Kahan's formula, exp/exp2 as polynomials, math on n-D "
+                              "vectors as 1-D")
 
     def apply(self, module_op) -> None:
         _reject_bool_buffers(module_op)
         _reject_padded_vector_views(module_op)
         align_vector_views(module_op)
+        expand_expm1(module_op)
         expand_exponentials(module_op)
         flatten_math_vectors(module_op)
 
@@ -96,6 +98,40 @@ def align_vector_views(module_op) -> None:
         if "alignment" in buffer.attributes and ir.IntegerAttr(buffer.attributes["alignment"]).value >= alignment:
             continue
         buffer.attributes["alignment"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64, op.context), alignment)
+
+
+def expand_expm1(module_op) -> None:
+    """Write `math.expm1` as (u - 1) * x / log(u) with u = exp(x) (Kahan), scalar or vector.
+
+    The upstream LLVM conversion writes it as exp(x) - 1, which loses every digit for small x,
+    and has no option to leave it to libm's expm1f; written before `expand_exponentials`, the exp
+    here becomes its polynomial, and the formula cancels u's rounding error (the result is within
+    a few ulp). The selects give x where u rounds to 1, -1 where it underflows, inf where it
+    overflows; NaN passes through.
+    """
+    from mlir import ir
+    from mlir.dialects import arith
+    from mlir.dialects import math as math_ops
+
+    for op in walk(module_op, "math.expm1"):
+        x = op.operands[0]
+        ftype = x.type
+        shape = list(ftype.shape) if isinstance(ftype, ir.VectorType) else None
+        with op.context, op.location, ir.InsertionPoint(op):
+            elt = ftype.element_type if shape is not None else ftype
+
+            def const(value):
+                attr = ir.FloatAttr.get(elt, value)
+                return arith.constant(ftype, ir.DenseElementsAttr.get_splat(ftype, attr) if shape is not None else attr)
+
+            u = math_ops.exp(x)
+            d = arith.subf(u, const(1.0))
+            r = arith.divf(arith.mulf(d, x), math_ops.log(u))
+            r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, d, const(-1.0)), const(-1.0), r)
+            r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, d, const(0.0)), x, r)
+            r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, u, const(math.inf)), u, r)
+        op.results[0].replace_all_uses_with(r)
+        op.erase()
 
 
 def expand_exponentials(module_op) -> None:
