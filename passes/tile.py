@@ -15,6 +15,8 @@ L1 is target-neutral and made of upstream dialects plus one `attn.program_id` op
   and row sum.
 
 Both backends lower exactly this form, so tiling, fusion and tile classification are shared.
+The kernel is built with the bindings' builders (`l1_builders`) at the fused op's location; the
+mods' ops are cloned into it and keep theirs, so diagnostics about them name the user's lines.
 """
 from __future__ import annotations
 
@@ -22,19 +24,19 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..core.regions import float_literal
-from ..core.regions import TextEmitter, emit_scalar, from_region
+from ..core.regions import from_region
 from . import ModulePass, option
+from .l1_builders import KernelBuilder, convert, f32, fill, index, matmul, program_id, tensor_type
+from .l1_text import kernel_function, ops_named, shape
 from .tile_tables import Classification, classify_blocks, table_constants
-from .l1_text import (KernelText, convert, elt, fail, kernel_function, ops_named, replace_function,
-                      shape)
 
 LOG2E = 1.0 / math.log(2.0)
-NEG_INF = "0xFF800000"
+REGION_NAMES = ("score_mod", "mask", "prob", "rescale", "finalize", "lse")
+ROW, TILE = (0,), (0, 1)  # indexing-map dims of a row vector and of a whole tile
 
 
-class _Kernel(KernelText):
-    """Builds the text of one L1 kernel function."""
+class _Kernel(KernelBuilder):
+    """Builds one L1 kernel function with the bindings' builders, at the fused op's location."""
 
     def __init__(self, op, func, block_m: int, block_n: int):
         super().__init__(op, func)
@@ -44,236 +46,190 @@ class _Kernel(KernelText):
         self.b, self.h, self.lq, self.dk = shape(q)
         _, self.hkv, self.lk, _ = shape(k)
         self.dv = shape(v)[3]
-        self.elt = elt(q)
+        self.elt = q.type.element_type
         self.with_lse = len(op.results) > 1
         self.stat = op.attributes["stat"].value
         self.log2 = bool(op.attributes["log2_domain"].value)
         self.scale = float(op.attributes["scale"].value)
-        self.regions = {name: from_region(op.regions[i]) for i, name in
-                        enumerate(("score_mod", "mask", "prob", "rescale", "finalize", "lse"))}
+        self.regions = {name: op.regions[i] if list(op.regions[i].blocks) else None
+                        for i, name in enumerate(REGION_NAMES)}
         # Softmax needs the row sum; a normalizer without a statistic needs it only if its
         # finalize reads it (RetNet's abs-sum division does, sigmoid's identity does not).
-        self.tracks_sum = self.stat == "max" or self.regions["finalize"].uses_arg(1)
-
-    def reduce_rows(self, value: str, tile_type: str, init: str, combine: str) -> str:
-        return super().reduce_rows(value, tile_type, init, f"tensor<{self.bm}xf32>", combine)
-
-    def load_tile(self, src: str, src_type: str, coords: list[str], start: str, length: int,
-                  rows: int, width: int) -> str:
-        """Rows [start, start + rows) of src[coords..., :, :width], zero-padded past `length`."""
-        return super().load_tile(src, src_type, self.elt, coords, start, length, rows, width)
+        self.tracks_sum = self.stat == "max" or from_region(self.regions["finalize"]).uses_arg(1)
 
     # --- the kernel ----------------------------------------------------------------------
-    def build(self, classification: Classification) -> str:
-        em = self.em
-        bm, bn, elt = self.bm, self.bn, self.elt
-        nm = -(-self.lq // bm)
-        args = self.func_args
-        q_type, k_type, v_type = (str(args[i].type) for i in range(3))
-        nn = -(-self.lk // bn)
-        table_types = [f"tensor<{nm}xi32>", f"tensor<{nm}x{nn}xi32>"] * 2
-        table_args = []
-        if classification.at_call_time:
-            table_args = [f"%arg{len(args) + i}" for i in range(4)]
-        n_in = len(args) + len(table_args)
-        out_type = str(self.op.results[0].type)
-        lse_type = str(self.op.results[1].type) if self.with_lse else None
-        out_arg = f"%arg{n_in}"
-        lse_arg = f"%arg{n_in + 1}"
+    def build(self, classification: Classification) -> None:
+        from mlir import ir
+        from mlir.dialects import arith, func, scf, tensor
 
-        pb = em('"attn.program_id"() {axis = 0 : i64} : () -> index')
-        ph = em('"attn.program_id"() {axis = 1 : i64} : () -> index')
-        pm = em('"attn.program_id"() {axis = 2 : i64} : () -> index')
-        self.pb, self.ph = pb, ph
-        group = self.h // self.hkv
-        hk = em(f"arith.divui {ph}, {self.idx(group)} : index") if group > 1 else ph
-        m0 = em(f"arith.muli {pm}, {self.idx(bm)} : index")
-        self.m0 = m0
-        q_tile = self.load_tile("%arg0", q_type, [pb, ph], m0, self.lq, bm, self.dk)
+        bm, bn = self.bm, self.bn
+        nm, nn = -(-self.lq // bm), -(-self.lk // bn)
+        i32, i64, f32_type = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64), ir.F32Type.get()
+        inputs = [a.type for a in self.func_block.arguments]
+        table_types = [tensor_type([nm], i32), tensor_type([nm, nn], i32)] * 2 if classification.at_call_time else []
+        result_types = [r.type for r in self.op.results]
+        attributes = {"attn.grid": ir.DenseI64ArrayAttr.get([self.b, self.h, nm]),
+                      "attn.block_m": ir.IntegerAttr.get(i64, bm), "attn.block_n": ir.IntegerAttr.get(i64, bn)}
+        attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
+        entry = self.function(self.func.attributes["sym_name"].value, inputs + table_types + result_types,
+                              result_types, attributes)
+        args = self.kernel_args
+        table_args = args[len(inputs):len(inputs) + len(table_types)]
+        destinations = args[len(inputs) + len(table_types):]
 
-        row_t, acc_t = f"tensor<{bm}xf32>", f"tensor<{bm}x{self.dv}xf32>"
-        zero, ninf = self.f32(0.0), self.f32(NEG_INF)
-        row_empty = em(f"tensor.empty() : {row_t}")
-        state = []
-        if self.stat == "max":
-            state.append(em(f"linalg.fill ins({ninf} : f32) outs({row_empty} : {row_t}) -> {row_t}"))
-        if self.tracks_sum:
-            state.append(em(f"linalg.fill ins({zero} : f32) outs({row_empty} : {row_t}) -> {row_t}"))
-        acc_empty = em(f"tensor.empty() : {acc_t}")
-        state.append(em(f"linalg.fill ins({zero} : f32) outs({acc_empty} : {acc_t}) -> {acc_t}"))
-        state_types = [row_t] * (len(state) - 1) + [acc_t]
+        with ir.InsertionPoint(entry):
+            pb, ph, pm = (program_id(axis) for axis in range(3))
+            self.pb, self.ph = pb, ph
+            group = self.h // self.hkv
+            hk = arith.divui(ph, index(group)) if group > 1 else ph
+            m0 = arith.muli(pm, index(bm))
+            self.m0 = m0
+            q_tile = self.load_tile(args[0], [pb, ph], m0, self.lq, bm, self.dk)
 
-        for masked, lists, position in ((True, classification.partial, 0), (False, classification.full, 2)):
-            if table_args:
-                count_tab, index_tab = table_args[position], table_args[position + 1]
-                count_t, index_t = table_types[position], table_types[position + 1]
-            elif not any(lists):
-                continue
+            row_t, acc_t = tensor_type([bm], f32_type), tensor_type([bm, self.dv], f32_type)
+            zero, ninf = f32(0.0), f32(-math.inf)
+            row_empty = tensor.EmptyOp([bm], f32_type).result
+            state = []
+            if self.stat == "max":
+                state.append(fill(ninf, row_empty))
+            if self.tracks_sum:
+                state.append(fill(zero, row_empty))
+            acc_empty = tensor.EmptyOp([bm, self.dv], f32_type).result
+            state.append(fill(zero, acc_empty))
+
+            for masked, lists, position in ((True, classification.partial, 0), (False, classification.full, 2)):
+                if table_args:
+                    count_tab, index_tab = table_args[position], table_args[position + 1]
+                elif not any(lists):
+                    continue
+                else:
+                    count_tab, index_tab = (arith.constant(attr.type, attr) for attr in
+                                            (ir.Attribute.parse(text) for text in table_constants(lists)[:2]))
+                count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, [pm]))
+                loop = scf.ForOp(index(0), count, index(1), state)
+                with ir.InsertionPoint(loop.body):
+                    nb_raw = tensor.extract(index_tab, [pm, loop.induction_variable])
+                    nb = arith.index_cast(ir.IndexType.get(), nb_raw)
+                    scf.YieldOp(self.kv_step(q_tile, args[1], args[2], hk, nb, list(loop.inner_iter_args), masked))
+                state = list(loop.results)
+
+            acc = state[-1]
+            l = state[-2] if self.tracks_sum else None
+            out_tile_t = tensor_type([bm, self.dv], self.elt)
+
+            def finalize(a):
+                return convert(self.inline(self.regions["finalize"], a), self.elt)
+
+            if l is not None:
+                o = self.generic([(acc, TILE), (l, ROW)], out_tile_t, finalize)
             else:
-                counts, indices, types = table_constants(lists)
-                count_t, index_t = types.split("|")
-                count_tab = em(f"arith.constant {counts}")
-                index_tab = em(f"arith.constant {indices}")
-            count = em(f"tensor.extract {count_tab}[{pm}] : {count_t}")
-            count_idx = em(f"arith.index_cast {count} : i32 to index")
-            lower, step = self.idx(0), self.idx(1)
-            it = f"%it{em.count}"
-            iter_names = [f"%st{em.count}_{i}" for i in range(len(state))]
-            header = em.results(
-                len(state),
-                f"scf.for {it} = {lower} to {count_idx} step {step} iter_args("
-                + ", ".join(f"{n} = {s}" for n, s in zip(iter_names, state))
-                + f") -> ({', '.join(state_types)}) {{",
-            )
-            nb_raw = em(f"tensor.extract {index_tab}[{pm}, {it}] : {index_t}")
-            nb = em(f"arith.index_cast {nb_raw} : i32 to index")
-            new_state = self.kv_step(q_tile, k_type, v_type, hk, nb, iter_names, masked)
-            em.raw(f"scf.yield {', '.join(new_state)} : {', '.join(state_types)}")
-            em.raw("}")
-            state = header
+                o = self.generic([(acc, TILE)], out_tile_t, lambda a: finalize([a[0], f32(0.0)]))
+            rows = arith.minsi(arith.subi(index(self.lq), m0), index(bm))
+            dynamic = ir.ShapedType.get_dynamic_size()
+            o_valid = tensor.ExtractSliceOp(tensor_type([dynamic, self.dv], self.elt), o, [], [rows], [],
+                                            [0, 0], [dynamic, self.dv], [1, 1]).result
+            results = [tensor.InsertSliceOp(o_valid, destinations[0], [pb, ph, m0], [rows], [],
+                                            [dynamic] * 3 + [0], [1, 1, dynamic, self.dv], [1] * 4).result]
+            if self.with_lse:
+                m_safe = self.safe_max(state[0])
+                lse_tile = self.generic([(m_safe, ROW), (l, ROW)], row_t,
+                                        lambda a: self.inline(self.regions["lse"], a), rank=1)
+                lse_valid = tensor.ExtractSliceOp(tensor_type([dynamic], f32_type), lse_tile, [], [rows], [],
+                                                  [0], [dynamic], [1]).result
+                results.append(tensor.InsertSliceOp(lse_valid, destinations[1], [pb, ph, m0], [rows], [],
+                                                    [dynamic] * 3, [1, 1, dynamic], [1] * 3).result)
+            func.ReturnOp(results)
 
-        acc = state[-1]
-        l = state[-2] if self.tracks_sum else None
-        out_tile_t = f"tensor<{bm}x{self.dv}x{elt}>"
-
-        def finalize(inner, a):
-            value = emit_scalar(self.regions["finalize"], a, inner, self.externals(self.regions["finalize"], inner))
-            return convert(inner, value, "f32", elt)
-
-        if l is not None:
-            o = self.generic([(acc, acc_t, "(d0, d1)"), (l, row_t, "(d0)")], out_tile_t, finalize)
-        else:
-            o = self.generic([(acc, acc_t, "(d0, d1)")], out_tile_t,
-                             lambda inner, a: finalize(inner, [a[0], inner(f"arith.constant {float_literal(0.0)} : f32")]))
-        rows_left = em(f"arith.subi {self.idx(self.lq)}, {m0} : index")
-        rows = em(f"arith.minsi {rows_left}, {self.idx(bm)} : index")
-        o_valid = em(f"tensor.extract_slice {o}[0, 0] [{rows}, {self.dv}] [1, 1] : {out_tile_t} to tensor<?x{self.dv}x{elt}>")
-        results = [em(f"tensor.insert_slice {o_valid} into {out_arg}[{pb}, {ph}, {m0}, 0] [1, 1, {rows}, {self.dv}] "
-                      f"[1, 1, 1, 1] : tensor<?x{self.dv}x{elt}> into {out_type}")]
-        if self.with_lse:
-            m_safe = self.safe_max(state[0])
-            program = self.regions["lse"]
-            lse_tile = self.generic(
-                [(m_safe, row_t, "(d0)"), (l, row_t, "(d0)")], row_t,
-                lambda inner, a: emit_scalar(program, a, inner, self.externals(program, inner)), rank=1)
-            lse_valid = em(f"tensor.extract_slice {lse_tile}[0] [{rows}] [1] : {row_t} to tensor<?xf32>")
-            results.append(em(f"tensor.insert_slice {lse_valid} into {lse_arg}[{pb}, {ph}, {m0}] [1, 1, {rows}] "
-                              f"[1, 1, 1] : tensor<?xf32> into {lse_type}"))
-        result_types = [out_type] + ([lse_type] if self.with_lse else [])
-        em.raw(f"return {', '.join(results)} : {', '.join(result_types)}")
-
-        params = [f"%arg{i}: {a.type}" for i, a in enumerate(args)]
-        params += [f"{name}: {ty}" for name, ty in zip(table_args, table_types)]
-        params += [f"{out_arg}: {out_type}"] + ([f"{lse_arg}: {lse_type}"] if self.with_lse else [])
-        name = self.func.attributes["sym_name"].value
-        body = "\n".join(f"    {line}" for line in em.lines)
-        extra = "".join(f", {key} = {value}" for key, value in classification.kernel_attributes())
-        return (f"func.func @{name}({', '.join(params)}) -> ({', '.join(result_types)}) attributes "
-                f"{{attn.grid = array<i64: {self.b}, {self.h}, {nm}>, attn.block_m = {bm} : i64, "
-                f"attn.block_n = {bn} : i64{extra}}} {{\n{body}\n}}\n")
-
-    def safe_max(self, m: str) -> str:
+    def safe_max(self, m):
         """Row max with -inf (a row with nothing visible yet) replaced by 0."""
-        row_t = f"tensor<{self.bm}xf32>"
+        from mlir.dialects import arith
 
-        def body(inner, a):
-            ninf = inner(f"arith.constant {NEG_INF} : f32")
-            zero = inner(f"arith.constant {float_literal(0.0)} : f32")
-            is_empty = inner(f"arith.cmpf oeq, {a[0]}, {ninf} : f32")
-            return inner(f"arith.select {is_empty}, {zero}, {a[0]} : f32")
+        def body(a):
+            ninf = f32(-math.inf)
+            zero = f32(0.0)
+            is_empty = arith.cmpf(arith.CmpFPredicate.OEQ, a[0], ninf)
+            return arith.select(is_empty, zero, a[0])
 
-        return self.generic([(m, row_t, "(d0)")], row_t, body, rank=1)
+        return self.generic([(m, ROW)], m.type, body, rank=1)
 
-    def kv_step(self, q_tile: str, k_type: str, v_type: str, hk: str, nb: str, state: list[str],
-                masked: bool) -> list[str]:
-        em = self.em
-        bm, bn, elt = self.bm, self.bn, self.elt
-        n0 = em(f"arith.muli {nb}, {self.idx(bn)} : index")
-        k_tile = self.load_tile("%arg1", k_type, [self.pb, hk], n0, self.lk, bn, self.dk)
-        v_tile = self.load_tile("%arg2", v_type, [self.pb, hk], n0, self.lk, bn, self.dv)
-        kt_empty = em(f"tensor.empty() : tensor<{self.dk}x{bn}x{elt}>")
-        k_trans = em(f"linalg.transpose ins({k_tile} : tensor<{bn}x{self.dk}x{elt}>) "
-                     f"outs({kt_empty} : tensor<{self.dk}x{bn}x{elt}>) permutation = [1, 0]")
-        tile_t = f"tensor<{bm}x{bn}xf32>"
-        row_t, acc_t = f"tensor<{bm}xf32>", f"tensor<{bm}x{self.dv}xf32>"
-        s_empty = em(f"tensor.empty() : {tile_t}")
-        s_zero = em(f"linalg.fill ins({self.f32(0.0)} : f32) outs({s_empty} : {tile_t}) -> {tile_t}")
-        qk = em(f"linalg.matmul ins({q_tile}, {k_trans} : tensor<{bm}x{self.dk}x{elt}>, "
-                f"tensor<{self.dk}x{bn}x{elt}>) outs({s_zero} : {tile_t}) -> {tile_t}")
+    def kv_step(self, q_tile, k, v, hk, nb, state: list, masked: bool) -> list:
+        from mlir import ir
+        from mlir.dialects import arith, linalg, tensor
+
+        bm, bn = self.bm, self.bn
+        f32_type = ir.F32Type.get()
+        n0 = arith.muli(nb, index(bn))
+        k_tile = self.load_tile(k, [self.pb, hk], n0, self.lk, bn, self.dk)
+        v_tile = self.load_tile(v, [self.pb, hk], n0, self.lk, bn, self.dv)
+        kt_empty = tensor.EmptyOp([self.dk, bn], self.elt).result
+        k_trans = linalg.transpose(k_tile, outs=[kt_empty], permutation=[1, 0])
+        tile_t = tensor_type([bm, bn], f32_type)
+        row_t = tensor_type([bm], f32_type)
+        s_empty = tensor.EmptyOp([bm, bn], f32_type).result
+        s_zero = fill(f32(0.0), s_empty)
+        qk = matmul(q_tile, k_trans, s_zero)
         score_mod = self.regions["score_mod"]
         fold = self.log2 and score_mod is None
         scale = self.scale * LOG2E if fold else self.scale
         mask = self.regions["mask"] if masked else None
 
-        def scores(inner, a):
-            x = inner(f"arith.mulf {a[0]}, {inner(f'arith.constant {float_literal(scale)} : f32')} : f32")
-            needs_index = score_mod is not None or mask is not None or masked
-            if needs_index:
-                i = inner("linalg.index 0 : index")
-                j = inner("linalg.index 1 : index")
-                qi = inner(f"arith.addi {self.m0}, {i} : index")
-                kj = inner(f"arith.addi {n0}, {j} : index")
+        def scores(a):
+            x = arith.mulf(a[0], f32(scale))
+            if score_mod is not None or mask is not None or masked:
+                i = linalg.IndexOp(0).result
+                j = linalg.IndexOp(1).result
+                qi = arith.addi(self.m0, i)
+                kj = arith.addi(n0, j)
                 # Padded rows and columns see the last valid index, so a mod never reads a
                 # closure tensor out of bounds; their results are masked or never stored.
-                qc = inner(f"arith.minsi {qi}, {inner(f'arith.constant {self.lq - 1} : index')} : index")
-                kc = inner(f"arith.minsi {kj}, {inner(f'arith.constant {self.lk - 1} : index')} : index")
+                qc = arith.minsi(qi, index(self.lq - 1))
+                kc = arith.minsi(kj, index(self.lk - 1))
             if score_mod is not None:
-                x = emit_scalar(score_mod, [x, self.pb, self.ph, qc, kc], inner, self.externals(score_mod, inner))
+                x = self.inline(score_mod, [x, self.pb, self.ph, qc, kc])
                 if self.log2:
-                    x = inner(f"arith.mulf {x}, {inner(f'arith.constant {float_literal(LOG2E)} : f32')} : f32")
+                    x = arith.mulf(x, f32(LOG2E))
             if masked:
-                keep = inner(f"arith.cmpi slt, {kj}, {inner(f'arith.constant {self.lk} : index')} : index")
+                keep = arith.cmpi(arith.CmpIPredicate.slt, kj, index(self.lk))
                 if mask is not None:
-                    user = emit_scalar(mask, [self.pb, self.ph, qc, kc], inner, self.externals(mask, inner))
-                    keep = inner(f"arith.andi {keep}, {user} : i1")
+                    keep = arith.andi(keep, self.inline(mask, [self.pb, self.ph, qc, kc]))
             if self.stat == "max":
                 if masked:
-                    x = inner(f"arith.select {keep}, {x}, {inner(f'arith.constant {NEG_INF} : f32')} : f32")
+                    x = arith.select(keep, x, f32(-math.inf))
                 return x
-            zero = inner(f"arith.constant {float_literal(0.0)} : f32")
-            prob = self.regions["prob"]
-            p = emit_scalar(prob, [x, zero], inner, self.externals(prob, inner))
+            zero = f32(0.0)
+            p = self.inline(self.regions["prob"], [x, zero])
             if masked:
-                p = inner(f"arith.select {keep}, {p}, {zero} : f32")
+                p = arith.select(keep, p, zero)
             return p
 
-        s = self.generic([(qk, tile_t, "(d0, d1)")], tile_t, scores)
+        s = self.generic([(qk, TILE)], tile_t, scores)
         if self.stat == "max":
             m_old, l_old, acc = state
-            m_new = self.reduce_rows(s, tile_t, m_old, "arith.maximumf")
+            m_new = self.reduce_rows(s, m_old, arith.maximumf)
             m_safe = self.safe_max(m_new)
-            prob, rescale = self.regions["prob"], self.regions["rescale"]
-            p = self.generic([(s, tile_t, "(d0, d1)"), (m_safe, row_t, "(d0)")], tile_t,
-                             lambda inner, a: emit_scalar(prob, a, inner, self.externals(prob, inner)))
-            alpha = self.generic([(m_old, row_t, "(d0)"), (m_safe, row_t, "(d0)")], row_t,
-                                 lambda inner, a: emit_scalar(rescale, a, inner, self.externals(rescale, inner)),
-                                 rank=1)
-            sum_empty = em(f"tensor.empty() : {row_t}")
-            sum_init = em(f"linalg.fill ins({self.f32(0.0)} : f32) outs({sum_empty} : {row_t}) -> {row_t}")
-            p_sum = self.reduce_rows(p, tile_t, sum_init, "arith.addf")
-            l_new = self.generic(
-                [(alpha, row_t, "(d0)"), (l_old, row_t, "(d0)"), (p_sum, row_t, "(d0)")], row_t,
-                lambda inner, a: inner(f"arith.addf {inner(f'arith.mulf {a[0]}, {a[1]} : f32')}, {a[2]} : f32"),
-                rank=1)
-            acc_scaled = self.generic([(acc, acc_t, "(d0, d1)"), (alpha, row_t, "(d0)")], acc_t,
-                                      lambda inner, a: inner(f"arith.mulf {a[0]}, {a[1]} : f32"))
+            p = self.generic([(s, TILE), (m_safe, ROW)], tile_t, lambda a: self.inline(self.regions["prob"], a))
+            alpha = self.generic([(m_old, ROW), (m_safe, ROW)], row_t,
+                                 lambda a: self.inline(self.regions["rescale"], a), rank=1)
+            sum_empty = tensor.EmptyOp([bm], f32_type).result
+            sum_init = fill(f32(0.0), sum_empty)
+            p_sum = self.reduce_rows(p, sum_init, arith.addf)
+            l_new = self.generic([(alpha, ROW), (l_old, ROW), (p_sum, ROW)], row_t,
+                                 lambda a: arith.addf(arith.mulf(a[0], a[1]), a[2]), rank=1)
+            acc_scaled = self.generic([(acc, TILE), (alpha, ROW)], acc.type, lambda a: arith.mulf(a[0], a[1]))
         else:
             acc = state[-1]
             p = s
             acc_scaled = acc
             if self.tracks_sum:
                 l_old = state[0]
-                sum_empty = em(f"tensor.empty() : {row_t}")
-                sum_init = em(f"linalg.fill ins({self.f32(0.0)} : f32) outs({sum_empty} : {row_t}) -> {row_t}")
-                p_sum = self.reduce_rows(p, tile_t, sum_init, "arith.addf")
-                l_new = self.generic([(l_old, row_t, "(d0)"), (p_sum, row_t, "(d0)")], row_t,
-                                     lambda inner, a: inner(f"arith.addf {a[0]}, {a[1]} : f32"), rank=1)
+                sum_empty = tensor.EmptyOp([bm], f32_type).result
+                sum_init = fill(f32(0.0), sum_empty)
+                p_sum = self.reduce_rows(p, sum_init, arith.addf)
+                l_new = self.generic([(l_old, ROW), (p_sum, ROW)], row_t, lambda a: arith.addf(a[0], a[1]), rank=1)
         p_in = p
-        if elt != "f32":
-            p_in = self.generic([(p, tile_t, "(d0, d1)")], f"tensor<{bm}x{bn}x{elt}>",
-                                lambda inner, a: convert(inner, a[0], "f32", elt))
-        acc_new = em(f"linalg.matmul ins({p_in}, {v_tile} : tensor<{bm}x{bn}x{elt}>, tensor<{bn}x{self.dv}x{elt}>) "
-                     f"outs({acc_scaled} : {acc_t}) -> {acc_t}")
+        if self.elt != f32_type:
+            p_in = self.generic([(p, TILE)], tensor_type([bm, bn], self.elt), lambda a: convert(a[0], self.elt))
+        acc_new = matmul(p_in, v_tile, acc_scaled)
         if self.stat == "max":
             return [m_new, l_new, acc_new]
         return [l_new, acc_new] if self.tracks_sum else [acc_new]
@@ -300,12 +256,13 @@ class AttnTile(ModulePass):
 
     def apply(self, module_op) -> None:
         for op in ops_named(module_op, "attn.online_attention"):
-            self._tile(module_op, op)
+            self._tile(op)
 
-    def _tile(self, module_op, op) -> None:
+    def _tile(self, op) -> None:
         func = kernel_function(op, "tiled")
         kernel = _Kernel(op, func, self.block_m, self.block_n)
-        mask_region = op.regions[1] if list(op.regions[1].blocks) else None
-        classification = classify_blocks(mask_region, kernel.lq, kernel.lk, self.block_m, self.block_n,
+        classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables)
-        replace_function(module_op, func, kernel.build(classification), "<attn-tile>")
+        with op.location:
+            kernel.build(classification)
+        func.operation.erase()

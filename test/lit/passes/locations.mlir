@@ -1,7 +1,10 @@
 // Locations survive fusion and tiling: the ops of a mod region, inlined into the tiled kernel's
-// linalg.generic bodies, keep the locations they had at L0 (here, lines of the user's mods.py).
+// linalg.generic bodies, keep the locations they had at L0 (here, lines of the user's mods.py),
+// and the kernel's own ops are at the fused op's location: no op points into an intermediate text.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=32 block-n=32})' --mlir-print-debuginfo --no-mlir-print-op-generic | FileCheck %s
 // RUN: ae-opt %s --attn-fuse-online-softmax --mlir-print-debuginfo --no-mlir-print-op-generic | FileCheck %s --check-prefix=FUSE
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile)' --mlir-print-debuginfo | FileCheck %s --check-prefix=NOWHERE
+// NOWHERE-NOT: loc("-":{{[1-9]}}
 
 // The fused op is located at all the ops it replaces; the softmax regions it builds are at the
 // normalize op's location, the moved mod regions keep theirs.
@@ -13,8 +16,11 @@
 // FUSE-DAG: [[SLOPE]] = loc("mods.py":8:20)
 // FUSE-DAG: [[FUSED]] = loc(fused[[[CALL]], #loc{{[0-9]+}}, #loc{{[0-9]+}}])
 
+// CHECK: [[KERNEL:#loc[0-9]+]] = loc(fused[
 // CHECK-LABEL: func.func @alibi_causal
+// CHECK: "attn.program_id"() {axis = 0 : i64} : () -> index loc([[KERNEL]])
 // CHECK: scf.for
+// CHECK: linalg.matmul {{.*}} loc([[KERNEL]])
 // CHECK: linalg.generic
 // CHECK: tensor.extract %{{.*}}[%{{.*}}] : tensor<2xf32> loc([[SLOPE:#loc[0-9]+]])
 // CHECK: arith.addf %{{.*}}, %{{.*}} : f32 loc([[ADD:#loc[0-9]+]])

@@ -20,6 +20,7 @@ def causal(b, h, q_idx, kv_idx):
 
 
 q = torch.randn(1, 2, 100, 16)
+# CHECK: linalg.matmul at locations.py:[[#@LINE+1]]
 text = ae.attention(score_mod=softcap, mask_mod=causal).mlir(q, q, q, debug_info=True)
 ctx = new_context()
 module = parse_module(text, ctx)
@@ -34,9 +35,10 @@ def where(op) -> str:
 # The ops sit in linalg.generic bodies inside the KV loops of the kernel.
 tanh = ops_named(module.operation, "math.tanh")[0]
 print(f"math.tanh at {where(tanh)} in {tanh.parent.name} in {tanh.parent.parent.name}")
-mask_cmp = next(op for op in ops_named(module.operation, "arith.cmpi")
-                if location_parts(op.location)[0] == __file__)
+mask_cmp = next(op for op in ops_named(module.operation, "arith.cmpi") if "arith.cmpi sge" in str(op))
 print(f"arith.cmpi at {where(mask_cmp)}")
+# The kernel's own ops are where the user called the attention.
+print(f"linalg.matmul at {where(ops_named(module.operation, 'linalg.matmul')[0])}")
 
 # A pass that rejects an op reports it where the user wrote it.
 # CHECK: locations.py:[[#TANH]]:{{[0-9]+}}: error: 'math.tanh' op is not available on this target
