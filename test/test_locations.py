@@ -114,3 +114,21 @@ def test_linear_mod_ops_point_at_the_mod_body():
     module = _module(text)
     (rec,) = _named(module, "attn.linear_recurrence")
     assert {location_parts(op.location)[:2] for op in _region_ops(rec)} == {(__file__, elu1.__code__.co_firstlineno + 1)}
+
+
+def test_the_compile_path_keeps_the_locations(monkeypatch):
+    # Calling the attention hands the backends the located text (they parse it), while
+    # attn.mlir() without debug_info prints none.
+    import ae_mlir.backends
+
+    seen = []
+
+    def capture(text, inputs, backend, out_dtype, *args, **kwargs):
+        seen.append(text)
+        return [torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8)]
+
+    monkeypatch.setattr(ae_mlir.backends, "run", capture)
+    ae.attention(score_mod=alibi, mask_mod=causal)(*_qkv())
+    module = _module(seen[0])
+    (score_mod,) = _named(module, "attn.score_mod")
+    assert {location_parts(op.location)[:2] for op in _region_ops(score_mod)} == {(__file__, ALIBI_BODY)}
