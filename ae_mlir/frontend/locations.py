@@ -57,7 +57,7 @@ def user_location() -> SourceLoc | None:
 def definition_location(fn) -> SourceLoc | None:
     """The line that defines the user function `fn` (a partial's function, a callable object's
     __call__); None when it is defined inside ae-mlir or torch or has no Python code."""
-    target = getattr(fn, "func", fn)
+    target = fn.func if isinstance(fn, functools.partial) else fn
     code = getattr(target, "__code__", None) or getattr(getattr(type(target), "__call__", None), "__code__", None)
     if code is None or _is_library_file(code.co_filename):
         return None
