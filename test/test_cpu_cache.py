@@ -40,8 +40,6 @@ def _python(code: str, env: dict) -> subprocess.CompletedProcess:
 
 # --- a second process: no compile, no MLIR --------------------------------------------------------
 
-# Both processes run this script, so the attention is called from the same line (the call site is
-# part of the L0 module's locations, hence of the cache key).
 _TWO_PROCESS_SCRIPT = textwrap.dedent("""
     import hashlib, sys, time
     import torch, ae_mlir as ae
@@ -172,6 +170,10 @@ def test_closure_mask_bf16_kernel_round_trips(cache_dir, monkeypatch):
     monkeypatch.setattr(cpu, "_build", _from_disk_only)
     loaded = call()
     assert all(torch.equal(a, b) for a, b in zip(stored, loaded))
+    # Another call site (another source location in the L0 module) is the same kernel.
+    cpu.clear_memory_cache()
+    elsewhere = attn(q, k, v, return_lse=True, backend="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(stored, elsewhere))
     want = attn(q.float(), k.float(), v.float(), backend="reference")
     torch.testing.assert_close(loaded[0].float(), want, atol=2e-2, rtol=2e-2)
 

@@ -229,12 +229,16 @@ def compile_module(module_text: str, block_m: int | None = None, block_n: int | 
     (the usual case: torch's layouts, transposes of them included) tile rows load as vectors;
     without it any strides work, with element-wise tile loads.
     """
-    memory_key = (module_text, block_m, block_n, unit_inner_stride)
+    from ..frontend.emit import strip_locations
+
+    # Source locations (the traced call site's among them) change no code: the same attention
+    # called from two lines is one kernel. The compile still sees them, for its diagnostics.
+    bare = strip_locations(module_text)
+    memory_key = (bare, block_m, block_n, unit_inner_stride)
     with _CACHE_LOCK:
         kernel = _CACHE.get(memory_key)
         if kernel is None:
-            key = cpu_cache.key(module_text, {"block_m": block_m, "block_n": block_n,
-                                              "unit_inner_stride": unit_inner_stride})
+            key = cpu_cache.key(bare, {"block_m": block_m, "block_n": block_n, "unit_inner_stride": unit_inner_stride})
             loaded = cpu_cache.load(key)
             kernel = CompiledKernel(*loaded) if loaded else _build(module_text, block_m, block_n,
                                                                    unit_inner_stride, key)
