@@ -16,6 +16,7 @@ This module imports neither the MLIR bindings nor torch.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -153,4 +154,11 @@ def store(key: str, engine, kernel: dict) -> tuple[dict, int, object] | None:
     except (OSError, subprocess.SubprocessError) as err:
         _log.debug("caching CPU kernel %s failed: %s", key, err)
         return None
-    return load(key)
+    loaded = load(key)
+    if loaded is None:
+        # An entry this host will not load (e.g. under a policy against text relocations) is
+        # not left behind; the caller runs the JIT's code.
+        for path in (record_path, library):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return loaded
