@@ -541,3 +541,14 @@ def test_closure_reading_mask_is_classified_at_call_time():
         assert partial_index[m, : int(partial_count[m])].tolist() == want_partial
     assert int((partial_count + full_count).sum()) < (128 // bm) * (128 // bn)
     check(attn, q, k, v)
+
+
+def test_one_attention_called_from_two_lines_is_one_bundle():
+    # The L0 text carries the caller's source line; the cache key must not, or every call site
+    # of the same attention would compile its own bundle.
+    attn = ae.attention(mask_mod=lambda b, h, i, j: i >= j)
+    q = torch.empty(1, 2, 64, 32, device="meta")
+    first, _ = attn._build(q, q, q)
+    second, _ = attn._build(q, q, q)
+    assert first != second
+    assert tb._key(first, "cuda:90", None, "ieee") == tb._key(second, "cuda:90", None, "ieee")

@@ -229,7 +229,7 @@ def compile_module(module_text: str, block_m: int | None = None, block_n: int | 
     (the usual case: torch's layouts, transposes of them included) tile rows load as vectors;
     without it any strides work, with element-wise tile loads.
     """
-    from ..frontend.emit import strip_locations
+    from ..core.regions import strip_locations
 
     # Source locations (the traced call site's among them) change no code: the same attention
     # called from two lines is one kernel. The compile still sees them, for its diagnostics.

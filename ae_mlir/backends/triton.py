@@ -16,6 +16,7 @@ import dataclasses
 from .. import progress, runtime
 from ..core import abi
 from ..core.context import CompileError
+from ..core.regions import strip_locations
 
 _ELT_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
                "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool"}
@@ -182,7 +183,8 @@ def _as_tensor(x):
 def _key(l0_text: str, target: str, config: dict | None, input_precision: str) -> str:
     # The preset's defaults are a function of the IR, the target and the compiler's sources (which
     # the key hashes), so only the overrides go in: a cache hit needs no MLIR to derive them.
-    return runtime.cache_key(l0_text, target, {"config": dict(config or {}), "input_precision": input_precision})
+    return runtime.cache_key(strip_locations(l0_text), target,
+                             {"config": dict(config or {}), "input_precision": input_precision})
 
 
 def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runtime.Bundle:

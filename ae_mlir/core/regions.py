@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 
@@ -180,3 +181,13 @@ def float_literal(v: float) -> str:
     if "." not in text:
         text = text.replace("e", ".0e") if "e" in text else text + ".0"
     return text
+
+
+# The trailing ` loc("file":line:col)` the frontend writes after an op; cache keys drop it so that
+# one attention called from two source lines is one kernel.
+_LOC_SUFFIX = re.compile(r' loc\("(?:[^"\\]|\\.)*":\d+:\d+\)')
+
+
+def strip_locations(text: str) -> str:
+    """Module text without the file locations written after its ops."""
+    return _LOC_SUFFIX.sub("", text)

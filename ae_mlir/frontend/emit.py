@@ -1,9 +1,7 @@
 """Turn traced expressions into MLIR region bodies and whole L0 modules (text, generic form)."""
 from __future__ import annotations
 
-import re
-
-from ..core.regions import TextEmitter, float_literal
+from ..core.regions import TextEmitter, float_literal, strip_locations
 from .locations import SourceLoc
 from .trace import F32, I1, INDEX, Expr
 
@@ -44,14 +42,6 @@ def loc_suffix(loc: SourceLoc | None) -> str:
         return ""
     file = loc.file.replace("\\", "\\\\").replace('"', '\\"')
     return f' loc("{file}":{loc.line}:{loc.col})'
-
-
-_LOC_SUFFIX = re.compile(r' loc\("(?:[^"\\]|\\.)*":\d+:\d+\)')
-
-
-def strip_locations(text: str) -> str:
-    """The module text without the locations `loc_suffix` wrote."""
-    return _LOC_SUFFIX.sub("", text)
 
 
 
