@@ -21,19 +21,19 @@ rather than loaded.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .core import abi
+from .disk_cache import atomic_write, cache_dir, compiler_fingerprint
+
 # 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
 # tiles; launch takes no tile tables.
 FORMAT_VERSION = 2
-_STREAMS = ("q", "k", "v", "out", "lse", "state")
 # Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables.
 MASK_PROGRAM = "mask_program"
 _TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
@@ -156,59 +156,6 @@ class Bundle:
 
 def _checksum(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one, never part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp makes the file private; bundles are shared between users and machines.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-# --- the bundle cache ---------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("AE_MLIR_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "ae-mlir"
-
-
-@functools.lru_cache(maxsize=None)
-def compiler_fingerprint() -> str:
-    """A hash of ae-mlir's own sources (package, passes, dialects), so that a cached bundle built
-    by other compiler code is never taken for this one's."""
-    package_dir = Path(__file__).resolve().parent
-    roots = [("ae_mlir", package_dir)]
-    for name in ("passes", "dialects"):
-        # Installed, they are ae_mlir/<name>; a source checkout keeps them beside ae_mlir/ (mapped
-        # in by pyproject's package-dir), installed in editable mode or not at all.
-        for candidate in (package_dir / name, package_dir.parent / name):
-            if candidate.is_dir():
-                roots.append((name, candidate))
-                break
-    digest = hashlib.sha256()
-    for name, root in roots:
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root)
-            if path.suffix not in (".py", ".mlir") or "__pycache__" in rel.parts:
-                continue
-            if name == "ae_mlir" and rel.parts[0] in ("passes", "dialects"):
-                continue
-            digest.update(f"{name}/{rel.as_posix()}".encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def cache_key(l0_text: str, target: str, options: dict) -> str:
@@ -354,7 +301,7 @@ def aligned_ok(bundle: Bundle, tensors: dict) -> bool:
     16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
     32-bit offsets inside a tile that cannot overflow."""
     reach = max([bundle.block_m, bundle.block_n] + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
-    for role in _STREAMS + tuple(w.role for w in bundle.workspace):
+    for role in abi.STREAMS + tuple(w.role for w in bundle.workspace):
         t = tensors.get(role)
         if t is None:
             continue

@@ -53,9 +53,9 @@ def main(argv=None) -> int:
     p.add_argument("--parts", default=",".join(suite.PARTS))
     p.add_argument("--force", action="store_true", help="rebuild bundles that are up to date")
     args = p.parse_args(argv)
-    from ae_mlir import runtime
+    from ae_mlir import disk_cache
 
-    fingerprint = runtime.compiler_fingerprint()
+    fingerprint = disk_cache.compiler_fingerprint()
     os.makedirs(args.out, exist_ok=True)
     todo = suite.cases(args.parts.split(","))
     wanted = {c.bundle_file for c in suite.cases()}

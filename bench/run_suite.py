@@ -472,9 +472,9 @@ def load_bundles(directory: str, todo: list) -> dict:
 def stale_bundles(bundles: dict) -> list:
     """Cases whose bundle was built by other compiler sources than this tree's: they still run, but
     measure that other code (build_suite.py rebuilds them)."""
-    from ae_mlir import runtime
+    from ae_mlir import disk_cache
 
-    current = runtime.compiler_fingerprint()
+    current = disk_cache.compiler_fingerprint()
     return [c.name for c, b in bundles.items() if not isinstance(b, str) and b.meta.get("compiler") != current]
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import ae_mlir as ae
-from ae_mlir import presets, runtime
+from ae_mlir import disk_cache, presets, runtime
 from ae_mlir.backends import triton as tb
 from inputs import qkv, rand
 from bundle_interp import interpret
@@ -401,14 +401,14 @@ def test_corrupt_cache_entry_is_rebuilt(cache_dir, damage):
 
 def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
     path = tmp_path / "entry.json"
-    runtime.atomic_write(path, "old")
+    disk_cache.atomic_write(path, "old")
 
     def fail(src, dst):
         raise OSError("disk full")
 
     monkeypatch.setattr(runtime.os, "replace", fail)
     with pytest.raises(OSError):
-        runtime.atomic_write(path, "new" * 1000)
+        disk_cache.atomic_write(path, "new" * 1000)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["entry.json"]
 

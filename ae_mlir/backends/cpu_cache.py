@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .. import runtime
+from .. import disk_cache, runtime
 
 # The record's layout; a change makes old entries misses.
 FORMAT_VERSION = 1
@@ -41,7 +41,7 @@ _log = logging.getLogger("ae_mlir.cpu_cache")
 
 
 def directory() -> Path:
-    return runtime.cache_dir() / "cpu"
+    return disk_cache.cache_dir() / "cpu"
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,7 +149,7 @@ def store(key: str, engine, kernel: dict) -> tuple[dict, int, object] | None:
             os.chmod(linked, 0o755)
             os.replace(linked, library)
         payload = dict(kernel, library_sha256=hashlib.sha256(data).hexdigest())
-        runtime.atomic_write(record_path, json.dumps({"format": FORMAT_VERSION, "key": key,
+        disk_cache.atomic_write(record_path, json.dumps({"format": FORMAT_VERSION, "key": key,
                                                       "checksum": _checksum(payload), "kernel": payload}))
     except (OSError, subprocess.SubprocessError) as err:
         _log.debug("caching CPU kernel %s failed: %s", key, err)
