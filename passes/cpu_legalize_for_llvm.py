@@ -3,7 +3,7 @@ conversion to the llvm dialect, for what that conversion would reject, miscompil
 
 It reports i1 buffers and vector views of padded rows (which the conversion cannot handle) at the
 op, aligns buffers viewed as vectors, writes expm1 with exp and log (Kahan), replaces f32 exp and
-exp2 by polynomials, and runs math ops on n-D vectors as 1-D ones.
+exp2 and erf by polynomials, and runs math ops on n-D vectors as 1-D ones.
 """
 from __future__ import annotations
 
@@ -24,19 +24,26 @@ EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.166579589
 LN2_HIGH = 0.693359375
 LN2_LOW = -2.12194440e-4
 LOG2E = 1.4426950408889634
+# erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (Eigen's generic_fast_erf_float), highest degree first;
+# beyond 4, erf is +-1 in f32. Within 4.2e-7 relative of erf over f32 (measured).
+ERF_NUMERATOR = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+                 -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+ERF_DENOMINATOR = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+                   -7.37332916720468e-03, -1.42647390514189e-02)
 
 
 @dataclass(frozen=True)
 class LegalizeForLlvm(ModulePass):
     name: ClassVar[str] = "attn-cpu-legalize-for-llvm"
     summary: ClassVar[str] = ("CPU lowering: reject i1 buffers and padded vector views, align buffers viewed "
-                              "as vectors, expm1 as Kahan's formula, exp/exp2 as polynomials, math on n-D "
+                              "as vectors, expm1 as Kahan's formula, exp/exp2/erf as polynomials, math on n-D "
                               "vectors as 1-D")
 
     def apply(self, module_op) -> None:
         _reject_bool_buffers(module_op)
         _reject_padded_vector_views(module_op)
         align_vector_views(module_op)
+        expand_erf(module_op)
         expand_expm1(module_op)
         expand_exponentials(module_op)
         flatten_math_vectors(module_op)
@@ -100,6 +107,47 @@ def align_vector_views(module_op) -> None:
         buffer.attributes["alignment"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64, op.context), alignment)
 
 
+def _float_constant(ftype, value: float):
+    """A constant of f32 type `ftype`, or a splat of a vector type."""
+    from mlir import ir
+    from mlir.dialects import arith
+
+    if isinstance(ftype, ir.VectorType):
+        return arith.constant(ftype, ir.DenseElementsAttr.get_splat(ftype, ir.FloatAttr.get(ftype.element_type, value)))
+    return arith.constant(ftype, ir.FloatAttr.get(ftype, value))
+
+
+def expand_erf(module_op) -> None:
+    """Replace f32 `math.erf` (scalar or vector) by a rational approximation.
+
+    LLVM has no erf intrinsic: the libm conversion would unroll a vector erf into one erff call
+    per lane (a row block's 512 of them, slow to compile and to run), and upstream's polynomial
+    approximation is not exposed as a pass (see `expand_exponentials`). The clamp of the result
+    keeps |erf| <= 1 where the approximation overshoots by an ulp; NaN passes through.
+    """
+    from mlir import ir
+    from mlir.dialects import arith
+
+    for op in walk(module_op, "math.erf"):
+        x = op.operands[0]
+        ftype = x.type
+        if (ftype.element_type if isinstance(ftype, ir.VectorType) else ftype) != ir.F32Type.get(op.context):
+            continue
+        with op.context, op.location, ir.InsertionPoint(op):
+            def horner(coefficients, r):
+                p = _float_constant(ftype, coefficients[0])
+                for c in coefficients[1:]:
+                    p = arith.addf(arith.mulf(p, r), _float_constant(ftype, c))
+                return p
+
+            clamped = arith.minimumf(arith.maximumf(x, _float_constant(ftype, -4.0)), _float_constant(ftype, 4.0))
+            x2 = arith.mulf(clamped, clamped)
+            r = arith.divf(arith.mulf(clamped, horner(ERF_NUMERATOR, x2)), horner(ERF_DENOMINATOR, x2))
+            r = arith.minimumf(arith.maximumf(r, _float_constant(ftype, -1.0)), _float_constant(ftype, 1.0))
+        op.results[0].replace_all_uses_with(r)
+        op.erase()
+
+
 def expand_expm1(module_op) -> None:
     """Write `math.expm1` as (u - 1) * x / log(u) with u = exp(x) (Kahan), scalar or vector.
 
@@ -115,14 +163,9 @@ def expand_expm1(module_op) -> None:
 
     for op in walk(module_op, "math.expm1"):
         x = op.operands[0]
-        ftype = x.type
-        shape = list(ftype.shape) if isinstance(ftype, ir.VectorType) else None
         with op.context, op.location, ir.InsertionPoint(op):
-            elt = ftype.element_type if shape is not None else ftype
-
             def const(value):
-                attr = ir.FloatAttr.get(elt, value)
-                return arith.constant(ftype, ir.DenseElementsAttr.get_splat(ftype, attr) if shape is not None else attr)
+                return _float_constant(x.type, value)
 
             u = math_ops.exp(x)
             d = arith.subf(u, const(1.0))

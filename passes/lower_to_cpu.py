@@ -21,8 +21,8 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
 Hand-written, because no upstream pass or transform op does it (each says why): `lower_grid` and
 `widen_bool_arguments` (cpu_grid_loops), `split_empty_tensors`, `carry_loop_state_in_place` (with
 `mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers` (cpu_lower_vectors),
-`align_vector_views`, `expand_expm1`, `expand_exponentials` and `flatten_math_vectors`
-(cpu_legalize_for_llvm),
+`align_vector_views`, `expand_erf`, `expand_expm1`, `expand_exponentials` and
+`flatten_math_vectors` (cpu_legalize_for_llvm),
 and `define_bf16_truncation`.
 """
 from __future__ import annotations
@@ -51,8 +51,8 @@ LOOPS_PIPELINE = (
 # To the llvm dialect. bf16 has no LLVM arithmetic on most CPUs, and the L1 kernel only converts to
 # and from it (all arithmetic is f32), so `arith-expand{include-bf16}` turning extf/truncf into
 # integer bit operations is enough; f16 conversions are native (F16C, NEON). Row sums may be
-# added in any order (a tree of vector adds instead of one scalar add per element). Math ops LLVM
-# has no intrinsic for (erf), and log1p (whose LLVM conversion, log(1 + x), loses small x), become
+# added in any order (a tree of vector adds instead of one scalar add per element). log1p (whose
+# LLVM conversion, log(1 + x), loses small x) and the math ops LLVM has no intrinsic for become
 # libm calls; on vectors the libm conversion unrolls them into vector.extract and vector.insert,
 # so it runs before the vector conversion, and after the math one, which takes the ops that have
 # (vector) intrinsics.

@@ -239,8 +239,9 @@ def _func(name: str, params: list[str], ret_types: list[str], body: list[str], l
 class linear_attention:
     """Linear attention as a chunked recurrence (DESIGN.md section 3).
 
-    q_mod/k_mod/v_mod(x, b, h, t, d) map each element; `decay` is None, "head", "token" or
-    "token_dim" and `g` passed at call time is the log-decay of that shape.
+    q_mod/k_mod/v_mod(x, b, h, t, d) map each element, or q_mod(x) maps the value alone (a feature
+    map such as `lambda x: F.elu(x) + 1`); `decay` is None, "head", "token" or "token_dim" and `g`
+    passed at call time is the log-decay of that shape.
     """
 
     def __init__(self, q_mod=None, k_mod=None, v_mod=None, decay=None, scale=None, normalize=False,
@@ -257,6 +258,7 @@ class linear_attention:
         if scale is not None:
             _default_scale(scale, 1)
         self.mods = {"q_mod": q_mod, "k_mod": k_mod, "v_mod": v_mod}
+        self.arities = {role: _feature_mod_arity(role, fn) for role, fn in self.mods.items() if fn is not None}
         self.decay = decay
         self.scale = scale
         self.normalize = normalize
@@ -322,7 +324,7 @@ class linear_attention:
                 continue
             name = _mod_name(fn, role)
             states.mod_name = name
-            expr, _ = trace(fn, name, [F32, INDEX, INDEX, INDEX, INDEX], states)
+            expr, _ = trace(fn, name, [F32, INDEX, INDEX, INDEX, INDEX][: self.arities[role]], states)
             if expr.type == I1:
                 raise TraceError(f"{name} must return a float, got a boolean")
             exprs[role] = expr if expr.type == F32 else _as_float(expr)
@@ -366,6 +368,24 @@ class linear_attention:
         inputs = [q, k, v] + [t for t in (g, initial_state) if t is not None] + captures
         out, state = _execute(text, inputs, backend, out_dtype=q.dtype)
         return (out, state) if return_state else out
+
+
+def _feature_mod_arity(role: str, fn) -> int:
+    """5 for a mod taking (x, b, h, t, d), 1 for one taking the feature value x alone."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise ValueError(f"{role}: the signature of {fn!r} cannot be read; pass a Python function "
+                         "such as `lambda x: ...`") from None
+    for arity in (5, 1):
+        try:
+            signature.bind(*range(arity))
+            return arity
+        except TypeError:
+            continue
+    raise ValueError(f"{role} must take 1 argument (x) or 5 (x, b, h, t, d), got the signature {signature}")
 
 
 def _backend(backend: str | None, q) -> str:

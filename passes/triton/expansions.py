@@ -1,5 +1,5 @@
 """`MathExpansions`: math ops Triton cannot lower on both targets (negf, tanh, log1p, expm1, powf,
-floordivsi), written with ones it can."""
+roundeven, floordivsi), written with ones it can."""
 from __future__ import annotations
 
 from .builder import TileBuilder
@@ -65,6 +65,19 @@ class MathExpansions(TileBuilder):
         one = self.op("arith.ori", self.cmpf("oeq", y, c(0.0)), self.cmpf("oeq", x, c(1.0)))
         return self.select(one, c(1.0), r)
 
+    def roundeven(self, x: Value) -> Value:
+        # The AMD backend has no lowering of math.roundeven. floor(x) + 1 where the fraction
+        # x - floor(x) (exact) is over 1/2, or 1/2 with floor(x) odd; a zero result takes x's sign.
+        # For |x| >= 2^23 (integers), inf and NaN the fraction is 0 or NaN and floor(x) stands.
+        c = lambda v: self.const(v, x.elt)  # noqa: E731
+        r = self.op("math.floor", x)
+        frac = self.op("arith.subf", x, r)
+        odd = self.cmpf("oeq", self.op("math.absf", self.op("arith.remf", r, c(2.0))), c(1.0))
+        tie_up = self.op("arith.andi", self.cmpf("oeq", frac, c(0.5)), odd)
+        up = self.op("arith.ori", self.cmpf("ogt", frac, c(0.5)), tie_up)
+        r = self.select(up, self.op("arith.addf", r, c(1.0)), r)
+        return self.select(self.cmpf("oeq", r, c(0.0)), self.op("arith.mulf", x, c(0.0)), r)
+
 
 EXPANSIONS = {
     "arith.negf": MathExpansions.negf,
@@ -73,4 +86,5 @@ EXPANSIONS = {
     "math.log1p": MathExpansions.log1p,
     "math.expm1": MathExpansions.expm1,
     "math.powf": MathExpansions.powf,
+    "math.roundeven": MathExpansions.roundeven,
 }
