@@ -85,7 +85,8 @@ def lower(module, options) -> tuple:
         for role, ty in zip(abi.arg_roles(func) or [], abi.input_types(func)):
             if abi.is_workspace(role):
                 workspace.setdefault(role, ty)
-    return (str(module), inputs, outputs, _specs(list(workspace.values()), list(workspace)),
+    # With its locations, so that a diagnostic of the Triton lowering points at the user's mods.
+    return (module.operation.get_asm(enable_debug_info=True), inputs, outputs, _specs(list(workspace.values()), list(workspace)),
             abi.takes_call_time_tables(kernel))
 
 
