@@ -10,10 +10,14 @@ __all__ = ["attention", "linear_attention", "OnlineNormalizer", "CompileError"]
 
 
 def __getattr__(name):
-    if name in ("attention", "linear_attention"):
-        from .frontend import api
+    if name == "attention":
+        from .frontend.api import attention
 
-        return getattr(api, name)
+        return attention
+    if name == "linear_attention":
+        from .frontend.linear_api import linear_attention
+
+        return linear_attention
     if name == "OnlineNormalizer":
         from .normalizers import OnlineNormalizer
 

@@ -1,55 +1,15 @@
-"""The public Python API: `attention` (softmax family) and `linear_attention` (recurrence)."""
+"""The public Python API: `attention` (softmax family); `linear_attention` (the recurrence) lives
+in `linear_api` and builds on the helpers here."""
 from __future__ import annotations
 
 import math
 
+from . import checks, index_check
 from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
 from .locations import definition_location, user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
 
 NORMALIZERS = ("softmax", "sigmoid", "relu", "none")
-DECAYS = (None, "head", "token", "token_dim")
-BACKENDS = ("cpu", "triton", "reference")
-_DTYPES = ("float16", "bfloat16", "float32")
-
-
-def _check_tensor(name: str, t, rank: int):
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != rank:
-        raise ValueError(f"{name} must have rank {rank} ([B, H, L, D] layout), got shape {tuple(t.shape)}")
-    if str(t.dtype).removeprefix("torch.") not in _DTYPES:
-        raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-
-
-def _same(name_a, a, name_b, b, what: str):
-    if a != b:
-        raise ValueError(f"{name_a} and {name_b} must have the same {what}, got {a} and {b}")
-
-
-def _check_common(q, k, v):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, 4)
-    _same("q", q.dtype, "k", k.dtype, "dtype")
-    _same("q", q.dtype, "v", v.dtype, "dtype")
-    _same("q", q.device, "k", k.device, "device")
-    _same("q", q.device, "v", v.device, "device")
-    _same("q", q.shape[0], "k", k.shape[0], "batch size")
-    _same("q", q.shape[0], "v", v.shape[0], "batch size")
-    _same("q", q.shape[3], "k", k.shape[3], "head dim (Dk)")
-    for name, t in (("q", q), ("v", v)):
-        if t.shape[3] == 0:
-            raise ValueError(f"{name} has head dim 0; head dims must be positive")
-
-
-def _default_scale(scale, dk: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(dk)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
-    return float(scale)
 
 
 def _mod_name(fn, role: str) -> str:
@@ -78,13 +38,13 @@ class _Captures:
         return [tensor_type(t.shape, mlir_elt(t.dtype)) for t in self.tensors]
 
 
-def _region(expr, args, state: TraceState, caps: _Captures, prefix: str) -> str:
+def _region(expr, args, state: TraceState, caps: _Captures, prefix: str, clamp: bool) -> str:
     """Emit a region whose closure tensors are the function arguments %c<i>."""
     positions = caps.add(state)
     all_types = caps.types()
     names = [f"%c{p}" for p in positions]
     types = [all_types[p] for p in positions]
-    return emit_region(expr, args, names, types, prefix)
+    return emit_region(expr, args, names, types, prefix, clamp=clamp)
 
 
 def _sig(types: list[str]) -> str:
@@ -96,10 +56,14 @@ class attention:
 
     score_mod(score, b, h, q_idx, kv_idx) and mask_mod(b, h, q_idx, kv_idx) have FlexAttention's
     signatures; `normalize` is "softmax", "sigmoid", "relu", "none" or an
-    `ae_mlir.OnlineNormalizer` (a user-defined online normalizer).
+    `ae_mlir.OnlineNormalizer` (a user-defined online normalizer). With `layout="blhd"` q/k/v are
+    FlashAttention's [B, L, H, D] and the output is [B, L, H, Dv]; lse is [B, H, L] in both.
+    A closure-tensor index out of range is clamped into the tensor; `check_indices=True` (or
+    AE_MLIR_CHECK=1) raises IndexError for it instead.
     """
 
-    def __init__(self, score_mod=None, mask_mod=None, normalize="softmax", scale=None):
+    def __init__(self, score_mod=None, mask_mod=None, normalize="softmax", scale=None, layout="bhld",
+                 check_indices=None):
         if score_mod is not None and not callable(score_mod):
             raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
         if mask_mod is not None and not callable(mask_mod):
@@ -110,33 +74,44 @@ class attention:
             raise ValueError(f"normalize must be one of {', '.join(map(repr, NORMALIZERS))} or an "
                              f"OnlineNormalizer, got {normalize!r}")
         if scale is not None:
-            _default_scale(scale, 1)
+            checks.default_scale(scale, 1)
+        checks.check_layout(layout)
+        checks.check_flag("check_indices", check_indices)
         self.score_mod = score_mod
         self.mask_mod = mask_mod
         self.normalize = normalize
         self.scale = scale
+        self.layout = layout
+        self.check_indices = check_indices
 
-    def _validate(self, q, k, v):
-        _check_common(q, k, v)
-        _same("k", k.shape[1], "v", v.shape[1], "number of heads")
-        _same("k", k.shape[2], "v", v.shape[2], "sequence length")
+    @staticmethod
+    def _validate_as(layout, q, k, v):
+        q, k, v = (checks.to_bhld(t, layout) for t in (q, k, v))
+        checks.check_common(q, k, v, checks.FORMS[layout])
+        checks.same("k", k.shape[1], "v", v.shape[1], "number of heads")
+        checks.same("k", k.shape[2], "v", v.shape[2], "sequence length")
         h, hkv = q.shape[1], k.shape[1]
         if hkv == 0 or h % hkv:
             raise ValueError(f"q heads ({h}) must be a multiple of k/v heads ({hkv}) for GQA")
 
+    def _validate(self, q, k, v):
+        """q, k, v checked in this attention's layout and returned as [B, H, L, D] views."""
+        checks.with_layout_hint(self._validate_as, self.layout, q, k, v)
+        return tuple(checks.to_bhld(t, self.layout) for t in (q, k, v))
+
     def mlir(self, q, k, v, debug_info: bool = False) -> str:
         """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
         `debug_info`, every op ends with its location in the user's source, as compiling sees it."""
-        self._validate(q, k, v)
+        q, k, v = self._validate(q, k, v)
         text, _ = self._build(q, k, v)
         return text if debug_info else strip_locations(text)
 
-    def _build(self, q, k, v) -> tuple[str, list]:
+    def _build(self, q, k, v, clamp: bool = True) -> tuple[str, list]:
         """The L0 module with locations: ops a mod produced point at its lines, the mod ops at its
         definition, the rest at the user's call."""
         b, h, lq, dk = q.shape
         _, hkv, lk, dv = v.shape
-        scale = _default_scale(self.scale, dk)
+        scale = checks.default_scale(self.scale, dk)
         elt = mlir_elt(q.dtype)
         tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
         ts = tensor_type((b, h, lq, lk), "f32")
@@ -157,7 +132,7 @@ class attention:
             if expr.type == INDEX:
                 expr = _as_float(expr)
             args = [("%s", "f32"), ("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-            region = _region(expr, args, state, caps, "s")
+            region = _region(expr, args, state, caps, "s", clamp)
             body.append(f'%modded = "attn.score_mod"({scores}) ({region}) : ({ts}) -> {ts}'
                         + _defined_at(self.score_mod, call))
             scores = "%modded"
@@ -168,7 +143,7 @@ class attention:
             if expr.type != I1:
                 raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
             args = [("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-            region = _region(expr, args, state, caps, "m")
+            region = _region(expr, args, state, caps, "m", clamp)
             body.append(f'%keep = "attn.mask"() ({region}) : () -> {tm}' + _defined_at(self.mask_mod, call))
             keep = "%keep"
         with_lse = self.normalize == "softmax"
@@ -199,11 +174,11 @@ class attention:
         return text, caps.tensors
 
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None):
-        self._validate(q, k, v)
+        q, k, v = self._validate(q, k, v)
         if return_lse and self.normalize != "softmax":
             name = self.normalize if isinstance(self.normalize, str) else self.normalize.name
             raise ValueError(f"return_lse=True needs normalize='softmax', not {name!r}")
-        backend = _backend(backend, q)
+        backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
         if q.shape[0] * q.shape[1] * q.shape[2] == 0 or k.shape[2] == 0:
             # Nothing to compute: no queries, or no keys (every row is empty: o = 0, lse = -inf).
             import torch
@@ -211,10 +186,21 @@ class attention:
             b, h, lq = q.shape[:3]
             out = torch.zeros(b, h, lq, v.shape[3], dtype=q.dtype, device=q.device)
             lse = torch.full((b, h, lq), -math.inf, dtype=torch.float32, device=q.device)
-            return (out, lse) if return_lse else out
+            return (self._out(out), lse) if return_lse else self._out(out)
         text, captures = self._build(q, k, v)
+        checks.check_capture_devices(captures, q.device)
+        if index_check.enabled(self.check_indices) and captures:
+            unclamped, _ = self._build(q, k, v, clamp=False)
+            mods = {(op, 0): index_check.describe(fn, role) for op, fn, role in (
+                ("attn.score_mod", self.score_mod, "score_mod"), ("attn.mask", self.mask_mod, "mask_mod"))
+                if fn is not None}
+            index_check.check_module(unclamped, [q, k, v] + captures, 3, mods)
         results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
-        return (results[0], results[1]) if return_lse else results[0]
+        return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])
+
+    def _out(self, out):
+        """The output in the caller's layout (a view); lse stays [B, H, L], as FlashAttention's."""
+        return out.transpose(1, 2) if self.layout == "blhd" else out
 
 
 def _as_float(expr):
@@ -236,168 +222,13 @@ def _func(name: str, params: list[str], ret_types: list[str], body: list[str], l
     return "module {\n" + "\n".join("  " + line for line in lines) + "\n}\n"
 
 
-class linear_attention:
-    """Linear attention as a chunked recurrence (DESIGN.md section 3).
+def __getattr__(name):
+    # `linear_attention` builds on this module's helpers, so it is imported on first use.
+    if name == "linear_attention":
+        from .linear_api import linear_attention
 
-    q_mod/k_mod/v_mod(x, b, h, t, d) map each element, or q_mod(x) maps the value alone (a feature
-    map such as `lambda x: F.elu(x) + 1`); `decay` is None, "head", "token" or "token_dim" and `g`
-    passed at call time is the log-decay of that shape.
-    """
-
-    def __init__(self, q_mod=None, k_mod=None, v_mod=None, decay=None, scale=None, normalize=False,
-                 chunk_size=64):
-        for role, fn in (("q_mod", q_mod), ("k_mod", k_mod), ("v_mod", v_mod)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{role} must be callable or None, got {type(fn).__name__}")
-        if decay not in DECAYS:
-            raise ValueError(f"decay must be one of {', '.join(map(repr, DECAYS))}, got {decay!r}")
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= 1024:
-            raise ValueError(f"chunk_size must be an int in [1, 1024], got {chunk_size!r}")
-        if scale is not None:
-            _default_scale(scale, 1)
-        self.mods = {"q_mod": q_mod, "k_mod": k_mod, "v_mod": v_mod}
-        self.arities = {role: _feature_mod_arity(role, fn) for role, fn in self.mods.items() if fn is not None}
-        self.decay = decay
-        self.scale = scale
-        self.normalize = normalize
-        self.chunk_size = chunk_size
-
-    def _validate(self, q, k, v, g, initial_state):
-        _check_common(q, k, v)
-        _same("q", tuple(q.shape), "k", tuple(k.shape), "shape")
-        _same("q", tuple(q.shape[:3]), "v", tuple(v.shape[:3]), "[B, H, L]")
-        b, h, l, dk = q.shape
-        expected = {None: None, "head": (h,), "token": (b, h, l), "token_dim": (b, h, l, dk)}[self.decay]
-        if expected is None and g is not None:
-            raise ValueError("g was given but decay=None; pass decay='head', 'token' or 'token_dim'")
-        if expected is not None:
-            import torch
-
-            if not isinstance(g, torch.Tensor):
-                raise ValueError(f"decay={self.decay!r} needs g, a tensor of shape {expected}")
-            if tuple(g.shape) != expected:
-                raise ValueError(f"g for decay={self.decay!r} must have shape {expected}, got {tuple(g.shape)}")
-            if not g.dtype.is_floating_point or str(g.dtype).removeprefix("torch.") not in _DTYPES:
-                raise ValueError(f"g must be float16, bfloat16 or float32, got {g.dtype}")
-            _same("q", q.device, "g", g.device, "device")
-        if initial_state is not None:
-            _check_tensor("initial_state", initial_state, 4)
-            want = (b, h, dk, v.shape[3])
-            if tuple(initial_state.shape) != want:
-                raise ValueError(f"initial_state must have shape {want}, got {tuple(initial_state.shape)}")
-            _same("q", q.device, "initial_state", initial_state.device, "device")
-
-    def mlir(self, q, k, v, g=None, initial_state=None, debug_info: bool = False) -> str:
-        """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
-        `debug_info`, every op ends with its location in the user's source."""
-        self._validate(q, k, v, g, initial_state)
-        text = self._build(q, k, v, g, initial_state)[0]
-        return text if debug_info else strip_locations(text)
-
-    def _build(self, q, k, v, g, initial_state) -> tuple[str, list]:
-        b, h, l, dk = q.shape
-        dv = v.shape[3]
-        scale = _default_scale(self.scale, dk)
-        call = loc_suffix(user_location())
-        elt = mlir_elt(q.dtype)
-        tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
-        params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
-        operands = ["%q", "%k", "%v"]
-        types = [tq, tk, tv]
-        if g is not None:
-            tg = tensor_type(g.shape, mlir_elt(g.dtype))
-            params.append(f"%g: {tg}")
-            operands.append("%g")
-            types.append(tg)
-        if initial_state is not None:
-            ts0 = tensor_type(initial_state.shape, mlir_elt(initial_state.dtype))
-            params.append(f"%s0: {ts0}")
-            operands.append("%s0")
-            types.append(ts0)
-        caps = _Captures()
-        exprs = {}
-        states = TraceState("linear_attention mods")
-        for role, fn in self.mods.items():
-            if fn is None:
-                continue
-            name = _mod_name(fn, role)
-            states.mod_name = name
-            expr, _ = trace(fn, name, [F32, INDEX, INDEX, INDEX, INDEX][: self.arities[role]], states)
-            if expr.type == I1:
-                raise TraceError(f"{name} must return a float, got a boolean")
-            exprs[role] = expr if expr.type == F32 else _as_float(expr)
-        caps.add(states)
-        cap_types = caps.types()
-        cap_names = [f"%c{i}" for i in range(len(cap_types))]
-        regions = []
-        args = [("%x", "f32"), ("%b", "index"), ("%h", "index"), ("%t", "index"), ("%d", "index")]
-        for role in ("q_mod", "k_mod", "v_mod"):
-            if role in exprs:
-                regions.append(emit_region(exprs[role], args, cap_names, cap_types, role[0]))
-            else:
-                regions.append("{}")
-        params += [f"%c{i}: {t}" for i, t in enumerate(cap_types)]
-        to = tensor_type((b, h, l, dv), elt)
-        tst = tensor_type((b, h, dk, dv), "f32")
-        seg = f"1, 1, 1, {int(g is not None)}, {int(initial_state is not None)}"
-        body = [
-            f'%out, %state = "attn.linear_recurrence"({", ".join(operands)}) ({", ".join(regions)}) '
-            f'{{decay = "{self.decay or "none"}", scale = {float_literal(scale)} : f32, '
-            f'normalize = {str(self.normalize).lower()}, chunk_size = {self.chunk_size} : i64, '
-            f'operandSegmentSizes = array<i32: {seg}>}} : {_sig(types)} -> ({to}, {tst}){call}',
-            f"return %out, %state : {to}, {tst}{call}",
-        ]
-        return _func("linear_attention", params, [to, tst], body, call), caps.tensors
-
-    def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
-                 backend: str | None = None):
-        self._validate(q, k, v, g, initial_state)
-        backend = _backend(backend, q)
-        if q.numel() == 0 or v.numel() == 0:
-            # An empty batch, head set or sequence: no step runs, the state passes through.
-            import torch
-
-            b, h, l, dk = q.shape
-            out = torch.zeros(b, h, l, v.shape[3], dtype=q.dtype, device=q.device)
-            state = (initial_state.to(torch.float32).clone() if initial_state is not None
-                     else torch.zeros(b, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
-            return (out, state) if return_state else out
-        text, captures = self._build(q, k, v, g, initial_state)
-        inputs = [q, k, v] + [t for t in (g, initial_state) if t is not None] + captures
-        out, state = _execute(text, inputs, backend, out_dtype=q.dtype)
-        return (out, state) if return_state else out
-
-
-def _feature_mod_arity(role: str, fn) -> int:
-    """5 for a mod taking (x, b, h, t, d), 1 for one taking the feature value x alone."""
-    import inspect
-
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        raise ValueError(f"{role}: the signature of {fn!r} cannot be read; pass a Python function "
-                         "such as `lambda x: ...`") from None
-    for arity in (5, 1):
-        try:
-            signature.bind(*range(arity))
-            return arity
-        except TypeError:
-            continue
-    raise ValueError(f"{role} must take 1 argument (x) or 5 (x, b, h, t, d), got the signature {signature}")
-
-
-def _backend(backend: str | None, q) -> str:
-    if backend is not None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))} or None, got {backend!r}")
-        return backend
-    if q.device.type == "cpu":
-        return "cpu"
-    if q.device.type == "cuda":  # ROCm builds of torch report their GPUs as "cuda" too
-        return "triton"
-    raise ValueError(f"no ae-mlir backend runs on device '{q.device}'; use CPU or CUDA/ROCm tensors")
+        return linear_attention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _execute(text: str, inputs: list, backend: str, out_dtype):

@@ -48,8 +48,10 @@ def loc_suffix(loc: SourceLoc | None) -> str:
 class RegionEmitter(TextEmitter):
     """Emits the body of one region in SSA form; each Expr node is emitted once."""
 
-    def __init__(self, arg_names: list[str], capture_names: list[str], capture_types: list[str], prefix: str):
+    def __init__(self, arg_names: list[str], capture_names: list[str], capture_types: list[str], prefix: str,
+                 clamp: bool = True):
         super().__init__(prefix)
+        self.clamp = clamp
         self.arg_names = arg_names
         self.capture_names = capture_names
         self.capture_types = capture_types
@@ -94,6 +96,8 @@ class RegionEmitter(TextEmitter):
             tname = self.capture_names[cap.position]
             ttype = self.capture_types[cap.position]
             elt = ttype[ttype.rindex("x") + 1 : -1] if "x" in ttype else ttype[len("tensor<") : -1]
+            if self.clamp:
+                a = [self._clamp(i, x, n) for i, x, n in zip(a, e.args, cap.tensor.shape)]
             raw = self.op(f"tensor.extract {tname}[{', '.join(a)}] : {ttype}")
             return self._from_storage(raw, elt, t)
         if e.op == "cmp":
@@ -144,6 +148,15 @@ class RegionEmitter(TextEmitter):
             return self.op(f"{table[e.op]} {a[0]}, {a[1]} : {t}")
         raise ValueError(f"cannot emit expression op '{e.op}' of type {t}")
 
+    def _clamp(self, index: str, expr: Expr, size: int) -> str:
+        """`index` clamped into [0, size - 1]: closure reads stay inside the tensor on every backend
+        (compiled FlexAttention leaves an out-of-range read undefined). A constant in range needs
+        no clamp."""
+        if expr.op == "const" and 0 <= expr.value < size:
+            return index
+        low = self.op(f"arith.maxsi {index}, {self.const(0, INDEX)} : index")
+        return self.op(f"arith.minsi {low}, {self.const(max(int(size) - 1, 0), INDEX)} : index")
+
     def _cast(self, v: str, src: str, dst: str) -> str:
         if src == dst:
             return v
@@ -175,13 +188,14 @@ class RegionEmitter(TextEmitter):
 
 
 def emit_region(root: Expr, arg_decls: list[tuple[str, str]], capture_names: list[str],
-                capture_types: list[str], prefix: str, indent: str = "    ") -> str:
+                capture_types: list[str], prefix: str, indent: str = "    ", clamp: bool = True) -> str:
     """Return the text of a one-block region `{ ^bb0(args): ... gpu.yield }`.
 
-    `capture_names` are the enclosing function's arguments holding the closure tensors.
+    `capture_names` are the enclosing function's arguments holding the closure tensors; with
+    `clamp`, every index into them is clamped into the tensor's bounds.
     """
     arg_names = [n for n, _ in arg_decls]
-    em = RegionEmitter(arg_names, capture_names, capture_types, prefix)
+    em = RegionEmitter(arg_names, capture_names, capture_types, prefix, clamp)
     result = em.emit(root)
     decls = ", ".join(f"{n}: {t}" for n, t in arg_decls)
     body = "\n".join(f"{indent}  {line}" for line in em.lines)

@@ -121,6 +121,8 @@ def _extract(tensor, index_syms, state: TraceState) -> "Sym":
             f"closure tensor of shape {tuple(tensor.shape)} indexed with {len(index_syms)} "
             f"index(es); it needs exactly {tensor.dim()}"
         )
+    if tensor.numel() == 0:
+        state.fail(f"closure tensor of shape {tuple(tensor.shape)} is empty; a mod cannot read from it")
     if tensor.dtype.is_floating_point:
         ty = F32
     elif tensor.dtype == torch.bool:

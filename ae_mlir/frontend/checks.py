@@ -1,0 +1,126 @@
+"""Argument checks shared by `attention` and `linear_attention`: tensors, layouts, devices."""
+from __future__ import annotations
+
+import math
+
+BACKENDS = ("cpu", "triton", "reference")
+LAYOUTS = ("bhld", "blhd")
+# How each layout spells q/k/v and a per-token g, for messages.
+FORMS = {"bhld": "[B, H, L, D]", "blhd": "[B, L, H, D]"}
+G_FORMS = {"bhld": {"token": "[B, H, T]", "token_dim": "[B, H, T, Dk]"},
+           "blhd": {"token": "[B, T, H]", "token_dim": "[B, T, H, Dk]"}}
+_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def check_tensor(name: str, t, rank: int, form: str = FORMS["bhld"]):
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank} ({form} layout), got shape {tuple(t.shape)}")
+    if str(t.dtype).removeprefix("torch.") not in _DTYPES:
+        raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+
+
+def check_float(name: str, t):
+    if not t.dtype.is_floating_point or str(t.dtype).removeprefix("torch.") not in _DTYPES:
+        raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+
+
+def same(name_a, a, name_b, b, what: str):
+    if a != b:
+        raise ValueError(f"{name_a} and {name_b} must have the same {what}, got {a} and {b}")
+
+
+def check_common(q, k, v, form: str):
+    """q, k, v already in [B, H, L, D] order; `form` is how the caller's layout spells them."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, 4, form)
+    same("q", q.dtype, "k", k.dtype, "dtype")
+    same("q", q.dtype, "v", v.dtype, "dtype")
+    same("q", q.device, "k", k.device, "device")
+    same("q", q.device, "v", v.device, "device")
+    same("q", q.shape[0], "k", k.shape[0], "batch size")
+    same("q", q.shape[0], "v", v.shape[0], "batch size")
+    same("q", q.shape[3], "k", k.shape[3], "head dim (Dk)")
+    for name, t in (("q", q), ("v", v)):
+        if t.shape[3] == 0:
+            raise ValueError(f"{name} has head dim 0; head dims must be positive")
+
+
+def default_scale(scale, dk: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(dk)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    return float(scale)
+
+
+def check_layout(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'bhld' (q/k/v as {FORMS['bhld']}) or 'blhd' (as {FORMS['blhd']}, "
+                         f"FlashAttention's and fla's), got {layout!r}")
+
+
+def check_flag(name: str, value):
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool or None, got {type(value).__name__}")
+
+
+def to_bhld(t, layout: str):
+    """A [B, L, H, ...] tensor seen as [B, H, L, ...] (a view: the kernels take any strides);
+    anything else is returned as it is, for the checks to name."""
+    import torch
+
+    if layout == "blhd" and isinstance(t, torch.Tensor) and t.dim() >= 3:
+        return t.transpose(1, 2)
+    return t
+
+
+def other_layout(layout: str) -> str:
+    return "blhd" if layout == "bhld" else "bhld"
+
+
+def with_layout_hint(validate, layout: str, *args):
+    """Run `validate(layout, *args)`; when it fails and the other layout would fit, the error says
+    which layout the tensors look like."""
+    try:
+        validate(layout, *args)
+    except ValueError as err:
+        other = other_layout(layout)
+        try:
+            validate(other, *args)
+        except (ValueError, TypeError):
+            raise err from None
+        raise ValueError(f"{err}; the tensors look like {FORMS[other]}: pass layout={other!r}") from None
+
+
+def backend_for(backend: str | None, named: list) -> str:
+    """The backend to run on tensors `named` [(name, tensor)], all on one device; a backend that
+    cannot run there is a ValueError saying what to do, before anything compiles."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))} or None, got {backend!r}")
+    first, t0 = named[0]
+    for name, t in named[1:]:
+        same(first, t0.device, name, t.device, "device")
+    device = t0.device
+    if device.type not in ("cpu", "cuda"):  # ROCm builds of torch report their GPUs as "cuda" too
+        raise ValueError(f"no ae-mlir backend runs on device '{device}'; use CPU or CUDA/ROCm tensors")
+    if backend is None:
+        return "cpu" if device.type == "cpu" else "triton"
+    if backend == "triton" and device.type != "cuda":
+        raise ValueError(f"backend='triton' runs on CUDA/ROCm tensors, but the tensors are on '{device}'; "
+                         "move them to the GPU (e.g. q.cuda()), or use backend='cpu' or backend='reference'")
+    if backend == "cpu" and device.type != "cpu":
+        raise ValueError(f"backend='cpu' runs on CPU tensors, but the tensors are on '{device}'; move them "
+                         "with .cpu(), or use backend='triton' (or None) for GPU tensors, or backend='reference'")
+    return backend
+
+
+def check_capture_devices(captures: list, device):
+    """Closure tensors a mod reads must sit where q does: the kernel reads them in place."""
+    for i, t in enumerate(captures):
+        if t.device != device:
+            raise ValueError(f"closure tensor {i} (shape {tuple(t.shape)}) that a mod reads is on '{t.device}' "
+                             f"but q is on '{device}'; create it on q's device (e.g. t.to(q.device))")

@@ -1,0 +1,214 @@
+"""The public `linear_attention` (the chunked recurrence of DESIGN.md section 3)."""
+from __future__ import annotations
+
+from . import checks, index_check
+from .api import _Captures, _as_float, _execute, _func, _mod_name, _sig
+from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
+from .locations import user_location
+from .trace import F32, I1, INDEX, TraceError, TraceState, trace
+
+DECAYS = (None, "head", "token", "token_dim")
+_ROLES = ("q_mod", "k_mod", "v_mod")
+
+
+class linear_attention:
+    """Linear attention as a chunked recurrence (DESIGN.md section 3).
+
+    q_mod/k_mod/v_mod(x, b, h, t, d) map each element, or q_mod(x) maps the value alone (a feature
+    map such as `lambda x: F.elu(x) + 1`); `decay` is None, "head", "token" or "token_dim" and `g`
+    passed at call time is the log-decay of that shape. With `layout="blhd"` q/k/v are fla's
+    [B, T, H, D], g is [B, T, H] or [B, T, H, Dk] and the output [B, T, H, Dv]; the state is
+    [B, H, Dk, Dv] in both layouts.
+    """
+
+    def __init__(self, q_mod=None, k_mod=None, v_mod=None, decay=None, scale=None, normalize=False,
+                 chunk_size=64, layout="bhld", check_indices=None):
+        for role, fn in (("q_mod", q_mod), ("k_mod", k_mod), ("v_mod", v_mod)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{role} must be callable or None, got {type(fn).__name__}")
+        if decay not in DECAYS:
+            raise ValueError(f"decay must be one of {', '.join(map(repr, DECAYS))}, got {decay!r}")
+        if not isinstance(normalize, bool):
+            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= 1024:
+            raise ValueError(f"chunk_size must be an int in [1, 1024], got {chunk_size!r}")
+        if scale is not None:
+            checks.default_scale(scale, 1)
+        checks.check_layout(layout)
+        checks.check_flag("check_indices", check_indices)
+        self.mods = {"q_mod": q_mod, "k_mod": k_mod, "v_mod": v_mod}
+        self.arities = {role: _feature_mod_arity(role, fn) for role, fn in self.mods.items() if fn is not None}
+        self.decay = decay
+        self.scale = scale
+        self.normalize = normalize
+        self.chunk_size = chunk_size
+        self.layout = layout
+        self.check_indices = check_indices
+
+    def _inputs(self, layout, q, k, v, g):
+        """q, k, v and g as the kernel takes them ([B, H, L, ...]) from `layout`."""
+        q, k, v = (checks.to_bhld(t, layout) for t in (q, k, v))
+        if self.decay in ("token", "token_dim"):
+            g = checks.to_bhld(g, layout)
+            if self.decay == "token" and layout == "blhd" and g is not None and g.dim() == 3:
+                # A [B, H, T] view of [B, T, H] has stride H along T, which makes the CPU kernel load
+                # every tile element-wise; g is 1/Dk of q's size, so copying it is the cheaper way.
+                g = g.contiguous()
+        return q, k, v, g
+
+    def _validate_as(self, layout, q, k, v, g, initial_state):
+        given = g
+        q, k, v, g = self._inputs(layout, q, k, v, g)
+        checks.check_common(q, k, v, checks.FORMS[layout])
+        checks.same("q", tuple(q.shape), "k", tuple(k.shape), "shape")
+        checks.same("q", tuple(q.shape[:3]), "v", tuple(v.shape[:3]), "[B, H, L]")
+        b, h, l, dk = q.shape
+        expected = {None: None, "head": (h,), "token": (b, h, l), "token_dim": (b, h, l, dk)}[self.decay]
+        if expected is None and g is not None:
+            raise ValueError("g was given but decay=None; pass decay='head', 'token' or 'token_dim'")
+        if expected is not None:
+            import torch
+
+            if not isinstance(g, torch.Tensor):
+                raise ValueError(f"decay={self.decay!r} needs g, a tensor of shape {expected}")
+            if tuple(g.shape) != expected:
+                raise ValueError(self._g_shape_error(layout, expected, tuple(given.shape)))
+            checks.check_float("g", g)
+            checks.same("q", q.device, "g", g.device, "device")
+        if initial_state is not None:
+            checks.check_tensor("initial_state", initial_state, 4, "[B, H, Dk, Dv]")
+            want = (b, h, dk, v.shape[3])
+            if tuple(initial_state.shape) != want:
+                raise ValueError(f"initial_state must have shape {want}, got {tuple(initial_state.shape)}")
+            checks.same("q", q.device, "initial_state", initial_state.device, "device")
+        return q, k, v, g
+
+    def _g_shape_error(self, layout: str, expected: tuple, given: tuple) -> str:
+        forms = checks.G_FORMS[layout]
+        message = (f"g for decay={self.decay!r} must have shape {_in_layout(expected, layout)} "
+                   f"({forms.get(self.decay, '[H]')} with layout={layout!r}), got {given}")
+        other = checks.other_layout(layout)
+        if self.decay in forms and given == _in_layout(expected, other):
+            message += (f", which looks like {checks.G_FORMS[other][self.decay]}: transpose it with "
+                        f"g.transpose(1, 2), or pass layout={other!r} with q/k/v as {checks.FORMS[other]}")
+        return message
+
+    def _validate(self, q, k, v, g, initial_state):
+        checks.with_layout_hint(self._validate_as, self.layout, q, k, v, g, initial_state)
+        return self._inputs(self.layout, q, k, v, g)
+
+    def mlir(self, q, k, v, g=None, initial_state=None, debug_info: bool = False) -> str:
+        """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
+        `debug_info`, every op ends with its location in the user's source."""
+        q, k, v, g = self._validate(q, k, v, g, initial_state)
+        text = self._build(q, k, v, g, initial_state)[0]
+        return text if debug_info else strip_locations(text)
+
+    def _build(self, q, k, v, g, initial_state, clamp: bool = True) -> tuple[str, list]:
+        b, h, l, dk = q.shape
+        dv = v.shape[3]
+        scale = checks.default_scale(self.scale, dk)
+        call = loc_suffix(user_location())
+        elt = mlir_elt(q.dtype)
+        tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
+        params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
+        operands = ["%q", "%k", "%v"]
+        types = [tq, tk, tv]
+        if g is not None:
+            tg = tensor_type(g.shape, mlir_elt(g.dtype))
+            params.append(f"%g: {tg}")
+            operands.append("%g")
+            types.append(tg)
+        if initial_state is not None:
+            ts0 = tensor_type(initial_state.shape, mlir_elt(initial_state.dtype))
+            params.append(f"%s0: {ts0}")
+            operands.append("%s0")
+            types.append(ts0)
+        caps = _Captures()
+        exprs = {}
+        states = TraceState("linear_attention mods")
+        for role, fn in self.mods.items():
+            if fn is None:
+                continue
+            name = _mod_name(fn, role)
+            states.mod_name = name
+            expr, _ = trace(fn, name, [F32, INDEX, INDEX, INDEX, INDEX][: self.arities[role]], states)
+            if expr.type == I1:
+                raise TraceError(f"{name} must return a float, got a boolean")
+            exprs[role] = expr if expr.type == F32 else _as_float(expr)
+        caps.add(states)
+        cap_types = caps.types()
+        cap_names = [f"%c{i}" for i in range(len(cap_types))]
+        regions = []
+        args = [("%x", "f32"), ("%b", "index"), ("%h", "index"), ("%t", "index"), ("%d", "index")]
+        for role in _ROLES:
+            if role in exprs:
+                regions.append(emit_region(exprs[role], args, cap_names, cap_types, role[0], clamp=clamp))
+            else:
+                regions.append("{}")
+        params += [f"%c{i}: {t}" for i, t in enumerate(cap_types)]
+        to = tensor_type((b, h, l, dv), elt)
+        tst = tensor_type((b, h, dk, dv), "f32")
+        seg = f"1, 1, 1, {int(g is not None)}, {int(initial_state is not None)}"
+        body = [
+            f'%out, %state = "attn.linear_recurrence"({", ".join(operands)}) ({", ".join(regions)}) '
+            f'{{decay = "{self.decay or "none"}", scale = {float_literal(scale)} : f32, '
+            f'normalize = {str(self.normalize).lower()}, chunk_size = {self.chunk_size} : i64, '
+            f'operandSegmentSizes = array<i32: {seg}>}} : {_sig(types)} -> ({to}, {tst}){call}',
+            f"return %out, %state : {to}, {tst}{call}",
+        ]
+        return _func("linear_attention", params, [to, tst], body, call), caps.tensors
+
+    def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
+                 backend: str | None = None):
+        q, k, v, g = self._validate(q, k, v, g, initial_state)
+        fixed = [t for t in (g, initial_state) if t is not None]
+        backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)]
+                                     + [(n, t) for n, t in (("g", g), ("initial_state", initial_state))
+                                        if t is not None])
+        if q.numel() == 0 or v.numel() == 0:
+            # An empty batch, head set or sequence: no step runs, the state passes through.
+            import torch
+
+            b, h, l, dk = q.shape
+            out = torch.zeros(b, h, l, v.shape[3], dtype=q.dtype, device=q.device)
+            state = (initial_state.to(torch.float32).clone() if initial_state is not None
+                     else torch.zeros(b, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
+            return (self._out(out), state) if return_state else self._out(out)
+        text, captures = self._build(q, k, v, g, initial_state)
+        checks.check_capture_devices(captures, q.device)
+        inputs = [q, k, v] + fixed + captures
+        if index_check.enabled(self.check_indices) and captures:
+            unclamped, _ = self._build(q, k, v, g, initial_state, clamp=False)
+            mods = {("attn.linear_recurrence", i): index_check.describe(self.mods[role], role)
+                    for i, role in enumerate(_ROLES) if self.mods[role] is not None}
+            index_check.check_module(unclamped, inputs, 3 + len(fixed), mods)
+        out, state = _execute(text, inputs, backend, out_dtype=q.dtype)
+        return (self._out(out), state) if return_state else self._out(out)
+
+    def _out(self, out):
+        """The output in the caller's layout (a view)."""
+        return out.transpose(1, 2) if self.layout == "blhd" else out
+
+
+def _in_layout(shape: tuple, layout: str) -> tuple:
+    """A [B, H, T, ...] shape spelled in `layout`."""
+    return (shape[0], shape[2], shape[1], *shape[3:]) if layout == "blhd" and len(shape) >= 3 else shape
+
+
+def _feature_mod_arity(role: str, fn) -> int:
+    """5 for a mod taking (x, b, h, t, d), 1 for one taking the feature value x alone."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise ValueError(f"{role}: the signature of {fn!r} cannot be read; pass a Python function "
+                         "such as `lambda x: ...`") from None
+    for arity in (5, 1):
+        try:
+            signature.bind(*range(arity))
+            return arity
+        except TypeError:
+            continue
+    raise ValueError(f"{role} must take 1 argument (x) or 5 (x, b, h, t, d), got the signature {signature}")
