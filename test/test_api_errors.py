@@ -3,6 +3,7 @@ empty result without a kernel launch."""
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -81,3 +82,129 @@ def test_mod_returning_wrong_type_is_named():
             return None
 
         ae.attention(score_mod=returns_none)(q, q, q)
+
+
+# --- devices -----------------------------------------------------------------------------------
+
+
+def test_triton_backend_on_cpu_tensors_says_what_to_do():
+    q = _t(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"backend='triton' runs on CUDA/ROCm tensors.*'cpu'.*backend='cpu'"):
+        ae.attention()(q, q, q, backend="triton")
+    with pytest.raises(ValueError, match=r"backend='triton' runs on CUDA/ROCm tensors"):
+        ae.linear_attention()(q, q, q, backend="triton")
+
+
+def test_cpu_backend_on_gpu_tensors_says_what_to_do():
+    from ae_mlir.frontend.checks import backend_for
+
+    # Only the device is read, so a stand-in checks the rule without a GPU.
+    gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
+    with pytest.raises(ValueError, match=r"backend='cpu' runs on CPU tensors.*'cuda:0'.*\.cpu\(\)"):
+        backend_for("cpu", [("q", gpu), ("k", gpu)])
+    assert backend_for(None, [("q", gpu)]) == "triton"
+
+
+def test_closure_tensor_on_another_device_is_named():
+    q = _t(1, 2, 4, 8)
+    table = torch.empty(4, device="meta")
+    with pytest.raises(ValueError, match=r"closure tensor 0 \(shape \(4,\)\).*'meta'"):
+        ae.attention(score_mod=lambda s, b, h, i, j: s + table[i])(q, q, q)
+
+
+# --- layout ------------------------------------------------------------------------------------
+
+
+def test_bad_layout_is_named():
+    with pytest.raises(ValueError, match="layout must be 'bhld'"):
+        ae.attention(layout="bshd")
+    with pytest.raises(ValueError, match="layout must be 'bhld'"):
+        ae.linear_attention(layout=None)
+
+
+def test_flash_attention_layout_is_recognised_in_the_error():
+    q, k = _t(1, 5, 2, 8), _t(1, 7, 2, 8)  # [B, L, H, D] with Lq != Lk
+    with pytest.raises(ValueError, match=r"look like \[B, L, H, D\]: pass layout='blhd'"):
+        ae.attention()(q, k, k)
+    with pytest.raises(ValueError, match=r"look like \[B, H, L, D\]: pass layout='bhld'"):
+        ae.attention(layout="blhd").mlir(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2))
+
+
+def test_fla_gate_layout_is_recognised_in_the_error():
+    q = _t(1, 2, 16, 8)
+    with pytest.raises(ValueError, match=r"g for decay='token' must have shape \(1, 2, 16\).*looks like "
+                                         r"\[B, T, H\].*layout='blhd'"):
+        ae.linear_attention(decay="token")(q, q, q, -torch.rand(1, 16, 2))
+
+
+# --- closure indices ---------------------------------------------------------------------------
+
+
+def _bias_mod(table):
+    def bias_mod(score, b, h, q_idx, kv_idx):
+        return score + table[q_idx]
+
+    return bias_mod
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_closure_index_out_of_range_is_clamped_by_default(backend):
+    table = torch.randn(10)
+    q, k, v = _t(1, 2, 64, 8), _t(1, 2, 64, 8), _t(1, 2, 64, 8)
+    out = ae.attention(score_mod=_bias_mod(table))(q, k, v, backend=backend)
+    clamped = table[torch.arange(64).clamp(max=9)]
+    scores = q @ k.transpose(2, 3) / math.sqrt(8) + clamped[:, None]
+    torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, atol=1e-5, rtol=1e-5)
+
+
+def test_checked_mode_names_the_mod_tensor_dimension_and_a_point():
+    q = _t(1, 2, 64, 8)
+    attn = ae.attention(score_mod=_bias_mod(torch.randn(10)), check_indices=True)
+    with pytest.raises(IndexError, match=r"score_mod 'bias_mod' \(defined at .*test_api_errors.py:\d+\): index 10 "
+                                         r"is out of range for dimension 0 \(size 10\) of closure tensor 0 of shape "
+                                         r"\(10,\), e.g. at \(b=0, h=0, q_idx=10, kv_idx=0\)"):
+        attn(q, q, q, backend="reference")
+
+
+def test_checked_mode_from_the_environment_covers_masks_and_feature_mods(monkeypatch):
+    monkeypatch.setenv("AE_MLIR_CHECK", "1")
+    q = _t(1, 2, 16, 8)
+    doc = torch.zeros(12, dtype=torch.int64)
+
+    def doc_mask(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+
+    with pytest.raises(IndexError, match=r"mask_mod 'doc_mask'.*index 12 .*q_idx=12, kv_idx=0"):
+        ae.attention(mask_mod=doc_mask)(q, q, q, backend="reference")
+    scales = torch.ones(2, 4)
+
+    def k_mod(x, b, h, t, d):
+        return x * scales[h, d - 1]
+
+    with pytest.raises(IndexError, match=r"k_mod 'k_mod'.*index -1 is out of range for dimension 1.*d=0"):
+        ae.linear_attention(k_mod=k_mod)(q, q, q, backend="reference")
+    ae.attention(mask_mod=doc_mask, check_indices=False)(q, q, q, backend="reference")
+
+
+def test_checked_mode_passes_in_range_reads_and_score_dependent_indices():
+    q = _t(1, 2, 16, 8)
+    table = torch.randn(2, 31)
+
+    def relative(score, b, h, q_idx, kv_idx):
+        return score + table[h, q_idx - kv_idx + 15]
+
+    def by_score(score, b, h, q_idx, kv_idx):
+        return score + table[h, (score.abs() * 100).long()]
+
+    attn = ae.attention(score_mod=relative, check_indices=True)
+    torch.testing.assert_close(attn(q, q, q, backend="reference"),
+                               ae.attention(score_mod=relative)(q, q, q, backend="reference"))
+    with pytest.raises(IndexError, match=r"score_mod 'by_score'.*dimension 1 \(size 31\)"):
+        ae.attention(score_mod=by_score, check_indices=True)(q, q, q * 10, backend="reference")
+
+
+def test_empty_closure_tensor_is_named():
+    q = _t(1, 1, 4, 8)
+    empty = torch.zeros(0)
+    with pytest.raises(ValueError, match=r"closure tensor of shape \(0,\) is empty"):
+        ae.attention(score_mod=lambda s, b, h, i, j: s + empty[i])(q, q, q)
