@@ -4,10 +4,11 @@ a transform script from inside a stage.
 """
 from __future__ import annotations
 
+from ..core import abi
 from ..core.context import CompileError, Diagnostic, diagnostic_from_mlir, location_parts
 
 # An L1 kernel: a func.func that runs once per program of this grid.
-GRID_ATTR = "attn.grid"
+GRID_ATTR = abi.GRID
 # A lowered kernel: the grid stage replaces `attn.grid` by this, which the LLVM conversion also
 # reads (a C wrapper taking one memref descriptor per argument); later stages find kernels by it.
 KERNEL_ATTR = "llvm.emit_c_interface"

@@ -10,13 +10,13 @@ the same names when called the same way.
 """
 from __future__ import annotations
 
+from ..core import abi
 from ..core.context import CompileError, Diagnostic, location_parts
-from ..core.regions import float_literal
-from ..core.regions import TextEmitter
+from ..core.regions import TextEmitter, float_literal
 
 # Triton runs f32 x f32 dots as tf32 unless told otherwise; L1 matmuls whose accuracy matters
 # carry this attribute and the Triton lowering passes it on as the dot's input precision.
-PRECISION_ATTR = "attn.precision"
+PRECISION_ATTR = abi.PRECISION
 
 
 def fail(op, message: str) -> CompileError:

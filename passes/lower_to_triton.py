@@ -51,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from ..core import abi
 from ..core.context import CompileError, parse_module
 from . import ModulePass, option
 from .triton import Kernel
@@ -92,7 +93,7 @@ class LowerToTriton(ModulePass):
 
         body = module_op.regions[0].blocks[0]
         kernels = [op.operation for op in body.operations
-                   if op.operation.name == "func.func" and "attn.grid" in op.operation.attributes]
+                   if op.operation.name == "func.func" and abi.GRID in op.operation.attributes]
         if not kernels:
             raise CompileError("attn-lower-to-triton needs an L1 kernel (a func.func with attn.grid); "
                                "run attn-tile first")

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..core import abi
 from ..core.regions import from_region
 from . import ModulePass, option
 from .l1_builders import KernelBuilder, convert, f32, fill, index, matmul, program_id, tensor_type
@@ -68,8 +69,8 @@ class _Kernel(KernelBuilder):
         inputs = [a.type for a in self.func_block.arguments]
         table_types = [tensor_type([nm], i32), tensor_type([nm, nn], i32)] * 2 if classification.at_call_time else []
         result_types = [r.type for r in self.op.results]
-        attributes = {"attn.grid": ir.DenseI64ArrayAttr.get([self.b, self.h, nm]),
-                      "attn.block_m": ir.IntegerAttr.get(i64, bm), "attn.block_n": ir.IntegerAttr.get(i64, bn)}
+        attributes = {abi.GRID: ir.DenseI64ArrayAttr.get([self.b, self.h, nm]),
+                      abi.BLOCK_M: ir.IntegerAttr.get(i64, bm), abi.BLOCK_N: ir.IntegerAttr.get(i64, bn)}
         attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
         entry = self.function(self.func.attributes["sym_name"].value, inputs + table_types + result_types,
                               result_types, attributes)

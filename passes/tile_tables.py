@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core import abi
 from ..core.block_tables import classify, unmasked
 from ..core.regions import ScalarProgram, from_region
 from ..core.scalar_eval import bind_externals, evaluate
 
-MASK_PROGRAM = "attn.mask_program"
-CALL_TIME_TABLES = "attn.call_time_tables"
 
 
 @dataclass
@@ -39,7 +38,7 @@ class Classification:
         tables; the call-time marker and the mask program otherwise."""
         if self.program is None:
             return []
-        return [(CALL_TIME_TABLES, "unit"), (MASK_PROGRAM, string_attribute(self.program.to_json()))]
+        return [(abi.CALL_TIME_TABLES, "unit"), (abi.MASK_PROGRAM, string_attribute(self.program.to_json()))]
 
 
 def string_attribute(text: str) -> str:

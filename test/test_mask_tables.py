@@ -19,7 +19,7 @@ from ae_mlir.core.block_tables import classify
 from ae_mlir.core.context import new_context, parse_module
 from ae_mlir.core.regions import ScalarProgram, from_region
 from ae_mlir.passes import build_pass_manager
-from ae_mlir.passes.tile_tables import MASK_PROGRAM
+from ae_mlir.core.abi import MASK_PROGRAM
 from bundle_interp import interpret
 from inputs import qkv
 

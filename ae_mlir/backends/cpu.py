@@ -109,7 +109,7 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
     # A mask that reads closure tensors is classified per call (block_mask); its four tile
     # tables follow the inputs.
     inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
-    lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n, _mask_program(kernel))
+    lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n, abi.mask_program(kernel))
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
     return lowered
@@ -250,13 +250,6 @@ def clear_memory_cache() -> None:
     """Forget the kernels held in memory (the disk cache stays)."""
     with _CACHE_LOCK:
         _CACHE.clear()
-
-
-def _mask_program(kernel) -> str | None:
-    """The JSON mask program of an L1 kernel that takes call-time tile tables, else None."""
-    from ..passes.tile_tables import MASK_PROGRAM
-
-    return kernel.attributes[MASK_PROGRAM].value if abi.takes_call_time_tables(kernel) else None
 
 
 def run_module_text(module_text: str, inputs: list, out_dtype) -> list:

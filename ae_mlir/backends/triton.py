@@ -142,7 +142,7 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
     meta = {"input_precision": input_precision, "config": options.launch_config()}
     if call_time_tables:
-        meta[runtime.MASK_PROGRAM] = _mask_program(module)
+        meta[runtime.MASK_PROGRAM] = abi.mask_program(abi.functions(module)[-1])
     stages = []
     for aligned, generic, facts in kernels[:-1]:
         if facts["tables"]:
@@ -208,14 +208,6 @@ def run(module_text: str, inputs: list, out_dtype) -> list:
     """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures]."""
     bundle = get_bundle(module_text, runtime.current_target())
     return runtime.launch(bundle, *inputs)
-
-
-def _mask_program(l1_module) -> str:
-    """The JSON mask program of an L1 kernel that takes call-time tile tables; the runtime
-    classifies its tiles with it at every launch."""
-    from ..passes.tile_tables import MASK_PROGRAM
-
-    return abi.functions(l1_module)[-1].attributes[MASK_PROGRAM].value
 
 
 # --- ae-opt --emit=ttir|ptx|amdgcn --------------------------------------------------------------

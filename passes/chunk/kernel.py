@@ -2,11 +2,11 @@
 loaded and modded, the program ids, the scf.for over chunks, and the function text around a body."""
 from __future__ import annotations
 
+from ...core import abi
 from ...core.regions import emit_scalar, float_literal, from_region
 from ..l1_text import KernelText, convert, elt, fail, shape
 
 DECAYS = ("none", "head", "token", "token_dim")
-ROLES_ATTR = "attn.arg_roles"
 
 
 def value_block(dv: int, block_v: int) -> int:
@@ -222,7 +222,7 @@ class ChunkKernel(KernelText):
         (role, type) arguments, returning `results` (value, type)."""
         args = self.func_args
         n_cap = len(args) - 3
-        roles = ["q", "k", "v"] + [f"c{i}" for i in range(n_cap)] + [r for r, _ in extra]
+        roles = abi.input_roles(len(abi.INPUTS) + n_cap) + [r for r, _ in extra]
         params = [f"%arg{i}: {a.type}" for i, a in enumerate(args)]
         params += [f"%arg{len(args) + i}: {t}" for i, (_, t) in enumerate(extra)]
         types = ", ".join(t for _, t in results)
@@ -230,8 +230,8 @@ class ChunkKernel(KernelText):
         body = "\n".join(f"    {line}" for line in self.em.lines)
         role_list = ", ".join(f'"{r}"' for r in roles)
         return (f"func.func @{name}({', '.join(params)}) -> ({types}) attributes "
-                f"{{attn.grid = array<i64: {', '.join(map(str, grid))}>, attn.chunk_size = {self.c} : i64, "
-                f"attn.block_v = {self.bv} : i64, {ROLES_ATTR} = [{role_list}]}} {{\n{body}\n}}\n")
+                f"{{{abi.GRID} = array<i64: {', '.join(map(str, grid))}>, {abi.CHUNK_SIZE} = {self.c} : i64, "
+                f"{abi.BLOCK_V} = {self.bv} : i64, {abi.ARG_ROLES} = [{role_list}]}} {{\n{body}\n}}\n")
 
     @property
     def name(self) -> str:

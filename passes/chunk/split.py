@@ -14,9 +14,13 @@ loop loads G instead of summing it: the sums' reductions, inside the sequential 
 the time of every step. "head" needs none: G_t = min(t + 1, n) g_h in closed form."""
 from __future__ import annotations
 
+from ...core import abi
 from .decay import ChunkDecay
 from .kernel import value_block
 from .step import ChunkStep
+
+# The split form's workspaces: the state entering each chunk, and every chunk's cumulative decays.
+STATES, DECAYS = abi.workspace(0), abi.workspace(1)
 
 
 class SplitKernel(ChunkStep):
@@ -32,7 +36,7 @@ class SplitKernel(ChunkStep):
     def arguments(self, loads_decays: bool, result: tuple[str, str]) -> list[tuple[str, str]]:
         """The (role, type) arguments after the L0 inputs: the cumulative-decay workspace when the
         kernel `loads_decays`, the chunk-state workspace, then the `result` destination."""
-        return ([("w1", self.g_cum_type)] if loads_decays else []) + [("w0", self.h_type), result]
+        return ([(DECAYS, self.g_cum_type)] if loads_decays else []) + [(STATES, self.h_type), result]
 
     def arg_names(self, extra: list[tuple[str, str]]) -> dict[str, str]:
         return {role: self.dest(i) for i, (role, _) in enumerate(extra)}
@@ -57,7 +61,7 @@ class CumulativeDecayKernel(SplitKernel):
                        f"to tensor<?x{dk}xf32>")
             out = em(f"tensor.insert_slice {piece} into {dest}[{self.pb}, {self.ph}, {t0}, 0] [1, 1, {rows}, {dk}] "
                      f"[1, 1, 1, 1] : tensor<?x{dk}xf32> into {self.g_cum_type}")
-        return self.function(f"{self.name}_decays", [("w1", self.g_cum_type)], [(out, self.g_cum_type)],
+        return self.function(f"{self.name}_decays", [(DECAYS, self.g_cum_type)], [(out, self.g_cum_type)],
                              [self.b, self.h, self.chunks])
 
 
@@ -76,7 +80,7 @@ class StateKernel(SplitKernel):
         loads_decays = self.g_cum_type is not None
         extra = self.arguments(loads_decays, ("state", self.state_type))
         args = self.arg_names(extra)
-        g_cum = args.get("w1")
+        g_cum = args.get(DECAYS)
         kb, self.v0 = self.split_id(self.program_ids(sums=not loads_decays))
         k0 = em(f"arith.muli {kb}, {self.idx(bk)} : index") if self.nk > 1 else None
 
@@ -90,7 +94,7 @@ class StateKernel(SplitKernel):
             return [self.next_state(state, k, v, decay, bk), h]
 
         results = self.chunk_loop([(self.initial_state(k0, self.v0), self.tile_type(bk, bv)),
-                                   (args["w0"], self.h_type)], step)
+                                   (args[STATES], self.h_type)], step)
         final = self.store_state(results[0], args["state"], k0, self.v0)
         return self.function(f"{self.name}_states", extra, [(results[1], self.h_type), (final, self.state_type)],
                              [self.b, self.h, self.nk * self.nv])
@@ -139,7 +143,7 @@ class OutputKernel(SplitKernel):
         t0 = em(f"arith.muli {it}, {self.idx(self.c)} : index")
         state = em(f"tensor.extract_slice {args['w0']}[{self.pb}, {self.ph}, {it}, 0, {self.v0 or 0}] "
                    f"[1, 1, 1, {dk}, {bv}] [1, 1, 1, 1, 1] : {self.h_type} to {self.tile_type(dk, bv, self.dot_elt)}")
-        out = self.chunk_output(t0, state, args["out"], args.get("w1"))
+        out = self.chunk_output(t0, state, args["out"], args.get(DECAYS))
         return self.function(self.name, extra, [(out, self.out_type)], [self.b, self.h, self.chunks * self.nv])
 
     def chunk_output(self, t0: str, state: str, out: str, g_cum: str | None) -> str:

@@ -1,6 +1,7 @@
 """`Kernel`: one L1 kernel function lowered op by op, and the tt.func text that results."""
 from __future__ import annotations
 
+from ...core import abi
 from .linalg import LinalgOps
 from .ops import ELEMENTWISE, TensorOps
 from .values import PRECISION, Dest, Table, fail
@@ -17,7 +18,7 @@ class Kernel(TensorOps, LinalgOps):
         self.dest_of: dict[str, Dest] = {}
         # Static slices of arguments loaded where they are sliced, by their L1 value.
         self.loaded_slices: dict = {}
-        self.grid = [int(x) for x in func.attributes["attn.grid"]]
+        self.grid = [int(x) for x in func.attributes[abi.GRID]]
 
     def lower_op(self, op) -> None:
         name = op.name
@@ -45,10 +46,10 @@ class Kernel(TensorOps, LinalgOps):
         tables = ", ".join(t.attr for t in self.tables)
         name = self.func.attributes["sym_name"].value
         attrs = [f"function_type = ({types}) -> ()", f'sym_name = "{name}"', 'sym_visibility = "public"',
-                 "noinline = false", f"arg_attrs = [{arg_attrs}]", f"attn.grid = array<i64: {nm}, {h}, {b}>",
-                 f"attn.kernel_args = [{labels}]", f"attn.tables = [{tables}]",
+                 "noinline = false", f"arg_attrs = [{arg_attrs}]", f"{abi.GRID} = array<i64: {nm}, {h}, {b}>",
+                 f"{abi.KERNEL_ARGS} = [{labels}]", f"{abi.TABLES} = [{tables}]",
                  f"attn.assume_aligned = {str(self.aligned).lower()}"]
-        for key in ("attn.block_m", "attn.block_n"):
+        for key in (abi.BLOCK_M, abi.BLOCK_N):
             if key in self.func.attributes:
                 attrs.append(f"{key} = {self.func.attributes[key]}")
         body = "\n".join(self.em.prologue + self.em.lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...core import abi
 from .builder import TileBuilder
 from .values import (PRECISION, Value, constant_value, element_type, fail, logical_shape, padded_size,
                      tensor_type)
@@ -50,8 +51,8 @@ class LinalgOps(TileBuilder):
             a = a if a.zero_pad else self.zero_beyond(a, 1)
             b = b if b.zero_pad else self.zero_beyond(b, 0)
         precision = self.precision
-        if "attn.precision" in op.attributes:
-            chosen = op.attributes["attn.precision"].value
+        if abi.PRECISION in op.attributes:
+            chosen = op.attributes[abi.PRECISION].value
             if chosen not in PRECISION:
                 raise fail(op, f"has attn.precision '{chosen}' (expected one of {', '.join(PRECISION)})")
             precision = PRECISION[chosen]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...core import abi
 from .builder import TileBuilder
-from .values import STREAMS, Arg, Slice, Value, element_type, fail, padded_size
+from .values import Arg, Slice, Value, element_type, fail, padded_size
 
 
 class Memory(TileBuilder):
@@ -26,8 +27,8 @@ class Memory(TileBuilder):
         if n_cap < 0:
             raise fail(self.func, "is not an L1 kernel: it needs q, k, v, captures and destination arguments")
         labels = ["q", "k", "v"] + [f"c{i}" for i in range(n_cap)] + ["out", "lse"][:n_out]
-        if "attn.arg_roles" in self.func.attributes:
-            labels = [ir.StringAttr(r).value for r in self.func.attributes["attn.arg_roles"]]
+        if abi.ARG_ROLES in self.func.attributes:
+            labels = [ir.StringAttr(r).value for r in self.func.attributes[abi.ARG_ROLES]]
             if len(labels) != len(args):
                 raise fail(self.func, f"names {len(labels)} argument roles for {len(args)} arguments")
         for i, (arg, label) in enumerate(zip(args, labels)):
@@ -36,7 +37,9 @@ class Memory(TileBuilder):
                 raise fail(self.func, f"argument {i} ({label}) must be a statically shaped tensor, got {ty}")
             shape = tuple(ty.shape)
             elt = element_type(ty)
-            stream = label in STREAMS or label.startswith("w")
+            # The aligned variant specializes the attention operands, outputs and workspaces: the
+            # caller or the runtime lays them out.
+            stream = label in abi.STREAMS or abi.is_workspace(label)
             aligned = self.aligned and stream
             stored = "i8" if elt == "i1" else elt
             ptr_attrs = "tt.divisibility = 16 : i32" if aligned else ""

@@ -7,9 +7,6 @@ from dataclasses import dataclass
 from ...core.context import CompileError, Diagnostic, location_parts
 
 MIN_DIM = 16
-# The arguments the aligned variant specializes (workspaces "w<i>" too): the attention operands and
-# outputs, which the caller or the runtime lays out.
-STREAMS = ("q", "k", "v", "out", "lse", "state")
 DYNAMIC = -(1 << 63)
 PRECISION = {"tf32": 0, "tf32x3": 1, "ieee": 2}
 
