@@ -60,7 +60,11 @@ class Node:
         return f"{self.op}({', '.join(map(str, self.args))}{', ' + str(self.value) if self.value else ''})"
 
 
-def index_expr(draw, depth: int, names=("q_idx", "kv_idx", "h", "b")) -> Node:
+# The index arguments of an attention mod; linear-attention mods pass their own (b, h, t, d).
+ATTENTION_NAMES = ("q_idx", "kv_idx", "h", "b")
+
+
+def index_expr(draw, depth: int, names=ATTENTION_NAMES) -> Node:
     """A non-negative-leaning integer expression of the positions."""
     if depth <= 0 or draw(st.booleans()):
         if draw(st.integers(0, 3)) == 0:
@@ -83,46 +87,46 @@ def bounded_index(node: Node, size: int) -> Node:
     return Node("mod", (Node("add", (wrapped, Node("const", value=size))), Node("const", value=size)))
 
 
-def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: bool = False) -> Node:
-    """`symbolic`: the result must depend on an argument, as torch functions need a tensor."""
+def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: bool = False,
+               names: tuple = ATTENTION_NAMES) -> Node:
+    """`symbolic`: the result must depend on an argument, as torch functions need a tensor.
+    `names`: the index arguments in scope; none for a feature map of the value alone."""
     if depth <= 0 or draw(st.integers(0, 4)) == 0:
         kind = draw(st.integers(0, 3))
         if kind == 0 and not symbolic:
             return Node("const", value=draw(st.floats(-2.0, 2.0, allow_nan=False).map(lambda x: round(x, 3))))
-        if kind == 1 and captures:
+        if kind == 1 and captures and names:
             tensor = draw(st.sampled_from(captures))
-            idx = tuple(bounded_index(index_expr(draw, 1), n) for n in tensor.shape)
+            idx = tuple(bounded_index(index_expr(draw, 1, names), n) for n in tensor.shape)
             return Node("capture", value=(tensor, idx))
-        if kind == 2 and not symbolic:
-            return Node("mul", (index_expr(draw, 1), Node("const", value=0.05)))
+        if kind == 2 and not symbolic and names:
+            return Node("mul", (index_expr(draw, 1, names), Node("const", value=0.05)))
         return draw(st.sampled_from(leaves))
-    op = draw(st.sampled_from(["add", "sub", "mul", "div", "max", "min", "tanh", "sigmoid", "abs", "neg",
-                               "exp_tanh", "where", "clamp"]))
+    ops = ["add", "sub", "mul", "div", "max", "min", "tanh", "sigmoid", "abs", "neg", "exp_tanh", "clamp"]
+    op = draw(st.sampled_from(ops + ["where"] if names else ops))
+
+    def sub(symbolic):
+        return float_expr(draw, depth - 1, leaves, captures, symbolic, names)
+
     if op in ("tanh", "sigmoid", "abs", "exp_tanh"):
-        return Node(op, (float_expr(draw, depth - 1, leaves, captures, symbolic=True),))
+        return Node(op, (sub(True),))
     if op == "neg":
-        return Node(op, (float_expr(draw, depth - 1, leaves, captures, symbolic),))
+        return Node(op, (sub(symbolic),))
     if op == "div":
-        return Node("div", (float_expr(draw, depth - 1, leaves, captures, symbolic),
-                            Node("const", value=draw(st.sampled_from([0.5, 0.75, 1.5, 2.0])))))
+        return Node("div", (sub(symbolic), Node("const", value=draw(st.sampled_from([0.5, 0.75, 1.5, 2.0])))))
     if op == "clamp":
-        return Node("clamp", (float_expr(draw, depth - 1, leaves, captures, True),),
-                    value=draw(st.sampled_from([1.0, 3.0])))
+        return Node("clamp", (sub(True),), value=draw(st.sampled_from([1.0, 3.0])))
     if op == "where":
-        return Node("where", (bool_expr(draw, 1), float_expr(draw, depth - 1, leaves, captures, True),
-                              float_expr(draw, depth - 1, leaves, captures)))
+        return Node("where", (bool_expr(draw, 1, names=names), sub(True), sub(False)))
     if op == "mul":
         # Keep products bounded: one side squashed by tanh.
-        return Node("mul", (float_expr(draw, depth - 1, leaves, captures, symbolic),
-                            Node("tanh", (float_expr(draw, depth - 1, leaves, captures, True),))))
+        return Node("mul", (sub(symbolic), Node("tanh", (sub(True),))))
     if op in ("max", "min"):
-        return Node(op, (float_expr(draw, depth - 1, leaves, captures, True),
-                         float_expr(draw, depth - 1, leaves, captures, True)))
-    return Node(op, (float_expr(draw, depth - 1, leaves, captures, symbolic),
-                     float_expr(draw, depth - 1, leaves, captures)))
+        return Node(op, (sub(True), sub(True)))
+    return Node(op, (sub(symbolic), sub(False)))
 
 
-def bool_expr(draw, depth: int, doc=None) -> Node:
+def bool_expr(draw, depth: int, doc=None, names: tuple = ATTENTION_NAMES) -> Node:
     if depth <= 0 or draw(st.booleans()):
         kind = draw(st.integers(0, 3))
         if kind == 0 and doc is not None:
@@ -130,13 +134,13 @@ def bool_expr(draw, depth: int, doc=None) -> Node:
             return Node("eq", (Node("capture", value=(doc, (bounded_index(Node("var", value="q_idx"), n),))),
                                Node("capture", value=(doc, (bounded_index(Node("var", value="kv_idx"), n),)))))
         cmp = draw(st.sampled_from(["lt", "le", "ge", "eq", "ne"]))
-        left = Node("add", (Node("var", value=draw(st.sampled_from(["q_idx", "kv_idx", "h"]))), index_expr(draw, 1)))
-        right = Node("add", (index_expr(draw, 1), Node("const", value=draw(st.integers(-8, 8)))))
+        left = Node("add", (Node("var", value=draw(st.sampled_from(names[:3]))), index_expr(draw, 1, names)))
+        right = Node("add", (index_expr(draw, 1, names), Node("const", value=draw(st.integers(-8, 8)))))
         return Node(cmp, (left, right))
     op = draw(st.sampled_from(["and", "or", "not"]))
     if op == "not":
-        return Node("not", (bool_expr(draw, depth - 1, doc),))
-    return Node(op, (bool_expr(draw, depth - 1, doc), bool_expr(draw, depth - 1, doc)))
+        return Node("not", (bool_expr(draw, depth - 1, doc, names),))
+    return Node(op, (bool_expr(draw, depth - 1, doc, names), bool_expr(draw, depth - 1, doc, names)))
 
 
 @dataclass

@@ -2,10 +2,17 @@
 CPU backend's LLVM JIT and the Triton IR in the NumPy interpreter), each compared with the float64
 reference executor.
 
-CI runs a fixed budget (AE_FUZZ_EXAMPLES, default 300 programs through each path, seeded, about
-three minutes on two cores). A longer run is one command:
+The Triton IR is compiled at the configs users get: the default config `ae.attention` picks for
+each target (cuda:90 and hip:gfx942, block sizes from the shape and dtype), with lengths up to 200
+so the last tiles are ragged and often shorter than a block, and at small explicit blocks, which
+give many tiles per program. test_linear_differential.py does the same for linear attention.
+
+CI runs a fixed budget (AE_FUZZ_EXAMPLES programs per test and config, 100 by default, seeded).
+A longer run is one command:
 
     AE_FUZZ_EXAMPLES=5000 AE_FUZZ_SEED=7 python -m pytest -q test/fuzz
+
+campaign.py runs the default configs alone and writes a record to bench/results/.
 
 Every failure found is minimized by hypothesis; keep it as a regression case in
 test_regressions.py.
@@ -21,9 +28,14 @@ from hypothesis import HealthCheck, given, seed, settings
 import ae_mlir as ae
 from programs import Program, programs
 
-EXAMPLES = int(os.environ.get("AE_FUZZ_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("AE_FUZZ_EXAMPLES", "100"))
 SEED = int(os.environ.get("AE_FUZZ_SEED", "20261130"))
 SMALL = {"block_m": 32, "block_n": 16, "num_warps": 4, "num_stages": 2}
+TARGETS = ("cuda:90", "hip:gfx942")
+# name -> (target, config); a config of None is the target's default, as ae.attention picks it.
+CONFIGS = {"small": ("cuda:90", SMALL), **{target: (target, None) for target in TARGETS}}
+# The default blocks reach 128 x 64: longer sequences than the small blocks need.
+MAX_SEQ = {"small": 80, "cuda:90": 200, "hip:gfx942": 200}
 
 # Outputs are in the input dtype; unnormalized normalizers (relu, none) also see P rounded to the
 # input dtype before P @ V, as every backend does, so their bound scales with the row sum.
@@ -54,13 +66,14 @@ def _reference(p: Program, attn, q, k, v):
     return attn(q, k, v, backend="reference")
 
 
-def triton_interpreted(attn, q, k, v):
-    """The attention compiled to Triton IR exactly as for a GPU, run in the NumPy interpreter."""
+def triton_interpreted(attn, q, k, v, target: str = "cuda:90", config: dict | None = SMALL):
+    """The attention compiled to Triton IR exactly as for a GPU (`config` None: the target's
+    default), run in the NumPy interpreter."""
     from bundle_interp import interpret
 
     from ae_mlir.backends import triton as tb
 
-    bundle = tb.compile_bundle(attn, q, k, v, config=SMALL)
+    bundle = tb.compile_bundle(attn, q, k, v, target=target, config=config)
     _, captures = attn._build(q, k, v)
     (out, *_), _ = interpret(bundle, q, k, v, *captures)
     return out
@@ -70,13 +83,24 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False, databas
                 suppress_health_check=list(HealthCheck), print_blob=True)
 
 
-@seed(SEED)
-@FUZZ
-@given(programs())
-def test_triton_ir_matches_reference(p: Program):
+def check_triton(p: Program, target: str, config: dict | None):
     attn = _attention(p)
     q, k, v = p.inputs()
-    _assert_close(p, triton_interpreted(attn, q, k, v), _reference(p, attn, q, k, v), "Triton IR (interpreted)")
+    got = triton_interpreted(attn, q, k, v, target, config)
+    _assert_close(p, got, _reference(p, attn, q, k, v), f"Triton IR for {target} (interpreted)")
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_triton_ir_matches_reference(name):
+    target, config = CONFIGS[name]
+
+    @seed(SEED)
+    @FUZZ
+    @given(programs(max_seq=MAX_SEQ[name]))
+    def run(p: Program):
+        check_triton(p, target, config)
+
+    run()
 
 
 @seed(SEED + 1)

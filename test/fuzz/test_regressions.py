@@ -5,7 +5,9 @@ import pytest
 import torch
 
 import ae_mlir as ae
+from ae_mlir.core.context import CompileError
 from test_differential import triton_interpreted
+from test_linear_differential import triton_linear_interpreted
 
 BACKENDS = ["cpu", "triton"]
 
@@ -58,3 +60,35 @@ def test_single_query_row_with_a_partial_key_tile(backend):
     q, k, v = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 28, 16, generator=g), torch.randn(1, 1, 28, 16, generator=g)
     torch.testing.assert_close(_run(backend, attn, q, k, v), attn(q, k, v, backend="reference"),
                                atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+@pytest.mark.parametrize("length,chunk", [(1, 32), (16, 32), (32, 64)])
+@pytest.mark.xfail(strict=True, raises=CompileError,
+                   reason="attn-lower-to-triton: 'tensor.extract_slice' op may only trim a computed tile "
+                          "within its padded power-of-two shape")
+def test_normalized_linear_attention_shorter_than_half_a_chunk(target, length, chunk):
+    # normalize=True keeps the one-kernel recurrence; with L <= chunk / 2 (and chunk >= 32) the
+    # whole sequence is one ragged chunk whose static row count pads to a power of two below the
+    # chunk, and the lowering cannot trim the chunk-sized tile to it. L = 17 with chunk 32, and
+    # normalize=False, compile.
+    lin = ae.linear_attention(normalize=True, chunk_size=chunk)
+    q = torch.rand(1, 1, length, 16, generator=torch.Generator().manual_seed(4))
+    out, state = triton_linear_interpreted(lin, [q, q, q, None, None], target)
+    want_out, want_state = lin(q, q, q, return_state=True, backend="reference")
+    torch.testing.assert_close(out.double(), want_out.double(), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(state.double(), want_state.double(), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.xfail(strict=True, raises=CompileError,
+                   reason="attn-lower-to-cpu: 'vector.type_cast' op views a buffer as vector<8x24xf32>; "
+                          "the CPU lowering needs power-of-two vector rows")
+def test_cpu_gla_with_a_head_dim_not_a_power_of_two():
+    # decay="token_dim" with Dk = 24 (Dv is free: 16, 24 fail alike; Dk = 16 with Dv = 24 compiles):
+    # the CPU backend rejects a program the reference and the Triton IR run.
+    lin = ae.linear_attention(decay="token_dim", chunk_size=16)
+    g = torch.Generator().manual_seed(5)
+    q, v = torch.rand(1, 1, 20, 24, generator=g), torch.rand(1, 1, 20, 16, generator=g)
+    decay = -torch.rand(1, 1, 20, 24, generator=g)
+    torch.testing.assert_close(lin(q, q, v, decay, backend="cpu").double(),
+                               lin(q, q, v, decay, backend="reference").double(), atol=2e-5, rtol=2e-5)

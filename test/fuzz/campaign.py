@@ -1,0 +1,118 @@
+"""A fuzzing campaign at the configs users get: N random programs compiled at the default config
+of each target (cuda:90 and hip:gfx942), attention and linear attention, each run as interpreted
+Triton IR against the float64 reference. Programs go round-robin over the four (kind, target)
+cells in batches of 20; a failure is counted (an assertion is a mismatch, any other exception a
+crash) and the run goes on. The record is rewritten after each batch, so a stopped run leaves an
+honest count.
+
+    nice -n 10 python test/fuzz/campaign.py -n 10000 --seed 1 --minutes 600
+
+writes bench/results/fuzz-defaults-<date>.json. With --minutes, no batch starts after the time
+limit and the record says how many programs ran.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import warnings
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from hypothesis import given, seed, settings  # noqa: E402
+from linear_programs import linear_programs  # noqa: E402
+from programs import programs  # noqa: E402
+from test_differential import FUZZ, TARGETS, check_triton  # noqa: E402
+from test_linear_differential import check_triton_linear  # noqa: E402
+
+CELLS = [(kind, target) for kind in ("attention", "linear") for target in TARGETS]
+KEEP_FAILURES = 50  # the first failures' programs and messages go in the record
+BATCH = 20
+
+
+def _versions() -> dict:
+    versions = {name: _version(name) for name in ("torch", "numpy", "hypothesis", "triton", "mlir")}
+    versions["python"] = platform.python_version()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True)
+    versions["ae_mlir_commit"] = commit.stdout.strip() or None
+    return versions
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=10000, help="programs in all (a quarter per cell)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--minutes", type=float, default=None, help="stop running programs after this")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    date = datetime.date.today().isoformat()
+    out = args.out or HERE.parent.parent / "bench" / "results" / f"fuzz-defaults-{date}.json"
+    warnings.filterwarnings("ignore")
+    record = {
+        "what": "random programs at the default config of each target, interpreted Triton IR vs the "
+                "float64 reference", "cells": [f"{kind} {target}" for kind, target in CELLS],
+        "command": " ".join(["python", "test/fuzz/campaign.py"] + (sys.argv[1:] if argv is None else argv)),
+        "n_requested": args.n, "seed": args.seed, "minutes_limit": args.minutes, "programs_run": 0,
+        "per_cell": {f"{kind} {target}": 0 for kind, target in CELLS}, "mismatches": 0, "crashes": 0,
+        "failures": [], "date": date, "machine": "a 2-core x86-64 CPU (shared)", "versions": _versions(),
+    }
+    start = time.time()
+
+    def save():
+        record["wall_s"] = round(time.time() - start, 1)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2) + "\n")
+
+    def run_batch(number: int, count: int):
+        kind, target = CELLS[number % len(CELLS)]
+        cell = f"{kind} {target}"
+
+        @seed(args.seed * 1_000_003 + number)
+        @settings(FUZZ, max_examples=count)
+        @given(programs(max_seq=200) if kind == "attention" else linear_programs())
+        def run(program):
+            try:
+                if kind == "attention":
+                    check_triton(program, target, None)
+                else:
+                    check_triton_linear(program, target)
+            except Exception as e:  # every failure is counted; none stops the campaign
+                key = "mismatches" if isinstance(e, AssertionError) else "crashes"
+                record[key] += 1
+                if len(record["failures"]) < KEEP_FAILURES:
+                    record["failures"].append({"cell": cell, "kind": key, "program": str(program),
+                                               "error": f"{type(e).__name__}: {str(e)[:2000]}"})
+            record["programs_run"] += 1
+            record["per_cell"][cell] += 1
+
+        run()
+        save()
+
+    # Batches of BATCH programs, one cell each in turn, each seeded by (seed, batch number): the
+    # cells stay even, and a time limit stops between batches.
+    for number in range(-(-args.n // BATCH)):
+        if args.minutes is not None and time.time() - start > 60 * args.minutes:
+            break
+        run_batch(number, min(BATCH, args.n - number * BATCH))
+    save()
+    print(json.dumps({k: record[k] for k in ("programs_run", "mismatches", "crashes", "wall_s")}))
+    return 1 if record["mismatches"] or record["crashes"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
