@@ -488,8 +488,14 @@ def expected_variant(case, bundle) -> str:
         q, k, v = suite.linear_meta(case)[:3]
     else:
         q, k, v = suite.meta_like(suite.softmax_problem(case, "cpu")[1], case.dtype)
-    rest = [torch.empty(s.shape, dtype=runtime.torch_dtype(s.dtype), device="meta") for s in bundle.inputs[3:]]
-    chosen = runtime.choose_variant(bundle, runtime.bind(bundle, q, k, v, *rest))
+    # The variant depends on the streams' layouts only (q, k, v, outputs, workspace), so meta
+    # tensors stand in for them and closure tensors and tile tables are left out.
+    def meta(spec):
+        return torch.empty(spec.shape, dtype=runtime.torch_dtype(spec.dtype), device="meta")
+
+    tensors = {"q": q, "k": k, "v": v}
+    tensors.update({spec.role: meta(spec) for spec in list(bundle.outputs) + list(bundle.workspace)})
+    chosen = runtime.choose_variant(bundle, tensors)
     return "aligned" if chosen.aligned else "generic"
 
 
