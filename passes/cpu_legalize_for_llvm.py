@@ -117,6 +117,17 @@ def _float_constant(ftype, value: float):
     return arith.constant(ftype, ir.FloatAttr.get(ftype, value))
 
 
+def _horner(coefficients, r, constant):
+    """The polynomial with `coefficients` (highest degree first) at `r`, each coefficient made by
+    `constant`, as multiply-adds at the current insertion point."""
+    from mlir.dialects import arith
+
+    p = constant(coefficients[0])
+    for c in coefficients[1:]:
+        p = arith.addf(arith.mulf(p, r), constant(c))
+    return p
+
+
 def expand_erf(module_op) -> None:
     """Replace f32 `math.erf` (scalar or vector) by a rational approximation.
 
@@ -134,15 +145,10 @@ def expand_erf(module_op) -> None:
         if (ftype.element_type if isinstance(ftype, ir.VectorType) else ftype) != ir.F32Type.get(op.context):
             continue
         with op.context, op.location, ir.InsertionPoint(op):
-            def horner(coefficients, r):
-                p = _float_constant(ftype, coefficients[0])
-                for c in coefficients[1:]:
-                    p = arith.addf(arith.mulf(p, r), _float_constant(ftype, c))
-                return p
-
             clamped = arith.minimumf(arith.maximumf(x, _float_constant(ftype, -4.0)), _float_constant(ftype, 4.0))
             x2 = arith.mulf(clamped, clamped)
-            r = arith.divf(arith.mulf(clamped, horner(ERF_NUMERATOR, x2)), horner(ERF_DENOMINATOR, x2))
+            r = arith.divf(arith.mulf(clamped, _horner(ERF_NUMERATOR, x2, lambda c: _float_constant(ftype, c))),
+                           _horner(ERF_DENOMINATOR, x2, lambda c: _float_constant(ftype, c)))
             r = arith.minimumf(arith.maximumf(r, _float_constant(ftype, -1.0)), _float_constant(ftype, 1.0))
         op.results[0].replace_all_uses_with(r)
         op.erase()
@@ -209,22 +215,16 @@ def expand_exponentials(module_op) -> None:
                     attr = ir.FloatAttr.get(elt, value) if isinstance(value, float) else ir.IntegerAttr.get(elt, value)
                     return arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr) if shape is not None else attr)
 
-                def horner(coefficients, r):
-                    p = const(ftype, coefficients[0])
-                    for c in coefficients[1:]:
-                        p = arith.addf(arith.mulf(p, r), const(ftype, c))
-                    return p
-
                 clamped = arith.minimumf(arith.maximumf(x, const(ftype, -160.0)), const(ftype, 160.0))
                 if name == "math.exp2":
                     n = math_ops.floor(arith.addf(clamped, const(ftype, 0.5)))
-                    p = horner(EXP2_POLYNOMIAL, arith.subf(clamped, n))
+                    p = _horner(EXP2_POLYNOMIAL, arith.subf(clamped, n), lambda c: const(ftype, c))
                 else:
                     n = math_ops.floor(arith.addf(arith.mulf(clamped, const(ftype, LOG2E)), const(ftype, 0.5)))
                     r = arith.subf(arith.subf(clamped, arith.mulf(n, const(ftype, LN2_HIGH))),
                                    arith.mulf(n, const(ftype, LN2_LOW)))
-                    p = arith.addf(arith.addf(arith.mulf(horner(EXP_POLYNOMIAL, r), arith.mulf(r, r)), r),
-                                   const(ftype, 1.0))
+                    tail = _horner(EXP_POLYNOMIAL, r, lambda c: const(ftype, c))
+                    p = arith.addf(arith.addf(arith.mulf(tail, arith.mulf(r, r)), r), const(ftype, 1.0))
                 ni = arith.fptosi(itype, n)
                 half = arith.shrsi(ni, const(itype, 1))
                 for part in (half, arith.subi(ni, half)):
