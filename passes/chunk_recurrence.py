@@ -53,7 +53,7 @@ from . import ModulePass, option
 from .chunk.blocked import BlockedOutputKernel
 from .chunk.sequential import SequentialKernel
 from .chunk.split import CumulativeDecayKernel, OutputKernel, StateKernel
-from .l1_text import fail, kernel_function, ops_named, replace_function
+from .l1_text import fail, kernel_function, ops_named, replace_function, shape
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,10 @@ class ChunkRecurrence(ModulePass):
         if chunk < 1:
             raise fail(op, f"chunk_size must be positive, got {chunk}")
         split = self.split and not bool(op.attributes["normalize"].value)
-        kernels = self._split_kernels(op, func, chunk) if split else [SequentialKernel(op, func, chunk, self.block_v)]
+        if split:
+            kernels = self._split_kernels(op, func, chunk)
+        else:
+            kernels = [SequentialKernel(op, func, _one_chunk_rows(shape(op.operands[0])[2], chunk), self.block_v)]
         replace_function(module_op, func, "".join(kernel.build() for kernel in kernels), "<attn-chunk-recurrence>")
 
     def _split_kernels(self, op, func, chunk: int) -> list:
@@ -97,3 +100,12 @@ class ChunkRecurrence(ModulePass):
         output = BlockedOutputKernel if BlockedOutputKernel.applies(decay, chunk) else OutputKernel
         return kernels + [StateKernel(op, func, chunk, self.block_v, self.block_k),
                           output(op, func, chunk, self.block_v)]
+
+
+def _one_chunk_rows(length: int, chunk: int) -> int:
+    """The chunk size the one-kernel form uses. A sequence no longer than the chunk is one chunk
+    either way; the power of two that covers it computes the same and keeps the chunk's tiles
+    within the rows that exist, since canonicalization makes that ragged chunk's size static and
+    the Triton lowering cannot trim a computed tile below its padded power-of-two shape."""
+    rows = 1 << max(length - 1, 0).bit_length()
+    return rows if length <= chunk and rows < chunk else chunk

@@ -64,14 +64,11 @@ def test_single_query_row_with_a_partial_key_tile(backend):
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
 @pytest.mark.parametrize("length,chunk", [(1, 32), (16, 32), (32, 64)])
-@pytest.mark.xfail(strict=True, raises=CompileError,
-                   reason="attn-lower-to-triton: 'tensor.extract_slice' op may only trim a computed tile "
-                          "within its padded power-of-two shape")
 def test_normalized_linear_attention_shorter_than_half_a_chunk(target, length, chunk):
     # normalize=True keeps the one-kernel recurrence; with L <= chunk / 2 (and chunk >= 32) the
     # whole sequence is one ragged chunk whose static row count pads to a power of two below the
-    # chunk, and the lowering cannot trim the chunk-sized tile to it. L = 17 with chunk 32, and
-    # normalize=False, compile.
+    # chunk, which the Triton lowering could not trim the chunk-sized tile to; the one-kernel form
+    # now takes the sequence's own power of two as its chunk there.
     lin = ae.linear_attention(normalize=True, chunk_size=chunk)
     q = torch.rand(1, 1, length, 16, generator=torch.Generator().manual_seed(4))
     out, state = triton_linear_interpreted(lin, [q, q, q, None, None], target)
