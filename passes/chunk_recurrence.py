@@ -106,6 +106,7 @@ def _one_chunk_rows(length: int, chunk: int) -> int:
     """The chunk size the one-kernel form uses. A sequence no longer than the chunk is one chunk
     either way; the power of two that covers it computes the same and keeps the chunk's tiles
     within the rows that exist, since canonicalization makes that ragged chunk's size static and
-    the Triton lowering cannot trim a computed tile below its padded power-of-two shape."""
-    rows = 1 << max(length - 1, 0).bit_length()
+    the Triton lowering cannot trim a computed tile below its padded power-of-two shape. Tiles
+    are at least 16 rows there, so no chunk is made smaller than that."""
+    rows = max(16, 1 << max(length - 1, 0).bit_length())
     return rows if length <= chunk and rows < chunk else chunk

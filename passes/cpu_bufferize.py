@@ -41,8 +41,34 @@ class Bufferize(ModulePass):
                               "boundaries; kernels then write their destination arguments and return nothing")
 
     def apply(self, module_op) -> None:
+        _protect_inputs(lowered_kernels(module_op))
         run_transform(module_op, BUFFERIZE_SCRIPT)
         _drop_results(module_op, lowered_kernels(module_op))
+
+
+def _protect_inputs(kernels) -> None:
+    """Mark every argument but the destinations (the trailing ones, one per result) not writable.
+
+    One-shot bufferization takes function arguments as writable by default: a kernel whose loop
+    state starts from an input (the linear recurrence's initial state) then updates that input's
+    buffer in place, overwriting the caller's tensor, when the grid has a single program and no
+    loop keeps the value apart."""
+    from mlir import ir
+
+    for kernel in kernels:
+        ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
+        n_inputs = len(ftype.inputs) - len(ftype.results)
+        with kernel.context:
+            old = (list(kernel.attributes["arg_attrs"]) if "arg_attrs" in kernel.attributes
+                   else [ir.DictAttr.get({}) for _ in ftype.inputs])
+            new = []
+            for i, attrs in enumerate(old):
+                attrs = ir.DictAttr(attrs)
+                entries = {attrs[j].name: attrs[j].attr for j in range(len(attrs))}
+                if i < n_inputs:
+                    entries["bufferization.writable"] = ir.BoolAttr.get(False)
+                new.append(ir.DictAttr.get(entries))
+            kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
 
 
 def _drop_results(module_op, kernels) -> None:

@@ -89,3 +89,18 @@ def test_cpu_gla_with_a_head_dim_not_a_power_of_two():
     decay = -torch.rand(1, 1, 20, 24, generator=g)
     torch.testing.assert_close(lin(q, q, v, decay, backend="cpu").double(),
                                lin(q, q, v, decay, backend="reference").double(), atol=2e-5, rtol=2e-5)
+
+
+def test_cpu_linear_attention_leaves_the_initial_state_alone():
+    # With one program in the grid (B = H = 1) the CPU kernel updated the caller's initial_state
+    # in place: one-shot bufferization took the input argument as writable.
+    lin = ae.linear_attention(chunk_size=16)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 1, 5, 16, generator=g) for _ in range(3))
+    s0 = torch.randn(1, 1, 16, 16, generator=g)
+    before = s0.clone()
+    out, state = lin(q, k, v, initial_state=s0, return_state=True, backend="cpu")
+    assert torch.equal(s0, before)
+    want_out, want_state = lin(q, k, v, initial_state=before, return_state=True, backend="reference")
+    torch.testing.assert_close(out.double(), want_out.double(), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(state.double(), want_state.double(), atol=2e-5, rtol=2e-5)
