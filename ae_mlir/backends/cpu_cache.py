@@ -45,6 +45,7 @@ def directory() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def host_identity() -> str:
     """The architecture and the CPU feature flags the JIT's host target is derived from."""
     features = ""
