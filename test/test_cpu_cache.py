@@ -52,9 +52,12 @@ _TWO_PROCESS_SCRIPT = textwrap.dedent("""
     print(first_ms, "mlir" in sys.modules, hashlib.sha256(o.numpy().tobytes()).hexdigest())
 """)
 
-# A cached kernel loads in about 1 ms and this one runs in a few; the rest of a first call is
-# importing the backend and hashing the compiler's sources for the key. A compile takes seconds.
-_FIRST_CALL_LIMIT_MS = 250
+# The bar a second process's first call must meet. A cached kernel loads in about 1 ms and this
+# one runs in a few; the rest is importing the backend and fingerprinting the compiler's sources
+# for the key (about 20-30 ms on a 2-core x86-64 CPU). A compile takes seconds. The best of three
+# second processes is compared, so one descheduled process on a loaded machine does not decide.
+_FIRST_CALL_LIMIT_MS = 50
+_SECOND_PROCESSES = 3
 
 
 @needs_cc
@@ -66,13 +69,18 @@ def test_second_process_calls_the_cached_kernel_without_mlir(tmp_path):
     assert "ae-mlir: compiling for the CPU" in first.stderr
     assert "ae-mlir: compiled 'attention' for the CPU in" in first.stderr
     assert _entries(tmp_path) == [".json", ".so"]
-    second = _python(_TWO_PROCESS_SCRIPT, env)
-    assert second.returncode == 0, second.stderr
-    assert "ae-mlir:" not in second.stderr  # nothing compiled, nothing said
-    (ms1, mlir1, digest1), (ms2, mlir2, digest2) = (r.stdout.split() for r in (first, second))
-    assert (mlir1, mlir2) == ("True", "False")
-    assert digest1 == digest2
-    assert float(ms2) < _FIRST_CALL_LIMIT_MS, (ms1, ms2)
+    ms1, mlir1, digest1 = first.stdout.split()
+    assert mlir1 == "True"
+    later_ms = []
+    for _ in range(_SECOND_PROCESSES):
+        second = _python(_TWO_PROCESS_SCRIPT, env)
+        assert second.returncode == 0, second.stderr
+        assert "ae-mlir:" not in second.stderr  # nothing compiled, nothing said
+        ms2, mlir2, digest2 = second.stdout.split()
+        assert mlir2 == "False"
+        assert digest2 == digest1
+        later_ms.append(float(ms2))
+    assert min(later_ms) < _FIRST_CALL_LIMIT_MS, (ms1, later_ms)
 
 
 # --- corrupt entries are rebuilt ------------------------------------------------------------------
