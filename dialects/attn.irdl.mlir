@@ -76,6 +76,62 @@ irdl.dialect @attn {
     irdl.results(out: %out)
   }
 
+  // ---- derivatives (written by attn-differentiate into a function `<name>_grad`) -------------
+  // Their regions take (score: f32, grad: f32, b, h, q_idx, kv_idx: index), where score is the
+  // score_mod's input and grad the gradient with respect to its output.
+
+  // d_scores[b, h, i, j] = body(scores[b, h, i, j], grad[b, h, i, j], b, h, i, j): the chain
+  // rule through a score_mod.
+  irdl.operation @score_mod_grad {
+    %s = irdl.base "!builtin.tensor"
+    %g = irdl.base "!builtin.tensor"
+    %out = irdl.base "!builtin.tensor"
+    irdl.operands(scores: %s, grad: %g)
+    irdl.results(d_scores: %out)
+    %body = irdl.region
+    irdl.regions(body: %body)
+  }
+
+  // The gradient of a float closure tensor that a score_mod reads with tensor.extract. The body
+  // yields one group (value: f32, index_0, ..., index_{r-1}: index) per read of `closure` (rank
+  // r); d_closure (f32, the closure's shape) starts at zero and every grid point (b, h, i, j)
+  // adds each group's value at its indices.
+  irdl.operation @closure_grad {
+    %s = irdl.base "!builtin.tensor"
+    %g = irdl.base "!builtin.tensor"
+    %c = irdl.base "!builtin.tensor"
+    %out = irdl.base "!builtin.tensor"
+    irdl.operands(scores: %s, grad: %g, closure: %c)
+    irdl.results(d_closure: %out)
+    %body = irdl.region
+    irdl.regions(body: %body)
+  }
+
+  // The gradient of attn.normalize's scores from d_probs, the gradient of its probs (P). Built-in
+  // kinds, regions empty, masked entries get 0:
+  //   softmax: P * (d_probs - rowsum(P * d_probs)); sigmoid: d_probs * P * (1 - P);
+  //   relu: d_probs where the score is > 0; none: d_probs.
+  // "online": prob and finalize are the normalizer's own regions; prob_grad (s, m, g) yields
+  // (g * dprob/ds, g * dprob/dm) and finalize_grad (acc, l, g) yields (g * dfinalize/dacc,
+  // g * dfinalize/dl). With stat = "max", m is the row max of the visible scores and its gradient
+  // goes to the entries equal to it, split evenly; with "none", m is 0.
+  irdl.operation @normalize_grad {
+    %s = irdl.base "!builtin.tensor"
+    %m = irdl.base "!builtin.tensor"
+    %dp = irdl.base "!builtin.tensor"
+    %out = irdl.base "!builtin.tensor"
+    %kind = irdl.base "#builtin.string"
+    %stat = irdl.base "#builtin.string"
+    irdl.operands(scores: %s, keep: optional %m, d_probs: %dp)
+    irdl.results(d_scores: %out)
+    irdl.attributes {"kind" = %kind, "stat" = %stat}
+    %prob = irdl.region
+    %finalize = irdl.region
+    %prob_grad = irdl.region
+    %finalize_grad = irdl.region
+    irdl.regions(prob: %prob, finalize: %finalize, prob_grad: %prob_grad, finalize_grad: %finalize_grad)
+  }
+
   // Linear attention as a recurrence over time (see DESIGN.md section 3):
   //   S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t,  o_t = scale * q_t S_t,  S_0 = initial_state or 0,
   // after the q/k/v mod regions (empty region: identity) are applied elementwise.

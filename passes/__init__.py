@@ -35,6 +35,7 @@ from ..core.context import CompileError
 # Pass name -> "module:Class" under this package; modules are imported on first use only.
 _REGISTRY: dict[str, str] = {
     "attn-verify": "verify:AttnVerify",
+    "attn-differentiate": "differentiate:Differentiate",
     "attn-fuse-online-softmax": "fuse_online_softmax:FuseOnlineSoftmax",
     "attn-tile": "tile:AttnTile",
     "attn-chunk-recurrence": "chunk_recurrence:ChunkRecurrence",

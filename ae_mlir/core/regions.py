@@ -42,6 +42,8 @@ class ScalarProgram:
     # Per external: ("operand", i) for the function's i-th argument (a closure tensor),
     # ("constant", value attribute, type) for an arith.constant, ("other",) for anything else.
     sources: tuple = ()
+    # The keys of every yielded value, `result` first; derivative regions yield several.
+    results: tuple[str, ...] = ()
 
     def uses_arg(self, index: int) -> bool:
         key = f"arg{index}"
@@ -54,9 +56,11 @@ class ScalarProgram:
             raise ValueError("the program reads an outer value that is neither a function argument nor a constant")
         ops = [{"name": op.name, "operands": list(op.operands), "attributes": [list(a) for a in op.attributes],
                 "result_types": list(op.result_types), "operand_types": list(op.operand_types)} for op in self.ops]
-        return json.dumps({"arg_types": list(self.arg_types), "ops": ops, "result": self.result,
-                           "result_type": self.result_type, "sources": [list(s) for s in self.sources]},
-                          separators=(",", ":"), sort_keys=True)
+        data = {"arg_types": list(self.arg_types), "ops": ops, "result": self.result,
+                "result_type": self.result_type, "sources": [list(s) for s in self.sources]}
+        if len(self.results) > 1:
+            data["results"] = list(self.results)
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "ScalarProgram":
@@ -64,7 +68,8 @@ class ScalarProgram:
         ops = tuple(ScalarOp(op["name"], tuple(op["operands"]), tuple(tuple(a) for a in op["attributes"]),
                              tuple(op["result_types"]), tuple(op["operand_types"])) for op in data["ops"])
         return ScalarProgram(tuple(data["arg_types"]), ops, data["result"], data["result_type"],
-                             sources=tuple(tuple(s) for s in data["sources"]))
+                             sources=tuple(tuple(s) for s in data["sources"]),
+                             results=tuple(data.get("results", [data["result"]])))
 
 
 def _source(value) -> tuple:
@@ -102,6 +107,7 @@ def from_region(region) -> ScalarProgram | None:
                 externals.append(v)
             operand_keys.append(keys[v])
         if operation.name == "gpu.yield":
+            results = tuple(operand_keys)
             result = operand_keys[0]
             result_type = str(operation.operands[0].type)
             break
@@ -118,7 +124,7 @@ def from_region(region) -> ScalarProgram | None:
     if result is None:
         raise ValueError("mod region does not end with gpu.yield")
     return ScalarProgram(tuple(str(a.type) for a in block.arguments), tuple(ops), result, result_type,
-                         tuple(externals), tuple(_source(v) for v in externals))
+                         tuple(externals), tuple(_source(v) for v in externals), results)
 
 
 class TextEmitter:

@@ -156,14 +156,24 @@ def eval_op(op: ScalarOp, args: list, index: int = 0, device=None):
     raise ScalarEvalError("is not supported inside mod regions", index)
 
 
-def evaluate(program: ScalarProgram, args: list, externals: list = (), device=None):
-    """The program's result on `args` (its block arguments) and `externals` (the tensors bound to
-    "ext<i>", see `bind_externals`); constants are created on `device`."""
+def _environment(program: ScalarProgram, args: list, externals: list, device) -> dict:
     env = {f"arg{i}": a for i, a in enumerate(args)}
     env.update({f"ext{i}": e for i, e in enumerate(externals)})
     for i, op in enumerate(program.ops):
         env[f"v{i}_0"] = eval_op(op, [env[k] for k in op.operands], i, device)
-    return env[program.result]
+    return env
+
+
+def evaluate(program: ScalarProgram, args: list, externals: list = (), device=None):
+    """The program's result on `args` (its block arguments) and `externals` (the tensors bound to
+    "ext<i>", see `bind_externals`); constants are created on `device`."""
+    return _environment(program, args, externals, device)[program.result]
+
+
+def evaluate_all(program: ScalarProgram, args: list, externals: list = (), device=None) -> list:
+    """Every value the program yields, in order (derivative regions yield several)."""
+    env = _environment(program, args, externals, device)
+    return [env[key] for key in program.results or (program.result,)]
 
 
 def bind_externals(program: ScalarProgram, operands: list, device=None) -> list:

@@ -51,11 +51,12 @@ def _segments(op, attr: str, n: int) -> list[list]:
     return out
 
 
-def _check_region(region, what: str, arg_types: list[str], result_type: str, optional: bool = False):
+def _yielded_types(region, what: str, arg_types: list[str], optional: bool = False) -> list[str] | None:
+    """The types a one-block region taking `arg_types` yields; None for an allowed empty region."""
     blocks = list(region.blocks)
     if not blocks:
         _expect(optional, f"{what} region must not be empty")
-        return
+        return None
     _expect(len(blocks) == 1, f"{what} region must have exactly one block")
     block = blocks[0]
     got = [str(a.type) for a in block.arguments]
@@ -65,8 +66,13 @@ def _check_region(region, what: str, arg_types: list[str], result_type: str, opt
     )
     ops = list(block.operations)
     _expect(bool(ops) and ops[-1].name == "gpu.yield", f"{what} region must end with gpu.yield")
-    yielded = [str(v.type) for v in ops[-1].operands]
-    _expect(yielded == [result_type], f"{what} region must yield one {result_type}, got ({', '.join(yielded)})")
+    return [str(v.type) for v in ops[-1].operands]
+
+
+def _check_region(region, what: str, arg_types: list[str], result_type: str, optional: bool = False):
+    yielded = _yielded_types(region, what, arg_types, optional)
+    if yielded is not None:
+        _expect(yielded == [result_type], f"{what} region must yield one {result_type}, got ({', '.join(yielded)})")
 
 
 def _check_gqa(h: int, hkv: int, what: str):
@@ -128,6 +134,59 @@ def _verify_aggregate(op):
     _expect(out == [b, h, lq, dv], f"result must have shape [{b}, {h}, {lq}, {dv}], got {out}")
 
 
+_GRAD_ARGS = ["f32", "f32"] + ["index"] * 4
+
+
+def _same_scores(op, names: list[str]) -> list[int]:
+    """The shape shared by the op's first operands (f32 [B, H, Lq, Lk]) and its result."""
+    shape, _ = _tensor(op.operands[0].type, names[0], 4, ("f32",))
+    for value, name in zip(list(op.operands)[1 : len(names)], names[1:]):
+        other, _ = _tensor(value.type, name, 4, ("f32",))
+        _expect(other == shape, f"{name} shape {other} must equal the {names[0]} shape {shape}")
+    return shape
+
+
+def _verify_score_mod_grad(op):
+    shape = _same_scores(op, ["scores", "grad"])
+    out, _ = _tensor(op.results[0].type, "result", 4, ("f32",))
+    _expect(out == shape, f"result shape {out} must equal the scores shape {shape}")
+    _check_region(op.regions[0], "score_mod_grad", _GRAD_ARGS, "f32")
+
+
+def _verify_closure_grad(op):
+    _same_scores(op, ["scores", "grad"])
+    shape, _ = _tensor(op.operands[2].type, "closure", None, FLOAT_TYPES + ("f64",))
+    out, _ = _tensor(op.results[0].type, "result", len(shape), ("f32",))
+    _expect(out == shape, f"result shape {out} must equal the closure's shape {shape}")
+    group = ["f32"] + ["index"] * len(shape)
+    yielded = _yielded_types(op.regions[0], "closure_grad", _GRAD_ARGS)
+    _expect(bool(yielded) and len(yielded) % len(group) == 0 and yielded == group * (len(yielded) // len(group)),
+            f"closure_grad region must yield groups ({', '.join(group)}), one per read, got ({', '.join(yielded)})")
+
+
+def _verify_normalize_grad(op):
+    kind = str(op.attributes["kind"]).strip('"')
+    _expect(kind in NORMALIZE_KINDS, f"unknown normalize kind '{kind}' (expected one of {', '.join(NORMALIZE_KINDS)})")
+    stat = str(op.attributes["stat"]).strip('"')
+    _expect(stat in ("max", "none"), f"stat must be 'max' or 'none', got '{stat}'")
+    (scores,), keep, (d_probs,) = _segments(op, "operandSegmentSizes", 3)
+    shape, _ = _tensor(scores.type, "scores", 4, ("f32",))
+    for value, name, elts in ((keep[0] if keep else None, "mask", ("i1",)), (d_probs, "d_probs", ("f32",))):
+        if value is not None:
+            other, _ = _tensor(value.type, name, 4, elts)
+            _expect(other == shape, f"{name} shape {other} must equal the scores shape {shape}")
+    out, _ = _tensor(op.results[0].type, "result", 4, ("f32",))
+    _expect(out == shape, f"result shape {out} must equal the scores shape {shape}")
+    if kind != "online":
+        _expect(not any(list(r.blocks) for r in op.regions), f"built-in normalize kind '{kind}' takes no regions")
+        return
+    for region, name in zip(op.regions[:2], ("prob", "finalize")):
+        _check_region(region, name, ["f32", "f32"], "f32")
+    for region, name in zip(op.regions[2:], ("prob_grad", "finalize_grad")):
+        yielded = _yielded_types(region, name, ["f32"] * 3)
+        _expect(yielded == ["f32", "f32"], f"{name} region must yield (f32, f32), got ({', '.join(yielded)})")
+
+
 def _verify_linear(op):
     decay = str(op.attributes["decay"]).strip('"')
     _expect(decay in DECAY_KINDS, f"unknown decay kind '{decay}' (expected one of {', '.join(DECAY_KINDS)})")
@@ -165,6 +224,9 @@ _RULES = {
     "attn.normalize": _verify_normalize,
     "attn.aggregate": _verify_aggregate,
     "attn.linear_recurrence": _verify_linear,
+    "attn.score_mod_grad": _verify_score_mod_grad,
+    "attn.closure_grad": _verify_closure_grad,
+    "attn.normalize_grad": _verify_normalize_grad,
 }
 
 

@@ -1,6 +1,7 @@
 // RUN: ae-opt --list-passes | FileCheck %s
 
 // CHECK: ae-mlir passes
+// CHECK: attn-differentiate {{.+}}
 // CHECK: attn-verify {{.+}}
 // CHECK-NEXT: max-errors=<integer> {{.+}} (default: 0)
 // CHECK: Upstream MLIR passes (canonicalize, cse, {{.*}}) are accepted by name too
