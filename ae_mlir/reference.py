@@ -215,7 +215,8 @@ def evaluate(module, inputs: list) -> list:
 
 
 def run_module_text(text: str, inputs: list, out_dtype) -> list:
-    """Parse, verify and evaluate `text`; the first result takes `out_dtype`, the rest stay f32."""
+    """Parse, verify and evaluate `text`; the first result takes `out_dtype`, the rest are f32
+    (f64 for a float64 `out_dtype`, so a float64 call keeps the oracle's precision throughout)."""
     import torch
 
     from .core.context import new_context, parse_module
@@ -228,4 +229,5 @@ def run_module_text(text: str, inputs: list, out_dtype) -> list:
         results = evaluate(module, inputs)
     device = inputs[0].device
     first = results[0].to(dtype=out_dtype, device=device)
-    return [first] + [r.to(dtype=torch.float32, device=device) for r in results[1:]]
+    rest = torch.float64 if out_dtype == torch.float64 else torch.float32
+    return [first] + [r.to(dtype=rest, device=device) for r in results[1:]]

@@ -8,6 +8,9 @@ from __future__ import annotations
 from .context import CompileError, Diagnostic, location_parts
 
 FLOAT_TYPES = ("f16", "bf16", "f32")
+# q, k, v and the output of the softmax family may also be f64, which only the reference executor
+# runs (the float64 oracle that torch.autograd.gradcheck checks the backward against).
+ATTENTION_TYPES = FLOAT_TYPES + ("f64",)
 NORMALIZE_KINDS = ("softmax", "sigmoid", "relu", "none", "online")
 DECAY_KINDS = ("none", "head", "token", "token_dim")
 
@@ -80,8 +83,8 @@ def _check_gqa(h: int, hkv: int, what: str):
 
 
 def _verify_score(op):
-    (bq, h, lq, dq), _ = _tensor(op.operands[0].type, "q", 4, FLOAT_TYPES)
-    (bk, hkv, lk, dk), _ = _tensor(op.operands[1].type, "k", 4, FLOAT_TYPES)
+    (bq, h, lq, dq), _ = _tensor(op.operands[0].type, "q", 4, ATTENTION_TYPES)
+    (bk, hkv, lk, dk), _ = _tensor(op.operands[1].type, "k", 4, ATTENTION_TYPES)
     _expect(bq == bk, f"q and k batch sizes differ ({bq} vs {bk})")
     _expect(dq == dk, f"q and k head dims differ ({dq} vs {dk})")
     _check_gqa(h, hkv, "k")
@@ -126,11 +129,11 @@ def _verify_normalize(op):
 
 def _verify_aggregate(op):
     (b, h, lq, lk), _ = _tensor(op.operands[0].type, "probs", 4, ("f32",))
-    (bv, hkv, lv, dv), _ = _tensor(op.operands[1].type, "v", 4, FLOAT_TYPES)
+    (bv, hkv, lv, dv), _ = _tensor(op.operands[1].type, "v", 4, ATTENTION_TYPES)
     _expect(b == bv, f"probs and v batch sizes differ ({b} vs {bv})")
     _expect(lk == lv, f"probs has {lk} keys but v has {lv} rows")
     _check_gqa(h, hkv, "v")
-    out, _ = _tensor(op.results[0].type, "result", 4, FLOAT_TYPES)
+    out, _ = _tensor(op.results[0].type, "result", 4, ATTENTION_TYPES)
     _expect(out == [b, h, lq, dv], f"result must have shape [{b}, {h}, {lq}, {dv}], got {out}")
 
 
@@ -155,7 +158,7 @@ def _verify_score_mod_grad(op):
 
 def _verify_closure_grad(op):
     _same_scores(op, ["scores", "grad"])
-    shape, _ = _tensor(op.operands[2].type, "closure", None, FLOAT_TYPES + ("f64",))
+    shape, _ = _tensor(op.operands[2].type, "closure", None, ATTENTION_TYPES)
     out, _ = _tensor(op.results[0].type, "result", len(shape), ("f32",))
     _expect(out == shape, f"result shape {out} must equal the closure's shape {shape}")
     group = ["f32"] + ["index"] * len(shape)

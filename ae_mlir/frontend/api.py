@@ -60,6 +60,11 @@ class attention:
     FlashAttention's [B, L, H, D] and the output is [B, L, H, Dv]; lse is [B, H, L] in both.
     A closure-tensor index out of range is clamped into the tensor; `check_indices=True` (or
     AE_MLIR_CHECK=1) raises IndexError for it instead.
+
+    The output is differentiable when q, k, v or a closure tensor requires grad: the backward is
+    evaluated by torch from the derivative regions the compiler builds (`attn-differentiate`),
+    not yet by generated kernels. float64 inputs run on backend="reference" only, for
+    torch.autograd.gradcheck.
     """
 
     def __init__(self, score_mod=None, mask_mod=None, normalize="softmax", scale=None, layout="bhld",
@@ -87,7 +92,7 @@ class attention:
     @staticmethod
     def _validate_as(layout, q, k, v):
         q, k, v = (checks.to_bhld(t, layout) for t in (q, k, v))
-        checks.check_common(q, k, v, checks.FORMS[layout])
+        checks.check_common(q, k, v, checks.FORMS[layout], float64=True)
         checks.same("k", k.shape[1], "v", v.shape[1], "number of heads")
         checks.same("k", k.shape[2], "v", v.shape[2], "sequence length")
         h, hkv = q.shape[1], k.shape[1]
@@ -179,6 +184,7 @@ class attention:
             name = self.normalize if isinstance(self.normalize, str) else self.normalize.name
             raise ValueError(f"return_lse=True needs normalize='softmax', not {name!r}")
         backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
+        checks.check_float64_backend(q, backend)
         if q.shape[0] * q.shape[1] * q.shape[2] == 0 or k.shape[2] == 0:
             # Nothing to compute: no queries, or no keys (every row is empty: o = 0, lse = -inf).
             import torch
@@ -195,12 +201,26 @@ class attention:
                 ("attn.score_mod", self.score_mod, "score_mod"), ("attn.mask", self.mask_mod, "mask_mod"))
                 if fn is not None}
             index_check.check_module(unclamped, [q, k, v] + captures, 3, mods)
+        if wants_grad([q, k, v] + captures):
+            from .autograd import compiled_call, differentiable_call
+
+            out, lse = differentiable_call(compiled_call(self, text, q, backend), q, k, v, captures)
+            return (self._out(out), lse) if return_lse else self._out(out)
         results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])
 
     def _out(self, out):
         """The output in the caller's layout (a view); lse stays [B, H, L], as FlashAttention's."""
         return out.transpose(1, 2) if self.layout == "blhd" else out
+
+
+def wants_grad(tensors: list) -> bool:
+    """Whether autograd records this call: grad mode is on and some input requires grad."""
+    if not any(t.requires_grad for t in tensors):
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
 
 
 def _as_float(expr):

@@ -12,15 +12,27 @@ G_FORMS = {"bhld": {"token": "[B, H, T]", "token_dim": "[B, H, T, Dk]"},
 _DTYPES = ("float16", "bfloat16", "float32")
 
 
-def check_tensor(name: str, t, rank: int, form: str = FORMS["bhld"]):
+def check_tensor(name: str, t, rank: int, form: str = FORMS["bhld"], float64: bool = False):
+    """`float64` also lets float64 through: softmax-family attention runs it on the reference
+    backend (see `check_float64_backend`)."""
     import torch
 
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != rank:
         raise ValueError(f"{name} must have rank {rank} ({form} layout), got shape {tuple(t.shape)}")
-    if str(t.dtype).removeprefix("torch.") not in _DTYPES:
+    if str(t.dtype).removeprefix("torch.") not in _DTYPES and not (float64 and t.dtype == torch.float64):
         raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+
+
+def check_float64_backend(q, backend: str):
+    """float64 q/k/v run on the float64 reference only (how torch.autograd.gradcheck checks the
+    backward); the compiled backends take float16, bfloat16 and float32."""
+    import torch
+
+    if q.dtype == torch.float64 and backend != "reference":
+        raise ValueError(f"q must be float16, bfloat16 or float32 for backend={backend!r}, got torch.float64; "
+                         "float64 inputs run with backend='reference' only")
 
 
 def check_float(name: str, t):
@@ -33,10 +45,10 @@ def same(name_a, a, name_b, b, what: str):
         raise ValueError(f"{name_a} and {name_b} must have the same {what}, got {a} and {b}")
 
 
-def check_common(q, k, v, form: str):
+def check_common(q, k, v, form: str, float64: bool = False):
     """q, k, v already in [B, H, L, D] order; `form` is how the caller's layout spells them."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, 4, form)
+        check_tensor(name, t, 4, form, float64)
     same("q", q.dtype, "k", k.dtype, "dtype")
     same("q", q.dtype, "v", v.dtype, "dtype")
     same("q", q.device, "k", k.device, "device")
