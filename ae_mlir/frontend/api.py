@@ -10,6 +10,9 @@ from .locations import definition_location, user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
 
 NORMALIZERS = ("softmax", "sigmoid", "relu", "none")
+# What a score_mod and a mask_mod are traced with: (score, b, h, q_idx, kv_idx) and (b, h, q_idx, kv_idx).
+SCORE_MOD_ARGS = [F32, INDEX, INDEX, INDEX, INDEX]
+MASK_MOD_ARGS = [INDEX, INDEX, INDEX, INDEX]
 
 
 def _mod_name(fn, role: str) -> str:
@@ -21,6 +24,7 @@ class _Captures:
 
     def __init__(self):
         self.tensors: list = []
+        self.sources: list = []  # each tensor as the user holds it (see trace.Capture)
 
     def add(self, state: TraceState) -> list[int]:
         positions = []
@@ -31,6 +35,7 @@ class _Captures:
                     break
             else:
                 self.tensors.append(cap.tensor)
+                self.sources.append(cap.source)
                 positions.append(len(self.tensors) - 1)
         return positions
 
@@ -64,7 +69,9 @@ class attention:
     The output is differentiable when q, k, v or a closure tensor requires grad: the backward is
     evaluated by torch from the derivative regions the compiler builds (`attn-differentiate`),
     not yet by generated kernels. float64 inputs run on backend="reference" only, for
-    torch.autograd.gradcheck.
+    torch.autograd.gradcheck. Under torch.compile a call is one custom op, `ae_mlir::attention`
+    (no graph break, no MLIR while tracing); the closure tensors it passes are those the mods
+    read when the attention was constructed.
     """
 
     def __init__(self, score_mod=None, mask_mod=None, normalize="softmax", scale=None, layout="bhld",
@@ -88,6 +95,10 @@ class attention:
         self.scale = scale
         self.layout = layout
         self.check_indices = check_indices
+        from . import variant_registry
+
+        self._key = variant_registry.register(self)
+        self._closures = variant_registry.closure_tensors(self)
 
     @staticmethod
     def _validate_as(layout, q, k, v):
@@ -131,7 +142,7 @@ class attention:
                     + call)
         if self.score_mod is not None:
             name = _mod_name(self.score_mod, "score_mod")
-            expr, state = trace(self.score_mod, name, [F32, INDEX, INDEX, INDEX, INDEX])
+            expr, state = trace(self.score_mod, name, SCORE_MOD_ARGS)
             if expr.type == I1:
                 raise TraceError(f"{name} must return a float score, got a boolean")
             if expr.type == INDEX:
@@ -144,7 +155,7 @@ class attention:
         keep = None
         if self.mask_mod is not None:
             name = _mod_name(self.mask_mod, "mask_mod")
-            expr, state = trace(self.mask_mod, name, [INDEX, INDEX, INDEX, INDEX])
+            expr, state = trace(self.mask_mod, name, MASK_MOD_ARGS)
             if expr.type != I1:
                 raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
             args = [("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
@@ -193,14 +204,12 @@ class attention:
             out = torch.zeros(b, h, lq, v.shape[3], dtype=q.dtype, device=q.device)
             lse = torch.full((b, h, lq), -math.inf, dtype=torch.float32, device=q.device)
             return (self._out(out), lse) if return_lse else self._out(out)
-        text, captures = self._build(q, k, v)
-        checks.check_capture_devices(captures, q.device)
-        if index_check.enabled(self.check_indices) and captures:
-            unclamped, _ = self._build(q, k, v, clamp=False)
-            mods = {(op, 0): index_check.describe(fn, role) for op, fn, role in (
-                ("attn.score_mod", self.score_mod, "score_mod"), ("attn.mask", self.mask_mod, "mask_mod"))
-                if fn is not None}
-            index_check.check_module(unclamped, [q, k, v] + captures, 3, mods)
+        if _compiling():
+            from .torch_op import compiled_attention
+
+            out, lse = compiled_attention(self, q, k, v, backend)
+            return (self._out(out), lse) if return_lse else self._out(out)
+        text, captures = self._prepare(q, k, v)
         if wants_grad([q, k, v] + captures):
             from .autograd import compiled_call, differentiable_call
 
@@ -209,9 +218,28 @@ class attention:
         results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])
 
+    def _prepare(self, q, k, v) -> tuple[str, list]:
+        """The L0 module for these [B, H, L, D] tensors and the closure tensors it takes, checked
+        (devices; indices in checked mode)."""
+        text, captures = self._build(q, k, v)
+        checks.check_capture_devices(captures, q.device)
+        if index_check.enabled(self.check_indices) and captures:
+            unclamped, _ = self._build(q, k, v, clamp=False)
+            mods = {(op, 0): index_check.describe(fn, role) for op, fn, role in (
+                ("attn.score_mod", self.score_mod, "score_mod"), ("attn.mask", self.mask_mod, "mask_mod"))
+                if fn is not None}
+            index_check.check_module(unclamped, [q, k, v] + captures, 3, mods)
+        return text, captures
+
     def _out(self, out):
         """The output in the caller's layout (a view); lse stays [B, H, L], as FlashAttention's."""
         return out.transpose(1, 2) if self.layout == "blhd" else out
+
+
+def _compiling() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def wants_grad(tensors: list) -> bool:

@@ -46,6 +46,8 @@ class Capture:
 
     tensor: object
     position: int  # order of first use within its trace
+    # The tensor as the user holds it: a 0-d tensor travels as a 1-element `tensor`.
+    source: object = None
 
 
 class TraceState:
@@ -53,11 +55,11 @@ class TraceState:
         self.mod_name = mod_name
         self.captures: list[Capture] = []
 
-    def capture(self, tensor) -> Capture:
+    def capture(self, tensor, source=None) -> Capture:
         for cap in self.captures:
             if cap.tensor is tensor:
                 return cap
-        cap = Capture(tensor, len(self.captures))
+        cap = Capture(tensor, len(self.captures), tensor if source is None else source)
         self.captures.append(cap)
         return cap
 
@@ -112,6 +114,7 @@ def _unify(a: "Sym", b: "Sym", allow_bool: bool = False) -> tuple["Sym", "Sym", 
 def _extract(tensor, index_syms, state: TraceState) -> "Sym":
     import torch
 
+    source = tensor
     if tensor.dim() == 0 and not index_syms:
         # A scalar tensor travels as a one-element vector, so backends handle rank >= 1 only.
         tensor, index_syms = tensor.reshape(1), (0,)
@@ -137,7 +140,7 @@ def _extract(tensor, index_syms, state: TraceState) -> "Sym":
         if s.expr.type != INDEX:
             state.fail(f"closure tensors must be indexed with integer expressions, got a {s.expr.type} value")
         idx.append(s.expr)
-    cap = state.capture(tensor)
+    cap = state.capture(tensor, source)
     return Sym(Expr("extract", ty, tuple(idx), value=cap), state)
 
 

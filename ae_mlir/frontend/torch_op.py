@@ -1,0 +1,101 @@
+"""`torch.compile` support: softmax-family attention as the custom op `ae_mlir::attention`.
+
+Under `torch.compile` an `ae_mlir.attention` call records one op instead of being traced: dynamo
+never runs the tracer or MLIR. The op names its variant by a key (`variant_registry`) and takes
+q, k, v ([B, H, L, D] views) and the closure tensors as inputs; its fake implementation gives the
+output shapes, and `register_autograd` connects its backward, itself the op
+`ae_mlir::attention_backward`, so the compiled backward graph calls it as one op as well. Both
+run what eager calls run: the compiled forward kernel, and torch evaluating the derivative
+regions `attn-differentiate` builds (`autograd.CompiledCall`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import variant_registry
+from .autograd import CompiledCall, compiled_call
+
+
+def _kernel_captures(captures: list) -> list:
+    """Closure tensors as the kernel takes them: a 0-d tensor as a 1-element vector."""
+    return [t.reshape(1) if t.dim() == 0 else t for t in captures]
+
+
+def _call(key: str, backend: str, q, k, v, captures: list) -> CompiledCall:
+    attn = variant_registry.lookup(key)
+    text, traced = attn._prepare(q, k, v)
+    given = _kernel_captures(captures)
+    if [(tuple(t.shape), t.dtype) for t in traced] != [(tuple(t.shape), t.dtype) for t in given]:
+        raise RuntimeError(f"the mods of ae_mlir attention {key!r} now read closure tensors "
+                           f"{[tuple(t.shape) for t in traced]}, not the {[tuple(t.shape) for t in given]} they read "
+                           "when it was constructed; under torch.compile the closure tensors are fixed at "
+                           "construction: construct the attention again after replacing them")
+    return compiled_call(attn, text, q, backend)
+
+
+def _lse_dtype(q) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("ae_mlir::attention", mutates_args=())
+def attention_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor,
+                 captures: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """(out, lse); lse is zeros for normalizers other than softmax, which have none."""
+    call = _call(key, backend, q, k, v, captures)
+    out, lse = call.forward(q, k, v, _kernel_captures(captures))
+    if lse is None:
+        lse = torch.zeros(q.shape[:3], dtype=_lse_dtype(q), device=q.device)
+    return out, lse
+
+
+@attention_op.register_fake
+def _attention_fake(key, backend, q, k, v, captures):
+    b, h, lq, _ = q.shape
+    return q.new_empty((b, h, lq, v.shape[3])), q.new_empty((b, h, lq), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("ae_mlir::attention_backward", mutates_args=())
+def attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor, captures: list[Tensor],
+                          lse: Tensor, d_out: Tensor, d_lse: Tensor | None) -> list[Tensor]:
+    """[dq, dk, dv, one gradient per closure tensor]; zeros where none reaches a tensor."""
+    call = _call(key, backend, q, k, v, captures)
+    softmax = call.with_lse
+    dq, dk, dv, d_captures = call.backward(q, k, v, _kernel_captures(captures), lse if softmax else None, d_out,
+                                           d_lse if softmax else None)
+    return [dq, dk, dv] + [torch.zeros_like(_grad_like(t)) if g is None else g.reshape(t.shape)
+                           for g, t in zip(d_captures, captures)]
+
+
+def _grad_like(t):
+    return t if t.dtype.is_floating_point else t.to(torch.float32)
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(key, backend, q, k, v, captures, lse, d_out, d_lse):
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)] + [
+        torch.empty_like(_grad_like(t)) for t in captures]
+
+
+def _setup_context(ctx, inputs, output):
+    key, backend, q, k, v, captures = inputs
+    ctx.key, ctx.backend = key, backend
+    ctx.save_for_backward(q, k, v, output[1], *captures)
+
+
+def _backward(ctx, d_out, d_lse):
+    q, k, v, lse, *captures = ctx.saved_tensors
+    dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, lse, d_out, d_lse)
+    d_captures = [g if t.dtype.is_floating_point else None for g, t in zip(d_captures, captures)]
+    return None, None, dq, dk, dv, d_captures
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def compiled_attention(attn, q, k, v, backend: str):
+    """(out, lse) of `attn` as one `ae_mlir::attention` op (q, k, v as [B, H, L, D] views)."""
+    if attn._closures is None:
+        raise RuntimeError("ae_mlir.attention under torch.compile: its mods could not be traced when it was "
+                           "constructed; call it once outside torch.compile to see the error")
+    return attention_op(attn._key, backend, q, k, v, attn._closures)
