@@ -188,3 +188,20 @@ def test_a_normalizer_without_derivative_is_named(monkeypatch):
             attn(q, q, q, backend="reference")
     finally:
         backward.Derivative.of.cache_clear()
+
+
+def test_linear_attention_refuses_inputs_that_require_grad():
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=gen) for _ in range(3))
+    g = -torch.rand(1, 2, 8, generator=gen)
+    scale = torch.rand(2, generator=gen, requires_grad=True)
+    lin = ae.linear_attention(decay="token")
+    with pytest.raises(RuntimeError, match=r"linear_attention has no backward yet, but these inputs require grad: "
+                                           r"q, g; call it under torch.no_grad\(\) or pass detached tensors"):
+        lin(q.requires_grad_(), k, v, g.requires_grad_(), backend="reference")
+    with torch.no_grad():
+        out = lin(q, k, v, g, backend="reference")
+    torch.testing.assert_close(lin(q.detach(), k, v, g.detach(), backend="reference"), out)
+    scaled = ae.linear_attention(v_mod=lambda x, b, h, t, d: x * scale[h])
+    with pytest.raises(RuntimeError, match=r"inputs require grad: closure tensor 0 \(shape \(2,\)\)"):
+        scaled(q.detach(), k, v, backend="reference")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from . import checks, index_check
-from .api import _Captures, _as_float, _execute, _func, _mod_name, _sig
+from .api import _Captures, _as_float, _execute, _func, _mod_name, _sig, wants_grad
 from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
 from .locations import user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
@@ -18,7 +18,8 @@ class linear_attention:
     map such as `lambda x: F.elu(x) + 1`); `decay` is None, "head", "token" or "token_dim" and `g`
     passed at call time is the log-decay of that shape. With `layout="blhd"` q/k/v are fla's
     [B, T, H, D], g is [B, T, H] or [B, T, H, Dk] and the output [B, T, H, Dv]; the state is
-    [B, H, Dk, Dv] in both layouts.
+    [B, H, Dk, Dv] in both layouts. It has no backward yet: with grad mode on, an input that
+    requires grad is a RuntimeError.
     """
 
     def __init__(self, q_mod=None, k_mod=None, v_mod=None, decay=None, scale=None, normalize=False,
@@ -162,6 +163,7 @@ class linear_attention:
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None):
         q, k, v, g = self._validate(q, k, v, g, initial_state)
+        _refuse_grad([("q", q), ("k", k), ("v", v), ("g", g), ("initial_state", initial_state)])
         fixed = [t for t in (g, initial_state) if t is not None]
         backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)]
                                      + [(n, t) for n, t in (("g", g), ("initial_state", initial_state))
@@ -177,6 +179,7 @@ class linear_attention:
             return (self._out(out), state) if return_state else self._out(out)
         text, captures = self._build(q, k, v, g, initial_state)
         checks.check_capture_devices(captures, q.device)
+        _refuse_grad([(f"closure tensor {i} (shape {tuple(t.shape)})", t) for i, t in enumerate(captures)])
         inputs = [q, k, v] + fixed + captures
         if index_check.enabled(self.check_indices) and captures:
             unclamped, _ = self._build(q, k, v, g, initial_state, clamp=False)
@@ -189,6 +192,16 @@ class linear_attention:
     def _out(self, out):
         """The output in the caller's layout (a view)."""
         return out.transpose(1, 2) if self.layout == "blhd" else out
+
+
+def _refuse_grad(named: list) -> None:
+    """The recurrence has no backward yet: an output silently cut from the graph would train
+    nothing, so a call that autograd would record is an error."""
+    tensors = [t for _, t in named if t is not None]
+    if wants_grad(tensors):
+        names = ", ".join(name for name, t in named if t is not None and t.requires_grad)
+        raise RuntimeError(f"ae_mlir.linear_attention has no backward yet, but these inputs require grad: {names}; "
+                           "call it under torch.no_grad() or pass detached tensors (e.g. q.detach())")
 
 
 def _in_layout(shape: tuple, layout: str) -> tuple:
