@@ -83,3 +83,21 @@ def test_logsumexp_under_compile():
     got = torch.autograd.grad(torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v), (q, k, v))
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_custom_ops_pass_opcheck():
+    # Schema, fake implementations (shapes and strides of strided [B, L, H, D] views), autograd
+    # registration and AOT dispatch, for a variant with a float and an integer closure tensor.
+    from ae_mlir.frontend import torch_op
+
+    table = torch.randn(2, 11, requires_grad=True)
+    doc = torch.tensor([0, 0, 0, 1, 1, 1])
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + table[h, i - j + 5],
+                        mask_mod=lambda b, h, i, j: doc[i] == doc[j])
+    q = torch.randn(1, 6, 2, 4).transpose(1, 2).requires_grad_()
+    k, v = (torch.randn(1, 6, 2, 4).transpose(1, 2) for _ in range(2))
+    torch.library.opcheck(torch_op.attention_op, (attn._key, "reference", q, k, v, attn._closures))
+    _, lse = torch_op.attention_op(attn._key, "reference", q, k, v, attn._closures)
+    torch.library.opcheck(torch_op.attention_backward_op, (
+        attn._key, "reference", q.detach(), k, v, [t.detach() for t in attn._closures], lse.detach(),
+        torch.randn(1, 2, 6, 4), None))

@@ -63,18 +63,18 @@ def attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tenso
     softmax = call.with_lse
     dq, dk, dv, d_captures = call.backward(q, k, v, _kernel_captures(captures), lse if softmax else None, d_out,
                                            d_lse if softmax else None)
-    return [dq, dk, dv] + [torch.zeros_like(_grad_like(t)) if g is None else g.reshape(t.shape)
+    return [dq, dk, dv] + [t.new_zeros(t.shape, dtype=_grad_dtype(t)) if g is None else g.reshape(t.shape)
                            for g, t in zip(d_captures, captures)]
 
 
-def _grad_like(t):
-    return t if t.dtype.is_floating_point else t.to(torch.float32)
+def _grad_dtype(t) -> torch.dtype:
+    return t.dtype if t.dtype.is_floating_point else torch.float32
 
 
 @attention_backward_op.register_fake
 def _attention_backward_fake(key, backend, q, k, v, captures, lse, d_out, d_lse):
-    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)] + [
-        torch.empty_like(_grad_like(t)) for t in captures]
+    # Contiguous, as the backward makes them (q, k and v may be strided views).
+    return [t.new_empty(t.shape) for t in (q, k, v)] + [t.new_empty(t.shape, dtype=_grad_dtype(t)) for t in captures]
 
 
 def _setup_context(ctx, inputs, output):
