@@ -43,6 +43,10 @@ keeps one buffer for each.
 Every kernel lists its arguments' roles in `attn.arg_roles` ("q", "k", "v", "c<i>" for g, the
 initial state and closure tensors in order, "w0" and "w1" the workspaces, "out", "state"); a
 module of several kernels runs them in module order.
+
+The kernels are built with the bindings' builders (`l1_builders`) at the recurrence op's location;
+the q/k/v mods' ops are cloned into them and keep theirs, so diagnostics about them name the
+user's lines.
 """
 from __future__ import annotations
 
@@ -53,7 +57,7 @@ from . import ModulePass, option
 from .chunk.blocked import BlockedOutputKernel
 from .chunk.sequential import SequentialKernel
 from .chunk.split import CumulativeDecayKernel, OutputKernel, StateKernel
-from .l1_text import fail, kernel_function, ops_named, replace_function, shape
+from .l1_ops import fail, kernel_function, ops_named, shape
 
 
 @dataclass(frozen=True)
@@ -80,19 +84,23 @@ class ChunkRecurrence(ModulePass):
 
     def apply(self, module_op) -> None:
         for op in ops_named(module_op, "attn.linear_recurrence"):
-            self._rewrite(module_op, op)
+            self._rewrite(op)
 
-    def _rewrite(self, module_op, op) -> None:
+    def _rewrite(self, op) -> None:
         func = kernel_function(op, "chunked")
         chunk = self.chunk_size or int(op.attributes["chunk_size"].value)
         if chunk < 1:
             raise fail(op, f"chunk_size must be positive, got {chunk}")
         split = self.split and not bool(op.attributes["normalize"].value)
-        if split:
-            kernels = self._split_kernels(op, func, chunk)
-        else:
-            kernels = [SequentialKernel(op, func, _one_chunk_rows(shape(op.operands[0])[2], chunk), self.block_v)]
-        replace_function(module_op, func, "".join(kernel.build() for kernel in kernels), "<attn-chunk-recurrence>")
+        with op.location:
+            if split:
+                kernels = self._split_kernels(op, func, chunk)
+            else:
+                kernels = [SequentialKernel(op, func, _one_chunk_rows(shape(op.operands[0])[2], chunk),
+                                            self.block_v)]
+            for kernel in kernels:
+                kernel.build()
+        func.operation.erase()
 
     def _split_kernels(self, op, func, chunk: int) -> list:
         decay = op.attributes["decay"].value

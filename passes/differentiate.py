@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from . import ModulePass
-from .l1_text import ops_named
+from .l1_ops import ops_named
 from .region_derivative import RegionDerivative, copy_region, fail, is_float_element, prune
 
 GRAD_SUFFIX = "_grad"

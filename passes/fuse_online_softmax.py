@@ -15,7 +15,7 @@ from typing import ClassVar
 from ..core.normalizer_regions import BUILTIN, build_regions
 from ..core.regions import from_region
 from . import ModulePass
-from .l1_text import fail, ops_named
+from .l1_ops import fail, ops_named
 
 
 def _producer(value, name: str, consumer, role: str):

@@ -1,15 +1,16 @@
-"""Builder helpers for L1 kernels: the ops `l1_text.KernelText` writes as text, built instead with
-the MLIR bindings' builders at the current insertion point and location.
+"""Builder helpers for L1 kernels: ops built with the MLIR bindings' builders at the current
+insertion point and location.
 
 A pass that builds its kernel this way gives every op a real location (the op it lowers, which
 the caller enters with `with op.location:`), and `KernelBuilder.inline` clones a mod region's ops,
-so they keep theirs: the kernel points at the user's source, not at lines of an intermediate text.
-The vocabulary is KernelText's (tensor, linalg, arith/math scalars, scf.for, `attn.program_id`),
-so both backends lower what these helpers build.
+so they keep theirs: the kernel points at the user's source. The vocabulary is the one both
+backends lower: tensor (empty, extract, extract_slice, pad, insert_slice), linalg (fill, generic,
+reduce, matmul, transpose), arith/math scalars, scf.for and `attn.program_id`.
 """
 from __future__ import annotations
 
-from .l1_text import constant_op, fail
+from ..core import abi
+from .l1_ops import constant_op, fail
 
 
 def index(n: int):
@@ -26,10 +27,17 @@ def f32(x: float):
     return arith.constant(ir.F32Type.get(), x)
 
 
-def tensor_type(shape: list[int], element_type):
+def tensor_type(shape: list[int], element_type=None):
+    """A ranked tensor type; f32 elements unless told."""
     from mlir import ir
 
-    return ir.RankedTensorType.get(list(shape), element_type)
+    return ir.RankedTensorType.get(list(shape), element_type or ir.F32Type.get())
+
+
+def element_type(value):
+    from mlir import ir
+
+    return ir.RankedTensorType(value.type).element_type
 
 
 def convert(value, dst_type):
@@ -43,6 +51,13 @@ def convert(value, dst_type):
     return (arith.extf if widen else arith.truncf)(dst_type, value)
 
 
+def empty(of_type):
+    """A tensor.empty of the ranked tensor type `of_type`."""
+    from mlir.dialects import tensor
+
+    return tensor.EmptyOp(list(of_type.shape), of_type.element_type).result
+
+
 def fill(value, init):
     """`init` filled with the scalar `value`."""
     from mlir.dialects import linalg
@@ -50,13 +65,33 @@ def fill(value, init):
     return linalg.fill(value, outs=[init])
 
 
-def matmul(a, b, acc):
+def zeros(shape: list[int]):
+    """An f32 tensor of zeros."""
+    return fill(f32(0.0), empty(tensor_type(shape)))
+
+
+def matmul(a, b, acc, precision: str | None = None):
     """acc + a @ b. The default indexing maps are spelled out, as the parser of the text form
-    records them, so the op is the same whichever way it was made."""
+    records them, so the op is the same whichever way it was made. With `precision`, an f32 x f32
+    product carries it for Triton's dot, which runs such products as tf32 unless told ("ieee":
+    exact f32 products; "tf32x3": three tf32 tensor-core products, about 21 bits)."""
+    from mlir import ir
     from mlir.dialects import linalg
 
     maps = [_map(3, dims) for dims in ((0, 2), (2, 1), (0, 1))]
-    return linalg.matmul(a, b, outs=[acc], indexing_maps=maps)
+    result = linalg.matmul(a, b, outs=[acc], indexing_maps=maps)
+    if precision is not None and element_type(a) == element_type(b) == ir.F32Type.get():
+        result.owner.attributes[abi.PRECISION] = ir.StringAttr.get(precision)
+    return result
+
+
+def transpose(value):
+    """A 2-D tile transposed."""
+    from mlir.dialects import linalg
+
+    rows, cols = value.type.shape
+    out = empty(tensor_type([cols, rows], element_type(value)))
+    return linalg.transpose(value, outs=[out], permutation=[1, 0]).results[0]
 
 
 def program_id(axis: int):
@@ -65,6 +100,48 @@ def program_id(axis: int):
     i64 = ir.IntegerType.get_signless(64)
     return ir.Operation.create("attn.program_id", results=[ir.IndexType.get()],
                                attributes={"axis": ir.IntegerAttr.get(i64, axis)}).result
+
+
+def _mixed(values: list) -> tuple[list, list[int]]:
+    """(dynamic values, static entries) of offsets or sizes given as ints or index values."""
+    from mlir import ir
+
+    dynamic = ir.ShapedType.get_dynamic_size()
+    return [v for v in values if not isinstance(v, int)], [v if isinstance(v, int) else dynamic for v in values]
+
+
+def extract_slice(src, offsets: list, sizes: list, rank: int):
+    """src[offsets : offsets + sizes] (unit strides), ints static and values dynamic, as a tensor
+    of the last `rank` sizes (the leading unit dimensions dropped)."""
+    from mlir.dialects import tensor
+
+    dyn_offsets, static_offsets = _mixed(offsets)
+    dyn_sizes, static_sizes = _mixed(sizes)
+    result = tensor_type(static_sizes[len(sizes) - rank:], element_type(src))
+    return tensor.ExtractSliceOp(result, src, dyn_offsets, dyn_sizes, [], static_offsets, static_sizes,
+                                 [1] * len(sizes)).result
+
+
+def insert_slice(piece, dest, offsets: list, sizes: list):
+    """dest with `piece` written at offsets (unit strides); ints static, values dynamic."""
+    from mlir.dialects import tensor
+
+    dyn_offsets, static_offsets = _mixed(offsets)
+    dyn_sizes, static_sizes = _mixed(sizes)
+    return tensor.InsertSliceOp(piece, dest, dyn_offsets, dyn_sizes, [], static_offsets, static_sizes,
+                                [1] * len(sizes)).result
+
+
+def for_loop(count: int, carried: list, step) -> list:
+    """scf.for over [0, count) carrying `carried`; `step(iv, values)` builds one iteration in the
+    loop body and returns the new values. Returns the loop's results."""
+    from mlir import ir
+    from mlir.dialects import scf
+
+    loop = scf.ForOp(index(0), index(count), index(1), carried)
+    with ir.InsertionPoint(loop.body):
+        scf.YieldOp(step(loop.induction_variable, list(loop.inner_iter_args)))
+    return list(loop.results)
 
 
 def _map(rank: int, dims: tuple[int, ...]):
@@ -102,10 +179,20 @@ class KernelBuilder:
         self.kernel_args = list(entry.arguments)
         return entry
 
-    def inline(self, region, args: list):
+    def kernel_arg(self, value, what: str):
+        """The kernel's image of the replaced function's argument `value`."""
+        from mlir import ir
+
+        if isinstance(value.owner, ir.Block) and value.owner == self.func_block:
+            return self.kernel_args[ir.BlockArgument(value).arg_number]
+        raise fail(self.op, f"{what} must be an argument of the enclosing function")
+
+    def inline(self, region, args: list, constants_first: bool = False):
         """Clone the ops of a one-block mod region at the insertion point, its block arguments
         bound to `args`; returns the image of the value it yields. Of the outer values it reads,
-        the replaced function's arguments become the kernel's and constants are cloned here."""
+        the replaced function's arguments become the kernel's and constants are cloned here:
+        where first read, or with `constants_first` all before the region's ops, in the order
+        they are first read."""
         from mlir import ir
 
         block = region.blocks[0]
@@ -113,15 +200,19 @@ class KernelBuilder:
 
         def image(value):
             if value not in images:
-                if isinstance(value.owner, ir.Block) and value.owner == self.func_block:
-                    images[value] = self.kernel_args[ir.BlockArgument(value).arg_number]
-                elif constant_op(value) is not None:
+                if constant_op(value) is not None:
                     images[value] = constant_op(value).clone().result
                 else:
-                    raise fail(self.op, "a value a region reads (other than a constant) must be an argument "
-                                        "of the enclosing function")
+                    images[value] = self.kernel_arg(value, "a value a region reads (other than a constant)")
             return images[value]
 
+        if constants_first:
+            local = set(block.arguments)
+            for op in block.operations:
+                for value in op.operation.operands:
+                    if value not in local and constant_op(value) is not None:
+                        image(value)
+                local.update(op.operation.results)
         for op in block.operations:
             operation = op.operation
             if operation.name == "gpu.yield":
@@ -140,17 +231,16 @@ class KernelBuilder:
         output starts as tensor.empty; with `init` (the accumulator of reduction iterators) the
         body also gets the output element as its last argument. Iterators default to parallel."""
         from mlir import ir
-        from mlir.dialects import linalg, tensor
+        from mlir.dialects import linalg
 
         accumulates = init is not None
         if init is None:
-            init = tensor.EmptyOp(list(out_type.shape), out_type.element_type).result
+            init = empty(out_type)
         maps = [_map(rank, dims) for _, dims in ins] + [_map(rank, out_dims or tuple(range(rank)))]
         kinds = [ir.Attribute.parse(f"#linalg.iterator_type<{it}>") for it in iterators or ["parallel"] * rank]
         op = linalg.GenericOp([out_type], [v for v, _ in ins], [init],
                               ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]), ir.ArrayAttr.get(kinds))
-        block = _block(op.regions[0], [ir.RankedTensorType(v.type).element_type for v, _ in ins]
-                       + [out_type.element_type])
+        block = _block(op.regions[0], [element_type(v) for v, _ in ins] + [out_type.element_type])
         with ir.InsertionPoint(block):
             args = list(block.arguments)
             linalg.YieldOp([body(args if accumulates else args[:-1])])
@@ -168,27 +258,42 @@ class KernelBuilder:
             linalg.YieldOp([combine(*block.arguments)])
         return op.result
 
-    def rows_left(self, start, length: int, rows: int):
-        """min(length - start, rows)."""
+    def row_sum(self, value):
+        """The row sums of an f32 2-D tile."""
         from mlir.dialects import arith
 
-        return arith.minsi(arith.subi(index(length), start), index(rows))
+        return self.reduce_rows(value, zeros([value.type.shape[0]]), arith.addf)
 
-    def load_tile(self, src, coords: list, start, length: int, rows: int, width: int):
-        """Rows [start, start + rows) of src[coords..., :, :width], zero-padded past row `length`."""
+    def rows_left(self, start, length: int, rows: int, past_end: bool = False):
+        """min(length - start, rows), and at least 0 with `past_end`."""
+        from mlir.dialects import arith
+
+        valid = arith.minsi(arith.subi(index(length), start), index(rows))
+        return arith.maxsi(valid, index(0)) if past_end else valid
+
+    def load_tile(self, src, coords: list, start, length: int, rows: int, width: int | None, col=0,
+                  past_end: bool = False):
+        """Rows [start, start + rows) of src[coords..., :, col:col + width] (or of the 1-D
+        src[coords..., :] when `width` is None), zero-padded past row `length`; `past_end` allows
+        a start at or beyond `length` (an all-zero tile). `col` is an int or an index value."""
         from mlir import ir
         from mlir.dialects import arith, tensor
 
-        element_type = ir.RankedTensorType(src.type).element_type
+        elt = element_type(src)
         dynamic = ir.ShapedType.get_dynamic_size()
-        valid = self.rows_left(start, length, rows)
+        valid = self.rows_left(start, length, rows, past_end)
+        if past_end:
+            # A slice may be empty but must start inside the tensor.
+            start = arith.minsi(start, index(length))
         pad = arith.subi(index(rows), valid)
-        lead = len(coords)
-        piece = tensor.ExtractSliceOp(
-            tensor_type([dynamic, width], element_type), src, list(coords) + [start], [valid], [],
-            [dynamic] * (lead + 1) + [0], [1] * lead + [dynamic, width], [1] * (lead + 2)).result
-        padded = tensor.PadOp(tensor_type([rows, width], element_type), piece, [], [pad], [0, 0], [dynamic, 0])
-        block = _block(padded.regions[0], [ir.IndexType.get()] * 2)
+        ones = [1] * len(coords)
+        if width is None:
+            piece = extract_slice(src, list(coords) + [start], ones + [valid], 1)
+            padded = tensor.PadOp(tensor_type([rows], elt), piece, [], [pad], [0], [dynamic])
+        else:
+            piece = extract_slice(src, list(coords) + [start, col], ones + [valid, width], 2)
+            padded = tensor.PadOp(tensor_type([rows, width], elt), piece, [], [pad], [0, 0], [dynamic, 0])
+        block = _block(padded.regions[0], [ir.IndexType.get()] * (1 if width is None else 2))
         with ir.InsertionPoint(block):
-            tensor.YieldOp(arith.constant(element_type, 0.0))
+            tensor.YieldOp(arith.constant(elt, 0.0))
         return padded.result

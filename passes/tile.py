@@ -28,7 +28,7 @@ from ..core import abi
 from ..core.regions import from_region
 from . import ModulePass, option
 from .l1_builders import KernelBuilder, convert, f32, fill, index, matmul, program_id, tensor_type
-from .l1_text import kernel_function, ops_named, shape
+from .l1_ops import kernel_function, ops_named, shape
 from .tile_tables import Classification, classify_blocks, table_constants
 
 LOG2E = 1.0 / math.log(2.0)

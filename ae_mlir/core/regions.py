@@ -1,8 +1,8 @@
-"""Scalar programs: the body of a mod region as a flat list of ops, re-emittable elsewhere.
+"""Scalar programs: the body of a mod region as a flat list of ops, readable without MLIR.
 
-Passes move mod bodies between levels (into `linalg.generic` bodies at L1, onto whole tiles in
-Triton IR). A `ScalarProgram` records each op's name, operands, attributes and result types once,
-so every emitter renames values and retypes results without re-parsing text.
+A `ScalarProgram` records each op's name, operands, attributes and result types once, so a mod
+can be evaluated (`core.scalar_eval`: the reference executor, compile-time mask classification),
+carried as JSON to classify masks at call time, and asked which arguments it reads.
 """
 from __future__ import annotations
 
@@ -19,9 +19,6 @@ class ScalarOp:
     attributes: tuple[tuple[str, str], ...]
     result_types: tuple[str, ...]
     operand_types: tuple[str, ...]
-    # The op's location as MLIR text (`loc("mods.py":12:5)`), None when unknown: emitters write
-    # it back so that the op, wherever it is inlined, still points at the user's source.
-    location: str | None = field(default=None, compare=False)
 
     def attr(self, key: str) -> str | None:
         for k, v in self.attributes:
@@ -116,11 +113,9 @@ def from_region(region) -> ScalarProgram | None:
         for j, r in enumerate(operation.results):
             keys[r] = f"v{len(ops)}_{j}"
         attrs = tuple((name, str(operation.attributes[name])) for name in operation.attributes)
-        location = str(operation.location)
         ops.append(ScalarOp(operation.name, tuple(operand_keys), attrs,
                             tuple(str(r.type) for r in operation.results),
-                            tuple(str(v.type) for v in operation.operands),
-                            None if location == "loc(unknown)" else location))
+                            tuple(str(v.type) for v in operation.operands)))
     if result is None:
         raise ValueError("mod region does not end with gpu.yield")
     return ScalarProgram(tuple(str(a.type) for a in block.arguments), tuple(ops), result, result_type,
@@ -128,7 +123,7 @@ def from_region(region) -> ScalarProgram | None:
 
 
 class TextEmitter:
-    """Emits SSA text with fresh names; the shared helper of every code-generating pass."""
+    """Emits SSA text with fresh names (the frontend writes L0 modules with it)."""
 
     def __init__(self, prefix: str):
         self.prefix = prefix
@@ -152,30 +147,6 @@ class TextEmitter:
         self.lines.append(f"{name}:{n} = {text}")
         return [f"{name}#{i}" for i in range(n)]
 
-
-def emit_scalar(program: ScalarProgram, args: list[str], em: TextEmitter, externals: list[str] = (),
-                extract=None) -> str:
-    """Inline `program` as scalar ops (generic form, each at its original location) with block
-    arguments bound to `args` and the outer values it reads bound to `externals`.
-
-    `extract(capture_name, indices, op)` may override how `tensor.extract` from a captured tensor
-    is emitted; by default the op is copied.
-    """
-    env = {f"arg{i}": a for i, a in enumerate(args)}
-    env.update({f"ext{i}": e for i, e in enumerate(externals)})
-    for i, op in enumerate(program.ops):
-        operands = [env[k] for k in op.operands]
-        if op.name == "tensor.extract" and extract is not None:
-            value = extract(operands[0], operands[1:], op)
-        else:
-            attrs = ", ".join(f"{k} = {v}" for k, v in op.attributes)
-            attr_text = f" {{{attrs}}}" if attrs else ""
-            results = ", ".join(op.result_types)
-            location = f" {op.location}" if op.location else ""
-            value = em(f'"{op.name}"({", ".join(operands)}){attr_text} : '
-                       f'({", ".join(op.operand_types)}) -> ({results}){location}')
-        env[f"v{i}_0"] = value
-    return env[program.result]
 
 def float_literal(v: float) -> str:
     if math.isnan(v):

@@ -2,7 +2,7 @@
 docstring, passes/chunk_recurrence.py):
 
 * `kernel`: what every kernel of the rewrite shares: the op's operands and shapes, loading (and
-  modding) tiles of q, k and v, the program ids, the loop over chunks, the function text.
+  modding) tiles of q, k and v, the program ids, the loop over chunks, the kernel function.
 * `decay`: the cumulative log-decay G of a chunk and its total G_end, for each decay kind.
 * `step`: the math of one chunk: its output rows, the next state, the next key sum.
 * `sequential`: the one-kernel form, carrying the state through all chunks.

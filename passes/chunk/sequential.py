@@ -5,33 +5,37 @@ chunks. On a CPU the programs run one after another anyway, and this form reads 
 and writes nothing but the outputs."""
 from __future__ import annotations
 
+from ..l1_builders import index, zeros
 from .step import ChunkStep
 
 
 class SequentialKernel(ChunkStep):
-    def build(self) -> str:
-        em = self.em
-        dk, bv = self.dk, self.bv
-        out_arg, state_arg = self.dest(0), self.dest(1)
-        pv = self.program_ids()
-        self.v0 = em(f"arith.muli {pv}, {self.idx(bv)} : index") if self.nv > 1 else None
-        carried = [(self.initial_state(None, self.v0), self.tile_type(dk, bv))]
-        if self.normalize:
-            carried.append((self.zeros(f"tensor<{dk}xf32>"), f"tensor<{dk}xf32>"))
-        carried.append((out_arg, self.out_type))
+    def build(self) -> None:
+        extra = [("out", self.out_type), ("state", self.state_type)]
+        self.define(self.name, extra, [self.out_type, self.state_type], [self.b, self.h, self.nv], self.body)
 
-        def step(it, t0, names):
-            state, out = names[0], names[-1]
-            z = names[1] if self.normalize else None
+    def body(self) -> list:
+        from mlir.dialects import arith
+
+        dk, bv = self.dk, self.bv
+        pv = self.program_ids()
+        self.v0 = arith.muli(pv, index(bv)) if self.nv > 1 else None
+        carried = [self.initial_state(None, self.v0)]
+        if self.normalize:
+            carried.append(zeros([dk]))
+        carried.append(self.dests["out"])
+
+        def step(it, t0, values):
+            state, out = values[0], values[-1]
+            z = values[1] if self.normalize else None
             q, k, v = self.load("q", t0, None, dk), self.load("k", t0, None, dk), self.load("v", t0, self.v0, bv)
             decay = self.decays(t0, None, dk)
-            out = self.store_output(t0, q, k, v, decay, self.operand(state, dk, bv), z, out)
+            out = self.store_output(t0, q, k, v, decay, self.operand(state), z, out)
             new = [self.next_state(state, k, v, decay, dk)]
             if self.normalize:
                 new.append(self.next_key_sum(z, k, decay))
             return new + [out]
 
         results = self.chunk_loop(carried, step)
-        final = self.store_state(results[0], state_arg, None, self.v0)
-        return self.function(self.name, [("out", self.out_type), ("state", self.state_type)],
-                             [(results[-1], self.out_type), (final, self.state_type)], [self.b, self.h, self.nv])
+        final = self.store_state(results[0], self.dests["state"], None, self.v0)
+        return [results[-1], final]

@@ -6,7 +6,7 @@ import torch
 import ae_mlir as ae
 from ae_mlir.core.context import CompileError, location_parts, new_context, parse_module
 from ae_mlir.passes import build_pass_manager
-from ae_mlir.passes.l1_text import fail, ops_named
+from ae_mlir.passes.l1_ops import fail, ops_named
 
 
 def softcap(score, b, h, q_idx, kv_idx):

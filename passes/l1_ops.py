@@ -1,0 +1,55 @@
+"""What the passes that write L1 kernels ask of the ops they rewrite: finding them, the function a
+kernel replaces, their shapes and constants, and errors located at them."""
+from __future__ import annotations
+
+from ..core.context import CompileError, Diagnostic, location_parts
+
+
+def fail(op, message: str) -> CompileError:
+    filename, line, col = location_parts(op.location)
+    return CompileError(message, [Diagnostic("error", f"'{op.name}' op {message}", filename, line, col)])
+
+
+def ops_named(module_op, name: str) -> list:
+    """Every op called `name` in the module, collected before any is rewritten."""
+    from mlir import ir
+
+    found = []
+
+    def collect(op):
+        if op.name == name:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module_op.walk(collect)
+    return found
+
+
+def kernel_function(op, verb: str):
+    """The func.func that `op` becomes the kernel of: it must return exactly the op's results
+    and hold nothing else but constants, since the whole function turns into the kernel."""
+    func = op.parent
+    while func is not None and func.operation.name != "func.func":
+        func = func.parent
+    if func is None:
+        raise fail(op, f"must be inside a func.func to be {verb}")
+    block = func.regions[0].blocks[0]
+    ret = list(block.operations)[-1].operation
+    if list(ret.operands) != list(op.results):
+        raise fail(op, f"{verb} turns the whole function into a kernel: the function must return "
+                       "exactly this op's results, in order")
+    for other in block.operations:
+        if other.operation not in (op, ret) and other.operation.name != "arith.constant":
+            raise fail(other.operation, f"a function to be {verb} must hold only '{op.name}' and constants")
+    return func
+
+
+def shape(value) -> list[int]:
+    return list(value.type.shape)
+
+
+def constant_op(value):
+    owner = getattr(value.owner, "operation", None)
+    if owner is not None and owner.name == "arith.constant":
+        return owner
+    return None
