@@ -11,7 +11,8 @@ from .cpu_support import lowered_kernels, run_transform, walk
 
 # Register tiles: a matmul runs as 8x32 (rows x columns) outer products, one reduction step at a
 # time, so its accumulator stays in vector registers (16 x 16-lane or 32 x 8-lane); elementwise and
-# row-reduction ops run 8 rows at a time, at most ROW_LENGTH elements of a row at once.
+# row-reduction ops run 8 rows at a time, at most ROW_LENGTH elements of a row at once (ops over more
+# than two loops, one row at a time).
 MATMUL_TILE = (8, 32)
 ROW_TILE = 8
 ROW_LENGTH = 256
@@ -50,10 +51,11 @@ def _tile_sizes(op) -> list[int] | None:
     """Tile sizes for one linalg op of a kernel (0: untiled), or None to vectorize it whole.
 
     Vectors stay near register size (LLVM unrolls a long vector into one instruction per
-    register, so an op vectorized whole over thousands of elements takes seconds to compile), and
-    every tile extent is a power of two: the vector lowering stages partial tiles in a buffer of
-    scalars viewed as a vector (`vector.type_cast`), and LLVM pads a vector of 24 floats to 32 in
-    memory, so a tile row of 24 would overrun that buffer.
+    register, so an op vectorized whole over thousands of elements takes seconds to compile, and
+    the [C, C, Dk] scores of the GLA chunk, whole, take minutes and gigabytes), and every tile
+    extent is a power of two: the vector lowering stages partial tiles in a buffer of scalars
+    viewed as a vector (`vector.type_cast`), and LLVM pads a vector of 24 floats to 32 in memory,
+    so a tile row of 24 would overrun that buffer.
     """
     from mlir import ir
 
@@ -74,13 +76,36 @@ def _tile_sizes(op) -> list[int] | None:
         return [fit(rows, TRANSPOSE_TILE), fit(cols, TRANSPOSE_TILE)]
     if op.name not in ("linalg.generic", "linalg.reduce", "linalg.fill", "linalg.copy"):
         return None
-    domain = max(shapes, key=len)
+    domain = _loop_extents(op) if op.name == "linalg.generic" else max(shapes, key=len)
+    if not domain:
+        return None
     if len(domain) == 1:
         size = tile(domain[0], ROW_LENGTH)
         return [size] if size else None
     if len(domain) == 2:
         return [fit(domain[0], ROW_TILE), tile(domain[1], ROW_LENGTH)]
-    return None
+    # Over more loops (the GLA chunk's scores, [C, C, Dk] with the sum over Dk innermost), one
+    # row at a time: it runs as fast as 8 rows (measured) in a smaller loop body, and LLVM's
+    # instruction scheduling takes time superlinear in a block's length.
+    return [tile(n, 1) for n in domain[:-1]] + [tile(domain[-1], ROW_LENGTH)]
+
+
+def _loop_extents(generic) -> list[int] | None:
+    """The extent of each loop of a `linalg.generic`, read where an operand's indexing map uses the
+    loop's index alone as a dimension (its operands' shapes alone do not say which loop is which:
+    the [C, C] scores of the GLA chunk run over three loops); None if some loop has no such
+    operand dimension."""
+    from mlir import ir
+
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(generic.attributes["indexing_maps"])]
+    extents: list[int | None] = [None] * maps[0].n_dims
+    for value, indexing in zip(generic.operands, maps):
+        if not isinstance(value.type, ir.ShapedType):
+            continue
+        for expr, extent in zip(indexing.results, ir.ShapedType(value.type).shape):
+            if isinstance(expr, ir.AffineDimExpr):
+                extents[expr.position] = extent
+    return None if None in extents else extents
 
 
 def _vectorize_script(kernels) -> str:

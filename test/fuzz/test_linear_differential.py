@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import assume, given, seed, settings
+from hypothesis import given, seed, settings
 
 from linear_programs import LinearProgram, linear_programs
 from test_differential import EXAMPLES, FUZZ, SEED, TARGETS
@@ -76,10 +76,6 @@ def test_linear_triton_ir_matches_reference(target):
 @settings(FUZZ, max_examples=max(1, EXAMPLES // 5))
 @given(linear_programs())
 def test_linear_cpu_backend_matches_reference(p: LinearProgram):
-    # GLA with a head dim that is not a power of two does not compile for the CPU yet: a known bug,
-    # kept failing-as-expected in test_regressions.py (test_cpu_gla_with_a_head_dim_not_a_power_of_two)
-    # so this budget goes to programs that can find new ones.
-    assume(not (p.decay == "token_dim" and p.dim_k & (p.dim_k - 1)))
     check_cpu_linear(p)
 
 
