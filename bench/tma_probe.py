@@ -5,10 +5,11 @@
 A minimal full-attention forward written directly in Triton (bf16, aligned shapes, no mods) in
 four forms: pointer loads (what ae-mlir's lowering emits today), tensor-descriptor (TMA) loads
 from 2-D descriptors made on the device, from rank-4 descriptors over the whole [B, H, L, D]
-tensors (made on the device from the kernel's arguments alone), and from host-made descriptors; each with and without `warp_specialize` on the KV
-loop, over a few block sizes and launch options. Timed beside SDPA cuDNN and ae-mlir's bundle
-numbers are in bench/results/attention-configs-*.json, so the gap each choice closes is read off
-one run. Writes tma-probe.json.
+tensors (made on the device from the kernel's arguments alone), and from host-made descriptors;
+each with and without `warp_specialize` on the KV loop, over a few block sizes and launch
+options, timed beside SDPA cuDNN in the same run. ae-mlir's own kernels at the same shapes are in
+bench/results/h200-attention-configs-<date>.json (bench/attention_configs.py). Writes
+tma-probe.json.
 """
 from __future__ import annotations
 
