@@ -47,7 +47,8 @@ class Bufferize(ModulePass):
 
 
 def _protect_inputs(kernels) -> None:
-    """Mark every argument but the destinations (the trailing ones, one per result) not writable.
+    """Mark every tensor argument but the destinations (the trailing tensors, one per result) not
+    writable; the program range that follows them is two indices.
 
     One-shot bufferization takes function arguments as writable by default: a kernel whose loop
     state starts from an input (the linear recurrence's initial state) then updates that input's
@@ -57,7 +58,8 @@ def _protect_inputs(kernels) -> None:
 
     for kernel in kernels:
         ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
-        n_inputs = len(ftype.inputs) - len(ftype.results)
+        tensors = [i for i, t in enumerate(ftype.inputs) if isinstance(t, ir.RankedTensorType)]
+        inputs = set(tensors[:len(tensors) - len(ftype.results)])
         with kernel.context:
             old = (list(kernel.attributes["arg_attrs"]) if "arg_attrs" in kernel.attributes
                    else [ir.DictAttr.get({}) for _ in ftype.inputs])
@@ -65,7 +67,7 @@ def _protect_inputs(kernels) -> None:
             for i, attrs in enumerate(old):
                 attrs = ir.DictAttr(attrs)
                 entries = {attrs[j].name: attrs[j].attr for j in range(len(attrs))}
-                if i < n_inputs:
+                if i in inputs:
                     entries["bufferization.writable"] = ir.BoolAttr.get(False)
                 new.append(ir.DictAttr.get(entries))
             kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(new)

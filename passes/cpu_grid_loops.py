@@ -1,11 +1,19 @@
-"""`attn-cpu-grid-loops`: each L1 kernel runs all its programs in a loop nest over its grid.
+"""`attn-cpu-grid-loops`: each L1 kernel runs a range of its programs in one loop.
 
-A kernel (`attn.grid = array<i64: ...>`) runs once per program; a nest of `scf.for` loops over the
-grid runs them all in turn, carrying the destination tensors (the trailing arguments, one per
-result) so each program's `tensor.insert_slice` stays in destination-passing style;
-`attn.program_id` becomes the induction variable of its axis. The kernel then carries
-`llvm.emit_c_interface` instead of `attn.grid`. Captured bool tensors get byte elements, and the
-kernel's own loops are tagged `ae.cpu_state_loop` for `attn-cpu-carry-state-in-place`.
+A kernel (`attn.grid = array<i64: ...>`) runs once per program. Its programs are numbered in
+row-major order over the grid, and the kernel takes a range [first, last) of those flat ids as two
+index arguments after its arrays; one `scf.for` over the range runs them in turn, carrying the
+destination tensors (the trailing tensor arguments, one per result) so each program's
+`tensor.insert_slice` stays in destination-passing style. `attn.program_id` becomes the id of its
+axis, decoded from the induction variable. The kernel then carries `llvm.emit_c_interface` instead
+of `attn.grid`. Captured bool tensors get byte elements, and the kernel's own loops are tagged
+`ae.cpu_state_loop` for `attn-cpu-carry-state-in-place`.
+
+The range is what lets the CPU backend run the grid on several threads: it calls the kernel once
+per thread with disjoint ranges. An OpenMP lowering (scf.parallel to omp.parallel) would spread
+the loop inside the kernel, but its code calls the OpenMP runtime, which neither the JIT nor the
+`cc`-linked shared object of the disk cache can count on finding; calls over ranges need nothing
+but the kernel.
 """
 from __future__ import annotations
 
@@ -19,8 +27,8 @@ from .cpu_support import GRID_ATTR, KERNEL_ATTR, STATE_LOOP_ATTR, fail, ops, wal
 @dataclass(frozen=True)
 class GridLoops(ModulePass):
     name: ClassVar[str] = "attn-cpu-grid-loops"
-    summary: ClassVar[str] = ("CPU lowering: loop nests over each L1 kernel's grid, carrying the destination "
-                              "tensors; program ids become induction variables")
+    summary: ClassVar[str] = ("CPU lowering: one loop over a range of each L1 kernel's programs (two index "
+                              "arguments), carrying the destination tensors; program ids decoded from it")
 
     def apply(self, module_op) -> None:
         kernels = [op for op in ops(module_op.regions[0].blocks[0])
@@ -34,15 +42,22 @@ class GridLoops(ModulePass):
                                   "attn-tile (or attn-chunk-recurrence) first (attn.program_id may appear "
                                   f"only in a function with '{GRID_ATTR}')")
         for kernel in kernels:
-            grid_loops = lower_grid(kernel)
+            grid_loop = lower_grid(kernel)
             widen_bool_arguments(kernel)
-            mark_state_loops(kernel, grid_loops)
+            mark_state_loops(kernel, grid_loop)
 
 
-def lower_grid(func) -> list:
-    """Replace `attn.program_id` in kernel `func` by the induction variables of a loop nest over
-    its `attn.grid`, the loops carrying the destination arguments; returns the loops, outermost
-    first."""
+def lower_grid(func):
+    """Replace `attn.program_id` in kernel `func` by ids decoded from the induction variable of
+    one loop over a range of flat program ids, the range two index arguments appended to the
+    kernel and the loop carrying the destination arguments; returns the loop.
+
+    The flat id enumerates the grid in row-major order (the last axis fastest), the order in which
+    a nest of one loop per axis would run the programs; each axis's id is a remainder and a
+    quotient of it. A caller runs the whole grid as [0, product of the extents), or disjoint
+    ranges of it on several threads: each program writes only its own slices of the destinations
+    and allocates its own scratch buffers, so ranges run in parallel without sharing anything.
+    """
     from mlir import ir
     from mlir.dialects import arith, scf
 
@@ -72,43 +87,55 @@ def lower_grid(func) -> list:
 
     with op.context, op.location:
         index = ir.IndexType.get()
-        ip = ir.InsertionPoint.at_block_begin(block)
-        zero = arith.ConstantOp(index, 0, ip=ip).result
-        one = arith.ConstantOp(index, 1, ip=ip).result
-        carried = list(dests)
-        loops = []
-        for extent in grid:
-            upper = arith.ConstantOp(index, extent, ip=ip).result
-            loop = scf.ForOp(zero, upper, one, carried, ip=ip)
-            if loops:
-                scf.YieldOp(loop.results, ip=ip)
-            loops.append(loop)
-            carried = list(loop.inner_iter_args)
-            ip = ir.InsertionPoint(loop.body)
-        innermost = loops[-1]
+        first = block.add_argument(index, op.location)
+        last = block.add_argument(index, op.location)
+        one = arith.ConstantOp(index, 1, ip=ir.InsertionPoint.at_block_begin(block)).result
+        loop = scf.ForOp(first, last, one, dests, ip=ir.InsertionPoint(ret))
+        ip = ir.InsertionPoint(loop.body)
+        ids = program_ids_of(loop.induction_variable, grid, ip)
         terminator = scf.YieldOp(list(ret.operands), ip=ip)
         for moved in body[:-1]:
             moved.move_before(terminator)
-        for dest, inner in zip(dests, innermost.inner_iter_args):
-            dest.replace_all_uses_except(inner, loops[0].operation)
-        for i, result in enumerate(loops[0].results):
+        for dest, inner in zip(dests, loop.inner_iter_args):
+            dest.replace_all_uses_except(inner, loop.operation)
+        for i, result in enumerate(loop.results):
             ret.operands[i] = result
         for pid in program_ids:
-            axis = int(pid.attributes["axis"].value)
-            pid.results[0].replace_all_uses_with(loops[axis].induction_variable)
+            pid.results[0].replace_all_uses_with(ids[int(pid.attributes["axis"].value)])
             pid.erase()
+        results = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value).results
+        op.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get([a.type for a in block.arguments], results))
+        if "arg_attrs" in op.attributes:
+            op.attributes["arg_attrs"] = ir.ArrayAttr.get(
+                list(op.attributes["arg_attrs"]) + [ir.DictAttr.get({})] * 2)
         del op.attributes[GRID_ATTR]
         op.attributes[KERNEL_ATTR] = ir.UnitAttr.get()
-    return [loop.operation for loop in loops]
+    return loop.operation
 
 
-def mark_state_loops(kernel, grid_loops) -> None:
-    """Tag the kernel's own loops (those of L1, not the grid) for `carry_loop_state_in_place`,
+def program_ids_of(flat, grid: list[int], ip) -> list:
+    """The id on each axis of `grid` of the program whose row-major flat id is `flat`."""
+    from mlir.dialects import arith
+
+    index = flat.type
+    ids = [flat] * len(grid)
+    rest = flat
+    for axis in range(len(grid) - 1, 0, -1):
+        extent = arith.ConstantOp(index, grid[axis], ip=ip).result
+        ids[axis] = arith.RemUIOp(rest, extent, ip=ip).result
+        rest = arith.DivUIOp(rest, extent, ip=ip).result
+    ids[0] = rest
+    return ids
+
+
+def mark_state_loops(kernel, grid_loop) -> None:
+    """Tag the kernel's own loops (those of L1, not the grid's) for `carry_loop_state_in_place`,
     which runs after tiling has added loops of its own."""
     from mlir import ir
 
     for loop in walk(kernel, "scf.for"):
-        if loop not in grid_loops:
+        if loop != grid_loop:
             loop.attributes[STATE_LOOP_ATTR] = ir.UnitAttr.get(kernel.context)
 
 

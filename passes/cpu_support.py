@@ -10,7 +10,8 @@ from ..core.context import CompileError, Diagnostic, diagnostic_from_mlir, locat
 # An L1 kernel: a func.func that runs once per program of this grid.
 GRID_ATTR = abi.GRID
 # A lowered kernel: the grid stage replaces `attn.grid` by this, which the LLVM conversion also
-# reads (a C wrapper taking one memref descriptor per argument); later stages find kernels by it.
+# reads (a C wrapper taking one memref descriptor per array argument); later stages find kernels
+# by it.
 KERNEL_ATTR = "llvm.emit_c_interface"
 # A loop of the L1 kernel itself (not of the grid, nor one that tiling adds), whose loop-carried
 # tensors `attn-cpu-carry-state-in-place` updates in place.

@@ -4,8 +4,8 @@ A pipeline, so that `attn-tile,attn-lower-to-cpu` (or `attn-chunk-recurrence,att
 ends in the llvm dialect, ready for the JIT, while `--mlir-print-ir-after-all` shows every stage
 and a pipeline of the first few stages stops wherever one wants to look. In order:
 
-1. `attn-cpu-grid-loops`: a loop nest over each kernel's grid, carrying the destination tensors;
-   then `canonicalize,cse` and `attn-cpu-split-empty-tensors`, on tensors.
+1. `attn-cpu-grid-loops`: one loop over a range of each kernel's programs (two index arguments),
+   carrying the destination tensors; then `canonicalize,cse` and `attn-cpu-split-empty-tensors`.
 2. `attn-cpu-vectorize`: matmuls to register tiles, elementwise ops and row reductions to row
    blocks, then every linalg op to vector ops; a tile load becomes a masked transfer.
 3. `attn-cpu-carry-state-in-place`, then `attn-cpu-bufferize`: one-shot bufferization with fully
@@ -16,7 +16,7 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
    (`LOOPS_PIPELINE`); `attn-cpu-legalize-for-llvm` readies the IR for the LLVM conversion.
 5. Upstream conversions to the llvm dialect (`LLVM_PIPELINE`) and
    `attn-cpu-define-bf16-truncation`; the kernel carries `llvm.emit_c_interface`, so a C caller
-   passes one memref descriptor per argument.
+   passes one memref descriptor per array, then the program range.
 
 Hand-written, because no upstream pass or transform op does it (each says why): `lower_grid` and
 `widen_bool_arguments` (cpu_grid_loops), `split_empty_tensors`, `carry_loop_state_in_place` (with

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from l1_interp import kernels_of, run_kernel
 
 import ae_mlir as ae
+from ae_mlir.core import abi
 from ae_mlir.core.context import CompileError, new_context, parse_module
 from ae_mlir.passes import build_pass_manager, create_pass
 from ae_mlir.passes.chunk.kernel import value_block
@@ -296,7 +297,9 @@ def _memref(tensor):
 def run_on_cpu(case: Case, options: str = "") -> list:
     from mlir.execution_engine import ExecutionEngine
 
-    module = lower(case.text, f"builtin.module(attn-chunk-recurrence{{{options}}},attn-lower-to-cpu)")
+    module = lower(case.text, f"builtin.module(attn-chunk-recurrence{{{options}}})")
+    programs = math.prod(abi.grid(abi.kernels(module)[0]))
+    build_pass_manager("builtin.module(attn-lower-to-cpu)", module.context).run(module.operation)
     engine = ExecutionEngine(module, opt_level=2)
     entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("_mlir_ciface_linear_attention"))
     q, _, v = case.inputs[:3]
@@ -304,7 +307,8 @@ def run_on_cpu(case: Case, options: str = "") -> list:
     outputs = [torch.empty(b, h, l, v.shape[3], dtype=q.dtype), torch.empty(b, h, dk, v.shape[3])]
     descriptors = [_memref(t) for t in case.inputs + outputs]
     pointers = [ctypes.pointer(d) for d in descriptors]
-    entry((ctypes.c_void_p * len(pointers))(*[ctypes.addressof(p) for p in pointers]))
+    bounds = [ctypes.c_int64(0), ctypes.c_int64(programs)]  # the kernel's range of programs: all of them
+    entry((ctypes.c_void_p * (len(pointers) + 2))(*[ctypes.addressof(p) for p in pointers + bounds]))
     return outputs
 
 

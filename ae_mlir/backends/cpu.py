@@ -11,18 +11,21 @@ A compile that runs long says so, stage by stage (`ae_mlir.progress`).
 Tensors are handed to the kernel in place: each becomes a ranked memref descriptor (ctypes) over
 its own storage, with its sizes, strides and storage offset, so any strided layout runs without a
 copy. The outputs are allocated here with torch and passed as the kernel's destination arguments.
+The kernel's last two arguments are a range of its programs; `cpu_threads` calls it with disjoint
+ranges on several threads.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import threading
 from dataclasses import dataclass
 
 from .. import progress
 from ..core import abi
 from ..core.context import CompileError
-from . import cpu_cache
+from . import cpu_cache, cpu_threads
 
 _TORCH_DTYPES = {
     "f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
@@ -83,6 +86,7 @@ class _Lowered:
     block_m: int
     block_n: int
     mask_program: str | None  # JSON, for a kernel that takes call-time tile tables
+    programs: int             # the grid's size; the last two arguments take a range of [0, programs)
 
 
 def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
@@ -109,7 +113,8 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
     # A mask that reads closure tensors is classified per call (block_mask); its four tile
     # tables follow the inputs.
     inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
-    lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n, abi.mask_program(kernel))
+    lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n, abi.mask_program(kernel),
+                       math.prod(abi.grid(kernel)))
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
     return lowered
@@ -149,6 +154,7 @@ class CompiledKernel:
         self.block_m, self.block_n = int(record["block_m"]), int(record["block_n"])
         self.mask_program = record["mask_program"]
         self.unit_inner_stride = bool(record["unit_inner_stride"])
+        self.programs = int(record["programs"])
         self._owner = owner  # the JIT engine or the loaded library: keeps the code mapped
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
 
@@ -167,11 +173,23 @@ class CompiledKernel:
                 raise ValueError(f"argument {i} of the CPU kernel needs unit stride in its last dimension "
                                  "(this kernel was compiled with unit-inner-stride)")
         outputs = [torch.empty(spec.shape, dtype=spec.torch_dtype()) for spec in self.outputs]
-        descriptors = [_descriptor(t) for t in list(inputs) + outputs]
-        pointers = [ctypes.pointer(d) for d in descriptors]
-        packed = (ctypes.c_void_p * len(pointers))(*[ctypes.addressof(p) for p in pointers])
-        self._entry(packed)
+        cpu_threads.run(_Launch(self._entry, list(inputs) + outputs), self.programs)
         return outputs
+
+
+class _Launch:
+    """One call's arguments, run a range of programs at a time. A range running on a pool thread
+    holds it, and so the tensors its descriptors point into."""
+
+    def __init__(self, entry, tensors: list):
+        self.entry = entry
+        self.tensors = tensors
+        self.pointers = [ctypes.pointer(_descriptor(t)) for t in tensors]
+
+    def __call__(self, first: int, last: int) -> None:
+        bounds = (ctypes.c_int64(first), ctypes.c_int64(last))
+        addresses = [ctypes.addressof(p) for p in (*self.pointers, *bounds)]
+        self.entry((ctypes.c_void_p * len(addresses))(*addresses))
 
 
 def _unit_inner_stride(t) -> bool:
@@ -199,7 +217,7 @@ def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inne
         record = {"name": lowered.name, "inputs": [a.to_dict() for a in lowered.inputs],
                   "outputs": [a.to_dict() for a in lowered.outputs], "block_m": lowered.block_m,
                   "block_n": lowered.block_n, "mask_program": lowered.mask_program,
-                  "unit_inner_stride": unit_inner_stride}
+                  "unit_inner_stride": unit_inner_stride, "programs": lowered.programs}
         report.stage("LLVM -> native code (JIT, -O3)")
         try:
             engine = ExecutionEngine(lowered.module, opt_level=3)

@@ -2,7 +2,8 @@
 
 After the LLVM JIT builds a kernel, its object file (`ExecutionEngine.dump_to_object_file`) is
 linked into a shared object with the system C compiler and stored beside a JSON record of what a
-call needs (the kernel's name and argument specs, block sizes, its call-time mask program):
+call needs (the kernel's name and argument specs, block sizes, its call-time mask program, its
+program count):
 
     <cache_dir>/cpu/<key>.so     <cache_dir>/cpu/<key>.json
 
@@ -32,10 +33,13 @@ from pathlib import Path
 
 from .. import disk_cache, runtime
 
-# The record's layout; a change makes old entries misses.
-FORMAT_VERSION = 1
+# The record's layout and the kernel's calling convention; a change makes old entries misses.
+# 2: the kernel takes a range of its programs after the arrays (two int64), and the record says
+# how many programs it has.
+FORMAT_VERSION = 2
 # The JIT's packed wrapper of the kernel's C interface (what ExecutionEngine.raw_lookup returns):
-# one argument, an array of pointers to the memref descriptors.
+# one argument, an array of pointers to the arguments (memref descriptor pointers, then the
+# program range).
 _SYMBOL_PREFIX = "_mlir__mlir_ciface_"
 _log = logging.getLogger("ae_mlir.cpu_cache")
 

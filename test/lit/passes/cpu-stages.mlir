@@ -1,14 +1,16 @@
 // attn-lower-to-cpu is a pipeline of stage passes, so --mlir-print-ir-after-all shows the IR
 // between them. Here a kernel whose own loop carries a running maximum: after the grid loops it is
-// on tensors, in a loop over the grid that carries the destination, its own loop tagged as a state
-// loop; after bufferization the state is one buffer the loop updates in place, and the kernel
-// writes its destination argument and returns nothing.
+// on tensors and takes a range [first, last) of its programs as two index arguments after its
+// arrays, one loop over that range carrying the destination, its own loop tagged as a state loop;
+// after bufferization the state is one buffer per call that the loop updates in place, and each
+// program writes its own row of the destination argument, which is not copied as a whole; the
+// kernel returns nothing. Its C interface takes the range as two integers.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu)' --mlir-print-ir-after-all --no-mlir-print-op-generic 2>&1 >/dev/null | FileCheck %s
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu)' --mlir-print-ir-after-all 2>&1 >/dev/null | grep 'IR Dump After' | FileCheck %s --check-prefix=ORDER
 
 // CHECK-LABEL: IR Dump After GridLoops (attn-cpu-grid-loops)
-// CHECK: func.func @running_max(%[[X:[a-z0-9]+]]: tensor<2x4x8xf32>, %[[OUT:[a-z0-9]+]]: tensor<2x8xf32>) -> tensor<2x8xf32> attributes {llvm.emit_c_interface} {
-// CHECK: %[[GRID:.*]] = scf.for %[[P:.*]] = %c0 to %c2 step %c1 iter_args(%[[DEST:.*]] = %[[OUT]]) -> (tensor<2x8xf32>) {
+// CHECK: func.func @running_max(%[[X:[a-z0-9]+]]: tensor<2x4x8xf32>, %[[OUT:[a-z0-9]+]]: tensor<2x8xf32>, %[[FIRST:[a-z0-9]+]]: index, %[[LAST:[a-z0-9]+]]: index) -> tensor<2x8xf32> attributes {llvm.emit_c_interface} {
+// CHECK: %[[GRID:.*]] = scf.for %[[P:.*]] = %[[FIRST]] to %[[LAST]] step %c1 iter_args(%[[DEST:.*]] = %[[OUT]]) -> (tensor<2x8xf32>) {
 // CHECK: scf.for %[[K:[a-z0-9]+]] = {{.*}} -> (tensor<8xf32>) {
 // CHECK: tensor.extract_slice %[[X]][%[[P]], %[[K]], 0]
 // CHECK: } {ae.cpu_state_loop}
@@ -24,23 +26,32 @@
 // CHECK-NOT: ae.cpu_state_loop
 
 // CHECK-LABEL: IR Dump After Bufferize (attn-cpu-bufferize)
-// CHECK: func.func @running_max(%{{[a-z0-9]+}}: memref<2x4x8xf32, strided<[?, ?, ?], offset: ?>>, %[[OUT:[a-z0-9]+]]: memref<2x8xf32, strided<[?, ?], offset: ?>>) attributes {llvm.emit_c_interface} {
-// CHECK: scf.for %{{.*}} = %c0 to %c2 step %c1 {
+// CHECK: func.func @running_max(%{{[a-z0-9]+}}: memref<2x4x8xf32, strided<[?, ?, ?], offset: ?>>, %[[OUT:[a-z0-9]+]]: memref<2x8xf32, strided<[?, ?], offset: ?>>, %[[FIRST:[a-z0-9]+]]: index, %[[LAST:[a-z0-9]+]]: index) attributes {llvm.emit_c_interface} {
+// CHECK-NOT: %[[OUT]]
+// CHECK: scf.for %[[P:.*]] = %[[FIRST]] to %[[LAST]] step %c1 {
 // CHECK: %[[STATE:.*]] = memref.alloc() {alignment = 64 : i64} : memref<8xf32>
 // CHECK: vector.transfer_write %{{.*}}, %[[STATE]][%c0]
 // CHECK: scf.for
 // CHECK: vector.transfer_read %[[STATE]][%c0]
 // CHECK: vector.transfer_write %{{.*}}, %[[STATE]][%c0]
 // CHECK-NEXT: {{^ *}}}{{$}}
-// CHECK: vector.transfer_write %{{.*}}, %[[OUT]]
-// CHECK: return{{$}}
+// CHECK: vector.transfer_write %{{.*}}, %[[OUT]][%[[P]], %c0]
+// CHECK-NEXT: {{^ *}}}{{$}}
+// CHECK-NEXT: return{{$}}
 
 // CHECK-LABEL: IR Dump After PinUnitInnerStride (attn-cpu-pin-unit-inner-stride)
-// CHECK: func.func @running_max(%{{[a-z0-9]+}}: memref<2x4x8xf32, strided<[?, ?, 1], offset: ?>>, %{{[a-z0-9]+}}: memref<2x8xf32, strided<[?, 1], offset: ?>>)
+// CHECK: func.func @running_max(%{{[a-z0-9]+}}: memref<2x4x8xf32, strided<[?, ?, 1], offset: ?>>, %{{[a-z0-9]+}}: memref<2x8xf32, strided<[?, 1], offset: ?>>, %{{[a-z0-9]+}}: index, %{{[a-z0-9]+}}: index)
 
+// The scratch buffers are allocated by each call, before its loop over the programs from %arg16
+// (first; the two memrefs take 9 and 7 values), never in a global: calls on several threads share
+// none.
 // CHECK-LABEL: IR Dump After DefineBf16Truncation (attn-cpu-define-bf16-truncation)
+// CHECK-NOT: llvm.mlir.global
 // CHECK: llvm.func @running_max(
-// CHECK: llvm.func @_mlir_ciface_running_max(
+// CHECK: llvm.call @malloc
+// CHECK: llvm.br ^bb{{[0-9]+}}(%arg16 : i64)
+// CHECK: llvm.call @free
+// CHECK: llvm.func @_mlir_ciface_running_max(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64)
 // CHECK: llvm.func @__truncsfbf2(
 
 // ORDER: IR Dump After GridLoops (attn-cpu-grid-loops)

@@ -1,6 +1,7 @@
-// attn-lower-to-cpu turns an L1 kernel into LLVM-dialect code: a loop nest over attn.grid carrying
-// the destination (program ids become induction variables), then tiling, vectorization and
-// one-shot bufferization with strided arguments, then upstream conversions to the llvm dialect.
+// attn-lower-to-cpu turns an L1 kernel into LLVM-dialect code: a loop over a range of the flat
+// program ids of attn.grid, given as two index arguments, carrying the destination (each program
+// id decoded from the flat one, the last axis fastest), then tiling, vectorization and one-shot
+// bufferization with strided arguments, then upstream conversions to the llvm dialect.
 // LOOPS and MEM run the stages up to the grid loops and up to the conversion to LLVM; ANY shows
 // that unit-inner-stride=false leaves attn-cpu-pin-unit-inner-stride out of the pipeline.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-cpu-grid-loops,canonicalize,cse,attn-cpu-split-empty-tensors)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=LOOPS
@@ -12,35 +13,34 @@
 // captured per-head bias, takes exp2 and stores the valid rows into out[b, h].
 
 // LOOPS-LABEL: func.func @kernel
-// LOOPS-SAME: (%[[Q:[a-z0-9]+]]: tensor<2x2x12x16xf32>, %[[BIAS:[a-z0-9]+]]: tensor<2xf32>, %[[OUT:[a-z0-9]+]]: tensor<2x2x12x16xf32>) -> tensor<2x2x12x16xf32>
+// LOOPS-SAME: (%[[Q:[a-z0-9]+]]: tensor<2x2x12x16xf32>, %[[BIAS:[a-z0-9]+]]: tensor<2xf32>, %[[OUT:[a-z0-9]+]]: tensor<2x2x12x16xf32>, %[[FIRST:[a-z0-9]+]]: index, %[[LAST:[a-z0-9]+]]: index) -> tensor<2x2x12x16xf32>
 // LOOPS-SAME: attributes {llvm.emit_c_interface} {
-// LOOPS: %[[R:.*]] = scf.for %[[B:.*]] = %c0 to %c2 step %c1 iter_args(%[[O1:.*]] = %[[OUT]]) -> (tensor<2x2x12x16xf32>)
-// LOOPS-NEXT: %[[R1:.*]] = scf.for %[[H:.*]] = %c0 to %c2 step %c1 iter_args(%[[O2:.*]] = %[[O1]])
-// LOOPS-NEXT: %[[R2:.*]] = scf.for %[[M:.*]] = %c0 to %c2 step %c1 iter_args(%[[O3:.*]] = %[[O2]])
-// LOOPS: %[[M0:.*]] = arith.muli %[[M]], %c8
+// LOOPS: %[[R:.*]] = scf.for %[[P:.*]] = %[[FIRST]] to %[[LAST]] step %c1 iter_args(%[[O:.*]] = %[[OUT]]) -> (tensor<2x2x12x16xf32>)
+// LOOPS-NEXT: %[[M:.*]] = arith.remui %[[P]], %c2
+// LOOPS-NEXT: %[[BH:.*]] = arith.divui %[[P]], %c2
+// LOOPS-NEXT: %[[H:.*]] = arith.remui %[[BH]], %c2
+// LOOPS-NEXT: %[[B:.*]] = arith.divui %[[BH]], %c2
+// LOOPS-NEXT: %[[M0:.*]] = arith.muli %[[M]], %c8
 // LOOPS: tensor.extract_slice %[[Q]][%[[B]], %[[H]], %[[M0]], 0]
 // LOOPS: tensor.pad
 // LOOPS: linalg.generic
 // LOOPS: tensor.extract %[[BIAS]][%[[H]]]
 // LOOPS: math.exp2
-// LOOPS: %[[STORED:.*]] = tensor.insert_slice %{{.*}} into %[[O3]][%[[B]], %[[H]], %[[M0]], 0]
+// LOOPS: %[[STORED:.*]] = tensor.insert_slice %{{.*}} into %[[O]][%[[B]], %[[H]], %[[M0]], 0]
 // LOOPS-NEXT: scf.yield %[[STORED]]
-// LOOPS: scf.yield %[[R2]]
-// LOOPS: scf.yield %[[R1]]
-// LOOPS: return %[[R]]
+// LOOPS-NEXT: }
+// LOOPS-NEXT: return %[[R]]
 
 // After bufferization the kernel writes its destination in place and returns nothing. Arguments
 // keep dynamic strides (unit innermost stride unless unit-inner-stride=false), the q tile is a
 // subview of q read by masked vector transfers, no buffer is as large as an input, the captured
 // bias is read by scalar loads, and exp2 is a polynomial (with floor for the exponent).
 // MEM-LABEL: func.func @kernel
-// MEM-SAME: (%[[Q:[a-z0-9]+]]: memref<2x2x12x16xf32, strided<[?, ?, ?, 1], offset: ?>>, %[[BIAS:[a-z0-9]+]]: memref<2xf32, strided<[1], offset: ?>>, %[[OUT:[a-z0-9]+]]: memref<2x2x12x16xf32, strided<[?, ?, ?, 1], offset: ?>>)
+// MEM-SAME: (%[[Q:[a-z0-9]+]]: memref<2x2x12x16xf32, strided<[?, ?, ?, 1], offset: ?>>, %[[BIAS:[a-z0-9]+]]: memref<2xf32, strided<[1], offset: ?>>, %[[OUT:[a-z0-9]+]]: memref<2x2x12x16xf32, strided<[?, ?, ?, 1], offset: ?>>, %{{[a-z0-9]+}}: index, %{{[a-z0-9]+}}: index)
 // MEM-SAME: attributes
 // MEM-NOT: memref.alloc() {{.*}} memref<2x2x12x16xf32>
 // MEM-NOT: math.exp2
 // MEM-NOT: vector.gather
-// MEM: scf.for
-// MEM: scf.for
 // MEM: scf.for
 // MEM: memref.subview %[[Q]]
 // MEM: vector.load
@@ -51,7 +51,7 @@
 // MEM-NEXT: return
 // ANY: IR Dump After Bufferize (attn-cpu-bufferize)
 // ANY: func.func @kernel
-// ANY-SAME: (%{{[a-z0-9]+}}: memref<2x2x12x16xf32, strided<[?, ?, ?, ?], offset: ?>>, %{{[a-z0-9]+}}: memref<2xf32, strided<[?], offset: ?>>, %{{[a-z0-9]+}}: memref<2x2x12x16xf32, strided<[?, ?, ?, ?], offset: ?>>)
+// ANY-SAME: (%{{[a-z0-9]+}}: memref<2x2x12x16xf32, strided<[?, ?, ?, ?], offset: ?>>, %{{[a-z0-9]+}}: memref<2xf32, strided<[?], offset: ?>>, %{{[a-z0-9]+}}: memref<2x2x12x16xf32, strided<[?, ?, ?, ?], offset: ?>>, %{{[a-z0-9]+}}: index, %{{[a-z0-9]+}}: index)
 // ANY-NOT: attn-cpu-pin-unit-inner-stride
 // ANY: IR Dump After DefineBf16Truncation (attn-cpu-define-bf16-truncation)
 
@@ -59,7 +59,7 @@
 // LLVM: llvm.func @kernel(%arg0: !llvm.ptr, %arg1: !llvm.ptr, %arg2: i64
 // LLVM-SAME: llvm.emit_c_interface
 // LLVM: llvm.intr.floor
-// LLVM: llvm.func @_mlir_ciface_kernel(%arg0: !llvm.ptr, %arg1: !llvm.ptr, %arg2: !llvm.ptr)
+// LLVM: llvm.func @_mlir_ciface_kernel(%arg0: !llvm.ptr, %arg1: !llvm.ptr, %arg2: !llvm.ptr, %arg3: i64, %arg4: i64)
 // LLVM-NEXT: llvm.load %arg0
 // LLVM: llvm.call @kernel(
 

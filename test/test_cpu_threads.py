@@ -1,0 +1,223 @@
+"""The CPU backend on several threads (`ae_mlir.backends.cpu_threads`): a kernel runs a range of
+its programs per call, the calls on disjoint ranges run in parallel, and the outputs are
+bit-identical whatever the thread count (`AE_MLIR_CPU_THREADS`), since each program computes its
+own slices of the outputs alone."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir.backends import cpu, cpu_cache, cpu_threads
+from inputs import qkv, rand
+
+THREADS = cpu_threads.THREADS_ENV
+
+
+# --- ranges and the thread count ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("programs,threads", [(10, 3), (12, 2), (5, 8), (1, 4), (0, 2), (7, 1)])
+def test_split_covers_the_grid_in_near_equal_contiguous_ranges(programs, threads):
+    ranges = cpu_threads.split(programs, threads)
+    assert len(ranges) == max(1, min(programs, threads))
+    assert ranges[0][0] == 0 and ranges[-1][1] == programs
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    lengths = [last - first for first, last in ranges]
+    assert max(lengths) - min(lengths) <= 1
+
+
+def test_thread_count_defaults_to_the_usable_cores_and_follows_the_variable(monkeypatch):
+    monkeypatch.delenv(THREADS, raising=False)
+    assert cpu_threads.thread_count() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv(THREADS, "3")
+    assert cpu_threads.thread_count() == 3
+    for bad in ("0", "-2", "two"):
+        monkeypatch.setenv(THREADS, bad)
+        with pytest.raises(ValueError, match=f"{THREADS} must be a positive integer"):
+            cpu_threads.thread_count()
+
+
+def test_ranges_run_at_the_same_time_on_distinct_threads(monkeypatch):
+    monkeypatch.setenv(THREADS, "3")
+    barrier = threading.Barrier(3, timeout=60)
+    seen = []
+
+    def call(first, last):
+        seen.append((first, last, threading.get_ident()))
+        barrier.wait()  # breaks (an error) unless all three ranges are running together
+
+    cpu_threads.run(call, 8)
+    assert sorted(r[:2] for r in seen) == [(0, 2), (2, 5), (5, 8)]
+    assert len({r[2] for r in seen}) == 3
+
+
+# --- bit-identical outputs ---------------------------------------------------------------------------
+
+
+def _by_thread_count(monkeypatch, run) -> dict:
+    results = {}
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv(THREADS, threads)
+        results[threads] = run()
+    return results
+
+
+def _assert_identical(results: dict) -> None:
+    base = results["1"]
+    for threads, got in results.items():
+        assert len(got) == len(base)
+        for a, b in zip(got, base):
+            assert torch.equal(a, b), f"{threads} threads differ from one"
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _closure_case():
+    # A score mod and a mask that read closure tensors: the kernel takes them, and the mask's
+    # tile tables classified at call time, as extra arrays.
+    slopes = torch.tensor([2.0 ** -(i + 1) for i in range(4)])
+    doc = torch.repeat_interleave(torch.arange(3), torch.tensor([30, 50, 23]))
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    def same_doc(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+
+    return ae.attention(score_mod=alibi, mask_mod=same_doc), qkv(b=1, h=4, lq=103, dk=16, seed=7)
+
+
+ATTENTION_CASES = {
+    # (attention, inputs); 2*3*3 = 18, 1*4*2 = 8, 2*2*1 = 4 and 1*4*2 = 8 programs.
+    "causal": lambda: (ae.attention(mask_mod=causal), qkv(b=2, h=3, lq=150, dk=32)),
+    "gqa": lambda: (ae.attention(mask_mod=causal), qkv(b=1, h=4, hkv=2, lq=100, dk=16, seed=3)),
+    "ragged": lambda: (ae.attention(), qkv(b=2, h=2, lq=37, lk=101, dk=24, dv=40, seed=5)),
+    "closure": _closure_case,
+}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_attention_is_bit_identical_on_one_two_and_three_threads(case, monkeypatch):
+    attn, (q, k, v) = ATTENTION_CASES[case]()
+    results = _by_thread_count(monkeypatch, lambda: attn(q, k, v, return_lse=True, backend="cpu"))
+    _assert_identical(results)
+    want = attn(q, k, v, backend="reference")
+    torch.testing.assert_close(results["2"][0], want.float(), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
+def test_linear_attention_is_bit_identical_on_one_two_and_three_threads(decay, monkeypatch):
+    # Dv = 80: two V blocks per head, so 2*2*2 = 8 programs, which three threads split as
+    # [0, 2), [2, 5), [5, 8): the last range starts at the second V block of a head.
+    b, h, length, dk, dv = 2, 2, 45, 16, 80
+    q, k, v = (rand(b, h, length, d, seed=s) for s, d in ((1, dk), (2, dk), (3, dv)))
+    g = None
+    if decay is not None:
+        shape = {"head": (h,), "token": (b, h, length), "token_dim": (b, h, length, dk)}[decay]
+        g = torch.nn.functional.logsigmoid(rand(*shape, seed=4) + 2.0)
+    s0 = rand(b, h, dk, dv, seed=6)
+    lin = ae.linear_attention(decay=decay, chunk_size=16)
+    results = _by_thread_count(
+        monkeypatch, lambda: lin(q, k, v, g, initial_state=s0, return_state=True, backend="cpu"))
+    _assert_identical(results)
+    want = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
+    for got, w in zip(results["3"], want):
+        torch.testing.assert_close(got.double(), w.double(), atol=2e-5, rtol=2e-5)
+
+
+def test_programs_run_alone_in_any_order(monkeypatch):
+    # Each program as its own call, in a shuffled order: the outputs are those of one call over
+    # the whole grid, so no program reads what another writes, and the flat ids decode as a
+    # nest of loops would number the programs.
+    attn, (q, k, v) = ATTENTION_CASES["causal"]()
+    monkeypatch.setenv(THREADS, "1")
+    whole = attn(q, k, v, return_lse=True, backend="cpu")
+
+    def one_at_a_time(call, programs):
+        order = list(range(programs))
+        random.Random(0).shuffle(order)
+        for p in order:
+            call(p, p + 1)
+
+    monkeypatch.setattr(cpu_threads, "run", one_at_a_time)
+    alone = attn(q, k, v, return_lse=True, backend="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(whole, alone))
+
+
+class _NoPool:
+    def get(self, workers):
+        raise AssertionError("a grid of one program needs no threads")
+
+
+def test_a_grid_of_one_program_runs_on_the_calling_thread(monkeypatch):
+    q, k, v = qkv(b=1, h=1, lq=50, dk=16, seed=9)
+    attn = ae.attention(mask_mod=causal)
+    assert cpu.compile_module(attn.mlir(q, k, v)).programs == 1
+    monkeypatch.setenv(THREADS, "4")
+    monkeypatch.setattr(cpu_threads, "_POOL", _NoPool())
+    got = attn(q, k, v, backend="cpu")
+    torch.testing.assert_close(got, attn(q, k, v, backend="reference").float(), atol=2e-5, rtol=2e-5)
+
+
+# --- the disk cache -------------------------------------------------------------------------------
+
+_CACHED_SCRIPT = textwrap.dedent("""
+    import hashlib, sys
+    import torch, ae_mlir as ae
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 150, 32, generator=gen) for _ in range(3))
+    o, lse = ae.attention(mask_mod=lambda b, h, i, j: i >= j)(q, k, v, return_lse=True)
+    print("mlir" in sys.modules, hashlib.sha256(o.numpy().tobytes() + lse.numpy().tobytes()).hexdigest())
+""")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="the disk cache links with the C compiler")
+def test_a_second_process_runs_the_cached_kernel_on_threads(tmp_path):
+    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(tmp_path), **{THREADS: "1"})
+
+    def run(threads: str) -> list[str]:
+        result = subprocess.run([sys.executable, "-c", _CACHED_SCRIPT], env=dict(env, **{THREADS: threads}),
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split()
+
+    compiled = run("1")
+    assert compiled[0] == "True"
+    (record,) = (tmp_path / "cpu").glob("*.json")
+    doc = json.loads(record.read_text())
+    assert doc["format"] == cpu_cache.FORMAT_VERSION == 2
+    assert doc["kernel"]["programs"] == 2 * 3 * 3
+    for threads in ("2", "3"):
+        assert run(threads) == ["False", compiled[1]]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="the disk cache links with the C compiler")
+def test_a_record_of_the_single_range_format_is_rebuilt(tmp_path, monkeypatch):
+    # A format-1 kernel takes no program range; its record must not be read as a current one.
+    monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path))
+    cpu.clear_memory_cache()
+    q, k, v = qkv(b=1, h=2, lq=40, dk=16, seed=11)
+    text = ae.attention(mask_mod=causal).mlir(q, k, v)
+    want = cpu.compile_module(text)([q, k, v])
+    (record,) = (tmp_path / "cpu").glob("*.json")
+    doc = json.loads(record.read_text())
+    doc["format"] = 1
+    record.write_text(json.dumps(doc))
+    assert cpu_cache.load(record.stem) is None
+    cpu.clear_memory_cache()
+    got = cpu.compile_module(text)([q, k, v])
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert json.loads(record.read_text())["format"] == cpu_cache.FORMAT_VERSION
+    cpu.clear_memory_cache()
