@@ -88,7 +88,7 @@ def test_logsumexp_under_compile():
 def test_custom_ops_pass_opcheck():
     # Schema, fake implementations (shapes and strides of strided [B, L, H, D] views), autograd
     # registration and AOT dispatch, for a variant with a float and an integer closure tensor.
-    from ae_mlir.frontend import torch_op
+    from ae_mlir.frontend import closure_sources, torch_op
 
     table = torch.randn(2, 11, requires_grad=True)
     doc = torch.tensor([0, 0, 0, 1, 1, 1])
@@ -96,8 +96,93 @@ def test_custom_ops_pass_opcheck():
                         mask_mod=lambda b, h, i, j: doc[i] == doc[j])
     q = torch.randn(1, 6, 2, 4).transpose(1, 2).requires_grad_()
     k, v = (torch.randn(1, 6, 2, 4).transpose(1, 2) for _ in range(2))
-    torch.library.opcheck(torch_op.attention_op, (attn._key, "reference", q, k, v, attn._closures))
-    _, lse = torch_op.attention_op(attn._key, "reference", q, k, v, attn._closures)
+    closures = closure_sources.fetch(attn, attn._sources)
+    torch.library.opcheck(torch_op.attention_op, (attn._key, "reference", q, k, v, closures))
+    _, lse = torch_op.attention_op(attn._key, "reference", q, k, v, closures)
     torch.library.opcheck(torch_op.attention_backward_op, (
-        attn._key, "reference", q.detach(), k, v, [t.detach() for t in attn._closures], lse.detach(),
+        attn._key, "reference", q.detach(), k, v, [t.detach() for t in closures], lse.detach(),
         torch.randn(1, 2, 6, 4), None))
+
+
+class _DocumentMask(torch.nn.Module):
+    """A document mask whose document ids the model rebinds on every call, as a batch loop does."""
+
+    def __init__(self):
+        super().__init__()
+        self.doc = torch.zeros(6, dtype=torch.long)
+        self.attn = ae.attention(mask_mod=lambda b, h, i, j: self.doc[i] == self.doc[j])
+
+    def forward(self, q, k, v, doc):
+        self.doc = doc
+        return self.attn(q, k, v, backend="reference")
+
+
+def test_a_closure_tensor_rebound_per_call_is_read_anew():
+    model = _DocumentMask()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+    for doc in ([0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 2, 2]):
+        doc = torch.tensor(doc)
+        torch.testing.assert_close(compiled(q, k, v, doc), model(q, k, v, doc))
+
+
+def _bias_layer():
+    torch.manual_seed(0)
+    return AttentionLayer(bias=True)
+
+
+def test_a_reassigned_parameter_is_read_anew():
+    model = _bias_layer()
+    model.table = torch.nn.Parameter(torch.arange(64.0).view(2, 32) / 8)
+    x = torch.randn(1, 7, 16)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    got = compiled(x)
+    torch.testing.assert_close(got, model(x))
+    got.square().mean().backward()
+    assert model.table.grad is not None and model.table.grad.abs().sum() > 0
+
+
+def test_a_deepcopy_is_a_variant_of_its_own():
+    import copy
+    import gc
+
+    original = _bias_layer()
+    clone = copy.deepcopy(original)
+    # A deepcopy keeps the mod functions themselves, so the copy's mods read what the original's
+    # read; compiled calls of the copy must read the same, through the copy's own key.
+    assert clone.attn._key != original.attn._key
+    del original
+    gc.collect()
+    x = torch.randn(1, 7, 16)
+    torch.testing.assert_close(torch.compile(clone, backend="aot_eager", fullgraph=True)(x), clone(x))
+
+
+def test_a_closure_tensor_without_a_source_is_refused_under_compile():
+    tables = [torch.randn(2, 16)]
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + tables[0][h, i - j + 8])
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    with pytest.raises(Exception, match=r"closure tensor 0 \(shape \(2, 16\)\) that score_mod '<lambda>' reads .*"
+                                        r"bind it to a name the mod reads directly"):
+        torch.compile(lambda q, k, v: attn(q, k, v, backend="reference"), backend="aot_eager", fullgraph=True)(q, k, v)
+
+
+def test_the_backward_outlives_the_model():
+    import gc
+
+    model = _bias_layer()
+    x = torch.randn(1, 7, 16, requires_grad=True)
+    out = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+    del model
+    gc.collect()
+    out.square().mean().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_constructing_inside_a_compiled_function_is_refused():
+    q, k, v = (torch.randn(1, 2, 4, 4) for _ in range(3))
+
+    def f(q, k, v):
+        return ae.attention(mask_mod=lambda b, h, i, j: i >= j)(q, k, v, backend="reference")
+
+    with pytest.raises(Exception, match="construct ae.attention outside the compiled function"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)

@@ -70,12 +70,19 @@ class attention:
     evaluated by torch from the derivative regions the compiler builds (`attn-differentiate`),
     not yet by generated kernels. float64 inputs run on backend="reference" only, for
     torch.autograd.gradcheck. Under torch.compile a call is one custom op, `ae_mlir::attention`
-    (no graph break, no MLIR while tracing); the closure tensors it passes are those the mods
-    read when the attention was constructed.
+    (no graph break, no MLIR while tracing) that reads the closure tensors' current values from
+    where the mods find them (a closure variable, a global, or one attribute of either, such as
+    `self.table`); construct the attention outside the compiled function.
     """
 
     def __init__(self, score_mod=None, mask_mod=None, normalize="softmax", scale=None, layout="bhld",
                  check_indices=None):
+        if _compiling():
+            # Dynamo cannot trace the tracer, and an attention built per call would register a new
+            # variant, and so recompile, on every call.
+            raise RuntimeError("ae_mlir.attention cannot be constructed inside a torch.compile'd function; "
+                               "construct ae.attention outside the compiled function (e.g. in the module's "
+                               "__init__) and call it inside")
         if score_mod is not None and not callable(score_mod):
             raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
         if mask_mod is not None and not callable(mask_mod):
@@ -95,10 +102,18 @@ class attention:
         self.scale = scale
         self.layout = layout
         self.check_indices = check_indices
-        from . import variant_registry
+        from . import closure_sources, variant_registry
 
         self._key = variant_registry.register(self)
-        self._closures = variant_registry.closure_tensors(self)
+        self._sources = closure_sources.find(self)
+
+    def __setstate__(self, state):
+        # A copy is a variant of its own: sharing the original's key would make compiled calls of
+        # the copy run the original (or fail once it is gone).
+        from . import variant_registry
+
+        self.__dict__.update(state)
+        self._key = variant_registry.register(self)
 
     @staticmethod
     def _validate_as(layout, q, k, v):

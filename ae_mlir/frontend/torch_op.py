@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import variant_registry
+from . import closure_sources, variant_registry
 from .autograd import CompiledCall, compiled_call
 
 
@@ -28,9 +28,10 @@ def _call(key: str, backend: str, q, k, v, captures: list) -> CompiledCall:
     given = _kernel_captures(captures)
     if [(tuple(t.shape), t.dtype) for t in traced] != [(tuple(t.shape), t.dtype) for t in given]:
         raise RuntimeError(f"the mods of ae_mlir attention {key!r} now read closure tensors "
-                           f"{[tuple(t.shape) for t in traced]}, not the {[tuple(t.shape) for t in given]} they read "
-                           "when it was constructed; under torch.compile the closure tensors are fixed at "
-                           "construction: construct the attention again after replacing them")
+                           f"{[tuple(t.shape) for t in traced]}, not the {[tuple(t.shape) for t in given]} found "
+                           "where they read them when it was constructed; under torch.compile a mod must keep "
+                           "reading its closure tensors through the same names: construct the attention again "
+                           "after changing what its mods read")
     return compiled_call(attn, text, q, backend)
 
 
@@ -80,6 +81,9 @@ def _attention_backward_fake(key, backend, q, k, v, captures, lse, d_out, d_lse)
 def _setup_context(ctx, inputs, output):
     key, backend, q, k, v, captures = inputs
     ctx.key, ctx.backend = key, backend
+    # The graph holds the variant by key only, and the registry holds it weakly: without this the
+    # backward would fail once the model that owns the attention is gone.
+    ctx.attention = variant_registry.lookup(key)
     ctx.save_for_backward(q, k, v, output[1], *captures)
 
 
@@ -95,7 +99,7 @@ attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 def compiled_attention(attn, q, k, v, backend: str):
     """(out, lse) of `attn` as one `ae_mlir::attention` op (q, k, v as [B, H, L, D] views)."""
-    if attn._closures is None:
+    if attn._sources is None:
         raise RuntimeError("ae_mlir.attention under torch.compile: its mods could not be traced when it was "
                            "constructed; call it once outside torch.compile to see the error")
-    return attention_op(attn._key, backend, q, k, v, attn._closures)
+    return attention_op(attn._key, backend, q, k, v, closure_sources.fetch(attn, attn._sources))
