@@ -152,6 +152,36 @@ def test_compiled_cpu_forward_gradients_in_each_dtype(dtype, tol):
         torch.testing.assert_close(got.grad.double() / scale, want.grad / scale, atol=tol, rtol=tol)
 
 
+def _causal_oracle(q, k, v, w, score_mod):
+    """Causal softmax attention in float64 with torch's own autograd; `score_mod(s, w, h, i, j)`
+    is evaluated on kept pairs only (j clamped to i), so no masked pair reaches the gradients."""
+    h = torch.arange(q.shape[1]).view(1, -1, 1, 1)
+    i = torch.arange(q.shape[2]).view(-1, 1)
+    j = torch.arange(k.shape[2]).view(1, -1)
+    s = score_mod(q @ k.transpose(-1, -2) / math.sqrt(q.shape[3]), w, h, i, torch.minimum(j, i))
+    return torch.softmax(s.masked_fill(i < j, -math.inf), dim=-1) @ v
+
+
+@pytest.mark.parametrize("formula", [lambda s, w, h, i, j: s - w[h] * torch.sqrt((i - j) * 1.0),
+                                     lambda s, w, h, i, j: s * torch.sqrt((i - j + 1) * 1.0)],
+                         ids=["closure", "score"])
+def test_masked_pairs_with_a_non_finite_derivative_give_finite_gradients(formula):
+    # Above the causal diagonal these square roots are NaN, and so are their derivatives; the
+    # pairs are masked, so they must contribute nothing rather than 0 * NaN.
+    gen = torch.Generator().manual_seed(10)
+    leaves = _leaves(*(torch.randn(1, 2, 6, 4, generator=gen) for _ in range(3)), torch.rand(2, generator=gen))
+    w = leaves[3]
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: formula(s, w, h, i, j), mask_mod=lambda b, h, i, j: i >= j)
+    got = torch.autograd.grad(attn(*leaves[:3], backend="reference").sum(), leaves, allow_unused=True)
+    expected = _leaves(*leaves)
+    want = torch.autograd.grad(_causal_oracle(*expected, formula).sum(), expected, allow_unused=True)
+    for name, a, b in zip("qkvw", got, want):
+        if b is None:
+            continue
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a, b, msg=name)
+
+
 def test_closure_gradients_are_deterministic():
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 2, 24, 8, generator=gen).requires_grad_() for _ in range(3))

@@ -146,24 +146,33 @@ def attention_backward(derivative: Derivative, scale: float, q, k, v, captures: 
         d_scores = d_modded
         if derivative.score_mod_grad is not None:
             (d_scores,) = block.run(derivative.score_mod_grad, [scores, d_modded, *block.grid], scores)
+            if keep is not None:
+                # A masked pair's local derivative may be inf or NaN (sqrt(i - j) above the causal
+                # diagonal), and 0 * inf is NaN: select, do not multiply.
+                d_scores = torch.where(keep, d_scores, 0.0)
         dq[:, :, i0:i1] = scale * (d_scores @ keys)
         dk += scale * (d_scores.transpose(-1, -2) @ q_rows)
         for position, program in derivative.closure_grads:
-            _accumulate(closure_grads[position], block.run(program, [scores, d_modded, *block.grid], scores))
+            _accumulate(closure_grads[position], block.run(program, [scores, d_modded, *block.grid], scores), keep)
     dk = dk.view(b, hkv, group, lk, dk_dim).sum(2)
     dv = dv.view(b, hkv, group, lk, v.shape[3]).sum(2)
     d_captures = [closure_grads[p].to(t.dtype) if p in closure_grads else None for p, t in enumerate(captures)]
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_captures
 
 
-def _accumulate(total, values: list) -> None:
-    """Add each (value, index_0, ..., index_{r-1}) group of a closure_grad region into `total`."""
+def _accumulate(total, values: list, keep) -> None:
+    """Add each (value, index_0, ..., index_{r-1}) group of a closure_grad region into `total`,
+    leaving out the pairs the mask drops (`keep` False; None keeps all): their values may be NaN
+    from a non-finite local derivative, and their indices may point anywhere."""
     import torch
 
     width = 1 + total.dim()
     for start in range(0, len(values), width):
-        value = values[start].to(torch.float64).reshape(-1)
-        indices = tuple(i.reshape(-1) for i in values[start + 1 : start + width])
+        group = values[start : start + width]
+        if keep is not None:
+            group = [t[keep] for t in group]
+        value = group[0].to(torch.float64).reshape(-1)
+        indices = tuple(i.reshape(-1) for i in group[1:])
         total.index_put_(indices, value, accumulate=True)
 
 
