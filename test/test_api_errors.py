@@ -57,6 +57,13 @@ def test_unsupported_dtype_is_named():
         ae.attention()(q, q, q)
 
 
+def test_an_integer_dtype_names_float64_for_the_reference_backend():
+    q = _t(1, 2, 4, 8).to(torch.int32)
+    with pytest.raises(ValueError, match=r"q must be float16, bfloat16, float32 or float64 \(backend='reference' "
+                                         r"only\), got torch.int32"):
+        ae.attention()(q, q, q)
+
+
 def test_non_tensor_argument_is_a_type_error():
     with pytest.raises(TypeError, match="k must be a torch.Tensor"):
         ae.attention()(_t(1, 1, 4, 8), [[1.0]], _t(1, 1, 4, 8))

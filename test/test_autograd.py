@@ -183,6 +183,8 @@ def test_masked_pairs_with_a_non_finite_derivative_give_finite_gradients(formula
 
 
 def test_closure_gradients_are_deterministic():
+    """Two backward passes on the CPU reference give the same bits for a closure tensor whose
+    gradient many pairs add into (index_put_ accumulation); CUDA is not covered here."""
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 2, 24, 8, generator=gen).requires_grad_() for _ in range(3))
     table = torch.randn(2, 47, generator=gen).requires_grad_()

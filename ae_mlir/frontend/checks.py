@@ -22,7 +22,9 @@ def check_tensor(name: str, t, rank: int, form: str = FORMS["bhld"], float64: bo
     if t.dim() != rank:
         raise ValueError(f"{name} must have rank {rank} ({form} layout), got shape {tuple(t.shape)}")
     if str(t.dtype).removeprefix("torch.") not in _DTYPES and not (float64 and t.dtype == torch.float64):
-        raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+        allowed = "float16, bfloat16, float32 or float64 (backend='reference' only)" if float64 else \
+            "float16, bfloat16 or float32"
+        raise ValueError(f"{name} must be {allowed}, got {t.dtype}")
 
 
 def check_float64_backend(q, backend: str):
