@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..core.context import CompileError, Diagnostic, location_parts
+from .l1_ops import fail
 
 _FLOATS = ("f16", "bf16", "f32", "f64")
 
@@ -27,9 +27,6 @@ def is_float_element(tensor_type) -> bool:
     return str(tensor_type.element_type) in _FLOATS
 
 
-def fail(op, message: str) -> CompileError:
-    filename, line, col = location_parts(op.location)
-    return CompileError(message, [Diagnostic("error", f"'{op.name}' op {message}", filename, line, col)])
 
 
 @dataclass
