@@ -27,8 +27,6 @@ def is_float_element(tensor_type) -> bool:
     return str(tensor_type.element_type) in _FLOATS
 
 
-
-
 @dataclass
 class ClosureRead:
     closure: object  # the tensor read from, as the target block sees it
