@@ -158,6 +158,7 @@ class PresetOptions:
     assume_aligned: bool = True    # attn-lower-to-triton: the aligned variant
     input_precision: Literal["ieee", "tf32", "tf32x3"] = "ieee"   # attn-lower-to-triton
     unit_inner_stride: bool = True  # attn-lower-to-cpu
+    vector_bits: int = 512         # attn-lower-to-cpu: register tiles for the host's vector width
     num_warps: int = 4             # Triton launch
     num_stages: int = 2            # Triton launch
     linear: bool = False           # the module is linear attention (its launch config has block_v/k)
@@ -181,6 +182,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         raise CompileError(f"pipeline '{preset}' compiles for "
                            f"{'--target=host' if preset == 'cpu' else 'a cuda or hip target'}, got '{target}'")
     values: dict = {"split": preset == "triton"}
+    if preset == "cpu":
+        from .backends.cpu_cache import host_vector_bits
+
+        values["vector_bits"] = host_vector_bits()
     if problem is not None and preset == "cpu":
         values.update(cpu_config(problem.lq, problem.lk))
     elif problem is not None and problem.linear:
@@ -242,7 +247,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
     ]
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),
-                Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)}}}",))]
+                Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "
+                                      f"vector-bits={o.vector_bits}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

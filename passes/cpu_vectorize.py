@@ -6,14 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from . import ModulePass
+from . import ModulePass, option
 from .cpu_support import lowered_kernels, run_transform, walk
 
-# Register tiles: a matmul runs as 8x32 (rows x columns) outer products, one reduction step at a
-# time, so its accumulator stays in vector registers (16 x 16-lane or 32 x 8-lane); elementwise and
-# row-reduction ops run 8 rows at a time, at most ROW_LENGTH elements of a row at once (ops over more
-# than two loops, one row at a time).
-MATMUL_TILE = (8, 32)
+# Register tiles by vector width in bits: a matmul runs as (rows x columns) outer products, one
+# reduction step at a time, so its accumulator stays in vector registers. At 512 bits 8x32 takes 16
+# of the 32 zmm registers. With 16 registers (AVX2's ymm, SSE's and NEON's 128-bit ones) 8x32
+# spilled most accumulators to the stack in every step; 8 accumulators leave room for the row's
+# vectors and the broadcast (2x32 on AVX2 measured fastest of 8x8, 4x16, 2x32, 8x16, 4x32).
+# Elementwise and row-reduction ops run 8 rows at a time, at most ROW_LENGTH elements of a row at
+# once (ops over more than two loops, one row at a time).
+MATMUL_TILES = {128: (2, 16), 256: (2, 32), 512: (8, 32)}
 ROW_TILE = 8
 ROW_LENGTH = 256
 TRANSPOSE_TILE = 8
@@ -43,11 +46,19 @@ class Vectorize(ModulePass):
     summary: ClassVar[str] = ("CPU lowering: tile matmuls to register tiles and elementwise ops and row "
                               "reductions to row blocks, then vectorize every linalg op (on tensors)")
 
+    vector_bits: int = option(512, "the target's vector register width in bits (128, 256 or 512), which "
+                                   "sizes the matmuls' register tiles; the cpu preset passes the host's")
+
+    def __post_init__(self):
+        if self.vector_bits not in MATMUL_TILES:
+            raise ValueError(f"vector-bits must be one of {', '.join(map(str, MATMUL_TILES))}, "
+                             f"got {self.vector_bits}")
+
     def apply(self, module_op) -> None:
-        run_transform(module_op, _vectorize_script(lowered_kernels(module_op)))
+        run_transform(module_op, _vectorize_script(lowered_kernels(module_op), MATMUL_TILES[self.vector_bits]))
 
 
-def _tile_sizes(op) -> list[int] | None:
+def _tile_sizes(op, matmul_tile: tuple[int, int]) -> list[int] | None:
     """Tile sizes for one linalg op of a kernel (0: untiled), or None to vectorize it whole.
 
     Vectors stay near register size (LLVM unrolls a long vector into one instruction per
@@ -70,7 +81,7 @@ def _tile_sizes(op) -> list[int] | None:
     shapes = [ir.ShapedType(v.type).shape for v in op.operands if isinstance(v.type, ir.ShapedType)]
     if op.name == "linalg.matmul":
         (m, _), (_, n) = shapes[0], shapes[1]
-        return [fit(m, MATMUL_TILE[0]), fit(n, MATMUL_TILE[1]), 1]
+        return [fit(m, matmul_tile[0]), fit(n, matmul_tile[1]), 1]
     if op.name == "linalg.transpose":
         rows, cols = shapes[0]
         return [fit(rows, TRANSPOSE_TILE), fit(cols, TRANSPOSE_TILE)]
@@ -108,7 +119,7 @@ def _loop_extents(generic) -> list[int] | None:
     return None if None in extents else extents
 
 
-def _vectorize_script(kernels) -> str:
+def _vectorize_script(kernels, matmul_tile: tuple[int, int]) -> str:
     """The tile-and-vectorize transform script for `kernels`; tags each op to tile with its group."""
     from mlir import ir
 
@@ -118,7 +129,7 @@ def _vectorize_script(kernels) -> str:
             if any(isinstance(v.type, ir.ShapedType) and not ir.ShapedType(v.type).has_static_shape
                    for v in op.operands):
                 continue
-            sizes = _tile_sizes(op)
+            sizes = _tile_sizes(op, matmul_tile)
             if sizes is None:
                 continue
             group = groups.setdefault(tuple(sizes), len(groups))

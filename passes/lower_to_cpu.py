@@ -85,6 +85,7 @@ class LowerToCpu(PassPipeline):
     unit_inner_stride: bool = option(
         True, "the caller passes arrays whose innermost dimension has unit stride (any other strides "
               "stay dynamic); false accepts any strides, at the cost of element-wise tile loads")
+    vector_bits: int = option(512, "attn-cpu-vectorize's vector-bits: the target's vector register width")
 
     def elements(self) -> list[str]:
         pinned_strides = ["attn-cpu-pin-unit-inner-stride"] if self.unit_inner_stride else []
@@ -92,7 +93,7 @@ class LowerToCpu(PassPipeline):
             "attn-cpu-grid-loops",
             *TENSOR_PIPELINE,
             "attn-cpu-split-empty-tensors",
-            "attn-cpu-vectorize",
+            f"attn-cpu-vectorize{{vector-bits={self.vector_bits}}}",
             "attn-cpu-carry-state-in-place",
             "attn-cpu-bufferize",
             *pinned_strides,

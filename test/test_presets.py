@@ -127,12 +127,25 @@ def test_linear_and_hip_options():
 
 
 def test_cpu_stages_and_overrides():
-    options = presets.options_for("cpu", _problem("plain-f32"), unit_inner_stride="false")
+    options = presets.options_for("cpu", _problem("plain-f32"), unit_inner_stride="false", vector_bits="256")
     assert [s.name for s in presets.stages("cpu", options)] == ["l1", "llvm"]
-    assert presets.pipeline_text("cpu", options, "llvm") == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false})"
+    assert (presets.pipeline_text("cpu", options, "llvm")
+            == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false vector-bits=256})")
     assert "attn-tile{block-m=64 block-n=64 call-time-tables=true}" in presets.pipeline_text("cpu", options, "l1")
     assert "canonicalize" not in presets.pipeline_text(
         "triton", presets.options_for("triton", _problem("plain-f32"), canonicalize=False))
+
+
+@pytest.mark.parametrize("flags,bits", [("fpu sse2 avx avx2 fma", 256), ("avx2 avx512f avx512bw", 512),
+                                        ("fpu sse2 sse4_2", 128), ("fp asimd", 128)])
+def test_cpu_vector_bits_follow_the_host(monkeypatch, flags, bits):
+    from ae_mlir.backends import cpu_cache
+
+    monkeypatch.setattr(cpu_cache, "host_features", lambda: flags)
+    assert presets.options_for("cpu", _problem("plain-f32")).vector_bits == bits
+    # The disk cache keys kernels by the width their register tiles were chosen for.
+    assert cpu_cache.key("module", {}) == cpu_cache.key("module", {"vector_bits": bits})
+    assert cpu_cache.key("module", {}) != cpu_cache.key("module", {"vector_bits": bits * 2})
 
 
 @pytest.mark.parametrize("preset,target,overrides,message", [

@@ -49,20 +49,30 @@ def directory() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
-def host_identity() -> str:
-    """The architecture and the CPU feature flags the JIT's host target is derived from."""
-    features = ""
+def host_features() -> str:
+    """The host CPU's feature flags, which the JIT's host target is derived from."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 # x86 lists "flags", AArch64 "Features"; the first CPU speaks for all of them.
                 if line.startswith(("flags", "Features")):
-                    features = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
-        features = platform.processor()
-    return f"{platform.machine()}:{hashlib.sha256(features.encode()).hexdigest()[:16]}"
+        return platform.processor()
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def host_identity() -> str:
+    """The architecture and the CPU feature flags."""
+    return f"{platform.machine()}:{hashlib.sha256(host_features().encode()).hexdigest()[:16]}"
+
+
+def host_vector_bits() -> int:
+    """The width of the host's vector registers that the JIT uses: 512 with AVX-512F, 256 with
+    AVX2, else 128 (SSE, NEON)."""
+    flags = host_features().split()
+    return 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,8 +94,11 @@ def toolchain_identity() -> str:
 
 
 def key(module_text: str, options: dict) -> str:
+    """The cache key of a kernel compiled with `options` (the preset's; the host's vector width
+    unless they name one)."""
     return runtime.cache_key(module_text, f"cpu:{host_identity()}",
-                             dict(options, toolchain=toolchain_identity(), cpu_format=FORMAT_VERSION))
+                             dict({"vector_bits": host_vector_bits()}, **options, toolchain=toolchain_identity(),
+                                  cpu_format=FORMAT_VERSION))
 
 
 def _paths(key: str) -> tuple[Path, Path]:
