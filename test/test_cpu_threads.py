@@ -26,14 +26,17 @@ THREADS = cpu_threads.THREADS_ENV
 # --- ranges and the thread count ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("programs,threads", [(10, 3), (12, 2), (5, 8), (1, 4), (0, 2), (7, 1)])
-def test_split_covers_the_grid_in_near_equal_contiguous_ranges(programs, threads):
-    ranges = cpu_threads.split(programs, threads)
-    assert len(ranges) == max(1, min(programs, threads))
+@pytest.mark.parametrize("programs,threads", [(10, 3), (12, 2), (100, 2), (5, 8), (1, 4), (0, 2), (7, 1)])
+def test_pieces_cover_the_grid_in_contiguous_ranges_of_one_length(programs, threads):
+    ranges = cpu_threads.pieces(programs, threads)
     assert ranges[0][0] == 0 and ranges[-1][1] == programs
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     lengths = [last - first for first, last in ranges]
-    assert max(lengths) - min(lengths) <= 1
+    assert len(set(lengths[:-1])) <= 1 and lengths[-1] <= lengths[0]
+    if threads > 1 and programs > 1:
+        assert min(threads, programs) <= len(ranges) <= threads * cpu_threads.PIECES_PER_THREAD
+    else:
+        assert ranges == [(0, programs)]
 
 
 def test_thread_count_defaults_to_the_usable_cores_and_follows_the_variable(monkeypatch):
@@ -47,18 +50,41 @@ def test_thread_count_defaults_to_the_usable_cores_and_follows_the_variable(monk
             cpu_threads.thread_count()
 
 
-def test_ranges_run_at_the_same_time_on_distinct_threads(monkeypatch):
+def test_pieces_run_at_the_same_time_on_distinct_threads(monkeypatch):
     monkeypatch.setenv(THREADS, "3")
     barrier = threading.Barrier(3, timeout=60)
-    seen = []
+    seen, first_calls = [], set()
+    lock = threading.Lock()
 
     def call(first, last):
-        seen.append((first, last, threading.get_ident()))
-        barrier.wait()  # breaks (an error) unless all three ranges are running together
+        with lock:
+            seen.append((first, last))
+            new_thread = threading.get_ident() not in first_calls
+            first_calls.add(threading.get_ident())
+        if new_thread:
+            barrier.wait()  # breaks (an error) unless three threads are running pieces together
 
     cpu_threads.run(call, 8)
-    assert sorted(r[:2] for r in seen) == [(0, 2), (2, 5), (5, 8)]
-    assert len({r[2] for r in seen}) == 3
+    assert sorted(p for first, last in seen for p in range(first, last)) == list(range(8))
+    assert len(first_calls) == 3
+
+
+def test_a_thread_that_finishes_early_takes_more_pieces(monkeypatch):
+    # Causal attention's later programs cost more; a slow first piece must not hold the rest.
+    monkeypatch.setenv(THREADS, "2")
+    release = threading.Event()
+    ran_by = {}
+
+    def call(first, last):
+        ran_by[first] = threading.get_ident()
+        if first == 0:
+            assert release.wait(60)
+        elif len(ran_by) == 8:
+            release.set()
+
+    cpu_threads.run(call, 8)
+    slow = ran_by[0]
+    assert sum(ident != slow for ident in ran_by.values()) == 7
 
 
 # --- bit-identical outputs ---------------------------------------------------------------------------
@@ -119,8 +145,8 @@ def test_attention_is_bit_identical_on_one_two_and_three_threads(case, monkeypat
 
 @pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
 def test_linear_attention_is_bit_identical_on_one_two_and_three_threads(decay, monkeypatch):
-    # Dv = 80: two V blocks per head, so 2*2*2 = 8 programs, which three threads split as
-    # [0, 2), [2, 5), [5, 8): the last range starts at the second V block of a head.
+    # Dv = 80: two V blocks per head, so 2*2*2 = 8 programs, run in pieces of one program: a
+    # thread's piece can start at the second V block of a head.
     b, h, length, dk, dv = 2, 2, 45, 16, 80
     q, k, v = (rand(b, h, length, d, seed=s) for s, d in ((1, dk), (2, dk), (3, dv)))
     g = None

@@ -1,11 +1,13 @@
 """How the CPU backend spreads a kernel's programs over threads.
 
 A lowered kernel runs the range [first, last) of its flat program ids that its last two arguments
-give (`attn-cpu-grid-loops`). A call splits [0, programs) into contiguous ranges of near-equal
-length, at most one per thread, runs the first on the calling thread and the others on a shared
-pool. ctypes releases the GIL around a foreign call, so the ranges run in parallel; they share no
-memory they write: each program writes only its own slices of the outputs and each call allocates
-its own scratch buffers.
+give (`attn-cpu-grid-loops`). A call cuts [0, programs) into contiguous pieces, a few per thread,
+and the calling thread and pool threads take the next piece until none is left: programs differ
+in cost (causal attention's last query blocks see the most keys, so equal contiguous shares of a
+grid with fewer heads than threads are unbalanced) and a thread the OS deschedules should not
+hold the rest back. ctypes releases the GIL around a foreign call, so the pieces run in parallel;
+they share no memory they write: each program writes only its own slices of the outputs and each
+call allocates its own scratch buffers. Which thread runs a program changes nothing it computes.
 
 Threads: as many as the process may run on (`os.sched_getaffinity`), or `AE_MLIR_CPU_THREADS`;
 1 runs every program on the calling thread.
@@ -44,24 +46,43 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def split(programs: int, threads: int) -> list[tuple[int, int]]:
-    """[0, programs) as at most `threads` contiguous ranges whose lengths differ by at most one."""
-    parts = max(1, min(threads, programs))
-    return [(i * programs // parts, (i + 1) * programs // parts) for i in range(parts)]
+# Pieces per thread: enough that a slow or unlucky thread leaves its share to the others, few
+# enough that a call's fixed cost (a ctypes call over the argument descriptors) stays small.
+PIECES_PER_THREAD = 4
+
+
+def pieces(programs: int, threads: int) -> list[tuple[int, int]]:
+    """[0, programs) as contiguous ranges of one length (the last may be shorter), about
+    PIECES_PER_THREAD per thread; one range with a single thread or program."""
+    if threads <= 1 or programs <= 1:
+        return [(0, programs)]
+    size = -(-programs // (threads * PIECES_PER_THREAD))
+    return [(first, min(first + size, programs)) for first in range(0, programs, size)]
 
 
 def run(call: Callable[[int, int], None], programs: int) -> None:
-    """`call(first, last)` over every program, the ranges on `thread_count()` threads."""
-    first, *others = split(programs, thread_count())
-    if not others:
-        call(*first)
+    """`call(first, last)` over every program, on up to `thread_count()` threads."""
+    threads = min(thread_count(), programs)
+    if threads <= 1:
+        call(0, programs)
         return
-    pool = _POOL.get(len(others))
-    pending = [pool.submit(call, *bounds) for bounds in others]
+    todo = iter(pieces(programs, threads))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                piece = next(todo, None)
+            if piece is None:
+                return
+            call(*piece)
+
+    pool = _POOL.get(threads - 1)
+    pending = [pool.submit(work) for _ in range(threads - 1)]
     try:
-        call(*first)
+        work()
     finally:
-        # Whatever becomes of this thread's range, the others finish before the call returns.
+        # Whatever becomes of this thread's pieces, the others finish before the call returns.
         futures.wait(pending)
     for future in pending:
         future.result()
