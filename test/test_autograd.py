@@ -75,6 +75,35 @@ def test_closure_tensors_read_twice_and_a_scalar_temperature():
     _gradcheck(fn, q, k, v, slopes, weights, temperature)
 
 
+def test_only_the_closure_tensors_that_require_grad_are_accumulated(monkeypatch):
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _leaves(*(torch.randn(1, 2, 6, 4, generator=gen) for _ in range(3)))
+    (weights,) = _leaves(torch.randn(2, generator=gen))
+    slopes = torch.rand(3, generator=gen)  # a constant (one entry unused): no gradient wanted
+    scattered = []
+    accumulate = backward._accumulate
+
+    def counting(total, *args):
+        scattered.append(total.shape)
+        accumulate(total, *args)
+
+    monkeypatch.setattr(backward, "_accumulate", counting)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s * weights[h] + slopes[h] * (j - i))
+    attn(q, k, v, backend="reference").sum().backward()
+    assert weights.grad is not None and slopes.grad is None
+    assert scattered and all(shape == weights.shape for shape in scattered)
+    want = torch.autograd.grad(_reference_sum(q, k, v, weights, slopes), weights)[0]
+    torch.testing.assert_close(weights.grad, want)
+
+
+def _reference_sum(q, k, v, weights, slopes):
+    i = torch.arange(q.shape[2]).view(-1, 1)
+    j = torch.arange(k.shape[2]).view(1, -1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[3] ** -0.5
+    scores = scores * weights.view(1, -1, 1, 1) + slopes[:2].view(1, -1, 1, 1) * (j - i)
+    return (torch.softmax(scores, -1) @ v).sum()
+
+
 def test_logsumexp_output_is_differentiable():
     gen = torch.Generator().manual_seed(3)
     q, k, v = _leaves(*(torch.randn(1, 2, 6, 4, generator=gen) for _ in range(3)))

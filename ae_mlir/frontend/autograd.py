@@ -36,8 +36,9 @@ class CompiledCall:
         results = _execute(self.text, tensors, self.backend, out_dtype=q.dtype)
         return results[0], (results[1] if self.with_lse else None)
 
-    def backward(self, q, k, v, captures: list, lse, d_out, d_lse):
-        return attention_backward(self.derivative, self.scale, q, k, v, captures, lse, d_out, d_lse)
+    def backward(self, q, k, v, captures: list, lse, d_out, d_lse, closures_wanted=None):
+        return attention_backward(self.derivative, self.scale, q, k, v, captures, lse, d_out, d_lse,
+                                  closures_wanted)
 
 
 def compiled_call(attn, text: str, q, backend: str) -> CompiledCall:
@@ -73,7 +74,8 @@ class _Attention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, d_lse=None):
         q, k, v, lse, *captures = ctx.saved_tensors
-        dq, dk, dv, d_captures = ctx.call.backward(q, k, v, captures, lse, d_out, d_lse)
+        # needs_input_grad follows forward's inputs: call, q, k, v, then the closure tensors.
+        dq, dk, dv, d_captures = ctx.call.backward(q, k, v, captures, lse, d_out, d_lse, ctx.needs_input_grad[4:])
         return (None, dq, dk, dv, *d_captures)
 
 

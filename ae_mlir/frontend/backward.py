@@ -104,9 +104,11 @@ class _Block:
                 for v in values]
 
 
-def attention_backward(derivative: Derivative, scale: float, q, k, v, captures: list, lse, d_out, d_lse=None):
+def attention_backward(derivative: Derivative, scale: float, q, k, v, captures: list, lse, d_out, d_lse=None,
+                       closures_wanted=None):
     """dq, dk, dv (in q's, k's and v's dtypes) and one gradient per closure tensor (its dtype;
-    None where no gradient reaches it), computed in float32 (float64 for float64 inputs).
+    None where no gradient reaches it or `closures_wanted[i]` is false), computed in float32
+    (float64 for float64 inputs).
 
     `lse` is the forward's logsumexp (softmax; None otherwise), `d_out` and `d_lse` (None: zero)
     the gradients with respect to the output and the logsumexp.
@@ -125,8 +127,10 @@ def attention_backward(derivative: Derivative, scale: float, q, k, v, captures: 
     # Closure gradients accumulate in float64 with index_put_(accumulate=True), block after block:
     # on the CPU that kernel adds float64 values serially in index order, on CUDA it sorts the
     # indices first, so every run adds in the same order and gives the same bits.
+    # A constant table (a buffer, fixed ALiBi slopes) costs a full-grid scatter per block for
+    # nothing: only the closure tensors autograd asks about are accumulated.
     closure_grads = {p: torch.zeros(captures[p].shape, dtype=torch.float64, device=q.device)
-                     for p, _ in derivative.closure_grads}
+                     for p, _ in derivative.closure_grads if closures_wanted is None or closures_wanted[p]}
     rows = max(1, BLOCK_ELEMENTS // max(1, b * h * lk))
     for i0 in range(0, lq, rows):
         i1 = min(lq, i0 + rows)
@@ -153,6 +157,8 @@ def attention_backward(derivative: Derivative, scale: float, q, k, v, captures: 
         dq[:, :, i0:i1] = scale * (d_scores @ keys)
         dk += scale * (d_scores.transpose(-1, -2) @ q_rows)
         for position, program in derivative.closure_grads:
+            if position not in closure_grads:
+                continue
             _accumulate(closure_grads[position], block.run(program, [scores, d_modded, *block.grid], scores), keep)
     dk = dk.view(b, hkv, group, lk, dk_dim).sum(2)
     dv = dv.view(b, hkv, group, lk, v.shape[3]).sum(2)
