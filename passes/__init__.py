@@ -38,6 +38,7 @@ _REGISTRY: dict[str, str] = {
     "attn-differentiate": "differentiate:Differentiate",
     "attn-fuse-online-softmax": "fuse_online_softmax:FuseOnlineSoftmax",
     "attn-tile": "tile:AttnTile",
+    "attn-tile-backward": "tile_backward:AttnTileBackward",
     "attn-chunk-recurrence": "chunk_recurrence:ChunkRecurrence",
     "attn-lower-to-cpu": "lower_to_cpu:LowerToCpu",
     "attn-cpu-grid-loops": "cpu_grid_loops:GridLoops",
