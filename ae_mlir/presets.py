@@ -62,6 +62,28 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) 
     return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
 
 
+# The backward kernels (attn-tile-backward) hold more tiles live than the forward (Q, dO, K, V,
+# dK and dV accumulators, P and dS), so smaller blocks: FlashAttention-2's and FlexAttention's
+# backward use 64x64 at D = 128 on Hopper as well. Both kernels share one config.
+_CUDA_BWD_16BIT = {64: (64, 64, 4, 2), 128: (64, 64, 8, 2), 256: (32, 32, 4, 1)}
+_CUDA_BWD_FP32 = {64: (32, 32, 4, 2), 128: (32, 32, 4, 2), 256: (16, 16, 4, 1)}
+_HIP_BWD_16BIT = {64: (64, 64, 4, 1), 128: (64, 32, 4, 1), 256: (32, 32, 4, 1)}
+_HIP_BWD_FP32 = {64: (32, 32, 4, 1), 128: (32, 32, 4, 1), 256: (16, 16, 4, 1)}
+
+
+def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) -> dict:
+    """Block sizes and launch options of the backward kernels for one problem shape."""
+    d = max(_pow2(dk), _pow2(dv), 64)
+    wide = dtype in ("bfloat16", "float16", "bf16", "f16")
+    if target.startswith("hip"):
+        table = _HIP_BWD_16BIT if wide else _HIP_BWD_FP32
+    else:
+        table = _CUDA_BWD_16BIT if wide else _CUDA_BWD_FP32
+    block_m, block_n, warps, stages = table.get(d, (16, 16, 4, 1))
+    return {"block_m": min(block_m, _pow2(lq)), "block_n": min(block_n, _pow2(lk)), "num_warps": warps,
+            "num_stages": stages}
+
+
 # Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
 # blocks of 64 columns, as flash-linear-attention's chunk kernels use, and 4 warps: 8 warps left
 # the output kernels slower and the stage count barely mattered in the per-kernel sweep,
@@ -162,6 +184,7 @@ class PresetOptions:
     num_warps: int = 4             # Triton launch
     num_stages: int = 2            # Triton launch
     linear: bool = False           # the module is linear attention (its launch config has block_v/k)
+    backward: bool = False         # attn-differentiate + attn-tile-backward: the backward kernels
 
     def launch_config(self) -> dict:
         """The compile options a Triton bundle records (`meta["config"]`, its cache key)."""
@@ -181,6 +204,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if (preset == "cpu") != (target == "host"):
         raise CompileError(f"pipeline '{preset}' compiles for "
                            f"{'--target=host' if preset == 'cpu' else 'a cuda or hip target'}, got '{target}'")
+    typed = _typed(overrides)
     values: dict = {"split": preset == "triton"}
     if preset == "cpu":
         from .backends.cpu_cache import host_vector_bits
@@ -191,8 +215,9 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     elif problem is not None and problem.linear:
         values.update(linear_config(problem.chunk_size, problem.decay, target), linear=True)
     elif problem is not None:
-        values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))
-    values.update(_typed(overrides))
+        pick = backward_config if typed.get("backward") else default_config
+        values.update(pick(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))
+    values.update(typed)
     return PresetOptions(target=target, **values)
 
 
@@ -239,12 +264,15 @@ def _flag(value: bool) -> str:
 def stages(preset: str, o: PresetOptions) -> list[Stage]:
     """The preset's stages in order: "l1" (L0 -> L1 kernels), then "ttir" or "llvm"."""
     _check_preset(preset)
-    to_l1 = [
-        "attn-verify",
-        "attn-fuse-online-softmax",
-        f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
-        f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)}}}",
-    ]
+    if o.backward:
+        to_l1 = ["attn-verify", "attn-differentiate", f"attn-tile-backward{{block-m={o.block_m} block-n={o.block_n}}}"]
+    else:
+        to_l1 = [
+            "attn-verify",
+            "attn-fuse-online-softmax",
+            f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
+            f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)}}}",
+        ]
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "

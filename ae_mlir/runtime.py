@@ -314,7 +314,7 @@ def aligned_ok(bundle: Bundle, tensors: dict) -> bool:
                 if stride != 1:
                     return False
                 continue
-            if role != "lse" and stride % 16:
+            if role not in abi.ROW_STATS and stride % 16:
                 return False
             # Strides travel as i32; tile origins are computed in i64, so only offsets inside a
             # tile (rows along the sequence dimension) must stay below 2^31.

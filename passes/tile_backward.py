@@ -37,7 +37,6 @@ from .l1_ops import fail, ops_named, shape
 from .tile_tables import classify_blocks, table_constants
 
 ROW, TILE = (0,), (0, 1)
-IN_ROLES = ("do", "lse", "delta")
 
 
 def _ragged_partial(partial: list[list[int]], full: list[list[int]], lq: int, lk: int, bm: int, bn: int):
@@ -212,7 +211,7 @@ class _Backward(KernelBuilder):
         i64 = ir.IntegerType.get_signless(64)
         row_t = tensor_type([self.b, self.h, self.lq])
         do_t = tensor_type([self.b, self.h, self.lq, self.dv], self.elt)
-        roles = abi.input_roles(len(self.inputs)) + list(IN_ROLES) + [role for role, _ in outputs]
+        roles = abi.input_roles(len(self.inputs)) + list(abi.BACKWARD_INPUTS) + [role for role, _ in outputs]
         types = self.inputs + [do_t, row_t, row_t] + [t for _, t in outputs]
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
                       abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn),
@@ -327,7 +326,7 @@ class AttnTileBackward(ModulePass):
             builder = _Backward(forward, grad, aggregate, self.block_m, self.block_n)
             partial, full = builder.lists()
             with aggregate.location:
-                builder.build_dkdv(name + "_bwd_dkdv", partial, full)
-                builder.build_dq(name + "_bwd_dq", partial, full)
+                builder.build_dkdv(abi.backward_kernel_name(name, "dkdv"), partial, full)
+                builder.build_dq(abi.backward_kernel_name(name, "dq"), partial, full)
             grad.erase()
             forward.erase()

@@ -90,7 +90,8 @@ class _Lowered:
 
 
 def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
-           unit_inner_stride: bool, report: progress.Compile | progress.Silent | None = None) -> _Lowered:
+           unit_inner_stride: bool, report: progress.Compile | progress.Silent | None = None,
+           backward: str | None = None) -> _Lowered:
     from .. import presets
     from ..core.context import parse_module
     from ..core.verifier import check_module
@@ -106,10 +107,17 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
     name = report.name = abi.name(funcs[0])
     overrides = {key: value for key, value in (("block_m", block_m), ("block_n", block_n)) if value}
     options = presets.options_for("cpu", presets.read_problem(module), "host",
-                                  unit_inner_stride=unit_inner_stride, **overrides)
-    report.stage("L0 -> L1: fuse, tile")
+                                  unit_inner_stride=unit_inner_stride, backward=backward is not None, **overrides)
+    report.stage("L0 -> L1: fuse, tile" if backward is None else "L0 -> L1: differentiate, tile the backward")
     _run(presets.pipeline_text("cpu", options, "l1"), module)
     kernel = abi.functions(module)[0]
+    if backward is not None:
+        # One kernel of the backward's two per compiled module (each has its own grid).
+        kernel = _keep_kernel(module, abi.backward_kernel_name(name, backward))
+        n_results = len(abi.result_types(kernel))
+        inputs = [_spec(t) for t in abi.input_types(kernel)[:-n_results]]
+        outputs = [_spec(t) for t in abi.result_types(kernel)]
+        name = report.name = abi.name(kernel)
     # A mask that reads closure tensors is classified per call (block_mask); its four tile
     # tables follow the inputs.
     inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
@@ -118,6 +126,19 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
     return lowered
+
+
+def _keep_kernel(module, name: str):
+    """Erase every function of the module but the kernel `name`, and return that one."""
+    kept = None
+    for func in abi.functions(module):
+        if abi.name(func) == name:
+            kept = func
+        else:
+            func.erase()
+    if kept is None:
+        raise CompileError(f"the backward pipeline made no kernel '{name}'")
+    return kept
 
 
 def _run(pipeline: str, module) -> None:
@@ -204,7 +225,7 @@ def _spec(mlir_type) -> _ArgSpec:
 
 
 def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inner_stride: bool,
-           key: str) -> CompiledKernel:
+           key: str, backward: str | None = None) -> CompiledKernel:
     """JIT-compile the kernel and store it in the disk cache; the stored library runs it where it
     loads (the same machine code), else the JIT's."""
     from mlir.execution_engine import ExecutionEngine
@@ -213,7 +234,7 @@ def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inne
 
     with progress.Compile("for the CPU", "L0 -> L1 -> LLVM -> native code") as report:
         context = new_context()
-        lowered = _lower(module_text, context, block_m, block_n, unit_inner_stride, report)
+        lowered = _lower(module_text, context, block_m, block_n, unit_inner_stride, report, backward)
         record = {"name": lowered.name, "inputs": [a.to_dict() for a in lowered.inputs],
                   "outputs": [a.to_dict() for a in lowered.outputs], "block_m": lowered.block_m,
                   "block_n": lowered.block_n, "mask_program": lowered.mask_program,
@@ -239,7 +260,7 @@ _CACHE_LOCK = threading.Lock()
 
 
 def compile_module(module_text: str, block_m: int | None = None, block_n: int | None = None,
-                   unit_inner_stride: bool = True) -> CompiledKernel:
+                   unit_inner_stride: bool = True, backward: str | None = None) -> CompiledKernel:
     """The compiled kernel for an L0 module: from the in-memory cache, else the disk cache
     (`cpu_cache`, no MLIR needed), else compiled and stored in both.
 
@@ -252,14 +273,17 @@ def compile_module(module_text: str, block_m: int | None = None, block_n: int | 
     # Source locations (the traced call site's among them) change no code: the same attention
     # called from two lines is one kernel. The compile still sees them, for its diagnostics.
     bare = strip_locations(module_text)
-    memory_key = (bare, block_m, block_n, unit_inner_stride)
+    memory_key = (bare, block_m, block_n, unit_inner_stride, backward)
     with _CACHE_LOCK:
         kernel = _CACHE.get(memory_key)
         if kernel is None:
-            key = cpu_cache.key(bare, {"block_m": block_m, "block_n": block_n, "unit_inner_stride": unit_inner_stride})
+            options = {"block_m": block_m, "block_n": block_n, "unit_inner_stride": unit_inner_stride}
+            if backward is not None:
+                options["backward"] = backward
+            key = cpu_cache.key(bare, options)
             loaded = cpu_cache.load(key)
             kernel = CompiledKernel(*loaded) if loaded else _build(module_text, block_m, block_n,
-                                                                   unit_inner_stride, key)
+                                                                   unit_inner_stride, key, backward)
             _CACHE[memory_key] = kernel
     return kernel
 
@@ -283,3 +307,21 @@ def run_module_text(module_text: str, inputs: list, out_dtype) -> list:
                                                  kernel.block_m, kernel.block_n, "cpu")
     results = kernel(inputs)
     return [results[0].to(out_dtype)] + results[1:]
+
+
+def run_backward(module_text: str, tensors: dict) -> dict:
+    """dq, dk and dv of the softmax attention `module_text` from its backward kernels
+    (attn-tile-backward); `tensors` holds q, k, v, the closure tensors c0, c1, ..., do, lse and
+    delta by role. Returns the three gradients by role, in q's, k's and v's dtypes."""
+    results = {}
+    for part, roles in abi.BACKWARD_KERNELS:
+        inputs = [tensors[r] for r in _backward_input_roles(tensors)]
+        unit = all(_unit_inner_stride(t) for t in inputs)
+        kernel = compile_module(module_text, unit_inner_stride=unit, backward=part)
+        results.update(zip(roles, kernel(inputs)))
+    return results
+
+
+def _backward_input_roles(tensors: dict) -> list[str]:
+    n_closures = sum(1 for r in tensors if r.startswith("c") and r[1:].isdigit())
+    return abi.input_roles(3 + n_closures) + list(abi.BACKWARD_INPUTS)

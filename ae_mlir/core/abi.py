@@ -31,8 +31,15 @@ PRECISION = "attn.precision"
 INPUTS = ("q", "k", "v")
 SOFTMAX_OUTPUTS = ("out", "lse")
 LINEAR_OUTPUTS = ("out", "state")
+# The backward kernels (attn-tile-backward) take these after q, k, v and the closure tensors: the
+# output's gradient, the forward's logsumexp and delta = rowsum(dO * O) - dlse per query row;
+# the dK/dV kernel writes dk and dv, the dQ kernel dq.
+BACKWARD_INPUTS = ("do", "lse", "delta")
+BACKWARD_KERNELS = (("dkdv", ("dk", "dv")), ("dq", ("dq",)))
+# Per-row statistics [B, H, L]: their row stride is L, which need not be a multiple of 16.
+ROW_STATS = ("lse", "delta")
 # Tensors the runtime binds by role (strides, alignment checks).
-STREAMS = INPUTS + ("out", "lse", "state")
+STREAMS = INPUTS + ("out", "lse", "state", "do", "delta", "dq", "dk", "dv")
 # The call-time tile tables, in argument order (ae_mlir.block_mask.BlockMask.tables gives them so).
 CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index")
 
@@ -47,6 +54,11 @@ def workspace(i: int) -> str:
 
 def is_workspace(role: str) -> bool:
     return role.startswith("w")
+
+
+def backward_kernel_name(forward: str, part: str) -> str:
+    """The name of the backward kernel `part` ("dkdv" or "dq") of the forward function `forward`."""
+    return f"{forward}_bwd_{part}"
 
 
 def input_roles(n_inputs: int) -> list[str]:

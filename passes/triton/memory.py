@@ -49,7 +49,7 @@ class Memory(TileBuilder):
                 if aligned and d == len(shape) - 1:
                     strides.append(1)
                     continue
-                hint = "tt.divisibility = 16 : i32" if aligned and label != "lse" else ""
+                hint = "tt.divisibility = 16 : i32" if aligned and label not in abi.ROW_STATS else ""
                 strides.append(self.add_param(f"{label}_stride{d}", "i32" if aligned else "i64",
                                               f"{label}.stride{d}", hint))
             self.values[arg] = Arg(label, shape, stored, ptr, strides, "i32" if aligned else "i64", elt == "i1")
