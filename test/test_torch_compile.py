@@ -98,9 +98,9 @@ def test_custom_ops_pass_opcheck():
     k, v = (torch.randn(1, 6, 2, 4).transpose(1, 2) for _ in range(2))
     closures = closure_sources.fetch(attn, attn._sources)
     torch.library.opcheck(torch_op.attention_op, (attn._key, "reference", q, k, v, closures))
-    _, lse = torch_op.attention_op(attn._key, "reference", q, k, v, closures)
+    out, lse = torch_op.attention_op(attn._key, "reference", q, k, v, closures)
     torch.library.opcheck(torch_op.attention_backward_op, (
-        attn._key, "reference", q.detach(), k, v, [t.detach() for t in closures], lse.detach(),
+        attn._key, "reference", q.detach(), k, v, [t.detach() for t in closures], lse.detach(), out.detach(),
         torch.randn(1, 2, 6, 4), None))
 
 

@@ -21,3 +21,17 @@ def run(module_text: str, inputs: list, backend: str, out_dtype) -> list:
     raise NotImplementedError(
         f"backend '{backend}' is not available in this version of ae-mlir; use backend='reference'"
     )
+
+
+def run_backward(module_text: str, tensors: dict, backend: str) -> dict:
+    """dq, dk and dv (by role) of the softmax attention `module_text` from its backward kernels;
+    `tensors` holds q, k, v, the closure tensors c<i>, do, lse and delta by role."""
+    if backend == "cpu":
+        from .cpu import run_backward as run_cpu
+
+        return run_cpu(module_text, tensors)
+    if backend == "triton":
+        from .triton import run_backward as run_triton
+
+        return run_triton(module_text, tensors)
+    raise NotImplementedError(f"backend '{backend}' has no backward kernels")

@@ -1,6 +1,8 @@
 """Autograd for `ae_mlir.attention`: a call whose forward is the compiled kernel and whose
-backward is torch evaluating the derivative regions `attn-differentiate` compiles from the same
-L0 module (`backward.py`); generated backward kernels do not exist yet.
+backward is, for softmax on the CPU and Triton backends, the two kernels `attn-tile-backward`
+builds from the same L0 module, and otherwise (other normalizers, gradients of closure tensors,
+the reference backend) torch evaluating the derivative regions `attn-differentiate` compiles
+(`backward.py`).
 
 The forward runs with its logsumexp result (softmax), which the backward uses to recompute the
 probabilities a block of query rows at a time instead of saving them.
@@ -23,6 +25,12 @@ class CompiledCall:
     backend: str
     scale: float
     derivative: Derivative
+    # The module the backward kernels compile from: `text`, or on the CPU for 16-bit inputs the
+    # same attention in float32. The CPU has no 16-bit arithmetic (without AVX512-BF16 LLVM
+    # converts every bf16 vector element by element, and a bf16 backward kernel took 25-30 s
+    # to compile, against 2-4 s in float32); widening q, k, v and dO first is O(L D) copies
+    # against O(L^2 D) work, and the gradients come out more exact.
+    backward_text: str = ""
 
     @property
     def with_lse(self) -> bool:
@@ -36,12 +44,39 @@ class CompiledCall:
         results = _execute(self.text, tensors, self.backend, out_dtype=q.dtype)
         return results[0], (results[1] if self.with_lse else None)
 
-    def backward(self, q, k, v, captures: list, lse, d_out, d_lse, closures_wanted=None):
+    def uses_kernels(self, closures_wanted) -> bool:
+        """Whether the backward runs as compiled kernels (attn-tile-backward): softmax on the CPU
+        or Triton backend, with no gradient wanted for a closure tensor the scores depend on
+        (those need a scatter the kernels do not do yet; None: every one is wanted)."""
+        if self.backend not in ("cpu", "triton") or self.derivative.kind != "softmax":
+            return False
+        positions = [p for p, _ in self.derivative.closure_grads]
+        return not positions or (closures_wanted is not None and not any(closures_wanted[p] for p in positions))
+
+    def backward(self, q, k, v, captures: list, lse, d_out, d_lse, closures_wanted=None, out=None):
+        if out is not None and self.uses_kernels(closures_wanted):
+            return self.kernel_backward(q, k, v, captures, lse, out, d_out, d_lse)
         return attention_backward(self.derivative, self.scale, q, k, v, captures, lse, d_out, d_lse,
                                   closures_wanted)
 
+    def kernel_backward(self, q, k, v, captures: list, lse, out, d_out, d_lse):
+        """dq, dk, dv from the backward kernels, and no closure gradients. delta, FlashAttention's
+        rowsum(dO * O), is O(L D) work done here in float32."""
+        from .. import backends
 
-def compiled_call(attn, text: str, q, backend: str) -> CompiledCall:
+        delta = (d_out.float() * out.float()).sum(-1)
+        if d_lse is not None:
+            delta = delta - d_lse.float()
+        work = q.dtype if self.backward_text == self.text else torch.float32
+        tensors = {"q": q.detach().to(work), "k": k.detach().to(work), "v": v.detach().to(work),
+                   "do": d_out.to(work).contiguous(), "lse": lse.detach().float().contiguous(),
+                   "delta": delta.contiguous()}
+        tensors.update({f"c{i}": t.detach() for i, t in enumerate(captures)})
+        grads = backends.run_backward(self.backward_text, tensors, self.backend)
+        return grads["dq"].to(q.dtype), grads["dk"].to(k.dtype), grads["dv"].to(v.dtype), [None] * len(captures)
+
+
+def compiled_call(attn, text: str, q, k, v, backend: str) -> CompiledCall:
     """The `CompiledCall` of `attn` for the module `text`; NotImplementedError naming the mods and
     the normalizer when the derivative cannot be built."""
     from ..core.context import CompileError
@@ -51,7 +86,11 @@ def compiled_call(attn, text: str, q, backend: str) -> CompiledCall:
     except CompileError as err:
         raise NotImplementedError(f"the backward of ae_mlir.attention({describe(attn)}) cannot be built: {err}; "
                                   "call it under torch.no_grad() or on tensors that do not require grad") from None
-    return CompiledCall(text, backend, checks.default_scale(attn.scale, q.shape[3]), derivative)
+    backward_text = text
+    if backend == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
+        widened = [torch.empty(t.shape, dtype=torch.float32, device="meta") for t in (q, k, v)]
+        backward_text, _ = attn._build(*widened)
+    return CompiledCall(text, backend, checks.default_scale(attn.scale, q.shape[3]), derivative, backward_text)
 
 
 def describe(attn) -> str:
@@ -67,15 +106,16 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, call: CompiledCall, q, k, v, *captures):
         out, lse = call.forward(q, k, v, list(captures))
         ctx.call = call
-        ctx.save_for_backward(q, k, v, lse, *captures)
+        ctx.save_for_backward(q, k, v, lse, out, *captures)
         return (out, lse) if call.with_lse else out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, d_lse=None):
-        q, k, v, lse, *captures = ctx.saved_tensors
+        q, k, v, lse, out, *captures = ctx.saved_tensors
         # needs_input_grad follows forward's inputs: call, q, k, v, then the closure tensors.
-        dq, dk, dv, d_captures = ctx.call.backward(q, k, v, captures, lse, d_out, d_lse, ctx.needs_input_grad[4:])
+        dq, dk, dv, d_captures = ctx.call.backward(q, k, v, captures, lse, d_out, d_lse, ctx.needs_input_grad[4:],
+                                                   out)
         return (None, dq, dk, dv, *d_captures)
 
 

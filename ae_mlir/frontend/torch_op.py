@@ -5,8 +5,8 @@ never runs the tracer or MLIR. The op names its variant by a key (`variant_regis
 q, k, v ([B, H, L, D] views) and the closure tensors as inputs; its fake implementation gives the
 output shapes, and `register_autograd` connects its backward, itself the op
 `ae_mlir::attention_backward`, so the compiled backward graph calls it as one op as well. Both
-run what eager calls run: the compiled forward kernel, and torch evaluating the derivative
-regions `attn-differentiate` builds (`autograd.CompiledCall`).
+run what eager calls run: the compiled forward kernel, and the backward kernels or torch
+evaluating the derivative regions `attn-differentiate` builds (`autograd.CompiledCall`).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _call(key: str, backend: str, q, k, v, captures: list) -> CompiledCall:
                            "where they read them when it was constructed; under torch.compile a mod must keep "
                            "reading its closure tensors through the same names: construct the attention again "
                            "after changing what its mods read")
-    return compiled_call(attn, text, q, backend)
+    return compiled_call(attn, text, q, k, v, backend)
 
 
 def _lse_dtype(q) -> torch.dtype:
@@ -58,12 +58,12 @@ def _attention_fake(key, backend, q, k, v, captures):
 
 @torch.library.custom_op("ae_mlir::attention_backward", mutates_args=())
 def attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor, captures: list[Tensor],
-                          lse: Tensor, d_out: Tensor, d_lse: Tensor | None) -> list[Tensor]:
+                          lse: Tensor, out: Tensor, d_out: Tensor, d_lse: Tensor | None) -> list[Tensor]:
     """[dq, dk, dv, one gradient per closure tensor]; zeros where none reaches a tensor."""
     call = _call(key, backend, q, k, v, captures)
     softmax = call.with_lse
     dq, dk, dv, d_captures = call.backward(q, k, v, _kernel_captures(captures), lse if softmax else None, d_out,
-                                           d_lse if softmax else None)
+                                           d_lse if softmax else None, out=out)
     return [dq, dk, dv] + [t.new_zeros(t.shape, dtype=_grad_dtype(t)) if g is None else g.reshape(t.shape)
                            for g, t in zip(d_captures, captures)]
 
@@ -73,7 +73,7 @@ def _grad_dtype(t) -> torch.dtype:
 
 
 @attention_backward_op.register_fake
-def _attention_backward_fake(key, backend, q, k, v, captures, lse, d_out, d_lse):
+def _attention_backward_fake(key, backend, q, k, v, captures, lse, out, d_out, d_lse):
     # Contiguous, as the backward makes them (q, k and v may be strided views).
     return [t.new_empty(t.shape) for t in (q, k, v)] + [t.new_empty(t.shape, dtype=_grad_dtype(t)) for t in captures]
 
@@ -84,12 +84,12 @@ def _setup_context(ctx, inputs, output):
     # The graph holds the variant by key only, and the registry holds it weakly: without this the
     # backward would fail once the model that owns the attention is gone.
     ctx.attention = variant_registry.lookup(key)
-    ctx.save_for_backward(q, k, v, output[1], *captures)
+    ctx.save_for_backward(q, k, v, output[1], output[0], *captures)
 
 
 def _backward(ctx, d_out, d_lse):
-    q, k, v, lse, *captures = ctx.saved_tensors
-    dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, lse, d_out, d_lse)
+    q, k, v, lse, out, *captures = ctx.saved_tensors
+    dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, lse, out, d_out, d_lse)
     d_captures = [g if t.dtype.is_floating_point else None for g, t in zip(d_captures, captures)]
     return None, None, dq, dk, dv, d_captures
 
