@@ -67,12 +67,13 @@ class Stage:
     variants: dict[str, KernelVariant]
     num_warps: int
     num_stages: int
+    tables: list[dict] = field(default_factory=list)  # its own block tables, as Bundle.tables
 
     @classmethod
     def from_dict(cls, d: dict) -> Stage:
         return cls(name=d["name"], grid=list(d["grid"]),
                    variants={k: KernelVariant(**v) for k, v in d["variants"].items()},
-                   num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]))
+                   num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]), tables=list(d.get("tables", [])))
 
 
 @dataclass
@@ -352,13 +353,15 @@ def pick_variant(kernel: Bundle | Stage, aligned: bool) -> KernelVariant:
 _TABLES: dict = {}
 
 
-def device_tables(bundle: Bundle, device) -> list:
+def device_tables(bundle: Bundle, device, kernel: Bundle | Stage | None = None) -> list:
+    """The block tables of `kernel` (the bundle's own by default) as int32 tensors on `device`."""
     import torch
 
-    key = (bundle.key or id(bundle), str(device))
+    kernel = kernel or bundle
+    key = (bundle.key or id(bundle), kernel.name, str(device))
     if key not in _TABLES:
         _TABLES[key] = [torch.tensor(t["data"], dtype=torch.int32, device=device).reshape(t["shape"])
-                        for t in bundle.tables]
+                        for t in kernel.tables]
     return _TABLES[key]
 
 
@@ -428,8 +431,32 @@ def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
         target = current_target()
         for kernel in bundle.stages + [bundle]:
             variant = pick_variant(kernel, aligned)
-            _launch_one(kernel, variant, target, argument_values(variant, tensors, device_tables(bundle, device)))
+            _launch_one(kernel, variant, target, argument_values(variant, tensors, device_tables(bundle, device, kernel)))
     return [tensors[spec.role] for spec in bundle.outputs]
+
+
+def launch_roles(bundle: Bundle, given: dict) -> dict:
+    """Run a bundle whose kernels name their arguments' roles (the backward's: q, k, v, c<i>, do,
+    lse, delta in; dk, dv, dq out) on GPU tensors given by role; returns its outputs by role."""
+    import torch
+
+    device = given["q"].device
+    tensors = {}
+    for spec in bundle.inputs:
+        t = given.get(spec.role)
+        if t is None or list(t.shape) != list(spec.shape) or t.dtype != torch_dtype(spec.dtype):
+            got = "nothing" if t is None else f"{t.dtype}{list(t.shape)}"
+            raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)}, got {got}")
+        tensors[spec.role] = t.to(device).view(torch.uint8) if t.dtype == torch.bool else t.to(device)
+    for spec in bundle.outputs:
+        tensors[spec.role] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+    aligned = aligned_ok(bundle, tensors)
+    with torch.cuda.device(device):
+        target = current_target()
+        for kernel in bundle.stages + [bundle]:
+            variant = pick_variant(kernel, aligned)
+            _launch_one(kernel, variant, target, argument_values(variant, tensors, device_tables(bundle, device, kernel)))
+    return {spec.role: tensors[spec.role] for spec in bundle.outputs}
 
 
 def _launch_one(kernel, variant: KernelVariant, target: str, args: list) -> None:

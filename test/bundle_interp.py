@@ -46,3 +46,29 @@ def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = 
         t = tensors[spec.role]
         results.append(torch.from_numpy(np.array(arrays[spec.role][: t.numel()]).reshape(t.shape)).float())
     return results, chosen
+
+
+def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = None) -> dict:
+    """Run a bundle whose kernels name their arguments' roles (the backward's) in the TTIR
+    interpreter the way `runtime.launch_roles` runs it; returns its outputs by role (float32)."""
+    tensors = dict(given)
+    for spec in bundle.outputs:
+        tensors[spec.role] = torch.full(spec.shape, float("nan"), dtype=runtime.torch_dtype(spec.dtype))
+    aligned = variant == "aligned" if variant else runtime.aligned_ok(bundle, tensors)
+    arrays = {}
+    for kernel in bundle.stages + [bundle]:
+        picked = runtime.pick_variant(kernel, aligned)
+        tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in kernel.tables]
+        args = []
+        for label, value in zip(picked.args, runtime.argument_values(picked, tensors, tables)):
+            if isinstance(value, torch.Tensor):
+                if label not in arrays:
+                    arrays[label] = _storage(value)
+                value = arrays[label]
+            args.append(value)
+        run_ttir(picked.ttir, kernel.name, args, kernel.grid)
+    results = {}
+    for spec in bundle.outputs:
+        t = tensors[spec.role]
+        results[spec.role] = torch.from_numpy(np.array(arrays[spec.role][: t.numel()]).reshape(t.shape)).float()
+    return results

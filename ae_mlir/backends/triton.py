@@ -143,18 +143,50 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
     meta = {"input_precision": input_precision, "config": options.launch_config()}
     if call_time_tables:
         meta[runtime.MASK_PROGRAM] = abi.mask_program(abi.functions(module)[-1])
-    stages = []
-    for aligned, generic, facts in kernels[:-1]:
-        if facts["tables"]:
-            raise CompileError(f"kernel '{facts['name']}' reads block tables; only a module's last kernel may")
-        stages.append(runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
-                                    options.num_warps, options.num_stages))
+    stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
+                            options.num_warps, options.num_stages, facts["tables"])
+              for aligned, generic, facts in kernels[:-1]]
     aligned, generic, facts = kernels[-1]
     return runtime.Bundle(
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
         variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
         num_warps=options.num_warps, num_stages=options.num_stages, block_m=options.block_m,
         block_n=options.block_n, target=target, meta=meta, stages=stages, workspace=workspace)
+
+
+def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
+                          input_precision: str = "ieee") -> runtime.Bundle:
+    """The backward kernels of a softmax L0 module (attn-tile-backward) as one bundle: the dK/dV
+    kernel as its stage, the dQ kernel as its own; `runtime.launch_roles` runs it."""
+    from .. import presets
+
+    with progress.Compile(f"the backward for {target}", "L0 -> L1 -> Triton IR") as report:
+        module = _parse_l0(l0_text)
+        options = preset_options(module, target, dict(config or {}, backward=True), input_precision)
+        report.stage("L0 -> L1: differentiate, tile the backward")
+        _run(presets.pipeline_text("triton", options, "l1"), module, "the Triton backward pipeline failed")
+        first = abi.kernels(module)[0]
+        n_results = len(abi.result_types(first))
+        roles = abi.arg_roles(first)
+        inputs = _specs(abi.input_types(first)[:-n_results], roles[:-n_results])
+        outputs = []
+        for kernel in abi.kernels(module):
+            outputs += _specs(abi.result_types(kernel), abi.arg_roles(kernel)[-len(abi.result_types(kernel)):])
+        l1_text = module.operation.get_asm(enable_debug_info=True)
+        report.stage("L1 -> Triton IR (aligned and general variants)")
+        variants = [_lower_l1(l1_text, dataclasses.replace(options, assume_aligned=aligned))
+                    for aligned in (True, False)]
+    kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
+    stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
+                            options.num_warps, options.num_stages, facts["tables"])
+              for aligned, generic, facts in kernels[:-1]]
+    aligned, generic, facts = kernels[-1]
+    meta = {"input_precision": input_precision, "config": options.launch_config(), "backward": True}
+    return runtime.Bundle(
+        name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
+        variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
+        num_warps=options.num_warps, num_stages=options.num_stages, block_m=options.block_m,
+        block_n=options.block_n, target=target, meta=meta, stages=stages)
 
 
 def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | None = None,
@@ -188,20 +220,43 @@ def _key(l0_text: str, target: str, config: dict | None, input_precision: str) -
                              {"config": dict(config or {}), "input_precision": input_precision})
 
 
+def _need_mlir() -> None:
+    try:
+        import mlir  # noqa: F401
+    except ImportError:
+        raise CompileError("no cached kernel for this attention and the MLIR bindings are not installed "
+                           "to compile one; build bundles with ae_mlir.backends.triton.compile_bundle "
+                           "on a machine that has them") from None
+
+
 def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runtime.Bundle:
     """The bundle of an L0 module for `target`: from the cache, or compiled and cached."""
     key = _key(l0_text, target, None, input_precision)
     bundle = runtime.CACHE.get(key)
     if bundle is None:
-        try:
-            import mlir  # noqa: F401
-        except ImportError:
-            raise CompileError("no cached kernel for this attention and the MLIR bindings are not installed "
-                               "to compile one; build bundles with ae_mlir.backends.triton.compile_bundle "
-                               "on a machine that has them") from None
+        _need_mlir()
         bundle = build_bundle(l0_text, target, None, input_precision)
         runtime.CACHE.put(key, bundle)
     return bundle
+
+
+def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runtime.Bundle:
+    """The backward bundle of an L0 module for `target`: from the cache, or compiled and cached."""
+    key = _key(l0_text, target, {"backward": True}, input_precision)
+    bundle = runtime.CACHE.get(key)
+    if bundle is None:
+        _need_mlir()
+        bundle = build_backward_bundle(l0_text, target, None, input_precision)
+        bundle.key = key
+        runtime.CACHE.put(key, bundle)
+    return bundle
+
+
+def run_backward(module_text: str, tensors: dict) -> dict:
+    """dq, dk and dv (by role) of a softmax L0 module from its backward kernels, on CUDA/ROCm
+    tensors given by role (q, k, v, c<i>, do, lse, delta)."""
+    bundle = get_backward_bundle(module_text, runtime.current_target())
+    return runtime.launch_roles(bundle, tensors)
 
 
 def run(module_text: str, inputs: list, out_dtype) -> list:
