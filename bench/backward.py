@@ -1,0 +1,180 @@
+"""Backward-pass benchmark: ae-mlir's backward kernels (attn-tile-backward) beside FlexAttention's
+backward and SDPA's (flash, cuDNN) in the same process, bf16, B=8 H=16 L=2048.
+
+    python bench/backward.py build --out bench/bundles/backward      # here: needs the MLIR bindings
+    python bench/backward.py run --bundles bench/bundles/backward --out DIR   # on the GPU: torch + triton
+
+`build` writes, per case, the forward bundle and backward bundles (the preset's config and, for
+full and causal at D = 128, a few others to compare). `run` times, per case and implementation,
+the forward alone and forward + backward (triton.testing.do_bench, median of its repetitions,
+inputs drawn fresh per case), and reports the backward as their difference, in TFLOP/s of 2.5x
+the forward's FLOPs (FlashAttention's convention). ae-mlir's backward is also timed alone (delta
+= rowsum(dO * O) and both kernels), which is what the difference should match. Gradients are
+checked on batch 0 against float32 autograd through the materialized attention (the entry's own
+mods, bench/suite.py), for ae-mlir and FlexAttention alike.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import suite  # noqa: E402
+
+CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64)]
+BATCH, HEADS, SEQ = 8, 16, 2048
+# (block_m, block_n, num_warps, num_stages) compared with the preset's at D = 128.
+SWEEP = [(64, 64, 4, 2), (64, 64, 8, 3), (64, 128, 8, 2), (128, 64, 8, 2), (128, 128, 8, 2), (32, 64, 4, 3)]
+
+
+def _case(variant: str, dim: int) -> suite.Case:
+    return suite.Case(part="backward", variant=variant, dtype="bfloat16", batch=BATCH, heads=HEADS, seq=SEQ,
+                      dim=dim)
+
+
+def build(out: str) -> None:
+    from ae_mlir.backends import triton as tb
+
+    os.makedirs(out, exist_ok=True)
+    for variant, dim in CASES:
+        case = _case(variant, dim)
+        attn, shape = suite.softmax_problem(case, "cpu")
+        q, k, v = suite.meta_like(shape, case.dtype)
+        text = attn.mlir(q, k, v)
+        name = f"{variant}_d{dim}"
+        tb.compile_bundle(attn, q, k, v, target="cuda:90").save(os.path.join(out, f"{name}.fwd.json"))
+        tb.build_backward_bundle(text, "cuda:90").save(os.path.join(out, f"{name}.bwd.json"))
+        if variant in ("full", "causal") and dim == 128:
+            for bm, bn, warps, stages in SWEEP:
+                config = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
+                tb.build_backward_bundle(text, "cuda:90", config).save(
+                    os.path.join(out, f"{name}.bwd_{bm}x{bn}w{warps}s{stages}.json"))
+        print("built", name, flush=True)
+
+
+def _bench(fn) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _grads(fn, q, k, v, d_out):
+    import torch
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    return torch.autograd.grad(out, leaves, d_out)
+
+
+def _error(got, want) -> float:
+    return max(float((g[:1].float() - w).abs().max() / w.abs().max()) for g, w in zip(got, want))
+
+
+def run(bundles: str, out_dir: str) -> None:
+    import torch
+    import triton
+
+    from ae_mlir import runtime
+
+    device = torch.device("cuda")
+    os.makedirs(out_dir, exist_ok=True)
+    records = []
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.date.today().isoformat(), "shape": {"B": BATCH, "H": HEADS, "L": SEQ},
+           "dtype": "bfloat16", "method": __doc__, "cases": records}
+    torch.manual_seed(0)
+    for variant, dim in CASES:
+        case = _case(variant, dim)
+        name = f"{variant}_d{dim}"
+        attn, shape = suite.softmax_problem(case, device)
+        q, k, v = suite.softmax_inputs(shape, case.dtype, device)
+        d_out = torch.randn(*q.shape[:3], v.shape[3], dtype=q.dtype, device=device)
+        captures = attn._build(q, k, v)[1]
+        kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device)
+        flops = 2.5 * suite.softmax_flops(shape, kept)
+        fwd = runtime.Bundle.load(os.path.join(bundles, f"{name}.fwd.json"))
+        rec = {"case": name, "variant": variant, "D": dim, "kept_fraction": kept, "backward_flops": flops,
+               "results": {}}
+        # float32 autograd reference on batch 0.
+        rows = torch.arange(shape.seq_q, device=device)
+        ref = _grads(lambda a, b, c: suite.attention_reference(attn, a, b, c, rows),
+                     q[:1].float(), k[:1].float(), v[:1].float(), d_out[:1].float())
+
+        def ae_forward(q=q, k=k, v=v):
+            return runtime.launch(fwd, q, k, v, *captures)
+
+        out, lse = ae_forward()
+        configs = sorted(f for f in os.listdir(bundles) if f.startswith(name + ".bwd"))
+        for file in configs:
+            bwd = runtime.Bundle.load(os.path.join(bundles, file))
+
+            def ae_backward(bwd=bwd, out=out, lse=lse):
+                delta = (d_out.float() * out.float()).sum(-1)
+                tensors = {"q": q, "k": k, "v": v, "do": d_out, "lse": lse, "delta": delta}
+                tensors.update({f"c{i}": t for i, t in enumerate(captures)})
+                return runtime.launch_roles(bwd, tensors)
+
+            try:
+                grads = ae_backward()
+                err = _error([grads["dq"], grads["dk"], grads["dv"]], ref)
+                ms = _bench(ae_backward)
+                rec["results"][file.removeprefix(name + ".").removesuffix(".json")] = {
+                    "backward_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "max_rel_err": err,
+                    "config": bwd.meta.get("config")}
+            except Exception as exc:  # a config that does not fit is a result too
+                rec["results"][file] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        fwd_ms = _bench(ae_forward)
+        rec["results"]["ae_mlir_forward"] = {"ms": fwd_ms, "tflops": flops / 2.5 / (fwd_ms * 1e-3) / 1e12}
+        peers = {}
+        try:
+            flex = suite.flex_callable(attn, shape, device)
+            peers["flex_attention"] = flex
+        except Exception as exc:
+            rec["results"]["flex_attention"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        causal = suite.SDPA_EQUIVALENT.get(variant)
+        if causal is not None:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+                def sdpa(a, b, c, backend=backend):
+                    with sdpa_kernel(backend):
+                        return torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=causal)
+                peers[label] = sdpa
+        for label, fn in peers.items():
+            try:
+                err = _error(_grads(fn, q, k, v, d_out), ref)
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                fwd_only = _bench(lambda: fn(*leaves))
+                both = _bench(lambda: torch.autograd.grad(fn(*leaves), leaves, d_out))
+                ms = both - fwd_only
+                rec["results"][label] = {"forward_ms": fwd_only, "forward_backward_ms": both, "backward_ms": ms,
+                                         "tflops": flops / (ms * 1e-3) / 1e12, "max_rel_err": err}
+            except Exception as exc:
+                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+        with open(os.path.join(out_dir, "backward.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("build", "run"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "backward"))
+    args = parser.parse_args(argv)
+    if args.mode == "build":
+        build(args.out)
+    else:
+        run(args.bundles, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
