@@ -1,0 +1,77 @@
+"""The Triton backward bundles (attn-tile-backward through attn-lower-to-triton), run in the TTIR
+interpreter as `runtime.launch_roles` runs them on a GPU, at each target's default backward
+config, against float64 autograd on the reference backend."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import presets, variants
+from ae_mlir.backends import triton as tb
+from bundle_interp import interpret_roles
+
+
+def _problem(attn, b, h, hkv, lq, lk, dk, dv, closures=(), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, dk, generator=gen, dtype=torch.float64).requires_grad_()
+    k = torch.randn(b, hkv, lk, dk, generator=gen, dtype=torch.float64).requires_grad_()
+    v = torch.randn(b, hkv, lk, dv, generator=gen, dtype=torch.float64).requires_grad_()
+    out, lse = attn(q, k, v, backend="reference", return_lse=True)
+    d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    want = torch.autograd.grad(out, (q, k, v), d_out)
+    delta = (d_out * out).sum(-1)
+    return (q, k, v), d_out, lse, delta, want
+
+
+def _check(attn, dtype, target, tol, b=1, h=2, hkv=2, lq=77, lk=None, dk=32, dv=None, closures=()):
+    lk, dv = lk or lq, dv or dk
+    (q, k, v), d_out, lse, delta, want = _problem(attn, b, h, hkv, lq, lk, dk, dv)
+    as_input = (lambda t: t.detach().to(dtype))
+    text = attn.mlir(as_input(q), as_input(k), as_input(v))
+    bundle = tb.build_backward_bundle(text, target)
+    expected = presets.backward_config(lq, lk, dk, dv, str(dtype).removeprefix("torch."), target)
+    assert bundle.meta["config"] == {key: expected[key] for key in bundle.meta["config"]}
+    tensors = {"q": as_input(q), "k": as_input(k), "v": as_input(v), "do": as_input(d_out),
+               "lse": lse.detach().float(), "delta": delta.detach().float()}
+    tensors.update({f"c{i}": t for i, t in enumerate(closures)})
+    got = interpret_roles(bundle, tensors)
+    for role, reference in zip(("dq", "dk", "dv"), want):
+        scale = reference.abs().max()
+        assert torch.isfinite(got[role]).all(), role
+        torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=tol, rtol=0, msg=role)
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_causal_ragged_gqa_at_the_default_config(target, dtype, tol):
+    attn = ae.attention(mask_mod=lambda b, h, i, j: i >= j)
+    _check(attn, dtype, target, tol, h=4, hkv=2, lq=77, lk=77)
+
+
+@pytest.mark.parametrize("name", ["softcap", "alibi", "sliding_window", "document", "mla_dims"])
+def test_catalogue_entries(name):
+    attn, shape = variants.build(name, variants.Shape(1, 2, 70, 70, 32, 32))
+    closures = attn._build(*variants.inputs(shape))[1]
+    _check(attn, torch.float32, "cuda:90", 1e-5, b=shape.batch, h=shape.heads, hkv=shape.kv_heads,
+           lq=shape.seq_q, lk=shape.seq_k, dk=shape.dim_qk, dv=shape.dim_v, closures=closures)
+
+
+def test_lq_differs_from_lk_and_dk_from_dv():
+    _check(ae.attention(), torch.float32, "cuda:90", 1e-5, h=4, hkv=1, lq=40, lk=90, dk=32, dv=16)
+
+
+def test_cli_prints_the_backward_bundles_triton_ir(tmp_path):
+    q = torch.empty(1, 2, 100, 32, dtype=torch.bfloat16, device="meta")
+    text = ae.attention(mask_mod=lambda b, h, i, j: i >= j).mlir(q, q, q)
+    bundle = tb.build_backward_bundle(text, "cuda:90")
+    expected = "// -----\n".join(k.variants["aligned"].ttir for k in bundle.stages + [bundle])
+    path = tmp_path / "l0.mlir"
+    path.write_text(text)
+    result = subprocess.run([sys.executable, "-m", "ae_mlir.cli", str(path), "--pipeline=triton{backward=true}",
+                             "--emit=ttir", "--target=cuda:90"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == expected.rstrip("\n")
