@@ -186,11 +186,15 @@ class PresetOptions:
     num_stages: int = 2            # Triton launch
     linear: bool = False           # the module is linear attention (its launch config has block_v/k)
     backward: bool = False         # attn-differentiate + attn-tile-backward: the backward kernels
+    dkdv_block_m: int = 0          # attn-tile-backward: the dK/dV kernel's blocks (0: block_m/n)
+    dkdv_block_n: int = 0
 
     def launch_config(self) -> dict:
         """The compile options a Triton bundle records (`meta["config"]`, its cache key)."""
         config = {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
                   "num_stages": self.num_stages}
+        if self.backward:
+            config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n)
         if self.linear:
             config.update(block_v=self.block_v, block_k=self.block_k)
         return config
@@ -266,7 +270,9 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
     """The preset's stages in order: "l1" (L0 -> L1 kernels), then "ttir" or "llvm"."""
     _check_preset(preset)
     if o.backward:
-        to_l1 = ["attn-verify", "attn-differentiate", f"attn-tile-backward{{block-m={o.block_m} block-n={o.block_n}}}"]
+        to_l1 = ["attn-verify", "attn-differentiate",
+                 f"attn-tile-backward{{block-m={o.block_m} block-n={o.block_n} dkdv-block-m={o.dkdv_block_m} "
+                 f"dkdv-block-n={o.dkdv_block_n}}}"]
     else:
         to_l1 = [
             "attn-verify",

@@ -436,8 +436,8 @@ def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
 
 
 def launch_roles(bundle: Bundle, given: dict) -> dict:
-    """Run a bundle whose kernels name their arguments' roles (the backward's: q, k, v, c<i>, do,
-    lse, delta in; dk, dv, dq out) on GPU tensors given by role; returns its outputs by role."""
+    """Run a bundle whose kernels name their arguments' roles (the backward's: q, k, v, c<i>, out,
+    do, lse, dlse in; dq, dk, dv out) on GPU tensors given by role; returns its outputs by role."""
     import torch
 
     device = given["q"].device
@@ -448,7 +448,7 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
             got = "nothing" if t is None else f"{t.dtype}{list(t.shape)}"
             raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)}, got {got}")
         tensors[spec.role] = t.to(device).view(torch.uint8) if t.dtype == torch.bool else t.to(device)
-    for spec in bundle.outputs:
+    for spec in bundle.outputs + bundle.workspace:
         tensors[spec.role] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
     aligned = aligned_ok(bundle, tensors)
     with torch.cuda.device(device):

@@ -3,13 +3,14 @@ backward and SDPA's (flash, cuDNN) in the same process, bf16, B=8 H=16 L=2048.
 
     python bench/backward.py build --out bench/bundles/backward      # here: needs the MLIR bindings
     python bench/backward.py run --bundles bench/bundles/backward --out DIR   # on the GPU: torch + triton
+    python bench/backward.py sweep --bundles bench/bundles/backward --out DIR # each kernel alone, per config
 
-`build` writes, per case, the forward bundle and backward bundles (the preset's config and, for
-full and causal at D = 128, a few others to compare). `run` times, per case and implementation,
+`build` writes, per case, the forward bundle and the backward bundle at the preset's config, and
+for the SWEEP_CASES one backward bundle per SWEEP config, which `sweep` times kernel by kernel. `run` times, per case and implementation,
 the forward alone and forward + backward (triton.testing.do_bench, median of its repetitions,
 inputs drawn fresh per case), and reports the backward as their difference, in TFLOP/s of 2.5x
-the forward's FLOPs (FlashAttention's convention). ae-mlir's backward is also timed alone (delta
-= rowsum(dO * O) and both kernels), which is what the difference should match. Gradients are
+the forward's FLOPs (FlashAttention's convention). ae-mlir's backward is timed alone (both
+kernels, from the forward's saved output and logsumexp). Gradients are
 checked on batch 0 against float32 autograd through the materialized attention (the entry's own
 mods, bench/suite.py), for ae-mlir and FlexAttention alike.
 """
@@ -29,8 +30,11 @@ import suite  # noqa: E402
 
 CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64)]
 BATCH, HEADS, SEQ = 8, 16, 2048
-# (block_m, block_n, num_warps, num_stages) compared with the preset's at D = 128.
-SWEEP = [(64, 64, 4, 2), (64, 64, 8, 3), (64, 128, 8, 2), (128, 64, 8, 2), (128, 128, 8, 2), (32, 64, 4, 3)]
+# (block_m, block_n, num_warps, num_stages): each kernel of the backward timed alone under each
+# (the `sweep` mode), for full and causal attention.
+SWEEP = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2), (128, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 3),
+         (32, 128, 4, 3), (64, 128, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3), (128, 128, 8, 2)]
+SWEEP_CASES = [("full", 128), ("causal", 128), ("causal", 64)]
 
 
 def _case(variant: str, dim: int) -> suite.Case:
@@ -50,12 +54,62 @@ def build(out: str) -> None:
         name = f"{variant}_d{dim}"
         tb.compile_bundle(attn, q, k, v, target="cuda:90").save(os.path.join(out, f"{name}.fwd.json"))
         tb.build_backward_bundle(text, "cuda:90").save(os.path.join(out, f"{name}.bwd.json"))
-        if variant in ("full", "causal") and dim == 128:
+        if (variant, dim) in SWEEP_CASES:
             for bm, bn, warps, stages in SWEEP:
                 config = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
                 tb.build_backward_bundle(text, "cuda:90", config).save(
-                    os.path.join(out, f"{name}.bwd_{bm}x{bn}w{warps}s{stages}.json"))
+                    os.path.join(out, f"{name}.sweep_{bm}x{bn}w{warps}s{stages}.json"))
         print("built", name, flush=True)
+
+
+def _kernel_alone(bundle, part: str):
+    """The bundle cut down to one of its two kernels ("dkdv": its own; "dq": its stage)."""
+    import dataclasses
+
+    if part == "dkdv":
+        return dataclasses.replace(bundle, stages=[])
+    stage = bundle.stages[0]
+    return dataclasses.replace(bundle, name=stage.name, grid=stage.grid, variants=stage.variants,
+                               tables=stage.tables, num_warps=stage.num_warps, num_stages=stage.num_stages,
+                               stages=[])
+
+
+def sweep(bundles: str, out_dir: str) -> None:
+    """Each backward kernel alone under each SWEEP config, in milliseconds (median of do_bench)."""
+    import torch
+    import triton
+
+    from ae_mlir import runtime
+
+    device = torch.device("cuda")
+    os.makedirs(out_dir, exist_ok=True)
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.date.today().isoformat(), "shape": {"B": BATCH, "H": HEADS, "L": SEQ},
+           "dtype": "bfloat16", "method": sweep.__doc__, "cases": []}
+    torch.manual_seed(0)
+    for variant, dim in SWEEP_CASES:
+        name = f"{variant}_d{dim}"
+        attn, shape = suite.softmax_problem(_case(variant, dim), device)
+        q, k, v = suite.softmax_inputs(shape, "bfloat16", device)
+        d_out = torch.randn(*q.shape[:3], v.shape[3], dtype=q.dtype, device=device)
+        fwd = runtime.Bundle.load(os.path.join(bundles, f"{name}.fwd.json"))
+        out, lse = runtime.launch(fwd, q, k, v)
+        tensors = {"q": q, "k": k, "v": v, "out": out, "do": d_out, "lse": lse, "dlse": torch.zeros_like(lse)}
+        rec = {"case": name, "dq_ms": {}, "dkdv_ms": {}}
+        for file in sorted(f for f in os.listdir(bundles) if f.startswith(name + ".sweep_")):
+            label = file.removeprefix(name + ".sweep_").removesuffix(".json")
+            bundle = runtime.Bundle.load(os.path.join(bundles, file))
+            for part in ("dq", "dkdv"):
+                alone = _kernel_alone(bundle, part)
+                try:
+                    runtime.launch_roles(alone, tensors)
+                    rec[part + "_ms"][label] = _bench(lambda: runtime.launch_roles(alone, tensors))
+                except Exception as exc:
+                    rec[part + "_ms"][label] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        doc["cases"].append(rec)
+        print(json.dumps(rec), flush=True)
+        with open(os.path.join(out_dir, "backward-sweep.json"), "w") as f:
+            json.dump(doc, f, indent=1)
 
 
 def _bench(fn) -> float:
@@ -110,13 +164,13 @@ def run(bundles: str, out_dir: str) -> None:
             return runtime.launch(fwd, q, k, v, *captures)
 
         out, lse = ae_forward()
-        configs = sorted(f for f in os.listdir(bundles) if f.startswith(name + ".bwd"))
+        configs = [f"{name}.bwd.json"]
         for file in configs:
             bwd = runtime.Bundle.load(os.path.join(bundles, file))
 
             def ae_backward(bwd=bwd, out=out, lse=lse):
-                delta = (d_out.float() * out.float()).sum(-1)
-                tensors = {"q": q, "k": k, "v": v, "do": d_out, "lse": lse, "delta": delta}
+                tensors = {"q": q, "k": k, "v": v, "out": out, "do": d_out, "lse": lse,
+                           "dlse": torch.zeros_like(lse)}
                 tensors.update({f"c{i}": t for i, t in enumerate(captures)})
                 return runtime.launch_roles(bwd, tensors)
 
@@ -165,12 +219,14 @@ def run(bundles: str, out_dir: str) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("build", "run"))
+    parser.add_argument("mode", choices=("build", "run", "sweep"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "backward"))
     args = parser.parse_args(argv)
     if args.mode == "build":
         build(args.out)
+    elif args.mode == "sweep":
+        sweep(args.bundles, args.out)
     else:
         run(args.bundles, args.out)
     return 0

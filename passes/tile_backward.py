@@ -6,12 +6,15 @@ It runs after `attn-differentiate`, and takes the forward function @f (shapes, s
 score_mod and mask regions) and @f_grad (the chain rule through the score_mod,
 attn.score_mod_grad) and replaces both with
 
-    @f_bwd_dkdv(q, k, v, c0.., do, lse, delta, dk, dv) -> (dk, dv)   grid [B, Hkv, ceil(Lk / block_n)]
-    @f_bwd_dq(q, k, v, c0.., do, lse, delta, dq) -> dq               grid [B, H, ceil(Lq / block_m)]
+    @f_bwd_dq(q, k, v, c0.., out, do, lse, dlse, dq, delta) -> (dq, delta)
+                                                    grid [B, H, ceil(Lq / block_m)], launched first
+    @f_bwd_dkdv(q, k, v, c0.., do, lse, delta, dk, dv) -> (dk, dv)
+                                                    grid [B, Hkv, ceil(Lk / block_n)]
 
-each naming its arguments' roles in `attn.arg_roles`. The caller supplies `lse`, the forward's
-logsumexp, and `delta` = rowsum(dO * O) - dlse per query row (FlashAttention's preprocess: O(L D)
-work, left to the caller). Both kernels recompute the scores of a tile, P = exp(score_mod(s) - lse),
+each naming its arguments' roles in `attn.arg_roles`. `out` and `lse` are the forward's output
+and logsumexp, `do` and `dlse` their gradients (dlse zeros where the caller has none). The dQ
+kernel also writes delta = rowsum(dO * O) - dlse per query row (FlashAttention's preprocess, done
+where the program has its dO rows loaded), which the dK/dV kernel reads. Both kernels recompute the scores of a tile, P = exp(score_mod(s) - lse),
 dP = dO V^T and dS = score_mod_grad(s, P (dP - delta)); dV += P^T dO, dK += dS^T Q, dQ += dS K,
 with the softmax scale applied to dK and dQ once at the end. Recomputing P and dP in the dQ
 kernel costs two more tile products than an atomic dQ would; in exchange every gradient is a
@@ -205,20 +208,25 @@ class _Backward(KernelBuilder):
             state = list(loop.results)
         return state
 
-    def signature(self, name: str, outputs: list[tuple[str, object]], grid: list[int]):
+    def signature(self, name: str, part: str, grid: list[int]):
+        """The kernel `part` of abi.BACKWARD_KERNELS: its entry block, and its arguments after
+        q, k, v and the closure tensors, by role."""
         from mlir import ir
 
         i64 = ir.IntegerType.get_signless(64)
         row_t = tensor_type([self.b, self.h, self.lq])
-        do_t = tensor_type([self.b, self.h, self.lq, self.dv], self.elt)
-        roles = abi.input_roles(len(self.inputs)) + list(abi.BACKWARD_INPUTS) + [role for role, _ in outputs]
-        types = self.inputs + [do_t, row_t, row_t] + [t for _, t in outputs]
+        types = {"out": tensor_type([self.b, self.h, self.lq, self.dv], self.elt), "lse": row_t, "dlse": row_t,
+                 "delta": row_t, "dq": tensor_type([self.b, self.h, self.lq, self.dk], self.elt),
+                 "dk": tensor_type([self.b, self.hkv, self.lk, self.dk], self.elt),
+                 "dv": tensor_type([self.b, self.hkv, self.lk, self.dv], self.elt)}
+        types["do"] = types["out"]
+        ins, outs = abi.backward_roles(part)
+        roles = abi.input_roles(len(self.inputs)) + list(ins) + list(outs)
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
                       abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn),
                       abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in roles])}
-        entry = self.function(name, types, [t for _, t in outputs], attributes)
-        n = len(self.inputs)
-        return entry, self.kernel_args[n:n + 3], self.kernel_args[n + 3:]
+        entry = self.function(name, self.inputs + [types[r] for r in ins + outs], [types[r] for r in outs], attributes)
+        return entry, dict(zip(ins + outs, self.kernel_args[len(self.inputs):]))
 
     # --- the kernels ---------------------------------------------------------------------------
     def build_dkdv(self, name: str, partial, full) -> None:
@@ -227,10 +235,8 @@ class _Backward(KernelBuilder):
 
         bm, bn = self.bm, self.bn
         nn = -(-self.lk // bn)
-        k_t = tensor_type([self.b, self.hkv, self.lk, self.dk], self.elt)
-        v_t = tensor_type([self.b, self.hkv, self.lk, self.dv], self.elt)
-        entry, (d_out, lse, delta), (dk_dest, dv_dest) = self.signature(
-            name, [("dk", k_t), ("dv", v_t)], [self.b, self.hkv, nn])
+        entry, args = self.signature(name, "dkdv", [self.b, self.hkv, nn])
+        d_out, lse, delta, dk_dest, dv_dest = (args[r] for r in ("do", "lse", "delta", "dk", "dv"))
         q, k, v = self.kernel_args[:3]
         lists = (_transposed(partial, nn), _transposed(full, nn))
         with ir.InsertionPoint(entry):
@@ -275,17 +281,29 @@ class _Backward(KernelBuilder):
 
         bm, bn = self.bm, self.bn
         nm = -(-self.lq // bm)
-        q_t = tensor_type([self.b, self.h, self.lq, self.dk], self.elt)
-        entry, (d_out, lse, delta), (dq_dest,) = self.signature(name, [("dq", q_t)], [self.b, self.h, nm])
+        f32_type = ir.F32Type.get()
+        entry, args = self.signature(name, "dq", [self.b, self.h, nm])
+        out, d_out, lse, d_lse, dq_dest, delta_dest = (args[r] for r in ("out", "do", "lse", "dlse", "dq", "delta"))
         q, k, v = self.kernel_args[:3]
         with ir.InsertionPoint(entry):
-            pb, ph, pm = (program_id(axis) for axis in range(3))
+            pb, ph, last_first = (program_id(axis) for axis in range(3))
+            # Under a causal mask the last query blocks visit the most KV blocks: the GPU starts
+            # programs in grid order, so they go first and the short ones fill in at the end.
+            pm = arith.subi(index(nm - 1), last_first)
             hk = arith.divui(ph, index(self.group)) if self.group > 1 else ph
             m0 = arith.muli(pm, index(bm))
             q_tile = self.load_tile(q, [pb, ph], m0, self.lq, bm, self.dk)
-            do_tile = self.load_tile(d_out, [pb, ph], m0, self.lq, bm, self.dv)
+            d_out_tile = self.load_tile(d_out, [pb, ph], m0, self.lq, bm, self.dv)
             lse_row = self.load_tile(lse, [pb, ph], m0, self.lq, bm, None)
-            delta_row = self.load_tile(delta, [pb, ph], m0, self.lq, bm, None)
+            # FlashAttention's preprocess, here where this program's dO rows are loaded anyway:
+            # delta = rowsum(dO * O) - dlse, which the dK/dV kernel reads back.
+            o_tile = self.load_tile(out, [pb, ph], m0, self.lq, bm, self.dv)
+            products = self.generic([(d_out_tile, TILE), (o_tile, TILE)], tensor_type([bm, self.dv]),
+                                    lambda a: arith.mulf(convert(a[0], f32_type), convert(a[1], f32_type)))
+            d_lse_row = self.load_tile(d_lse, [pb, ph], m0, self.lq, bm, None)
+            delta_row = self.generic([(self.row_sum(products), ROW), (d_lse_row, ROW)], tensor_type([bm]),
+                                     lambda a: arith.subf(a[0], a[1]), rank=1)
+            do_tile = d_out_tile
 
             def step(nb, acc, masked):
                 n0 = arith.muli(nb, index(bn))
@@ -296,7 +314,19 @@ class _Backward(KernelBuilder):
                 return [matmul(self.to_input_type(ds), k_tile, acc[0])]
 
             (acc,) = self.walk((partial, full), pm, [zeros([bm, self.dk])], step)
-            func.ReturnOp([self.store_rows(self.scaled(acc, self.scale), dq_dest, pb, ph, m0, self.lq, bm, self.dk)])
+            func.ReturnOp([self.store_rows(self.scaled(acc, self.scale), dq_dest, pb, ph, m0, self.lq, bm, self.dk),
+                           self.store_row_values(delta_row, delta_dest, pb, ph, m0, bm)])
+
+    def store_row_values(self, row, dest, pb, ph, r0, rows: int):
+        """The valid entries of a [rows] f32 vector written into dest[pb, ph, r0:]."""
+        from mlir import ir
+        from mlir.dialects import arith, tensor
+
+        valid = arith.minsi(arith.subi(index(self.lq), r0), index(rows))
+        dynamic = ir.ShapedType.get_dynamic_size()
+        piece = tensor.ExtractSliceOp(tensor_type([dynamic]), row, [], [valid], [], [0], [dynamic], [1]).result
+        return tensor.InsertSliceOp(piece, dest, [pb, ph, r0], [valid], [], [dynamic] * 3, [1, 1, dynamic],
+                                    [1] * 3).result
 
 
 @dataclass(frozen=True)
@@ -305,11 +335,14 @@ class AttnTileBackward(ModulePass):
     summary: ClassVar[str] = ("Tile the backward of a softmax attention (after attn-differentiate) into two "
                               "L1 kernels: dK/dV per KV block, dQ per query block")
 
-    block_m: int = option(64, "query rows per tile")
-    block_n: int = option(64, "keys per tile")
+    block_m: int = option(64, "query rows per tile of the dQ kernel")
+    block_n: int = option(64, "keys per tile of the dQ kernel")
+    dkdv_block_m: int = option(0, "query rows per tile of the dK/dV kernel (0: block-m)")
+    dkdv_block_n: int = option(0, "keys per tile of the dK/dV kernel (0: block-n)")
 
     def __post_init__(self):
-        for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
+        for opt, value in (("block-m", self.block_m), ("block-n", self.block_n),
+                           ("dkdv-block-m", self.dkdv_block_m or 1), ("dkdv-block-n", self.dkdv_block_n or 1)):
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{opt} must be a positive power of two, got {value}")
 
@@ -323,10 +356,11 @@ class AttnTileBackward(ModulePass):
             if not grads:
                 raise fail(aggregate, f"has no derivative @{name}{GRAD_SUFFIX}: run attn-differentiate first")
             grad = grads[0]
-            builder = _Backward(forward, grad, aggregate, self.block_m, self.block_n)
-            partial, full = builder.lists()
+            dkdv = _Backward(forward, grad, aggregate, self.dkdv_block_m or self.block_m,
+                             self.dkdv_block_n or self.block_n)
+            dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n)
             with aggregate.location:
-                builder.build_dkdv(abi.backward_kernel_name(name, "dkdv"), partial, full)
-                builder.build_dq(abi.backward_kernel_name(name, "dq"), partial, full)
+                dq.build_dq(abi.backward_kernel_name(name, "dq"), *dq.lists())
+                dkdv.build_dkdv(abi.backward_kernel_name(name, "dkdv"), *dkdv.lists())
             grad.erase()
             forward.erase()

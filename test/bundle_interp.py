@@ -52,7 +52,7 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
     """Run a bundle whose kernels name their arguments' roles (the backward's) in the TTIR
     interpreter the way `runtime.launch_roles` runs it; returns its outputs by role (float32)."""
     tensors = dict(given)
-    for spec in bundle.outputs:
+    for spec in bundle.outputs + bundle.workspace:
         tensors[spec.role] = torch.full(spec.shape, float("nan"), dtype=runtime.torch_dtype(spec.dtype))
     aligned = variant == "aligned" if variant else runtime.aligned_ok(bundle, tensors)
     arrays = {}

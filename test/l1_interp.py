@@ -30,7 +30,7 @@ import torch
 from ae_mlir.core.regions import ScalarOp
 from ae_mlir.core.scalar_eval import eval_op
 
-__all__ = ["run_kernel", "kernel_of", "kernels_of"]
+__all__ = ["run_kernel", "run_by_role", "kernel_of", "kernels_of"]
 
 _INT_TYPES = ("index", "i64", "i32", "i16", "i8")
 _ROUNDING = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -73,6 +73,20 @@ def run_kernel(module, inputs: list, float_dtype=torch.float64) -> list:
         dests = _run_grid(interp, kernel, ins, [tensors.get(r) for r in roles[-n_dest:]])
         tensors.update(zip(roles[-n_dest:], dests))
     return [tensors[r] for r in ("out", "state") if r in tensors]
+
+
+def run_by_role(module, tensors: dict, float_dtype=torch.float64) -> dict:
+    """Run the module's kernels in order, each on the tensors its `attn.arg_roles` name, taken
+    from `tensors` (by role) and from what earlier kernels wrote; returns every tensor by role,
+    the destinations as the kernels left them (the backward's: dq, delta, dk, dv)."""
+    interp = _Interpreter(float_dtype)
+    values = {role: interp.convert_in(t) for role, t in tensors.items()}
+    for kernel in kernels_of(module):
+        roles = [str(r).strip('"') for r in kernel.attributes["attn.arg_roles"]]
+        n_dest = len(kernel.attributes["function_type"].value.results)
+        dests = _run_grid(interp, kernel, [values[r] for r in roles[:-n_dest]], None)
+        values.update(zip(roles[-n_dest:], dests))
+    return values
 
 
 def _run_grid(interp, kernel, values: list, dests: list | None) -> list:

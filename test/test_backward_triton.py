@@ -1,6 +1,6 @@
 """The Triton backward bundles (attn-tile-backward through attn-lower-to-triton), run in the TTIR
 interpreter as `runtime.launch_roles` runs them on a GPU, at each target's default backward
-config, against float64 autograd on the reference backend."""
+config, against float64 autograd on the reference backend (with a gradient for the logsumexp too)."""
 from __future__ import annotations
 
 import subprocess
@@ -22,21 +22,21 @@ def _problem(attn, b, h, hkv, lq, lk, dk, dv, closures=(), seed=0):
     v = torch.randn(b, hkv, lk, dv, generator=gen, dtype=torch.float64).requires_grad_()
     out, lse = attn(q, k, v, backend="reference", return_lse=True)
     d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-    want = torch.autograd.grad(out, (q, k, v), d_out)
-    delta = (d_out * out).sum(-1)
-    return (q, k, v), d_out, lse, delta, want
+    d_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
+    want = torch.autograd.grad((out, lse), (q, k, v), (d_out, d_lse))
+    return (q, k, v), out, d_out, lse, d_lse, want
 
 
 def _check(attn, dtype, target, tol, b=1, h=2, hkv=2, lq=77, lk=None, dk=32, dv=None, closures=()):
     lk, dv = lk or lq, dv or dk
-    (q, k, v), d_out, lse, delta, want = _problem(attn, b, h, hkv, lq, lk, dk, dv)
+    (q, k, v), out, d_out, lse, d_lse, want = _problem(attn, b, h, hkv, lq, lk, dk, dv)
     as_input = (lambda t: t.detach().to(dtype))
     text = attn.mlir(as_input(q), as_input(k), as_input(v))
     bundle = tb.build_backward_bundle(text, target)
     expected = presets.backward_config(lq, lk, dk, dv, str(dtype).removeprefix("torch."), target)
-    assert bundle.meta["config"] == {key: expected[key] for key in bundle.meta["config"]}
-    tensors = {"q": as_input(q), "k": as_input(k), "v": as_input(v), "do": as_input(d_out),
-               "lse": lse.detach().float(), "delta": delta.detach().float()}
+    assert {key: bundle.meta["config"][key] for key in expected} == expected
+    tensors = {"q": as_input(q), "k": as_input(k), "v": as_input(v), "out": as_input(out), "do": as_input(d_out),
+               "lse": lse.detach().float(), "dlse": d_lse.float()}
     tensors.update({f"c{i}": t for i, t in enumerate(closures)})
     got = interpret_roles(bundle, tensors)
     for role, reference in zip(("dq", "dk", "dv"), want):

@@ -25,7 +25,7 @@ def run(module_text: str, inputs: list, backend: str, out_dtype) -> list:
 
 def run_backward(module_text: str, tensors: dict, backend: str) -> dict:
     """dq, dk and dv (by role) of the softmax attention `module_text` from its backward kernels;
-    `tensors` holds q, k, v, the closure tensors c<i>, do, lse and delta by role."""
+    `tensors` holds q, k, v, the closure tensors c<i>, out, do, lse and dlse by role."""
     if backend == "cpu":
         from .cpu import run_backward as run_cpu
 

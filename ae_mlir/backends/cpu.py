@@ -311,17 +311,14 @@ def run_module_text(module_text: str, inputs: list, out_dtype) -> list:
 
 def run_backward(module_text: str, tensors: dict) -> dict:
     """dq, dk and dv of the softmax attention `module_text` from its backward kernels
-    (attn-tile-backward); `tensors` holds q, k, v, the closure tensors c0, c1, ..., do, lse and
-    delta by role. Returns the three gradients by role, in q's, k's and v's dtypes."""
-    results = {}
-    for part, roles in abi.BACKWARD_KERNELS:
-        inputs = [tensors[r] for r in _backward_input_roles(tensors)]
+    (attn-tile-backward), run in order; `tensors` holds q, k, v, the closure tensors c0, c1, ...,
+    out, do, lse and dlse by role. Returns the three gradients by role, in q's, k's and v's dtypes."""
+    tensors = dict(tensors)
+    n_closures = sum(1 for r in tensors if r.startswith("c") and r[1:].isdigit())
+    first = abi.input_roles(3 + n_closures)
+    for part, reads, writes in abi.BACKWARD_KERNELS:
+        inputs = [tensors[r] for r in first + list(reads)]
         unit = all(_unit_inner_stride(t) for t in inputs)
         kernel = compile_module(module_text, unit_inner_stride=unit, backward=part)
-        results.update(zip(roles, kernel(inputs)))
-    return results
-
-
-def _backward_input_roles(tensors: dict) -> list[str]:
-    n_closures = sum(1 for r in tensors if r.startswith("c") and r[1:].isdigit())
-    return abi.input_roles(3 + n_closures) + list(abi.BACKWARD_INPUTS)
+        tensors.update(zip(writes, kernel(inputs)))
+    return {role: tensors[role] for role in abi.BACKWARD_OUTPUTS}

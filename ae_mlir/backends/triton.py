@@ -156,8 +156,9 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
 
 def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
                           input_precision: str = "ieee") -> runtime.Bundle:
-    """The backward kernels of a softmax L0 module (attn-tile-backward) as one bundle: the dK/dV
-    kernel as its stage, the dQ kernel as its own; `runtime.launch_roles` runs it."""
+    """The backward kernels of a softmax L0 module (attn-tile-backward) as one bundle: the dQ
+    kernel (which also writes delta, the bundle's workspace) as its stage, the dK/dV kernel as its
+    own; `runtime.launch_roles` runs it."""
     from .. import presets
 
     with progress.Compile(f"the backward for {target}", "L0 -> L1 -> Triton IR") as report:
@@ -169,9 +170,11 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         n_results = len(abi.result_types(first))
         roles = abi.arg_roles(first)
         inputs = _specs(abi.input_types(first)[:-n_results], roles[:-n_results])
-        outputs = []
+        written = []
         for kernel in abi.kernels(module):
-            outputs += _specs(abi.result_types(kernel), abi.arg_roles(kernel)[-len(abi.result_types(kernel)):])
+            written += _specs(abi.result_types(kernel), abi.arg_roles(kernel)[-len(abi.result_types(kernel)):])
+        outputs = [spec for spec in written if spec.role in abi.BACKWARD_OUTPUTS]
+        workspace = [spec for spec in written if spec.role not in abi.BACKWARD_OUTPUTS]
         l1_text = module.operation.get_asm(enable_debug_info=True)
         report.stage("L1 -> Triton IR (aligned and general variants)")
         variants = [_lower_l1(l1_text, dataclasses.replace(options, assume_aligned=aligned))
@@ -186,7 +189,7 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
         variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
         num_warps=options.num_warps, num_stages=options.num_stages, block_m=options.block_m,
-        block_n=options.block_n, target=target, meta=meta, stages=stages)
+        block_n=options.block_n, target=target, meta=meta, stages=stages, workspace=workspace)
 
 
 def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | None = None,
@@ -254,7 +257,7 @@ def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee"
 
 def run_backward(module_text: str, tensors: dict) -> dict:
     """dq, dk and dv (by role) of a softmax L0 module from its backward kernels, on CUDA/ROCm
-    tensors given by role (q, k, v, c<i>, do, lse, delta)."""
+    tensors given by role (q, k, v, c<i>, out, do, lse, dlse)."""
     bundle = get_backward_bundle(module_text, runtime.current_target())
     return runtime.launch_roles(bundle, tensors)
 

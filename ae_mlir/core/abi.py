@@ -31,15 +31,18 @@ PRECISION = "attn.precision"
 INPUTS = ("q", "k", "v")
 SOFTMAX_OUTPUTS = ("out", "lse")
 LINEAR_OUTPUTS = ("out", "state")
-# The backward kernels (attn-tile-backward) take these after q, k, v and the closure tensors: the
-# output's gradient, the forward's logsumexp and delta = rowsum(dO * O) - dlse per query row;
-# the dK/dV kernel writes dk and dv, the dQ kernel dq.
-BACKWARD_INPUTS = ("do", "lse", "delta")
-BACKWARD_KERNELS = (("dkdv", ("dk", "dv")), ("dq", ("dq",)))
+# The backward kernels (attn-tile-backward), in launch order, and the roles each takes after q, k,
+# v and the closure tensors, then writes: the forward's output and logsumexp, their gradients,
+# and delta = rowsum(dO * O) - dlse per query row, which the dQ kernel writes for the dK/dV one.
+BACKWARD_KERNELS = (("dq", ("out", "do", "lse", "dlse"), ("dq", "delta")),
+                    ("dkdv", ("do", "lse", "delta"), ("dk", "dv")))
+# What a caller of the backward gives (after q, k, v and the closure tensors) and gets back.
+BACKWARD_INPUTS = ("out", "do", "lse", "dlse")
+BACKWARD_OUTPUTS = ("dq", "dk", "dv")
 # Per-row statistics [B, H, L]: their row stride is L, which need not be a multiple of 16.
-ROW_STATS = ("lse", "delta")
+ROW_STATS = ("lse", "dlse", "delta")
 # Tensors the runtime binds by role (strides, alignment checks).
-STREAMS = INPUTS + ("out", "lse", "state", "do", "delta", "dq", "dk", "dv")
+STREAMS = INPUTS + ("out", "lse", "state", "do", "dlse", "delta", "dq", "dk", "dv")
 # The call-time tile tables, in argument order (ae_mlir.block_mask.BlockMask.tables gives them so).
 CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index")
 
@@ -54,6 +57,14 @@ def workspace(i: int) -> str:
 
 def is_workspace(role: str) -> bool:
     return role.startswith("w")
+
+
+def backward_roles(part: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the roles it reads, the roles it writes) of backward kernel `part` ("dq" or "dkdv")."""
+    for name, reads, writes in BACKWARD_KERNELS:
+        if name == part:
+            return reads, writes
+    raise KeyError(part)
 
 
 def backward_kernel_name(forward: str, part: str) -> str:

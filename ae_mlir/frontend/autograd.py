@@ -60,17 +60,14 @@ class CompiledCall:
                                   closures_wanted)
 
     def kernel_backward(self, q, k, v, captures: list, lse, out, d_out, d_lse):
-        """dq, dk, dv from the backward kernels, and no closure gradients. delta, FlashAttention's
-        rowsum(dO * O), is O(L D) work done here in float32."""
+        """dq, dk, dv from the backward kernels, and no closure gradients."""
         from .. import backends
 
-        delta = (d_out.float() * out.float()).sum(-1)
-        if d_lse is not None:
-            delta = delta - d_lse.float()
         work = q.dtype if self.backward_text == self.text else torch.float32
+        d_lse = torch.zeros_like(lse, dtype=torch.float32) if d_lse is None else d_lse.float()
         tensors = {"q": q.detach().to(work), "k": k.detach().to(work), "v": v.detach().to(work),
-                   "do": d_out.to(work).contiguous(), "lse": lse.detach().float().contiguous(),
-                   "delta": delta.contiguous()}
+                   "out": out.detach().to(work), "do": d_out.to(work).contiguous(),
+                   "lse": lse.detach().float().contiguous(), "dlse": d_lse.contiguous()}
         tensors.update({f"c{i}": t.detach() for i, t in enumerate(captures)})
         grads = backends.run_backward(self.backward_text, tensors, self.backend)
         return grads["dq"].to(q.dtype), grads["dk"].to(k.dtype), grads["dv"].to(v.dtype), [None] * len(captures)
