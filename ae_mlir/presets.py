@@ -64,8 +64,8 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) 
 
 # The backward kernels (attn-tile-backward) hold more tiles live than the forward (Q, dO, K, V,
 # dK and dV accumulators, P and dS), so smaller blocks. Both kernels share one config. At D = 128
-# 64x64 with 4 warps and 2 stages was the fastest of seven configs on an H200 (full 297, causal
-# 214 TFLOP/s; with 8 warps and 3 stages 176 / 143), bench/results/h200-backward-2026-12-01.json.
+# 64x64 with 4 warps and 2 stages was within 7% of the fastest of eleven configs for either
+# kernel on an H200, and 8 warps at 64x64 twice as slow: bench/results/h200-backward-sweep-*.json.
 _CUDA_BWD_16BIT = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)}
 _CUDA_BWD_FP32 = {64: (32, 32, 4, 2), 128: (32, 32, 4, 2), 256: (16, 16, 4, 1)}
 _HIP_BWD_16BIT = {64: (64, 64, 4, 1), 128: (64, 32, 4, 1), 256: (32, 32, 4, 1)}
