@@ -61,85 +61,134 @@ class _Kernel(KernelBuilder):
     # --- the kernel ----------------------------------------------------------------------
     def build(self, classification: Classification) -> None:
         from mlir import ir
-        from mlir.dialects import arith, func, scf, tensor
+        from mlir.dialects import arith, func
 
-        bm, bn = self.bm, self.bn
-        nm, nn = -(-self.lq // bm), -(-self.lk // bn)
-        i32, i64, f32_type = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64), ir.F32Type.get()
+        nm, nn = -(-self.lq // self.bm), -(-self.lk // self.bn)
         inputs = [a.type for a in self.func_block.arguments]
-        table_types = [tensor_type([nm], i32), tensor_type([nm, nn], i32)] * 2 if classification.at_call_time else []
+        table_types = self.table_types(nm, nn) if classification.at_call_time else []
         result_types = [r.type for r in self.op.results]
-        attributes = {abi.GRID: ir.DenseI64ArrayAttr.get([self.b, self.h, nm]),
-                      abi.BLOCK_M: ir.IntegerAttr.get(i64, bm), abi.BLOCK_N: ir.IntegerAttr.get(i64, bn)}
+        attributes = self.attributes([self.b, self.h, nm])
         attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
         entry = self.function(self.func.attributes["sym_name"].value, inputs + table_types + result_types,
                               result_types, attributes)
         args = self.kernel_args
         table_args = args[len(inputs):len(inputs) + len(table_types)]
         destinations = args[len(inputs) + len(table_types):]
-
         with ir.InsertionPoint(entry):
-            pb, ph, pm = (program_id(axis) for axis in range(3))
-            self.pb, self.ph = pb, ph
-            group = self.h // self.hkv
-            hk = arith.divui(ph, index(group)) if group > 1 else ph
-            m0 = arith.muli(pm, index(bm))
-            self.m0 = m0
-            q_tile = self.load_tile(args[0], [pb, ph], m0, self.lq, bm, self.dk)
-
-            row_t, acc_t = tensor_type([bm], f32_type), tensor_type([bm, self.dv], f32_type)
-            zero, ninf = f32(0.0), f32(-math.inf)
-            row_empty = tensor.EmptyOp([bm], f32_type).result
-            state = []
-            if self.stat == "max":
-                state.append(fill(ninf, row_empty))
-            if self.tracks_sum:
-                state.append(fill(zero, row_empty))
-            acc_empty = tensor.EmptyOp([bm, self.dv], f32_type).result
-            state.append(fill(zero, acc_empty))
-
-            for masked, lists, position in ((True, classification.partial, 0), (False, classification.full, 2)):
-                if table_args:
-                    count_tab, index_tab = table_args[position], table_args[position + 1]
-                elif not any(lists):
-                    continue
-                else:
-                    count_tab, index_tab = (arith.constant(attr.type, attr) for attr in
-                                            (ir.Attribute.parse(text) for text in table_constants(lists)[:2]))
-                count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, [pm]))
-                loop = scf.ForOp(index(0), count, index(1), state)
-                with ir.InsertionPoint(loop.body):
-                    nb_raw = tensor.extract(index_tab, [pm, loop.induction_variable])
-                    nb = arith.index_cast(ir.IndexType.get(), nb_raw)
-                    scf.YieldOp(self.kv_step(q_tile, args[1], args[2], hk, nb, list(loop.inner_iter_args), masked))
-                state = list(loop.results)
-
-            acc = state[-1]
-            l = state[-2] if self.tracks_sum else None
-            out_tile_t = tensor_type([bm, self.dv], self.elt)
-
-            def finalize(a):
-                return convert(self.inline(self.regions["finalize"], a), self.elt)
-
-            if l is not None:
-                o = self.generic([(acc, TILE), (l, ROW)], out_tile_t, finalize)
-            else:
-                o = self.generic([(acc, TILE)], out_tile_t, lambda a: finalize([a[0], f32(0.0)]))
-            rows = arith.minsi(arith.subi(index(self.lq), m0), index(bm))
-            dynamic = ir.ShapedType.get_dynamic_size()
-            o_valid = tensor.ExtractSliceOp(tensor_type([dynamic, self.dv], self.elt), o, [], [rows], [],
-                                            [0, 0], [dynamic, self.dv], [1, 1]).result
-            results = [tensor.InsertSliceOp(o_valid, destinations[0], [pb, ph, m0], [rows], [],
-                                            [dynamic] * 3 + [0], [1, 1, dynamic, self.dv], [1] * 4).result]
+            pm = self.start_program()
+            q_tile = self.load_tile(args[0], [self.pb, self.ph], self.m0, self.lq, self.bm, self.dk)
+            state = self.visit_kv_tiles(q_tile, args, pm, classification.partial, classification.full, table_args)
+            rows = arith.minsi(arith.subi(index(self.lq), self.m0), index(self.bm))
+            results = [self.store_out(self.finalized(state), destinations[0], rows)]
             if self.with_lse:
-                m_safe = self.safe_max(state[0])
-                lse_tile = self.generic([(m_safe, ROW), (l, ROW)], row_t,
-                                        lambda a: self.inline(self.regions["lse"], a), rank=1)
-                lse_valid = tensor.ExtractSliceOp(tensor_type([dynamic], f32_type), lse_tile, [], [rows], [],
-                                                  [0], [dynamic], [1]).result
-                results.append(tensor.InsertSliceOp(lse_valid, destinations[1], [pb, ph, m0], [rows], [],
-                                                    [dynamic] * 3, [1, 1, dynamic], [1] * 3).result)
+                results.append(self.store_rows(self.lse_of(state), destinations[1], rows))
             func.ReturnOp(results)
+
+    def attributes(self, grid: list[int]) -> dict:
+        from mlir import ir
+
+        i64 = ir.IntegerType.get_signless(64)
+        return {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
+                abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn)}
+
+    @staticmethod
+    def table_types(nm: int, nn: int) -> list:
+        from mlir import ir
+
+        i32 = ir.IntegerType.get_signless(32)
+        return [tensor_type([nm], i32), tensor_type([nm, nn], i32)] * 2
+
+    def start_program(self, query_block=None):
+        """The program's coordinates: sets pb, ph (and the KV head hk) and m0, the first query row
+        of `query_block` (default: program id 2); returns the query block."""
+        from mlir.dialects import arith
+
+        self.pb, self.ph = program_id(0), program_id(1)
+        pm = query_block if query_block is not None else program_id(2)
+        group = self.h // self.hkv
+        self.hk = arith.divui(self.ph, index(group)) if group > 1 else self.ph
+        self.m0 = arith.muli(pm, index(self.bm))
+        return pm
+
+    def initial_state(self) -> list:
+        """The row state before any KV tile: (max, sum, accumulator), as the normalizer tracks them."""
+        from mlir import ir
+        from mlir.dialects import tensor
+
+        f32_type = ir.F32Type.get()
+        zero, ninf = f32(0.0), f32(-math.inf)
+        row_empty = tensor.EmptyOp([self.bm], f32_type).result
+        state = []
+        if self.stat == "max":
+            state.append(fill(ninf, row_empty))
+        if self.tracks_sum:
+            state.append(fill(zero, row_empty))
+        state.append(fill(zero, tensor.EmptyOp([self.bm, self.dv], f32_type).result))
+        return state
+
+    def visit_kv_tiles(self, q_tile, args, table_row, partial, full, table_args, state=None) -> list:
+        """The two scf.for loops over the KV tiles of row `table_row` of the tile tables: partial
+        ones with the mask, then full ones; returns the row state after both."""
+        from mlir import ir
+        from mlir.dialects import arith, scf, tensor
+
+        state = state or self.initial_state()
+        for masked, lists, position in ((True, partial, 0), (False, full, 2)):
+            if table_args:
+                count_tab, index_tab = table_args[position], table_args[position + 1]
+            elif not any(lists):
+                continue
+            else:
+                count_tab, index_tab = (arith.constant(attr.type, attr) for attr in
+                                        (ir.Attribute.parse(text) for text in table_constants(lists)[:2]))
+            count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, [table_row]))
+            loop = scf.ForOp(index(0), count, index(1), state)
+            with ir.InsertionPoint(loop.body):
+                nb_raw = tensor.extract(index_tab, [table_row, loop.induction_variable])
+                nb = arith.index_cast(ir.IndexType.get(), nb_raw)
+                scf.YieldOp(self.kv_step(q_tile, args[1], args[2], self.hk, nb, list(loop.inner_iter_args), masked))
+            state = list(loop.results)
+        return state
+
+    def finalized(self, state: list):
+        """The output tile (input element type) of a row state: the normalizer's finalize region."""
+        acc = state[-1]
+        out_tile_t = tensor_type([self.bm, self.dv], self.elt)
+
+        def finalize(a):
+            return convert(self.inline(self.regions["finalize"], a), self.elt)
+
+        if self.tracks_sum:
+            return self.generic([(acc, TILE), (state[-2], ROW)], out_tile_t, finalize)
+        return self.generic([(acc, TILE)], out_tile_t, lambda a: finalize([a[0], f32(0.0)]))
+
+    def lse_of(self, state: list):
+        """The logsumexp rows of a softmax row state (the normalizer's lse region)."""
+        m_safe = self.safe_max(state[0])
+        return self.generic([(m_safe, ROW), (state[-2], ROW)], tensor_type([self.bm]),
+                            lambda a: self.inline(self.regions["lse"], a), rank=1)
+
+    def store_out(self, tile, dest, rows):
+        """The valid rows of an output tile written into dest[pb, ph, m0:]."""
+        from mlir import ir
+        from mlir.dialects import tensor
+
+        dynamic = ir.ShapedType.get_dynamic_size()
+        width = tile.type.shape[1]
+        valid = tensor.ExtractSliceOp(tensor_type([dynamic, width], self.elt), tile, [], [rows], [],
+                                      [0, 0], [dynamic, width], [1, 1]).result
+        return tensor.InsertSliceOp(valid, dest, [self.pb, self.ph, self.m0], [rows], [],
+                                    [dynamic] * 3 + [0], [1, 1, dynamic, width], [1] * 4).result
+
+    def store_rows(self, row, dest, rows):
+        """The valid entries of a row vector written into dest[pb, ph, m0:]."""
+        from mlir import ir
+        from mlir.dialects import tensor
+
+        dynamic = ir.ShapedType.get_dynamic_size()
+        valid = tensor.ExtractSliceOp(tensor_type([dynamic]), row, [], [rows], [], [0], [dynamic], [1]).result
+        return tensor.InsertSliceOp(valid, dest, [self.pb, self.ph, self.m0], [rows], [],
+                                    [dynamic] * 3, [1, 1, dynamic], [1] * 3).result
 
     def safe_max(self, m):
         """Row max with -inf (a row with nothing visible yet) replaced by 0."""
