@@ -1,0 +1,234 @@
+// attn-tile-backward (after attn-differentiate) replaces the forward @f and its @f_grad with the
+// softmax backward as two L1 kernels, FlashAttention-2's split, launched in this order:
+//   @f_bwd_dq:   one program per (b, head, query block), the last query block first; it loads its
+//                Q, dO, O rows once, writes delta = rowsum(dO O) - dlse, and loops over its KV
+//                blocks accumulating dQ += dS K;
+//   @f_bwd_dkdv: one program per (b, KV head, KV block); K and V tiles loaded once, then loops over
+//                the query blocks that see the block (the forward's tile tables, transposed),
+//                accumulating dV += P^T dO and dK += dS^T Q; GQA heads of the group looped inside.
+// Both recompute P = exp(scale * QK^T - lse) and dS = P * (dO V^T - delta) per tile; partial tiles
+// (the mask, ragged edges) select, full tiles do not; dK and dQ take the scale once at the end.
+// The forward and @f_grad are gone afterwards (the implicit check-nots). The errors are checked
+// with --verify-diagnostics; split-file gives each part its own pipeline.
+// RUN: split-file %s %t
+// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %t/kernels.mlir --implicit-check-not=_grad --implicit-check-not='@causal(' --implicit-check-not='@gqa(' --implicit-check-not=attn.score --implicit-check-not=attn.aggregate
+// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' | mlir-opt --split-input-file --irdl-file=%attn_irdl > /dev/null
+// RUN: ae-opt %t/no-derivative.mlir --pass-pipeline='builtin.module(attn-tile-backward)' --verify-diagnostics
+// RUN: ae-opt %t/sigmoid.mlir --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward)' --verify-diagnostics
+
+//--- kernels.mlir
+
+// Causal, L = 100, bf16, 32x32 tiles (4 blocks; the last, rows 96..99, is ragged, so its tiles
+// are always partial). The forward's lists, by query block: partial [0] [1] [2] [0 1 2 3], full
+// [] [0] [0 1] []. The dK/dV kernel reads them transposed, by KV block: partial [0 3] [1 3]
+// [2 3] [3], full [1 2] [2] [] [].
+// CHECK-LABEL: func.func @causal_bwd_dq(
+// CHECK-SAME: %[[Q:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[K:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %{{[a-z0-9]+}}: tensor<1x2x100x16xbf16>,
+// CHECK-SAME: %[[O:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[DO:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[LSE:[a-z0-9]+]]: tensor<1x2x100xf32>, %[[DLSE:[a-z0-9]+]]: tensor<1x2x100xf32>,
+// CHECK-SAME: %[[DQ:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[DELTA:[a-z0-9]+]]: tensor<1x2x100xf32>)
+// CHECK-SAME: -> (tensor<1x2x100x16xbf16>, tensor<1x2x100xf32>)
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "out", "do", "lse", "dlse", "dq", "delta"]
+// CHECK-SAME: attn.block_m = 32 : i64, attn.block_n = 32 : i64, attn.grid = array<i64: 1, 2, 4>
+// CHECK-DAG: %[[PB:.*]] = "attn.program_id"() {axis = 0 : i64}
+// CHECK-DAG: %[[PH:.*]] = "attn.program_id"() {axis = 1 : i64}
+// CHECK-DAG: %[[PID:.*]] = "attn.program_id"() {axis = 2 : i64}
+// Query block 3 - pid: the long (late) causal rows start first.
+// CHECK: %[[PM:.*]] = arith.subi %{{.*}}, %[[PID]] : index
+// CHECK: %[[QT:.*]] = tensor.pad
+// CHECK: tensor.extract_slice %[[DO]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: %[[DOT:.*]] = tensor.pad
+// CHECK: tensor.extract_slice %[[LSE]][%[[PB]], %[[PH]], %{{.*}}] [1, 1, %{{.*}}]
+// delta = rowsum(dO * O) - dlse, in f32.
+// CHECK: tensor.extract_slice %[[O]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: linalg.generic {{.*}} ins(%[[DOT]], %{{.*}} : tensor<32x16xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<32x16xf32>)
+// CHECK: arith.extf
+// CHECK: arith.mulf
+// CHECK: tensor.extract_slice %[[DLSE]]
+// CHECK: linalg.reduce
+// CHECK: arith.addf
+// CHECK: %[[D:.*]] = linalg.generic
+// CHECK: arith.subf
+// Partial KV blocks of this query block, then its full ones.
+// CHECK: %[[PCOUNT:.*]] = arith.constant dense<[1, 1, 1, 4]> : tensor<4xi32>
+// CHECK: %[[PINDEX:.*]] = arith.constant dense<{{\[}}[0, 0, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [0, 1, 2, 3]]> : tensor<4x4xi32>
+// CHECK: tensor.extract %[[PCOUNT]][%[[PM]]]
+// CHECK: %[[P:.*]] = scf.for {{.*}} -> (tensor<32x16xf32>)
+// CHECK: tensor.extract %[[PINDEX]][%[[PM]], %{{.*}}]
+// CHECK: tensor.extract_slice %[[K]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: %[[KT:.*]] = tensor.pad
+// CHECK: %[[S:.*]] = linalg.matmul ins(%[[QT]], %{{.*}} : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
+// CHECK: %[[DP:.*]] = linalg.matmul ins(%[[DOT]], %{{.*}} : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
+// P = exp(scale * s - lse), selected by the mask (q < Lq, kv < Lk, q >= kv).
+// CHECK: %[[PROBS:.*]] = linalg.generic {{.*}} ins(%[[S]], %{{.*}} : tensor<32x32xf32>, tensor<32xf32>)
+// CHECK: arith.constant 2.500000e-01 : f32
+// CHECK: math.exp
+// CHECK: arith.cmpi slt
+// CHECK: arith.cmpi slt
+// CHECK: arith.cmpi sge
+// CHECK: arith.select
+// dS = P * (dP - delta), to bf16 for dQ += dS K.
+// CHECK: linalg.generic {{.*}} ins(%[[S]], %[[PROBS]], %[[DP]], %[[D]] :
+// CHECK: arith.subf
+// CHECK: arith.mulf
+// CHECK: arith.truncf {{.*}} : f32 to bf16
+// CHECK: linalg.matmul ins(%{{.*}}, %[[KT]] : tensor<32x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<32x16xf32>)
+// CHECK: scf.yield
+// CHECK: arith.constant dense<[0, 1, 2, 0]> : tensor<4xi32>
+// CHECK: arith.constant dense<{{\[}}[0, 0], [0, 0], [0, 1], [0, 0]]> : tensor<4x2xi32>
+// CHECK: scf.for {{.*}} iter_args(%{{.*}} = %[[P]])
+// CHECK: math.exp
+// CHECK-NOT: arith.cmpi
+// CHECK: scf.yield
+// dQ takes the scale; the valid rows of dQ and delta are stored.
+// CHECK: arith.constant 2.500000e-01 : f32
+// CHECK: %[[DQS:.*]] = tensor.insert_slice %{{.*}} into %[[DQ]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: tensor.extract_slice %[[D]][0] [%{{.*}}] [1]
+// CHECK: %[[DELTAS:.*]] = tensor.insert_slice %{{.*}} into %[[DELTA]][%[[PB]], %[[PH]], %{{.*}}] [1, 1, %{{.*}}]
+// CHECK: return %[[DQS]], %[[DELTAS]]
+
+// The dK/dV kernel reads delta.
+// CHECK-LABEL: func.func @causal_bwd_dkdv(
+// CHECK-SAME: %[[Q:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[K:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[V:[a-z0-9]+]]: tensor<1x2x100x16xbf16>,
+// CHECK-SAME: %[[DO:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[LSE:[a-z0-9]+]]: tensor<1x2x100xf32>, %[[DELTA:[a-z0-9]+]]: tensor<1x2x100xf32>,
+// CHECK-SAME: %[[DK:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[DV:[a-z0-9]+]]: tensor<1x2x100x16xbf16>)
+// CHECK-SAME: -> (tensor<1x2x100x16xbf16>, tensor<1x2x100x16xbf16>)
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "do", "lse", "delta", "dk", "dv"]
+// CHECK-SAME: attn.block_m = 32 : i64, attn.block_n = 32 : i64, attn.grid = array<i64: 1, 2, 4>
+// CHECK-DAG: %[[PB:.*]] = "attn.program_id"() {axis = 0 : i64}
+// CHECK-DAG: %[[PH:.*]] = "attn.program_id"() {axis = 1 : i64}
+// CHECK-DAG: %[[PN:.*]] = "attn.program_id"() {axis = 2 : i64}
+// The program's K and V tiles, loaded once and transposed for QK^T and dO V^T.
+// CHECK: tensor.extract_slice %[[K]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: tensor.extract_slice %[[V]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: %[[KT:.*]] = linalg.transpose
+// CHECK: %[[VT:.*]] = linalg.transpose
+// Partial query blocks, from the transposed table.
+// CHECK: %[[PCOUNT:.*]] = arith.constant dense<[2, 2, 2, 1]> : tensor<4xi32>
+// CHECK: %[[PINDEX:.*]] = arith.constant dense<{{\[}}[0, 3], [1, 3], [2, 3], [3, 0]]> : tensor<4x2xi32>
+// CHECK: tensor.extract %[[PCOUNT]][%[[PN]]]
+// CHECK: %[[P:.*]]:2 = scf.for {{.*}} -> (tensor<32x16xf32>, tensor<32x16xf32>)
+// CHECK: tensor.extract %[[PINDEX]][%[[PN]], %{{.*}}]
+// CHECK: %[[QT:.*]] = tensor.pad
+// CHECK: %[[DOT:.*]] = tensor.pad
+// CHECK: tensor.extract_slice %[[LSE]]
+// CHECK: tensor.extract_slice %[[DELTA]]
+// CHECK: %[[S:.*]] = linalg.matmul ins(%[[QT]], %[[KT]] : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
+// CHECK: %[[DP:.*]] = linalg.matmul ins(%[[DOT]], %[[VT]] : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
+// CHECK: %[[PROBS:.*]] = linalg.generic {{.*}} ins(%[[S]], %{{.*}} : tensor<32x32xf32>, tensor<32xf32>)
+// CHECK: arith.constant 2.500000e-01 : f32
+// CHECK: math.exp
+// CHECK: arith.cmpi slt
+// CHECK: arith.cmpi slt
+// CHECK: arith.cmpi sge
+// CHECK: arith.select
+// CHECK: %[[DS:.*]] = linalg.generic {{.*}} ins(%[[S]], %[[PROBS]], %[[DP]], %{{.*}} :
+// CHECK: arith.subf
+// CHECK: arith.mulf
+// P and dS go to bf16 for the products with dO and Q: dV += P^T dO, dK += dS^T Q.
+// CHECK: arith.truncf {{.*}} : f32 to bf16
+// CHECK: linalg.transpose
+// CHECK: linalg.matmul ins(%{{.*}}, %[[DOT]] : tensor<32x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<32x16xf32>)
+// CHECK: arith.truncf {{.*}} : f32 to bf16
+// CHECK: linalg.transpose
+// CHECK: linalg.matmul ins(%{{.*}}, %[[QT]] : tensor<32x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<32x16xf32>)
+// CHECK: scf.yield
+// Full query blocks: no mask.
+// CHECK: arith.constant dense<[2, 1, 0, 0]> : tensor<4xi32>
+// CHECK: arith.constant dense<{{\[}}[1, 2], [2, 0], [0, 0], [0, 0]]> : tensor<4x2xi32>
+// CHECK: %[[F:.*]]:2 = scf.for {{.*}} iter_args(%{{.*}} = %[[P]]#0, %{{.*}} = %[[P]]#1)
+// CHECK: math.exp
+// CHECK-NOT: arith.cmpi
+// CHECK: scf.yield
+// dK takes the scale, dV does not; the valid rows are stored.
+// CHECK: arith.constant 2.500000e-01 : f32
+// CHECK: arith.truncf
+// CHECK: arith.constant 1.000000e+00 : f32
+// CHECK: %[[DKS:.*]] = tensor.insert_slice %{{.*}} into %[[DK]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: %[[DVS:.*]] = tensor.insert_slice %{{.*}} into %[[DV]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: return %[[DKS]], %[[DVS]]
+func.func @causal(%q: tensor<1x2x100x16xbf16>, %k: tensor<1x2x100x16xbf16>, %v: tensor<1x2x100x16xbf16>) -> (tensor<1x2x100x16xbf16>, tensor<1x2x100xf32>) {
+  %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x2x100x16xbf16>, tensor<1x2x100x16xbf16>) -> tensor<1x2x100x100xf32>
+  %m = "attn.mask"() ({
+  ^bb0(%b: index, %h: index, %i: index, %j: index):
+    %c = arith.cmpi sge, %i, %j : index
+    "gpu.yield"(%c) : (i1) -> ()
+  }) : () -> tensor<1x2x100x100xi1>
+  %p, %lse = "attn.normalize"(%s, %m) ({}, {}, {}) {kind = "softmax", operandSegmentSizes = array<i32: 1, 1>, resultSegmentSizes = array<i32: 1, 1>} : (tensor<1x2x100x100xf32>, tensor<1x2x100x100xi1>) -> (tensor<1x2x100x100xf32>, tensor<1x2x100xf32>)
+  %o = "attn.aggregate"(%p, %v) : (tensor<1x2x100x100xf32>, tensor<1x2x100x16xbf16>) -> tensor<1x2x100x16xbf16>
+  return %o, %lse : tensor<1x2x100x16xbf16>, tensor<1x2x100xf32>
+}
+
+// -----
+
+// GQA, 4 query heads on 2 KV heads, Lq = 64, Lk = 48 (ragged: KV block 1 is always partial), Dk =
+// 16, Dv = 8, no mask. The dQ kernel reads KV head h / 2. The dK/dV grid has one program per KV
+// head; inside, a loop over the 2 heads of the group (h = hkv * 2 + g) walks the query blocks.
+// CHECK-LABEL: func.func @gqa_bwd_dq(
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<1x4x64x16xf32>, %[[K:[a-z0-9]+]]: tensor<1x2x48x16xf32>
+// CHECK-SAME: -> (tensor<1x4x64x16xf32>, tensor<1x4x64xf32>)
+// CHECK-SAME: attn.grid = array<i64: 1, 4, 2>
+// CHECK-DAG: %[[PB:.*]] = "attn.program_id"() {axis = 0 : i64}
+// CHECK-DAG: %[[PH:.*]] = "attn.program_id"() {axis = 1 : i64}
+// CHECK: %[[HK:.*]] = arith.divui %[[PH]], %{{.*}} : index
+// CHECK: scf.for
+// CHECK: tensor.extract_slice %[[K]][%[[PB]], %[[HK]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: scf.yield
+// CHECK-LABEL: func.func @gqa_bwd_dkdv(
+// CHECK-SAME: %[[Q:[a-z0-9]+]]: tensor<1x4x64x16xf32>, %[[K:[a-z0-9]+]]: tensor<1x2x48x16xf32>, %{{[a-z0-9]+}}: tensor<1x2x48x8xf32>,
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<1x4x64x8xf32>, %{{[a-z0-9]+}}: tensor<1x4x64xf32>, %{{[a-z0-9]+}}: tensor<1x4x64xf32>,
+// CHECK-SAME: %[[DK:[a-z0-9]+]]: tensor<1x2x48x16xf32>, %[[DV:[a-z0-9]+]]: tensor<1x2x48x8xf32>)
+// CHECK-SAME: attn.grid = array<i64: 1, 2, 2>
+// CHECK-DAG: %[[PB:.*]] = "attn.program_id"() {axis = 0 : i64}
+// CHECK-DAG: %[[PHK:.*]] = "attn.program_id"() {axis = 1 : i64}
+// CHECK: tensor.extract_slice %[[K]][%[[PB]], %[[PHK]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: %[[C2:.*]] = arith.constant 2 : index
+// CHECK: %[[G:.*]]:2 = scf.for %[[GI:[a-z0-9]+]] = %{{.*}} to %[[C2]] step %{{.*}} iter_args({{.*}}) -> (tensor<32x16xf32>, tensor<32x8xf32>) {
+// CHECK: %[[H0:.*]] = arith.muli %[[PHK]], %[[C2]] : index
+// CHECK: %[[H:.*]] = arith.addi %[[H0]], %[[GI]] : index
+// Partial: KV block 1 (ragged) is seen by query blocks 0 and 1; full: KV block 0 by both.
+// CHECK: arith.constant dense<[0, 2]> : tensor<2xi32>
+// CHECK: arith.constant dense<{{\[}}[0, 0], [0, 1]]> : tensor<2x2xi32>
+// CHECK: scf.for
+// CHECK: tensor.extract_slice %[[Q]][%[[PB]], %[[H]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: math.exp
+// CHECK: arith.select
+// CHECK: linalg.matmul {{.*}} -> tensor<32x8xf32>
+// CHECK: linalg.matmul {{.*}} -> tensor<32x16xf32>
+// CHECK: scf.yield
+// CHECK: arith.constant dense<[2, 0]> : tensor<2xi32>
+// CHECK: arith.constant dense<{{\[}}[0, 1], [0, 0]]> : tensor<2x2xi32>
+// CHECK: scf.for
+// CHECK-NOT: arith.select
+// CHECK: scf.yield
+// CHECK: scf.yield
+// CHECK: }
+// CHECK: tensor.insert_slice %{{.*}} into %[[DK]][%[[PB]], %[[PHK]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: tensor.insert_slice %{{.*}} into %[[DV]][%[[PB]], %[[PHK]], %{{.*}}, 0] [1, 1, %{{.*}}, 8]
+func.func @gqa(%q: tensor<1x4x64x16xf32>, %k: tensor<1x2x48x16xf32>, %v: tensor<1x2x48x8xf32>) -> (tensor<1x4x64x8xf32>, tensor<1x4x64xf32>) {
+  %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x4x64x16xf32>, tensor<1x2x48x16xf32>) -> tensor<1x4x64x48xf32>
+  %p, %lse = "attn.normalize"(%s) ({}, {}, {}) {kind = "softmax", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 1>} : (tensor<1x4x64x48xf32>) -> (tensor<1x4x64x48xf32>, tensor<1x4x64xf32>)
+  %o = "attn.aggregate"(%p, %v) : (tensor<1x4x64x48xf32>, tensor<1x2x48x8xf32>) -> tensor<1x4x64x8xf32>
+  return %o, %lse : tensor<1x4x64x8xf32>, tensor<1x4x64xf32>
+}
+
+//--- no-derivative.mlir
+
+// Without attn-differentiate first there is no @plain_grad to take the chain rule from.
+func.func @plain(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x1x8x8xf32>) -> (tensor<1x1x8x8xf32>, tensor<1x1x8xf32>) {
+  %s = "attn.score"(%q, %k) {scale = 0.125 : f32} : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
+  %p, %lse = "attn.normalize"(%s) ({}, {}, {}) {kind = "softmax", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 1>} : (tensor<1x1x8x8xf32>) -> (tensor<1x1x8x8xf32>, tensor<1x1x8xf32>)
+  // expected-error @+1 {{'attn.aggregate' op has no derivative @plain_grad: run attn-differentiate first}}
+  %o = "attn.aggregate"(%p, %v) : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
+  return %o, %lse : tensor<1x1x8x8xf32>, tensor<1x1x8xf32>
+}
+
+//--- sigmoid.mlir
+
+// Only softmax has backward kernels; the error points at the normalizer.
+func.func @sigmoid(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32> {
+  %s = "attn.score"(%q, %k) {scale = 0.125 : f32} : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
+  // expected-error @+1 {{has no backward kernels for normalize 'sigmoid' yet (softmax only)}}
+  %p = "attn.normalize"(%s) ({}, {}, {}) {kind = "sigmoid", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
+  %o = "attn.aggregate"(%p, %v) : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
+  return %o : tensor<1x1x8x8xf32>
+}
