@@ -101,15 +101,13 @@ def test_catalogue_l1_backward_matches_autograd(name):
     # Lq != Lk, neither a multiple of the 16x16 tiles, batch 2: ragged edges on both sequences.
     attn, shape = variants.build(name, variants.Shape(2, 4, 45, 70, 16, 16))
     q, k, v = variants.inputs(shape, dtype=torch.float64, seed=1)
-    # The kernels (and the forward) use the module's f32 scale; the torch backward of the oracle
-    # uses the Python one (see test_reference_backward_uses_the_modules_scale): give it the f32
-    # value, so that an inexact 1 / sqrt(Dk) (mla_dims' 192) does not cost 1e-8.
+    # The kernels, the forward and the torch backward use the module's f32 scale (see
+    # test_reference_backward_uses_the_modules_scale); the oracle's autograd gets the same value,
+    # so that an inexact 1 / sqrt(Dk) (mla_dims' 192) does not cost 1e-8.
     attn = ae.attention(score_mod=attn.score_mod, mask_mod=attn.mask_mod, scale=_f32_scale(shape.dim_qk))
     check_l1(attn, q, k, v)
 
 
-@pytest.mark.xfail(strict=True, reason="attention_backward recomputes the scores with the Python scale, the "
-                                       "forward's lse comes from the module's f32 scale")
 def test_reference_backward_uses_the_modules_scale():
     # Dk = 12: 1 / sqrt(12) is not an f32. The float64 reference forward computes with the f32
     # rounding of the scale (the attn.score attribute); its gradient should be that function's.

@@ -87,7 +87,10 @@ def compiled_call(attn, text: str, q, k, v, backend: str) -> CompiledCall:
     if backend == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         widened = [torch.empty(t.shape, dtype=torch.float32, device="meta") for t in (q, k, v)]
         backward_text, _ = attn._build(*widened)
-    return CompiledCall(text, backend, checks.default_scale(attn.scale, q.shape[3]), derivative, backward_text)
+    # The forward computes with the module's scale, an f32 attribute: the backward recomputes the
+    # probabilities from its logsumexp, so it must use that same f32 value (1 / sqrt(12) is not one).
+    scale = float(torch.tensor(checks.default_scale(attn.scale, q.shape[3]), dtype=torch.float32))
+    return CompiledCall(text, backend, scale, derivative, backward_text)
 
 
 def describe(attn) -> str:
