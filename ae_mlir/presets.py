@@ -46,8 +46,28 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (max(n, 1) - 1).bit_length())
 
 
-def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) -> dict:
-    """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942")."""
+# Streaming processors of the targets' GPUs (H100/H200: 132 SMs; MI300X: 304 CUs), and how many
+# waves of programs split-KV attention aims for when the (batch, head, query block) programs are
+# fewer: a long KV cache read by a few query tokens (decoding) otherwise runs on a few SMs.
+_PROCESSORS = {"cuda": 132, "hip": 304}
+_SPLIT_WAVES = 2
+_MIN_TILES_PER_SPLIT = 4
+_MAX_SPLITS = 128
+
+
+def kv_splits(programs: int, kv_tiles: int, target: str) -> int:
+    """KV splits per query block (attn-tile kv-splits) for a grid of `programs` programs that each
+    walk `kv_tiles` KV tiles: 1 once the grid fills the GPU."""
+    processors = _PROCESSORS["hip" if target.startswith("hip") else "cuda"]
+    if programs >= processors:
+        return 1
+    wanted = -(-_SPLIT_WAVES * processors // programs)
+    return max(1, min(wanted, kv_tiles // _MIN_TILES_PER_SPLIT, _MAX_SPLITS))
+
+
+def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, batch_heads: int | None = None) -> dict:
+    """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942");
+    with `batch_heads` (B * H), the KV splits too."""
     d = max(_pow2(dk), _pow2(dv), 64)
     wide = dtype in ("bfloat16", "float16", "bf16", "f16")
     if target.startswith("hip"):
@@ -59,7 +79,10 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) 
     block_n = min(block_n, _pow2(lk))
     if block_m * block_n <= 64 * 64:
         warps = 4
-    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+    config = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+    if batch_heads is not None:
+        config["kv_splits"] = kv_splits(batch_heads * -(-lq // block_m), -(-lk // block_n), target)
+    return config
 
 
 # The backward kernels (attn-tile-backward) hold more tiles live than the forward (Q, dO, K, V,
@@ -138,6 +161,7 @@ class Problem:
     dtype: str                 # MLIR's element type name: f32, f16, bf16
     decay: str | None = None   # set for an attn.linear_recurrence module ("none", "head", ...)
     chunk_size: int = 0
+    batch_heads: int = 1       # B * H: with the query blocks, how many programs the kernel has
 
     @property
     def linear(self) -> bool:
@@ -159,7 +183,8 @@ def read_problem(module) -> Problem | None:
             if op.operation.name == "attn.linear_recurrence":
                 decay = ir.StringAttr(op.operation.attributes["decay"]).value
                 chunk = ir.IntegerAttr(op.operation.attributes["chunk_size"]).value
-        return Problem(q.shape[2], k.shape[2], q.shape[3], v.shape[3], str(q.element_type), decay, chunk)
+        return Problem(q.shape[2], k.shape[2], q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
+                       q.shape[0] * q.shape[1])
     return None
 
 
@@ -174,6 +199,7 @@ class PresetOptions:
     block_m: int = 64              # attn-tile: query rows per program (linear: the chunk)
     block_n: int = 64              # attn-tile: keys per KV tile
     call_time_tables: bool = True  # attn-tile: closure-reading masks classified per call
+    kv_splits: int = 1             # attn-tile: programs per query block over its KV tiles (decoding)
     split: bool = False            # attn-chunk-recurrence: the split (multi-kernel) recurrence
     block_v: int = 64              # attn-chunk-recurrence: V columns per program
     block_k: int = 64              # attn-chunk-recurrence: state rows per chunk-state program
@@ -193,6 +219,8 @@ class PresetOptions:
         """The compile options a Triton bundle records (`meta["config"]`, its cache key)."""
         config = {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
                   "num_stages": self.num_stages}
+        if self.kv_splits > 1:
+            config["kv_splits"] = self.kv_splits
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n)
         if self.linear:
@@ -220,8 +248,11 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     elif problem is not None and problem.linear:
         values.update(linear_config(problem.chunk_size, problem.decay, target), linear=True)
     elif problem is not None:
-        pick = backward_config if typed.get("backward") else default_config
-        values.update(pick(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))
+        if typed.get("backward"):
+            values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))
+        else:
+            values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
+                                         problem.batch_heads))
     values.update(typed)
     return PresetOptions(target=target, **values)
 
@@ -278,7 +309,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
             "attn-verify",
             "attn-fuse-online-softmax",
             f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
-            f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)}}}",
+            f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)} "
+            f"kv-splits={o.kv_splits}}}",
         ]
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),

@@ -29,6 +29,7 @@ from ..core.regions import from_region
 from . import ModulePass, option
 from .l1_builders import KernelBuilder, convert, f32, fill, index, matmul, program_id, tensor_type
 from .l1_ops import kernel_function, ops_named, shape
+from .tile_split_kv import build_split, splittable
 from .tile_tables import Classification, classify_blocks, table_constants
 
 LOG2E = 1.0 / math.log(2.0)
@@ -298,11 +299,16 @@ class AttnTile(ModulePass):
                                            "kernel takes the tile tables as four extra arguments after "
                                            "the inputs (partial count/index, full count/index) "
                                            "and carries the mask as JSON in attn.mask_program")
+    kv_splits: int = option(1, "programs per query block, each taking a contiguous run of its KV tiles, "
+                               "and a combine kernel after them (flash-decoding); normalizers without a "
+                               "row max and sum and masks classified at call time are not split")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{opt} must be a positive power of two, got {value}")
+        if self.kv_splits < 1:
+            raise ValueError(f"kv-splits must be at least 1, got {self.kv_splits}")
 
     def apply(self, module_op) -> None:
         for op in ops_named(module_op, "attn.online_attention"):
@@ -313,6 +319,11 @@ class AttnTile(ModulePass):
         kernel = _Kernel(op, func, self.block_m, self.block_n)
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables)
+        nn = -(-kernel.lk // self.block_n)
+        splits = min(self.kv_splits, nn)
         with op.location:
-            kernel.build(classification)
+            if splits > 1 and splittable(kernel, classification):
+                build_split(kernel, classification, splits)
+            else:
+                kernel.build(classification)
         func.operation.erase()

@@ -26,10 +26,10 @@ def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = 
     tensors = runtime.bind(bundle, q, k, v, *captures)
     aligned = variant == "aligned" if variant else runtime.aligned_ok(bundle, tensors)
     chosen = runtime.pick_variant(bundle, aligned)
-    tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in bundle.tables]
     arrays = {}
     for kernel in bundle.stages + [bundle]:
         picked = runtime.pick_variant(kernel, aligned)
+        tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in kernel.tables]
         args = []
         for label, value in zip(picked.args, runtime.argument_values(picked, tensors, tables)):
             if isinstance(value, torch.Tensor):

@@ -252,9 +252,10 @@ def test_linear_kernels_compile(decay, target, kind, needle):
 
 
 def test_ttir_structure_is_flash_attention():
-    q, k, v = qkv(h=2, lq=1024, dk=64, dtype=torch.bfloat16)
+    # 32 heads: 256 programs fill an H200, so the KV tiles are not split (test_decoding.py).
+    q, k, v = qkv(h=32, lq=1024, dk=64, dtype=torch.bfloat16)
     bundle = tb.compile_bundle(ae.attention(), q, k, v, target="cuda:90")
-    assert (bundle.block_m, bundle.block_n) == (128, 64)
+    assert (bundle.block_m, bundle.block_n) == (128, 64) and not bundle.stages
     ttir = bundle.variants["aligned"].ttir
     loop = ttir.index('"scf.for"')
     q_loads = [m.start() for m in re.finditer(r'"tt.load".*-> tensor<128x64xbf16>', ttir)]

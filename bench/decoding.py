@@ -1,0 +1,111 @@
+"""Decoding benchmark: one query token per sequence against a long KV cache (bf16, GQA 32/8,
+D = 128), ae-mlir's split-KV kernels beside SDPA (cuDNN, flash) and FlexAttention in the same
+process, as the bandwidth of reading K and V once (bytes of K and V / time).
+
+    python bench/decoding.py build --out bench/bundles/decoding      # here: needs the MLIR bindings
+    python bench/decoding.py run --bundles bench/bundles/decoding --out DIR   # on the GPU
+
+Times are medians of triton.testing.do_bench; inputs are drawn fresh per case; outputs are checked
+against float32 SDPA (math backend) on the whole batch.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+HEADS, KV_HEADS, DIM = 32, 8, 128
+CASES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768), (32, 8192)]
+
+
+def _name(batch: int, seq: int) -> str:
+    return f"decode_b{batch}_l{seq}"
+
+
+def _attention():
+    import ae_mlir as ae
+
+    return ae.attention()
+
+
+def build(out: str) -> None:
+    import torch
+
+    from ae_mlir.backends import triton as tb
+
+    os.makedirs(out, exist_ok=True)
+    for batch, seq in CASES:
+        q = torch.empty(batch, HEADS, 1, DIM, dtype=torch.bfloat16, device="meta")
+        kv = torch.empty(batch, KV_HEADS, seq, DIM, dtype=torch.bfloat16, device="meta")
+        bundle = tb.compile_bundle(_attention(), q, kv, kv, target="cuda:90")
+        bundle.save(os.path.join(out, _name(batch, seq) + ".json"))
+        print("built", _name(batch, seq), bundle.meta["config"], flush=True)
+
+
+def run(bundles: str, out_dir: str) -> None:
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from ae_mlir import runtime
+
+    device = torch.device("cuda")
+    os.makedirs(out_dir, exist_ok=True)
+    records = []
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.date.today().isoformat(), "heads": HEADS, "kv_heads": KV_HEADS, "dim": DIM,
+           "dtype": "bfloat16", "method": __doc__, "cases": records}
+    flex = torch.compile(flex_attention, dynamic=False)
+    torch.manual_seed(0)
+    for batch, seq in CASES:
+        q = torch.randn(batch, HEADS, 1, DIM, dtype=torch.bfloat16, device=device)
+        k = torch.randn(batch, KV_HEADS, seq, DIM, dtype=torch.bfloat16, device=device)
+        v = torch.randn(batch, KV_HEADS, seq, DIM, dtype=torch.bfloat16, device=device)
+        nbytes = 2 * k.numel() * k.element_size()
+        with sdpa_kernel(SDPBackend.MATH):
+            ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+        bundle = runtime.Bundle.load(os.path.join(bundles, _name(batch, seq) + ".json"))
+        impls = {"ae_mlir": lambda: runtime.launch(bundle, q, k, v)[0]}
+        for label, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            def sdpa(backend=backend):
+                with sdpa_kernel(backend):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            impls[label] = sdpa
+        impls["flex_attention"] = lambda: flex(q, k, v, enable_gqa=True)
+        rec = {"case": _name(batch, seq), "B": batch, "Lk": seq, "kv_bytes": nbytes,
+               "config": bundle.meta.get("config"), "results": {}}
+        for label, fn in impls.items():
+            try:
+                err = float((fn().float() - ref).abs().max())
+                ms = float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+                rec["results"][label] = {"ms": ms, "tb_per_s": nbytes / (ms * 1e-3) / 1e12, "max_abs_err": err}
+            except Exception as exc:
+                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+        with open(os.path.join(out_dir, "decoding.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("build", "run"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "decoding"))
+    args = parser.parse_args(argv)
+    if args.mode == "build":
+        build(args.out)
+    else:
+        run(args.bundles, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

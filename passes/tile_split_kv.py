@@ -1,0 +1,156 @@
+"""The split-KV form of `attn-tile` (flash-decoding): when (batch, head, query block) programs are
+too few to fill a GPU -- a few query tokens against a long KV cache -- each query block's KV tiles
+are dealt out to `splits` programs, and a second kernel merges their partial results.
+
+    @f_partial(q, k, v, c0.., w0, w1, w2) -> (w0, w1, w2)   grid [B, H, ceil(Lq / block_m) * splits]
+    @f_combine(w0, w1, w2, out[, lse]) -> (out[, lse])      grid [B, H, ceil(Lq / block_m)]
+
+Program p of the first kernel takes query block p / splits and the p % splits-th contiguous run
+of that block's KV tiles (its rows of the tile tables are those tiles' lists); it writes its
+unnormalized accumulator (w0: [B, H, splits, Lq, Dv]), row max and row sum (w1, w2:
+[B, H, splits, Lq rounded up to 16], so every stride is a multiple of 16 as the aligned kernel
+variant assumes) in the normalizer's own domain. The combine kernel merges the splits as the
+online softmax merges KV tiles: with m the largest row max seen, both the running and the incoming
+accumulator and sum are rescaled to m with the normalizer's rescale region, then finalize and lse
+run once. The arithmetic is that of one program walking every tile, regrouped.
+
+Applies to normalizers that keep a row max and sum (softmax and online normalizers with a
+statistic) and masks classified at compile time; `attn-tile` builds the one-kernel form for the
+others whatever kv-splits says.
+"""
+from __future__ import annotations
+
+from ..core import abi
+from .l1_builders import index, program_id, tensor_type
+from .tile_tables import Classification
+
+ROW, TILE = (0,), (0, 1)
+
+
+def _pad16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def split_lists(lists: list[list[int]], nn: int, splits: int) -> list[list[int]]:
+    """Per (query block, split), in that order: the KV blocks of the query block's list that fall
+    in the split's contiguous run of ceil(nn / splits) blocks."""
+    per = -(-nn // splits)
+    return [[n for n in row if n // per == s] for row in lists for s in range(splits)]
+
+
+def splittable(kernel, classification: Classification) -> bool:
+    """Whether the split form applies: a row max and sum to merge, tile lists known now."""
+    return kernel.stat == "max" and kernel.tracks_sum and not classification.at_call_time
+
+
+def build_split(kernel, classification: Classification, splits: int) -> None:
+    """Both kernels of the split form of `kernel` (tile._Kernel, entered at the op's location)."""
+    name = kernel.func.attributes["sym_name"].value
+    workspace = _workspace_types(kernel, splits)
+    _build_partial(kernel, name + "_partial", classification, splits, workspace)
+    _build_combine(kernel, name + "_combine", splits, workspace)
+
+
+def _workspace_types(kernel, splits: int) -> list:
+    rows = _pad16(kernel.lq)
+    return [tensor_type([kernel.b, kernel.h, splits, kernel.lq, kernel.dv]),
+            tensor_type([kernel.b, kernel.h, splits, rows]), tensor_type([kernel.b, kernel.h, splits, rows])]
+
+
+def _roles(kernel, names: list[str]) -> dict:
+    from mlir import ir
+
+    return {abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in names])}
+
+
+def _build_partial(kernel, name: str, classification: Classification, splits: int, workspace: list) -> None:
+    from mlir import ir
+    from mlir.dialects import arith, func
+
+    nm, nn = -(-kernel.lq // kernel.bm), -(-kernel.lk // kernel.bn)
+    inputs = [a.type for a in kernel.func_block.arguments]
+    attributes = kernel.attributes([kernel.b, kernel.h, nm * splits])
+    attributes.update(_roles(kernel, abi.input_roles(len(inputs)) + [abi.workspace(i) for i in range(3)]))
+    entry = kernel.function(name, inputs + workspace, workspace, attributes)
+    args = kernel.kernel_args
+    w_acc, w_max, w_sum = args[len(inputs):]
+    partial = split_lists(classification.partial, nn, splits)
+    full = split_lists(classification.full, nn, splits)
+    with ir.InsertionPoint(entry):
+        program = program_id(2)
+        block = arith.divui(program, index(splits))
+        split = arith.subi(program, arith.muli(block, index(splits)))
+        kernel.start_program(block)
+        q_tile = kernel.load_tile(args[0], [kernel.pb, kernel.ph], kernel.m0, kernel.lq, kernel.bm, kernel.dk)
+        m, l, acc = kernel.visit_kv_tiles(q_tile, args, program, partial, full, [])
+        rows = arith.minsi(arith.subi(index(kernel.lq), kernel.m0), index(kernel.bm))
+        coords = [kernel.pb, kernel.ph, split, kernel.m0]
+        func.ReturnOp([_store(acc, w_acc, coords, rows), _store(m, w_max, coords, rows),
+                       _store(l, w_sum, coords, rows)])
+
+
+def _store(tile, dest, coords: list, rows):
+    """The first `rows` rows of a [block_m(, D)] f32 tile written into dest[coords...]."""
+    from mlir import ir
+    from mlir.dialects import tensor
+
+    dynamic = ir.ShapedType.get_dynamic_size()
+    shape = list(tile.type.shape)
+    rank = len(shape)
+    valid = tensor.ExtractSliceOp(tensor_type([dynamic] + shape[1:]), tile, [], [rows], [], [0] * rank,
+                                  [dynamic] + shape[1:], [1] * rank).result
+    lead = len(coords) - 1
+    offsets = [dynamic] * len(coords) + [0] * (rank - 1)
+    sizes = [1] * lead + [dynamic] + shape[1:]
+    return tensor.InsertSliceOp(valid, dest, coords, [rows], [], offsets, sizes, [1] * len(sizes)).result
+
+
+def _build_combine(kernel, name: str, splits: int, workspace: list) -> None:
+    from mlir import ir
+    from mlir.dialects import arith, func, scf
+
+    nm = -(-kernel.lq // kernel.bm)
+    outputs = [r.type for r in kernel.op.results]
+    roles = [abi.workspace(i) for i in range(3)] + list(abi.SOFTMAX_OUTPUTS[:len(outputs)])
+    attributes = kernel.attributes([kernel.b, kernel.h, nm])
+    attributes.update(_roles(kernel, roles))
+    entry = kernel.function(name, workspace + outputs, outputs, attributes)
+    w_acc, w_max, w_sum, *destinations = kernel.kernel_args
+    with ir.InsertionPoint(entry):
+        kernel.start_program()
+        bm, dv = kernel.bm, kernel.dv
+        loop = scf.ForOp(index(0), index(splits), index(1), kernel.initial_state())
+        with ir.InsertionPoint(loop.body):
+            s = loop.induction_variable
+            coords = [kernel.pb, kernel.ph, s]
+            acc_s = kernel.load_tile(w_acc, coords, kernel.m0, kernel.lq, bm, dv)
+            m_s = kernel.load_tile(w_max, coords, kernel.m0, kernel.lq, bm, None)
+            l_s = kernel.load_tile(w_sum, coords, kernel.m0, kernel.lq, bm, None)
+            scf.YieldOp(_merge(kernel, list(loop.inner_iter_args), m_s, l_s, acc_s))
+        state = list(loop.results)
+        rows = arith.minsi(arith.subi(index(kernel.lq), kernel.m0), index(bm))
+        results = [kernel.store_out(kernel.finalized(state), destinations[0], rows)]
+        if kernel.with_lse:
+            results.append(kernel.store_rows(kernel.lse_of(state), destinations[1], rows))
+        func.ReturnOp(results)
+
+
+def _merge(kernel, state: list, m_s, l_s, acc_s) -> list:
+    """The row state (m, l, acc) with one split's (m_s, l_s, acc_s) merged in."""
+    from mlir.dialects import arith
+
+    m, l, acc = state
+    row_t = m.type
+    m_new = kernel.generic([(m, ROW), (m_s, ROW)], row_t, lambda a: arith.maximumf(a[0], a[1]), rank=1)
+    m_safe = kernel.safe_max(m_new)
+
+    def rescale(old):
+        return kernel.generic([(old, ROW), (m_safe, ROW)], row_t,
+                              lambda a: kernel.inline(kernel.regions["rescale"], a), rank=1)
+
+    alpha, beta = rescale(m), rescale(m_s)
+    l_new = kernel.generic([(l, ROW), (alpha, ROW), (l_s, ROW), (beta, ROW)], row_t,
+                           lambda a: arith.addf(arith.mulf(a[0], a[1]), arith.mulf(a[2], a[3])), rank=1)
+    acc_new = kernel.generic([(acc, TILE), (alpha, ROW), (acc_s, TILE), (beta, ROW)], acc.type,
+                             lambda a: arith.addf(arith.mulf(a[0], a[1]), arith.mulf(a[2], a[3])))
+    return [m_new, l_new, acc_new]
