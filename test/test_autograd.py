@@ -251,18 +251,19 @@ def test_a_normalizer_without_derivative_is_named(monkeypatch):
         backward.Derivative.of.cache_clear()
 
 
-def test_linear_attention_refuses_inputs_that_require_grad():
+def test_linear_attention_backpropagates_to_inputs_and_closure_tensors():
+    """linear_attention has a backward (its values: test_linear_backward.py): gradients reach the
+    inputs and the closure tensors that require grad, and a no-grad call gives the same output."""
     gen = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(1, 2, 8, 4, generator=gen) for _ in range(3))
     g = -torch.rand(1, 2, 8, generator=gen)
     scale = torch.rand(2, generator=gen, requires_grad=True)
     lin = ae.linear_attention(decay="token")
-    with pytest.raises(RuntimeError, match=r"linear_attention has no backward yet, but these inputs require grad: "
-                                           r"q, g; call it under torch.no_grad\(\) or pass detached tensors"):
-        lin(q.requires_grad_(), k, v, g.requires_grad_(), backend="reference")
+    out = lin(q.requires_grad_(), k, v, g.requires_grad_(), backend="reference")
+    out.square().sum().backward()
+    assert q.grad.shape == q.shape and g.grad.shape == g.shape and k.grad is None
     with torch.no_grad():
-        out = lin(q, k, v, g, backend="reference")
-    torch.testing.assert_close(lin(q.detach(), k, v, g.detach(), backend="reference"), out)
+        torch.testing.assert_close(lin(q, k, v, g, backend="reference"), out)
     scaled = ae.linear_attention(v_mod=lambda x, b, h, t, d: x * scale[h])
-    with pytest.raises(RuntimeError, match=r"inputs require grad: closure tensor 0 \(shape \(2,\)\)"):
-        scaled(q.detach(), k, v, backend="reference")
+    scaled(q.detach(), k, v, backend="reference").square().sum().backward()
+    assert scale.grad.shape == (2,) and scale.grad.abs().sum() > 0

@@ -18,8 +18,13 @@ class linear_attention:
     map such as `lambda x: F.elu(x) + 1`); `decay` is None, "head", "token" or "token_dim" and `g`
     passed at call time is the log-decay of that shape. With `layout="blhd"` q/k/v are fla's
     [B, T, H, D], g is [B, T, H] or [B, T, H, Dk] and the output [B, T, H, Dv]; the state is
-    [B, H, Dk, Dv] in both layouts. It has no backward yet: with grad mode on, an input that
-    requires grad is a RuntimeError.
+    [B, H, Dk, Dv] in both layouts.
+
+    Outputs (the output and the final state) are differentiable in q, k, v, g, initial_state and
+    the floating closure tensors the mods read: the forward is the compiled kernel, the backward
+    recomputes the recurrence in chunks with torch in float32 (float64 for float64 inputs),
+    reapplying the mods as Python functions (`linear_backward`), so a mod's closure tensors must
+    still be the ones it read when backward runs.
     """
 
     def __init__(self, q_mod=None, k_mod=None, v_mod=None, decay=None, scale=None, normalize=False,
@@ -60,7 +65,7 @@ class linear_attention:
     def _validate_as(self, layout, q, k, v, g, initial_state):
         given = g
         q, k, v, g = self._inputs(layout, q, k, v, g)
-        checks.check_common(q, k, v, checks.FORMS[layout])
+        checks.check_common(q, k, v, checks.FORMS[layout], float64=True)
         checks.same("q", tuple(q.shape), "k", tuple(k.shape), "shape")
         checks.same("q", tuple(q.shape[:3]), "v", tuple(v.shape[:3]), "[B, H, L]")
         b, h, l, dk = q.shape
@@ -74,10 +79,11 @@ class linear_attention:
                 raise ValueError(f"decay={self.decay!r} needs g, a tensor of shape {expected}")
             if tuple(g.shape) != expected:
                 raise ValueError(self._g_shape_error(layout, expected, tuple(given.shape)))
-            checks.check_float("g", g)
+            if g.dtype != torch.float64:  # float64 runs on the reference backend only (`__call__`)
+                checks.check_float("g", g)
             checks.same("q", q.device, "g", g.device, "device")
         if initial_state is not None:
-            checks.check_tensor("initial_state", initial_state, 4, "[B, H, Dk, Dv]")
+            checks.check_tensor("initial_state", initial_state, 4, "[B, H, Dk, Dv]", float64=True)
             want = (b, h, dk, v.shape[3])
             if tuple(initial_state.shape) != want:
                 raise ValueError(f"initial_state must have shape {want}, got {tuple(initial_state.shape)}")
@@ -105,26 +111,8 @@ class linear_attention:
         text = self._build(q, k, v, g, initial_state)[0]
         return text if debug_info else strip_locations(text)
 
-    def _build(self, q, k, v, g, initial_state, clamp: bool = True) -> tuple[str, list]:
-        b, h, l, dk = q.shape
-        dv = v.shape[3]
-        scale = checks.default_scale(self.scale, dk)
-        call = loc_suffix(user_location())
-        elt = mlir_elt(q.dtype)
-        tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
-        params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
-        operands = ["%q", "%k", "%v"]
-        types = [tq, tk, tv]
-        if g is not None:
-            tg = tensor_type(g.shape, mlir_elt(g.dtype))
-            params.append(f"%g: {tg}")
-            operands.append("%g")
-            types.append(tg)
-        if initial_state is not None:
-            ts0 = tensor_type(initial_state.shape, mlir_elt(initial_state.dtype))
-            params.append(f"%s0: {ts0}")
-            operands.append("%s0")
-            types.append(ts0)
+    def _trace_mods(self) -> tuple[dict, _Captures]:
+        """Each mod's expression (a float) and the closure tensors the mods read."""
         caps = _Captures()
         exprs = {}
         states = TraceState("linear_attention mods")
@@ -138,6 +126,33 @@ class linear_attention:
                 raise TraceError(f"{name} must return a float, got a boolean")
             exprs[role] = expr if expr.type == F32 else _as_float(expr)
         caps.add(states)
+        return exprs, caps
+
+    def _build(self, q, k, v, g, initial_state, clamp: bool = True) -> tuple[str, list]:
+        text, caps = self._build_with_captures(q, k, v, g, initial_state, clamp)
+        return text, caps.tensors
+
+    def _build_with_captures(self, q, k, v, g, initial_state, clamp: bool = True) -> tuple[str, _Captures]:
+        b, h, l, dk = q.shape
+        dv = v.shape[3]
+        scale = checks.default_scale(self.scale, dk)
+        call = loc_suffix(user_location())
+        elt = _elt(q)
+        tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
+        params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
+        operands = ["%q", "%k", "%v"]
+        types = [tq, tk, tv]
+        if g is not None:
+            tg = tensor_type(g.shape, _elt(g))
+            params.append(f"%g: {tg}")
+            operands.append("%g")
+            types.append(tg)
+        if initial_state is not None:
+            ts0 = tensor_type(initial_state.shape, _elt(initial_state))
+            params.append(f"%s0: {ts0}")
+            operands.append("%s0")
+            types.append(ts0)
+        exprs, caps = self._trace_mods()
         cap_types = caps.types()
         cap_names = [f"%c{i}" for i in range(len(cap_types))]
         regions = []
@@ -158,16 +173,19 @@ class linear_attention:
             f'operandSegmentSizes = array<i32: {seg}>}} : {_sig(types)} -> ({to}, {tst}){call}',
             f"return %out, %state : {to}, {tst}{call}",
         ]
-        return _func("linear_attention", params, [to, tst], body, call), caps.tensors
+        return _func("linear_attention", params, [to, tst], body, call), caps
 
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None):
         q, k, v, g = self._validate(q, k, v, g, initial_state)
-        _refuse_grad([("q", q), ("k", k), ("v", v), ("g", g), ("initial_state", initial_state)])
         fixed = [t for t in (g, initial_state) if t is not None]
         backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)]
                                      + [(n, t) for n, t in (("g", g), ("initial_state", initial_state))
                                         if t is not None])
+        for name, t in (("q", q), ("g", g), ("initial_state", initial_state)):
+            if t is not None and backend != "reference" and str(t.dtype) == "torch.float64":
+                raise ValueError(f"{name} must be float16, bfloat16 or float32 for backend={backend!r}, got "
+                                 "torch.float64; float64 inputs run with backend='reference' only")
         if q.numel() == 0 or v.numel() == 0:
             # An empty batch, head set or sequence: no step runs, the state passes through.
             import torch
@@ -177,31 +195,52 @@ class linear_attention:
             state = (initial_state.to(torch.float32).clone() if initial_state is not None
                      else torch.zeros(b, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
             return (self._out(out), state) if return_state else self._out(out)
-        text, captures = self._build(q, k, v, g, initial_state)
+        text, caps = self._build_with_captures(q, k, v, g, initial_state)
+        captures = caps.tensors
         checks.check_capture_devices(captures, q.device)
-        _refuse_grad([(f"closure tensor {i} (shape {tuple(t.shape)})", t) for i, t in enumerate(captures)])
         inputs = [q, k, v] + fixed + captures
         if index_check.enabled(self.check_indices) and captures:
             unclamped, _ = self._build(q, k, v, g, initial_state, clamp=False)
             mods = {("attn.linear_recurrence", i): index_check.describe(self.mods[role], role)
                     for i, role in enumerate(_ROLES) if self.mods[role] is not None}
             index_check.check_module(unclamped, inputs, 3 + len(fixed), mods)
-        out, state = _execute(text, inputs, backend, out_dtype=q.dtype)
+        if wants_grad([q, k, v] + fixed + caps.sources):
+            out, state = self._differentiable(text, inputs, backend, q, k, v, g, initial_state, caps.sources)
+        else:
+            out, state = _execute(text, inputs, backend, out_dtype=q.dtype)
         return (self._out(out), state) if return_state else self._out(out)
+
+    def _differentiable(self, text, inputs, backend, q, k, v, g, initial_state, sources):
+        """The kernel's (out, state), recorded by autograd with the torch backward of
+        `linear_backward`."""
+        from .linear_backward import LinearCall, differentiable_call
+
+        detached = [t.detach() for t in inputs]
+        call = LinearCall(
+            mods=tuple((self.mods[role], self.arities.get(role, 1)) for role in _ROLES),
+            decay=self.decay, scale=_as_f32(checks.default_scale(self.scale, q.shape[3])), normalize=self.normalize,
+            chunk_size=self.chunk_size, sources=tuple(sources),
+            run=lambda: _execute(text, detached, backend, out_dtype=q.dtype),
+            current_sources=lambda: self._trace_mods()[1].sources)
+        return differentiable_call(call, q, k, v, g, initial_state)
 
     def _out(self, out):
         """The output in the caller's layout (a view)."""
         return out.transpose(1, 2) if self.layout == "blhd" else out
 
 
-def _refuse_grad(named: list) -> None:
-    """The recurrence has no backward yet: an output silently cut from the graph would train
-    nothing, so a call that autograd would record is an error."""
-    tensors = [t for _, t in named if t is not None]
-    if wants_grad(tensors):
-        names = ", ".join(name for name, t in named if t is not None and t.requires_grad)
-        raise RuntimeError(f"ae_mlir.linear_attention has no backward yet, but these inputs require grad: {names}; "
-                           "call it under torch.no_grad() or pass detached tensors (e.g. q.detach())")
+def _as_f32(x: float) -> float:
+    """x rounded to float32, as the module's `scale = ... : f32` attribute holds it."""
+    import struct
+
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _elt(t) -> str:
+    """The module's element type for t. The recurrence op takes f16, bf16 and f32; float64 tensors
+    (backend='reference' only, the oracle torch.autograd.gradcheck checks the backward against)
+    are declared f32, and the reference executor evaluates the tensors themselves in float64."""
+    return "f32" if str(t.dtype) == "torch.float64" else mlir_elt(t.dtype)
 
 
 def _in_layout(shape: tuple, layout: str) -> tuple:
