@@ -65,9 +65,14 @@ def kv_splits(programs: int, kv_tiles: int, target: str) -> int:
     return max(1, min(wanted, kv_tiles // _MIN_TILES_PER_SPLIT, _MAX_SPLITS))
 
 
-def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, batch_heads: int | None = None) -> dict:
+# Queries at most this long (decoding) with GQA pack a KV head's query heads into one tile.
+_PACK_GQA_MAX_LQ = 16
+
+
+def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, batch_heads: int | None = None,
+                   group: int = 1) -> dict:
     """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942");
-    with `batch_heads` (B * H), the KV splits too."""
+    with `batch_heads` (B * H), the KV splits and GQA packing too."""
     d = max(_pow2(dk), _pow2(dv), 64)
     wide = dtype in ("bfloat16", "float16", "bf16", "f16")
     if target.startswith("hip"):
@@ -80,8 +85,14 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
     if block_m * block_n <= 64 * 64:
         warps = 4
     config = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
-    if batch_heads is not None:
-        config["kv_splits"] = kv_splits(batch_heads * -(-lq // block_m), -(-lk // block_n), target)
+    if batch_heads is None:
+        return config
+    rows, programs = block_m, batch_heads
+    if group > 1 and lq <= _PACK_GQA_MAX_LQ and group & (group - 1) == 0:
+        block_m = config["block_m"] = max(block_m, min(table.get(d, (32,))[0], _pow2(lq * group)))
+        rows, programs = block_m // group, batch_heads // group
+        config["pack_gqa"] = True
+    config["kv_splits"] = kv_splits(programs * -(-lq // rows), -(-lk // block_n), target)
     return config
 
 
@@ -162,6 +173,7 @@ class Problem:
     decay: str | None = None   # set for an attn.linear_recurrence module ("none", "head", ...)
     chunk_size: int = 0
     batch_heads: int = 1       # B * H: with the query blocks, how many programs the kernel has
+    group: int = 1             # H / Hkv: query heads per KV head (GQA)
 
     @property
     def linear(self) -> bool:
@@ -184,7 +196,7 @@ def read_problem(module) -> Problem | None:
                 decay = ir.StringAttr(op.operation.attributes["decay"]).value
                 chunk = ir.IntegerAttr(op.operation.attributes["chunk_size"]).value
         return Problem(q.shape[2], k.shape[2], q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
-                       q.shape[0] * q.shape[1])
+                       q.shape[0] * q.shape[1], q.shape[1] // k.shape[1])
     return None
 
 
@@ -200,6 +212,7 @@ class PresetOptions:
     block_n: int = 64              # attn-tile: keys per KV tile
     call_time_tables: bool = True  # attn-tile: closure-reading masks classified per call
     kv_splits: int = 1             # attn-tile: programs per query block over its KV tiles (decoding)
+    pack_gqa: bool = False         # attn-tile: a KV head's query heads in one tile (decoding)
     split: bool = False            # attn-chunk-recurrence: the split (multi-kernel) recurrence
     block_v: int = 64              # attn-chunk-recurrence: V columns per program
     block_k: int = 64              # attn-chunk-recurrence: state rows per chunk-state program
@@ -221,6 +234,8 @@ class PresetOptions:
                   "num_stages": self.num_stages}
         if self.kv_splits > 1:
             config["kv_splits"] = self.kv_splits
+        if self.pack_gqa:
+            config["pack_gqa"] = True
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n)
         if self.linear:
@@ -252,7 +267,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))
         else:
             values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                         problem.batch_heads))
+                                         problem.batch_heads, problem.group))
     values.update(typed)
     return PresetOptions(target=target, **values)
 
@@ -310,7 +325,7 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
             "attn-fuse-online-softmax",
             f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
             f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)} "
-            f"kv-splits={o.kv_splits}}}",
+            f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)}}}",
         ]
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),

@@ -22,6 +22,10 @@ sys.path.insert(0, HERE)
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
 CASES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768), (32, 8192)]
+# Other configs built and timed beside the preset's for these cases (config overrides by name).
+SWEEP_CASES = [(1, 131072), (8, 32768)]
+SWEEP = {"n128": {"block_n": 128}, "s2": {"num_stages": 2}, "s4": {"num_stages": 4}, "w8": {"num_warps": 8},
+         "n128w8": {"block_n": 128, "num_warps": 8}, "unpacked": {"pack_gqa": False}}
 
 
 def _name(batch: int, seq: int) -> str:
@@ -46,6 +50,13 @@ def build(out: str) -> None:
         bundle = tb.compile_bundle(_attention(), q, kv, kv, target="cuda:90")
         bundle.save(os.path.join(out, _name(batch, seq) + ".json"))
         print("built", _name(batch, seq), bundle.meta["config"], flush=True)
+        if (batch, seq) in SWEEP_CASES:
+            for label, overrides in SWEEP.items():
+                config = dict(bundle.meta["config"], **overrides)
+                if label == "unpacked":
+                    config.pop("kv_splits", None)
+                tb.compile_bundle(_attention(), q, kv, kv, target="cuda:90", config=config).save(
+                    os.path.join(out, f"{_name(batch, seq)}.{label}.json"))
 
 
 def run(bundles: str, out_dir: str) -> None:
@@ -73,6 +84,10 @@ def run(bundles: str, out_dir: str) -> None:
             ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
         bundle = runtime.Bundle.load(os.path.join(bundles, _name(batch, seq) + ".json"))
         impls = {"ae_mlir": lambda: runtime.launch(bundle, q, k, v)[0]}
+        for file in sorted(os.listdir(bundles)):
+            if file.startswith(_name(batch, seq) + ".") and file.count(".") == 2:
+                other = runtime.Bundle.load(os.path.join(bundles, file))
+                impls["ae_mlir_" + file.split(".")[1]] = lambda other=other: runtime.launch(other, q, k, v)[0]
         for label, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
             def sdpa(backend=backend):
                 with sdpa_kernel(backend):

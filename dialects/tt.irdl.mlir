@@ -143,6 +143,14 @@ irdl.dialect @tt {
     irdl.attributes {"order" = %order}
   }
 
+  // The same elements in another shape, row-major (merges or splits dimensions).
+  irdl.operation @reshape {
+    %src = irdl.base "!builtin.tensor"
+    %t = irdl.base "!builtin.tensor"
+    irdl.operands(src: %src)
+    irdl.results(result: %t)
+  }
+
   // Reduces `srcs` along `axis` with the combine region (two scalars per source in, one out).
   irdl.operation @reduce {
     %src = irdl.base "!builtin.tensor"

@@ -29,6 +29,7 @@ from ..core.regions import from_region
 from . import ModulePass, option
 from .l1_builders import KernelBuilder, convert, f32, fill, index, matmul, program_id, tensor_type
 from .l1_ops import kernel_function, ops_named, shape
+from .tile_pack_gqa import load_head_rows, pack, packable, store_head_rows
 from .tile_split_kv import build_split, splittable
 from .tile_tables import Classification, classify_blocks, table_constants
 
@@ -58,17 +59,23 @@ class _Kernel(KernelBuilder):
         # Softmax needs the row sum; a normalizer without a statistic needs it only if its
         # finalize reads it (RetNet's abs-sum division does, sigmoid's identity does not).
         self.tracks_sum = self.stat == "max" or from_region(self.regions["finalize"]).uses_arg(1)
+        self.group = self.h // self.hkv
+        # Packed GQA: a program takes a KV head and its `group` query heads, block_m / group query
+        # rows of each, as the rows of one tile (row r: head r // rows, query row r % rows), so K
+        # and V are read once per KV head rather than once per query head.
+        self.packed = False
+        self.rows = block_m
 
     # --- the kernel ----------------------------------------------------------------------
     def build(self, classification: Classification) -> None:
         from mlir import ir
         from mlir.dialects import arith, func
 
-        nm, nn = -(-self.lq // self.bm), -(-self.lk // self.bn)
+        nm, nn = -(-self.lq // self.rows), -(-self.lk // self.bn)
         inputs = [a.type for a in self.func_block.arguments]
         table_types = self.table_types(nm, nn) if classification.at_call_time else []
         result_types = [r.type for r in self.op.results]
-        attributes = self.attributes([self.b, self.h, nm])
+        attributes = self.attributes([self.b, self.hkv if self.packed else self.h, nm])
         attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
         entry = self.function(self.func.attributes["sym_name"].value, inputs + table_types + result_types,
                               result_types, attributes)
@@ -77,12 +84,12 @@ class _Kernel(KernelBuilder):
         destinations = args[len(inputs) + len(table_types):]
         with ir.InsertionPoint(entry):
             pm = self.start_program()
-            q_tile = self.load_tile(args[0], [self.pb, self.ph], self.m0, self.lq, self.bm, self.dk)
+            q_tile = self.load_block(args[0], [self.pb], self.dk)
             state = self.visit_kv_tiles(q_tile, args, pm, classification.partial, classification.full, table_args)
-            rows = arith.minsi(arith.subi(index(self.lq), self.m0), index(self.bm))
-            results = [self.store_out(self.finalized(state), destinations[0], rows)]
+            rows = arith.minsi(arith.subi(index(self.lq), self.m0), index(self.rows))
+            results = [self.store_block(self.finalized(state), destinations[0], [self.pb], rows)]
             if self.with_lse:
-                results.append(self.store_rows(self.lse_of(state), destinations[1], rows))
+                results.append(self.store_block(self.lse_of(state), destinations[1], [self.pb], rows))
             func.ReturnOp(results)
 
     def attributes(self, grid: list[int]) -> dict:
@@ -106,10 +113,22 @@ class _Kernel(KernelBuilder):
 
         self.pb, self.ph = program_id(0), program_id(1)
         pm = query_block if query_block is not None else program_id(2)
-        group = self.h // self.hkv
-        self.hk = arith.divui(self.ph, index(group)) if group > 1 else self.ph
-        self.m0 = arith.muli(pm, index(self.bm))
+        if self.packed:
+            self.hk = self.ph
+        else:
+            self.hk = arith.divui(self.ph, index(self.group)) if self.group > 1 else self.ph
+        self.m0 = arith.muli(pm, index(self.rows))
         return pm
+
+    def row_position(self, i):
+        """(head, query row) of tile row `i` (an index value inside a linalg.generic)."""
+        from mlir.dialects import arith
+
+        if not self.packed:
+            return self.ph, arith.addi(self.m0, i)
+        g = arith.divui(i, index(self.rows))
+        row = arith.subi(i, arith.muli(g, index(self.rows)))
+        return arith.addi(arith.muli(self.hk, index(self.group)), g), arith.addi(self.m0, row)
 
     def initial_state(self) -> list:
         """The row state before any KV tile: (max, sum, accumulator), as the normalizer tracks them."""
@@ -169,27 +188,31 @@ class _Kernel(KernelBuilder):
         return self.generic([(m_safe, ROW), (state[-2], ROW)], tensor_type([self.bm]),
                             lambda a: self.inline(self.regions["lse"], a), rank=1)
 
-    def store_out(self, tile, dest, rows):
-        """The valid rows of an output tile written into dest[pb, ph, m0:]."""
+    def load_block(self, src, lead: list, width: int | None):
+        """The program's query block of src[lead..., head, row(, :width)] (rows past Lq zero) as
+        a [block_m(, width)] tile: the program's head, or packed, its group's heads one after the
+        other."""
+        if not self.packed:
+            return self.load_tile(src, lead + [self.ph], self.m0, self.lq, self.bm, width)
+        return load_head_rows(self, src, lead, width)
+
+    def store_block(self, tile, dest, lead: list, rows):
+        """The first `rows` query rows of a [block_m(, width)] tile written into
+        dest[lead..., head, m0:(, :)]: the program's head, or packed, its group's heads."""
         from mlir import ir
         from mlir.dialects import tensor
 
+        if self.packed:
+            return store_head_rows(self, tile, dest, lead, rows)
         dynamic = ir.ShapedType.get_dynamic_size()
-        width = tile.type.shape[1]
-        valid = tensor.ExtractSliceOp(tensor_type([dynamic, width], self.elt), tile, [], [rows], [],
-                                      [0, 0], [dynamic, width], [1, 1]).result
-        return tensor.InsertSliceOp(valid, dest, [self.pb, self.ph, self.m0], [rows], [],
-                                    [dynamic] * 3 + [0], [1, 1, dynamic, width], [1] * 4).result
-
-    def store_rows(self, row, dest, rows):
-        """The valid entries of a row vector written into dest[pb, ph, m0:]."""
-        from mlir import ir
-        from mlir.dialects import tensor
-
-        dynamic = ir.ShapedType.get_dynamic_size()
-        valid = tensor.ExtractSliceOp(tensor_type([dynamic]), row, [], [rows], [], [0], [dynamic], [1]).result
-        return tensor.InsertSliceOp(valid, dest, [self.pb, self.ph, self.m0], [rows], [],
-                                    [dynamic] * 3, [1, 1, dynamic], [1] * 3).result
+        width = list(tile.type.shape[1:])
+        elt = tile.type.element_type
+        rank = 1 + len(width)
+        valid = tensor.ExtractSliceOp(tensor_type([dynamic] + width, elt), tile, [], [rows], [], [0] * rank,
+                                      [dynamic] + width, [1] * rank).result
+        coords = lead + [self.ph, self.m0]
+        return tensor.InsertSliceOp(valid, dest, coords, [rows], [], [dynamic] * len(coords) + [0] * len(width),
+                                    [1] * (len(coords) - 1) + [dynamic] + width, [1] * (len(coords) + len(width))).result
 
     def safe_max(self, m):
         """Row max with -inf (a row with nothing visible yet) replaced by 0."""
@@ -229,20 +252,20 @@ class _Kernel(KernelBuilder):
             if score_mod is not None or mask is not None or masked:
                 i = linalg.IndexOp(0).result
                 j = linalg.IndexOp(1).result
-                qi = arith.addi(self.m0, i)
+                head, qi = self.row_position(i)
                 kj = arith.addi(n0, j)
                 # Padded rows and columns see the last valid index, so a mod never reads a
                 # closure tensor out of bounds; their results are masked or never stored.
                 qc = arith.minsi(qi, index(self.lq - 1))
                 kc = arith.minsi(kj, index(self.lk - 1))
             if score_mod is not None:
-                x = self.inline(score_mod, [x, self.pb, self.ph, qc, kc])
+                x = self.inline(score_mod, [x, self.pb, head, qc, kc])
                 if self.log2:
                     x = arith.mulf(x, f32(LOG2E))
             if masked:
                 keep = arith.cmpi(arith.CmpIPredicate.slt, kj, index(self.lk))
                 if mask is not None:
-                    keep = arith.andi(keep, self.inline(mask, [self.pb, self.ph, qc, kc]))
+                    keep = arith.andi(keep, self.inline(mask, [self.pb, head, qc, kc]))
             if self.stat == "max":
                 if masked:
                     x = arith.select(keep, x, f32(-math.inf))
@@ -302,6 +325,10 @@ class AttnTile(ModulePass):
     kv_splits: int = option(1, "programs per query block, each taking a contiguous run of its KV tiles, "
                                "and a combine kernel after them (flash-decoding); normalizers without a "
                                "row max and sum and masks classified at call time are not split")
+    pack_gqa: bool = option(False, "GQA: a program per KV head takes block-m / group query rows of each "
+                                   "of its query heads as one tile, reading K and V once per KV head "
+                                   "(when block-m is a multiple of the group; masks classified at call "
+                                   "time are not packed)")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
@@ -319,6 +346,10 @@ class AttnTile(ModulePass):
         kernel = _Kernel(op, func, self.block_m, self.block_n)
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables)
+        if self.pack_gqa and packable(kernel, self.block_m) and not classification.at_call_time:
+            pack(kernel)
+            classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, kernel.rows,
+                                             self.block_n)
         nn = -(-kernel.lk // self.block_n)
         splits = min(self.kv_splits, nn)
         with op.location:

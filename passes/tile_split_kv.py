@@ -5,10 +5,12 @@ are dealt out to `splits` programs, and a second kernel merges their partial res
     @f_partial(q, k, v, c0.., w0, w1, w2) -> (w0, w1, w2)   grid [B, H, ceil(Lq / block_m) * splits]
     @f_combine(w0, w1, w2, out[, lse]) -> (out[, lse])      grid [B, H, ceil(Lq / block_m)]
 
+(with pack-gqa, Hkv for H and block_m / group query rows a block: tile_pack_gqa)
+
 Program p of the first kernel takes query block p / splits and the p % splits-th contiguous run
 of that block's KV tiles (its rows of the tile tables are those tiles' lists); it writes its
-unnormalized accumulator (w0: [B, H, splits, Lq, Dv]), row max and row sum (w1, w2:
-[B, H, splits, Lq rounded up to 16], so every stride is a multiple of 16 as the aligned kernel
+unnormalized accumulator (w0: [B, splits, H, Lq, Dv]), row max and row sum (w1, w2:
+[B, splits, H, Lq rounded up to 16], so every stride is a multiple of 16 as the aligned kernel
 variant assumes) in the normalizer's own domain. The combine kernel merges the splits as the
 online softmax merges KV tiles: with m the largest row max seen, both the running and the incoming
 accumulator and sum are rescaled to m with the normalizer's rescale region, then finalize and lse
@@ -53,8 +55,8 @@ def build_split(kernel, classification: Classification, splits: int) -> None:
 
 def _workspace_types(kernel, splits: int) -> list:
     rows = _pad16(kernel.lq)
-    return [tensor_type([kernel.b, kernel.h, splits, kernel.lq, kernel.dv]),
-            tensor_type([kernel.b, kernel.h, splits, rows]), tensor_type([kernel.b, kernel.h, splits, rows])]
+    return [tensor_type([kernel.b, splits, kernel.h, kernel.lq, kernel.dv]),
+            tensor_type([kernel.b, splits, kernel.h, rows]), tensor_type([kernel.b, splits, kernel.h, rows])]
 
 
 def _roles(kernel, names: list[str]) -> dict:
@@ -67,9 +69,9 @@ def _build_partial(kernel, name: str, classification: Classification, splits: in
     from mlir import ir
     from mlir.dialects import arith, func
 
-    nm, nn = -(-kernel.lq // kernel.bm), -(-kernel.lk // kernel.bn)
+    nm, nn = -(-kernel.lq // kernel.rows), -(-kernel.lk // kernel.bn)
     inputs = [a.type for a in kernel.func_block.arguments]
-    attributes = kernel.attributes([kernel.b, kernel.h, nm * splits])
+    attributes = kernel.attributes([kernel.b, _grid_heads(kernel), nm * splits])
     attributes.update(_roles(kernel, abi.input_roles(len(inputs)) + [abi.workspace(i) for i in range(3)]))
     entry = kernel.function(name, inputs + workspace, workspace, attributes)
     args = kernel.kernel_args
@@ -81,57 +83,44 @@ def _build_partial(kernel, name: str, classification: Classification, splits: in
         block = arith.divui(program, index(splits))
         split = arith.subi(program, arith.muli(block, index(splits)))
         kernel.start_program(block)
-        q_tile = kernel.load_tile(args[0], [kernel.pb, kernel.ph], kernel.m0, kernel.lq, kernel.bm, kernel.dk)
+        q_tile = kernel.load_block(args[0], [kernel.pb], kernel.dk)
         m, l, acc = kernel.visit_kv_tiles(q_tile, args, program, partial, full, [])
-        rows = arith.minsi(arith.subi(index(kernel.lq), kernel.m0), index(kernel.bm))
-        coords = [kernel.pb, kernel.ph, split, kernel.m0]
-        func.ReturnOp([_store(acc, w_acc, coords, rows), _store(m, w_max, coords, rows),
-                       _store(l, w_sum, coords, rows)])
+        rows = arith.minsi(arith.subi(index(kernel.lq), kernel.m0), index(kernel.rows))
+        lead = [kernel.pb, split]
+        func.ReturnOp([kernel.store_block(acc, w_acc, lead, rows), kernel.store_block(m, w_max, lead, rows),
+                       kernel.store_block(l, w_sum, lead, rows)])
 
 
-def _store(tile, dest, coords: list, rows):
-    """The first `rows` rows of a [block_m(, D)] f32 tile written into dest[coords...]."""
-    from mlir import ir
-    from mlir.dialects import tensor
-
-    dynamic = ir.ShapedType.get_dynamic_size()
-    shape = list(tile.type.shape)
-    rank = len(shape)
-    valid = tensor.ExtractSliceOp(tensor_type([dynamic] + shape[1:]), tile, [], [rows], [], [0] * rank,
-                                  [dynamic] + shape[1:], [1] * rank).result
-    lead = len(coords) - 1
-    offsets = [dynamic] * len(coords) + [0] * (rank - 1)
-    sizes = [1] * lead + [dynamic] + shape[1:]
-    return tensor.InsertSliceOp(valid, dest, coords, [rows], [], offsets, sizes, [1] * len(sizes)).result
+def _grid_heads(kernel) -> int:
+    return kernel.hkv if kernel.packed else kernel.h
 
 
 def _build_combine(kernel, name: str, splits: int, workspace: list) -> None:
     from mlir import ir
     from mlir.dialects import arith, func, scf
 
-    nm = -(-kernel.lq // kernel.bm)
+    nm = -(-kernel.lq // kernel.rows)
     outputs = [r.type for r in kernel.op.results]
     roles = [abi.workspace(i) for i in range(3)] + list(abi.SOFTMAX_OUTPUTS[:len(outputs)])
-    attributes = kernel.attributes([kernel.b, kernel.h, nm])
+    attributes = kernel.attributes([kernel.b, _grid_heads(kernel), nm])
     attributes.update(_roles(kernel, roles))
     entry = kernel.function(name, workspace + outputs, outputs, attributes)
     w_acc, w_max, w_sum, *destinations = kernel.kernel_args
     with ir.InsertionPoint(entry):
         kernel.start_program()
-        bm, dv = kernel.bm, kernel.dv
+        dv = kernel.dv
         loop = scf.ForOp(index(0), index(splits), index(1), kernel.initial_state())
         with ir.InsertionPoint(loop.body):
-            s = loop.induction_variable
-            coords = [kernel.pb, kernel.ph, s]
-            acc_s = kernel.load_tile(w_acc, coords, kernel.m0, kernel.lq, bm, dv)
-            m_s = kernel.load_tile(w_max, coords, kernel.m0, kernel.lq, bm, None)
-            l_s = kernel.load_tile(w_sum, coords, kernel.m0, kernel.lq, bm, None)
+            lead = [kernel.pb, loop.induction_variable]
+            acc_s = kernel.load_block(w_acc, lead, dv)
+            m_s = kernel.load_block(w_max, lead, None)
+            l_s = kernel.load_block(w_sum, lead, None)
             scf.YieldOp(_merge(kernel, list(loop.inner_iter_args), m_s, l_s, acc_s))
         state = list(loop.results)
-        rows = arith.minsi(arith.subi(index(kernel.lq), kernel.m0), index(bm))
-        results = [kernel.store_out(kernel.finalized(state), destinations[0], rows)]
+        rows = arith.minsi(arith.subi(index(kernel.lq), kernel.m0), index(kernel.rows))
+        results = [kernel.store_block(kernel.finalized(state), destinations[0], [kernel.pb], rows)]
         if kernel.with_lse:
-            results.append(kernel.store_rows(kernel.lse_of(state), destinations[1], rows))
+            results.append(kernel.store_block(kernel.lse_of(state), destinations[1], [kernel.pb], rows))
         func.ReturnOp(results)
 
 

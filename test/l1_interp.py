@@ -281,6 +281,12 @@ class _Interpreter:
             widths += [lo, hi]
         return [torch.nn.functional.pad(src, widths, value=float(value))]
 
+    def op_tensor_collapse_shape(self, op, vals, env):
+        return [vals[0].reshape(_shape(op.results[0].type)).clone()]
+
+    def op_tensor_expand_shape(self, op, vals, env):
+        return [vals[0].reshape(_shape(op.results[0].type)).clone()]
+
     def op_linalg_fill(self, op, vals, env):
         return [torch.full_like(vals[1], float(vals[0]))]
 

@@ -1,6 +1,7 @@
 """Decoding: a few query tokens against a long KV cache. On GPUs the (batch, head, query block)
 programs are then too few to fill the device, and `attn-tile{kv-splits=S}` deals each query
-block's KV tiles out to S programs plus a combine kernel (flash-decoding). Checked in the L1
+block's KV tiles out to S programs plus a combine kernel (flash-decoding); with GQA,
+`pack-gqa` puts a KV head's query heads in one tile so K and V are read once per KV head. Checked in the L1
 interpreter (float64) and in the TTIR interpreter at the default configs, against the float64
 reference."""
 from __future__ import annotations
@@ -84,7 +85,14 @@ def test_the_preset_splits_only_grids_that_leave_the_gpu_idle():
     kv = torch.empty(1, 8, 131072, 128, dtype=torch.bfloat16, device="meta")
     options = presets.options_for("triton", presets.read_problem(parse_module(ae.attention().mlir(q, kv, kv),
                                                                                new_context())), "cuda:90")
-    assert options.kv_splits == 9 and options.block_m == 16
+    # Packed: 8 programs (one per KV head), each 4 query heads x 1 row, so 33 splits fill two waves.
+    assert (options.pack_gqa, options.kv_splits, options.block_m) == (True, 33, 16)
+    # Four query tokens of 8 heads a KV head: 32 rows a tile.
+    config = presets.default_config(4, 8192, 128, 128, "bf16", "cuda:90", 8 * 32, 8)
+    assert (config["pack_gqa"], config["block_m"], config["kv_splits"]) == (True, 32, 9)
+    # Prefill fills the GPU unsplit and unpacked.
+    config = presets.default_config(2048, 2048, 128, 128, "bf16", "cuda:90", 8 * 16, 4)
+    assert config["kv_splits"] == 1 and "pack_gqa" not in config
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
@@ -99,3 +107,43 @@ def test_default_config_bundles_decode_in_the_ttir_interpreter(target, lq, lk):
     want, want_lse = attn(q.double(), k.double(), v.double(), backend="reference", return_lse=True)
     assert (out.double() - want).abs().max() < 2e-2 * want.abs().max()
     assert (lse.double() - want_lse).abs().max() < 1e-4 * math.log(lk)
+
+
+def _head_dependent(heads):
+    slopes = torch.linspace(0.1, 0.8, heads)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s - slopes[h] * (j - i),
+                        mask_mod=lambda b, h, i, j: (h % 2 == 0) | (j <= i + 290))
+    return attn, [slopes]
+
+
+@pytest.mark.parametrize("lq, splits, block_m", [(1, 4, 16), (5, 3, 16), (20, 2, 32), (3, 1, 16)])
+def test_packed_gqa_matches_the_reference_in_the_l1_interpreter(lq, splits, block_m):
+    # 8 query heads on 2 KV heads: a program's tile holds block_m / 4 rows of each of 4 heads, and
+    # the mods see each row's own head (an ALiBi slope and a mask that depend on it).
+    attn, closures = _head_dependent(8)
+    q, k, v = _inputs(2, 8, 2, lq, 300, 16)
+    module = _tiled(attn, q, k, v, f"attn-tile{{block-m={block_m} block-n=32 kv-splits={splits} pack-gqa=true}}")
+    grids = [list(op.operation.attributes["attn.grid"]) for op in module.body.operations]
+    assert all(grid[1] == 2 for grid in grids)
+    tensors = {"q": q, "k": k, "v": v, "c0": closures[0].double()}
+    if splits > 1:
+        got = run_by_role(module, tensors)
+        out, lse = got["out"], got["lse"]
+    else:
+        out, lse = run_kernel(module, [q, k, v, closures[0].double()])
+    want, want_lse = attn(q, k, v, backend="reference", return_lse=True)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-7)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_packed_default_config_bundle_in_the_ttir_interpreter(target):
+    attn, closures = _head_dependent(8)
+    q, k, v = _inputs(1, 8, 2, 2, 3000, 64, dtype=torch.float32)
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    bundle = tb.compile_bundle(attn, q, k, v, target=target)
+    assert bundle.meta["config"]["pack_gqa"] and bundle.grid[1] == 2
+    (out, lse), _ = interpret(bundle, q, k, v, *closures)
+    want, want_lse = attn(q.double(), k.double(), v.double(), backend="reference", return_lse=True)
+    assert (out.double() - want).abs().max() < 2e-2 * want.abs().max()
+    assert (lse.double() - want_lse).abs().max() < 1e-4 * math.log(3000)

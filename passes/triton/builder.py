@@ -57,6 +57,8 @@ class TileBuilder:
         """A tile with every dimension materialized (a generic's lazy [M, 1] included)."""
         if v.logical is None or len(v.logical) != len(v.shape):
             return v
+        if 1 not in v.shape and v.shape == tuple(1 << (n - 1).bit_length() for n in v.logical):
+            return v  # padded to powers of two only (a packed GQA tile's [group, rows])
         return self.to_shape(v, tuple(padded_size(n) for n in v.logical))
 
     # --- emission --------------------------------------------------------------------------

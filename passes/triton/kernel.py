@@ -65,6 +65,8 @@ _HANDLERS = {
     "tensor.pad": Kernel.pad,
     "tensor.insert_slice": Kernel.insert_slice,
     "tensor.extract": Kernel.extract,
+    "tensor.collapse_shape": Kernel.reshape,
+    "tensor.expand_shape": Kernel.reshape,
     "linalg.fill": Kernel.fill,
     "linalg.transpose": Kernel.transpose,
     "linalg.matmul": Kernel.matmul,

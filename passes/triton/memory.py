@@ -90,14 +90,14 @@ class Memory(TileBuilder):
         offs = self.to_shape(offs, padded)
         return self.addptr(self.to_shape(origin, padded), offs), mask
 
-    def load_slice(self, sl: Slice, shape: tuple, user) -> Value:
+    def load_slice(self, sl: Slice, shape: tuple, user, padded: tuple | None = None) -> Value:
         arg, rank, t = sl.arg, len(sl.arg.shape), len(shape)
-        if t == 0 or t > 2:
-            raise fail(user, f"loads tiles of rank 1 or 2 only, not {t}")
+        if t == 0 or t > 3:
+            raise fail(user, f"loads tiles of rank 1 to 3 only, not {t}")
         lead = sl.sizes[: rank - t]
         if any(s != 1 for s in lead):
             raise fail(user, "must slice a tile out of the trailing dimensions (leading sizes must be 1)")
-        padded = tuple(padded_size(n) for n in shape)
+        padded = padded or tuple(padded_size(n) for n in shape)
         extents = [s if isinstance(s, Value) else min(s, n) for s, n in zip(sl.sizes[rank - t:], shape)]
         ptrs, mask = self.tile_pointers(arg, self.origin(arg, sl.offsets), padded, extents)
         value = self.load(ptrs, mask, arg.elt)

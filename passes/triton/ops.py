@@ -3,12 +3,14 @@
 arith/math ops."""
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import replace
 
 from .expansions import EXPANSIONS, MathExpansions
 from .tables import Tables
-from .values import (DYNAMIC, Arg, Dest, Empty, Slice, Table, Value, constant_int, constant_value, element_type,
+from .values import (reassociation_of, reshaped_padding, DYNAMIC, Arg, Dest, Empty, Slice, Table, Value, constant_int, constant_value, element_type,
                      fail, logical_shape, padded_size, scalar_literal)
 
 # Ops copied as they are (operands broadcast to a common shape); everything else has a handler.
@@ -80,7 +82,8 @@ class TensorOps(Tables, MathExpansions):
             src = self.full(src)
             rank = len(src.shape)
             dims = tuple(n if n != DYNAMIC else src.logical[i] for i, n in enumerate(rtype.shape))
-            if len(dims) != rank or tuple(padded_size(n) for n in dims) != src.shape:
+            exact = tuple(1 << (n - 1).bit_length() for n in dims)
+            if len(dims) != rank or src.shape not in (tuple(padded_size(n) for n in dims), exact):
                 raise fail(op, "may only trim a computed tile within its padded power-of-two shape")
             self.values[op.results[0]] = replace(src, logical=dims, zero_pad=False)
             return
@@ -96,7 +99,9 @@ class TensorOps(Tables, MathExpansions):
             raise fail(op, "must pad with zeros (the tile load fills masked lanes with 0)")
         shape = tuple(op.results[0].type.shape)
         if isinstance(src, Slice):
-            self.values[op.results[0]] = self.load_slice(src, shape, op)
+            collapse = _collapsed_by(op.results[0])
+            padded = reshaped_padding(shape, reassociation_of(collapse)) if collapse is not None else None
+            self.values[op.results[0]] = self.load_slice(src, shape, op, padded)
             return
         if isinstance(src, Value) and src.zero_pad and src.shape == tuple(padded_size(n) for n in shape):
             self.values[op.results[0]] = replace(src, logical=shape)
@@ -124,6 +129,19 @@ class TensorOps(Tables, MathExpansions):
         ptrs, mask = self.tile_pointers(arg, self.origin(arg, offsets), value.shape, sizes[rank - t:])
         self.store(ptrs, value, mask)
         self.values[op.results[0]] = dest
+
+    def reshape(self, op) -> None:
+        """tensor.collapse_shape / expand_shape of a tile as tt.reshape (row-major, as both are)."""
+        x = self.tile(op.operands[0], op)
+        logical = tuple(op.results[0].type.shape)
+        if op.name == "tensor.expand_shape":
+            shape = reshaped_padding(logical, reassociation_of(op))
+        else:
+            shape = tuple(padded_size(n) for n in logical)
+        if math.prod(shape) != math.prod(x.shape):
+            raise fail(op, "reshapes tiles only where the dimensions it merges or splits are powers of two")
+        out = self.generic("tt.reshape", [x], shape, x.elt)
+        self.values[op.results[0]] = replace(out, logical=logical, zero_pad=x.zero_pad)
 
     def extract(self, op) -> None:
         src = self.get(op.operands[0], op)
@@ -228,6 +246,12 @@ class TensorOps(Tables, MathExpansions):
             out = self.op(name, *operands, elt=elt, attrs=attrs)
         logical = logical_shape(rtype) if hasattr(rtype, "shape") else None
         self.values[op.results[0]] = replace(out, logical=logical)
+
+
+def _collapsed_by(value):
+    """The tensor.collapse_shape that is the only user of `value`, or None."""
+    users = [getattr(use.owner, "operation", use.owner) for use in value.uses]
+    return users[0] if len(users) == 1 and users[0].name == "tensor.collapse_shape" else None
 
 
 def _only_padded(value) -> bool:

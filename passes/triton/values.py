@@ -20,6 +20,22 @@ def padded_size(n: int) -> int:
     return max(MIN_DIM, 1 << (n - 1).bit_length())
 
 
+def reshaped_padding(shape: tuple, reassociation: list[list[int]]) -> tuple:
+    """The padded shape of a tile that a tensor.collapse_shape merges (or an expand_shape splits
+    into) by `reassociation`: dimensions in a group of several are padded only to a power of two,
+    so the group's product stays the merged dimension's size (a packed GQA tile's [group, rows]
+    with rows < 16); the others as every tile is."""
+    padded = list(shape)
+    for group in reassociation:
+        for d in group:
+            padded[d] = 1 << (shape[d] - 1).bit_length() if len(group) > 1 else padded_size(shape[d])
+    return tuple(padded)
+
+
+def reassociation_of(op) -> list[list[int]]:
+    return [[int(d) for d in group] for group in op.attributes["reassociation"]]
+
+
 def tensor_type(shape: tuple, elt: str) -> str:
     return f"tensor<{'x'.join(map(str, shape))}x{elt}>" if shape else elt
 

@@ -1,8 +1,17 @@
 // L1 the Triton lowering cannot express gets a located diagnostic, never a traceback.
 // RUN: ae-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(attn-lower-to-triton)'
 
+func.func @unsupported(%q: tensor<1x1x16x16xf32>, %k: tensor<1x1x16x16xf32>, %v: tensor<1x1x16x16xf32>, %out: tensor<1x1x16x16xf32>) -> tensor<1x1x16x16xf32> attributes {attn.grid = array<i64: 1, 1, 1>} {
+  // expected-error @+1 {{'tensor.cast' op is not supported by the Triton lowering}}
+  %any = tensor.cast %q : tensor<1x1x16x16xf32> to tensor<?x1x16x16xf32>
+  return %out : tensor<1x1x16x16xf32>
+}
+
+// -----
+
+// Reshapes apply to tiles (a packed GQA tile), not to whole arguments.
 func.func @reshape(%q: tensor<1x1x16x16xf32>, %k: tensor<1x1x16x16xf32>, %v: tensor<1x1x16x16xf32>, %out: tensor<1x1x16x16xf32>) -> tensor<1x1x16x16xf32> attributes {attn.grid = array<i64: 1, 1, 1>} {
-  // expected-error @+1 {{'tensor.collapse_shape' op is not supported by the Triton lowering}}
+  // expected-error @+1 {{'tensor.collapse_shape' op expects a tile operand, got a whole argument}}
   %flat = tensor.collapse_shape %q [[0, 1, 2, 3]] : tensor<1x1x16x16xf32> into tensor<256xf32>
   return %out : tensor<1x1x16x16xf32>
 }
