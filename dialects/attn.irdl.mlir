@@ -137,7 +137,9 @@ irdl.dialect @attn {
   // after the q/k/v mod regions (empty region: identity) are applied elementwise.
   // `decay` is "none", "head" (g [H]), "token" (g [B, H, L]) or "token_dim" (g [B, H, L, Dk]).
   // `normalize` divides o_t by the same sum taken with v = 1. `chunk_size` is the lowering's
-  // chunk length. Results: o [B, H, L, Dv] and the final state [B, H, Dk, Dv] (f32).
+  // chunk length. Results: o [B, H, L, Dv] and the final state [B, H, Dk, Dv] (f32). q, k, v, g,
+  // initial_state and o are f16, bf16, f32 or f64 (f64 runs on the reference executor only; the
+  // verifier checks element types, the tensor constraints below take any).
   irdl.operation @linear_recurrence {
     %q = irdl.base "!builtin.tensor"
     %k = irdl.base "!builtin.tensor"

@@ -246,3 +246,34 @@ def test_float64_runs_on_the_reference_backend_only():
     out32 = ae.linear_attention(decay="head")(q.float(), q.float(), q.float(), g.float(), backend="reference")
     assert out64.dtype == torch.float64
     torch.testing.assert_close(out64.float(), out32)
+
+
+def test_float64_module_types_and_no_compile_on_cpu(monkeypatch):
+    """float64 tensors are f64 in the module (the final state stays f32); a compiled backend
+    refuses them with a ValueError before anything compiles."""
+    import ae_mlir.backends as backends
+    import ae_mlir.backends.cpu as cpu
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 8, d, generator=gen, dtype=torch.float64) for d in (4, 4, 3))
+    g = _g("token", 1, 2, 8, 4, torch.float64, gen)
+    s0 = torch.randn(1, 2, 4, 3, generator=gen, dtype=torch.float64)
+    lin = ae.linear_attention(q_mod=feature, decay="token", chunk_size=CHUNK)
+    text = lin.mlir(q, k, v, g, initial_state=s0)
+    sig = ("(tensor<1x2x8x4xf64>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>, tensor<1x2x8xf64>, "
+           "tensor<1x2x4x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>)")
+    assert sig in text
+    assert "f64" in ae.linear_attention().mlir(q, k, v)
+
+    def compiled(*args, **kwargs):
+        raise AssertionError("a float64 call reached a compiled backend")
+
+    monkeypatch.setattr(backends, "run", compiled)
+    monkeypatch.setattr(cpu, "run_module_text", compiled)
+    for inputs in ((q, k, v, g, s0), (q.float(), k.float(), v.float(), g, None),
+                   (q.float(), k.float(), v.float(), g.float(), s0)):
+        with pytest.raises(ValueError, match=r"for backend='cpu', got torch.float64; float64 inputs run "
+                                             r"with backend='reference' only"):
+            lin(*inputs[:4], initial_state=inputs[4], backend="cpu")
+    with pytest.raises(ValueError, match=r"for backend='cpu', got torch.float64"):
+        ae.linear_attention()(q.clone().requires_grad_(), k, v, backend="cpu")  # the autograd path too

@@ -8,8 +8,9 @@ from __future__ import annotations
 from .context import CompileError, Diagnostic, location_parts
 
 FLOAT_TYPES = ("f16", "bf16", "f32")
-# q, k, v and the output of the softmax family may also be f64, which only the reference executor
-# runs (the float64 oracle that torch.autograd.gradcheck checks the backward against).
+# q, k, v and the output of the softmax family, and q, k, v, g, initial_state and the output of
+# the linear recurrence, may also be f64, which only the reference executor runs (the float64
+# oracle that torch.autograd.gradcheck checks the backward against).
 ATTENTION_TYPES = FLOAT_TYPES + ("f64",)
 NORMALIZE_KINDS = ("softmax", "sigmoid", "relu", "none", "online")
 DECAY_KINDS = ("none", "head", "token", "token_dim")
@@ -196,22 +197,22 @@ def _verify_linear(op):
     chunk = int(str(op.attributes["chunk_size"]).split(":")[0])
     _expect(chunk >= 1, f"chunk_size must be positive, got {chunk}")
     (q,), (k,), (v,), g, s0 = _segments(op, "operandSegmentSizes", 5)
-    (b, h, l, dk), _ = _tensor(q.type, "q", 4, FLOAT_TYPES)
-    kshape, _ = _tensor(k.type, "k", 4, FLOAT_TYPES)
+    (b, h, l, dk), _ = _tensor(q.type, "q", 4, ATTENTION_TYPES)
+    kshape, _ = _tensor(k.type, "k", 4, ATTENTION_TYPES)
     _expect(kshape == [b, h, l, dk], f"k must have shape {[b, h, l, dk]}, got {kshape}")
-    (bv, hv, lv, dv), _ = _tensor(v.type, "v", 4, FLOAT_TYPES)
+    (bv, hv, lv, dv), _ = _tensor(v.type, "v", 4, ATTENTION_TYPES)
     _expect([bv, hv, lv] == [b, h, l], f"v must have shape [{b}, {h}, {l}, Dv], got {[bv, hv, lv, dv]}")
     expected_g = {"head": [h], "token": [b, h, l], "token_dim": [b, h, l, dk]}.get(decay)
     if expected_g is None:
         _expect(not g, "decay 'none' takes no g operand")
     else:
         _expect(bool(g), f"decay '{decay}' needs a g operand of shape {expected_g}")
-        gshape, _ = _tensor(g[0].type, "g", None, FLOAT_TYPES)
+        gshape, _ = _tensor(g[0].type, "g", None, ATTENTION_TYPES)
         _expect(gshape == expected_g, f"g for decay '{decay}' must have shape {expected_g}, got {gshape}")
     if s0:
-        sshape, _ = _tensor(s0[0].type, "initial_state", 4, FLOAT_TYPES)
+        sshape, _ = _tensor(s0[0].type, "initial_state", 4, ATTENTION_TYPES)
         _expect(sshape == [b, h, dk, dv], f"initial_state must have shape {[b, h, dk, dv]}, got {sshape}")
-    out, _ = _tensor(op.results[0].type, "out", 4, FLOAT_TYPES)
+    out, _ = _tensor(op.results[0].type, "out", 4, ATTENTION_TYPES)
     _expect(out == [b, h, l, dv], f"out must have shape {[b, h, l, dv]}, got {out}")
     st, _ = _tensor(op.results[1].type, "final_state", 4, ("f32",))
     _expect(st == [b, h, dk, dv], f"final_state must have shape {[b, h, dk, dv]}, got {st}")

@@ -137,18 +137,18 @@ class linear_attention:
         dv = v.shape[3]
         scale = checks.default_scale(self.scale, dk)
         call = loc_suffix(user_location())
-        elt = _elt(q)
+        elt = mlir_elt(q.dtype)
         tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
         params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
         operands = ["%q", "%k", "%v"]
         types = [tq, tk, tv]
         if g is not None:
-            tg = tensor_type(g.shape, _elt(g))
+            tg = tensor_type(g.shape, mlir_elt(g.dtype))
             params.append(f"%g: {tg}")
             operands.append("%g")
             types.append(tg)
         if initial_state is not None:
-            ts0 = tensor_type(initial_state.shape, _elt(initial_state))
+            ts0 = tensor_type(initial_state.shape, mlir_elt(initial_state.dtype))
             params.append(f"%s0: {ts0}")
             operands.append("%s0")
             types.append(ts0)
@@ -234,13 +234,6 @@ def _as_f32(x: float) -> float:
     import struct
 
     return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def _elt(t) -> str:
-    """The module's element type for t. The recurrence op takes f16, bf16 and f32; float64 tensors
-    (backend='reference' only, the oracle torch.autograd.gradcheck checks the backward against)
-    are declared f32, and the reference executor evaluates the tensors themselves in float64."""
-    return "f32" if str(t.dtype) == "torch.float64" else mlir_elt(t.dtype)
 
 
 def _in_layout(shape: tuple, layout: str) -> tuple:

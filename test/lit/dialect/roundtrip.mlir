@@ -66,3 +66,24 @@ func.func @gated_linear(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v
 // CHECK-SAME:  chunk_size = 64 : i64, decay = "token", normalize = false, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>, scale = 2.500000e-01 : f32
 // CHECK-SAME:  -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
 // CHECK:       "func.return"(%[[R]]#0, %[[R]]#1) : (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>) -> ()
+
+// float64 q/k/v, g, initial state and output (the reference executor's gradcheck oracle); the
+// mod regions and the final state stay f32.
+func.func @linear_f64(%q: tensor<1x2x8x4xf64>, %k: tensor<1x2x8x4xf64>, %v: tensor<1x2x8x3xf64>, %g: tensor<2xf64>, %s0: tensor<1x2x4x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>) {
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g, %s0) ({
+  ^bb0(%x: f32, %b: index, %h: index, %t: index, %d: index):
+    %y = math.exp %x : f32
+    "gpu.yield"(%y) : (f32) -> ()
+  }, {}, {}) {decay = "head", scale = 0.5 : f32, normalize = true, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1>} : (tensor<1x2x8x4xf64>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>, tensor<2xf64>, tensor<1x2x4x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>)
+  return %o, %st : tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>
+}
+
+// CHECK-LABEL: sym_name = "linear_f64"
+// CHECK:       ^bb0(%[[FQ:.+]]: tensor<1x2x8x4xf64>, %[[FK:.+]]: tensor<1x2x8x4xf64>, %[[FV:.+]]: tensor<1x2x8x3xf64>, %[[FG:.+]]: tensor<2xf64>, %[[FS:.+]]: tensor<1x2x4x3xf64>):
+// CHECK:       %[[F:.+]]:2 = "attn.linear_recurrence"(%[[FQ]], %[[FK]], %[[FV]], %[[FG]], %[[FS]]) ({
+// CHECK-NEXT:  ^bb0(%[[FX:.+]]: f32, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index):
+// CHECK-NEXT:    %[[FY:.+]] = "math.exp"(%[[FX]])
+// CHECK-NEXT:    "gpu.yield"(%[[FY]]) : (f32) -> ()
+// CHECK:       chunk_size = 16 : i64, decay = "head", normalize = true, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1>, scale = 5.000000e-01 : f32
+// CHECK-SAME:  : (tensor<1x2x8x4xf64>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>, tensor<2xf64>, tensor<1x2x4x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>)
+// CHECK:       "func.return"(%[[F]]#0, %[[F]]#1) : (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>) -> ()
