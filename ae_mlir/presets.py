@@ -48,11 +48,15 @@ def _pow2(n: int) -> int:
 
 # Streaming processors of the targets' GPUs (H100/H200: 132 SMs; MI300X: 304 CUs), and how many
 # waves of programs split-KV attention aims for when the (batch, head, query block) programs are
-# fewer: a long KV cache read by a few query tokens (decoding) otherwise runs on a few SMs.
+# fewer: a long KV cache read by a few query tokens (decoding) otherwise runs on a few SMs. Only
+# decoding shapes (Lq <= 16) split: a split call launches two kernels and allocates workspaces,
+# which on an H200 cost more than they saved at B=2 H=4 L=1000 (about 210 us against 25 us
+# unsplit, bench/results/h200-verify-2026-12-01.json).
 _PROCESSORS = {"cuda": 132, "hip": 304}
 _SPLIT_WAVES = 2
-_MIN_TILES_PER_SPLIT = 4
+_MIN_TILES_PER_SPLIT = 8
 _MAX_SPLITS = 128
+_SPLIT_MAX_LQ = 16
 
 
 def kv_splits(programs: int, kv_tiles: int, target: str) -> int:
@@ -85,11 +89,14 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
     if block_m * block_n <= 64 * 64:
         warps = 4
     config = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
-    if batch_heads is None:
+    if batch_heads is None or lq > _SPLIT_MAX_LQ:
         return config
     rows, programs = block_m, batch_heads
-    if group > 1 and lq <= _PACK_GQA_MAX_LQ and group & (group - 1) == 0:
-        block_m = config["block_m"] = max(block_m, min(table.get(d, (32,))[0], _pow2(lq * group)))
+    packed_m = max(block_m, _pow2(lq * group), 2 * group)
+    # A packed tile holds at least two rows of each head (a [group, 1, D] slice has no tile layout
+    # the lowering pads to) and no more rows than the target's tiles at this head dim.
+    if group > 1 and lq <= _PACK_GQA_MAX_LQ and group & (group - 1) == 0 and packed_m <= table.get(d, (32,))[0]:
+        block_m = config["block_m"] = packed_m
         rows, programs = block_m // group, batch_heads // group
         config["pack_gqa"] = True
     config["kv_splits"] = kv_splits(programs * -(-lq // rows), -(-lk // block_n), target)

@@ -301,11 +301,17 @@ def aligned_ok(bundle: Bundle, tensors: dict) -> bool:
     """Whether the tensors meet the aligned variant's assumptions: unit last-dim strides,
     16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
     32-bit offsets inside a tile that cannot overflow."""
-    reach = max([bundle.block_m, bundle.block_n] + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
+    config = bundle.meta.get("config", {})
+    blocks = [bundle.block_m, bundle.block_n, config.get("dkdv_block_m", 0), config.get("dkdv_block_n", 0)]
+    reach = max(blocks + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
+    # A packed GQA tile spans the group's heads: offsets inside it reach (group - 1) head strides.
+    group = bundle.inputs[0].shape[1] // bundle.inputs[1].shape[1] if config.get("pack_gqa") else 1
     for role in abi.STREAMS + tuple(w.role for w in bundle.workspace):
         t = tensors.get(role)
         if t is None:
             continue
+        if group > 1 and t.dim() >= 3 and t.stride(1) * group >= 2**31:
+            return False
         if t.data_ptr() % 16:
             return False
         for d, (size, stride) in enumerate(zip(t.shape, t.stride())):

@@ -141,7 +141,11 @@ class _Backward(KernelBuilder):
             qi, kj, qc, kc = positions()
             if self.score_mod is not None:
                 x = self.inline(self.score_mod, [x, pb, h, qc, kc])
-            p = math.exp(arith.subf(x, a[1]))
+            # A row whose every score is -inf (a score_mod that hides it) has lse = -inf, and
+            # exp(-inf - -inf) is NaN: with lse taken as 0 there its probabilities are exp(-inf) = 0.
+            ninf = arith.cmpf(arith.CmpFPredicate.OEQ, a[1], f32(-float("inf")))
+            lse = arith.select(ninf, f32(0.0), a[1])
+            p = math.exp(arith.subf(x, lse))
             return arith.select(keep(qi, kj, qc, kc), p, f32(0.0)) if masked else p
 
         p = self.generic([(qk, TILE), (lse_row, ROW)], tile_t, probs)

@@ -14,9 +14,12 @@ from .l1_builders import element_type, index, tensor_type
 
 
 def packable(kernel, block_m: int) -> bool:
-    """Whether the group's heads fit in a tile's rows: block_m a multiple of the group, and a
-    group of more than one head."""
-    return kernel.group > 1 and block_m % kernel.group == 0
+    """Whether the group's heads fit in a tile's rows: a group of more than one head, a power of
+    two, with at least two rows of each in block_m (a one-row [group, 1, D] slice has no layout
+    the Triton lowering pads to, and head dims below 16 none either)."""
+    group = kernel.group
+    return (group > 1 and group & (group - 1) == 0 and block_m % group == 0 and block_m // group >= 2
+            and min(kernel.dk, kernel.dv) >= 16)
 
 
 def pack(kernel) -> None:

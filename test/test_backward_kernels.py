@@ -432,3 +432,23 @@ def test_tile_backward_of_sigmoid_names_softmax():
 def test_block_sizes_must_be_powers_of_two(option):
     with pytest.raises(CompileError, match="power of two"):
         build_pass_manager(f"builtin.module(attn-tile-backward{{{option}}})", new_context())
+
+
+@pytest.mark.parametrize("form", ["where", "additive"])
+def test_rows_a_score_mod_hides_entirely_get_zero_not_nan(form):
+    # Rows 0..4 have every score -inf through the score_mod, so the forward's lse there is -inf;
+    # the kernels must give those rows probability 0, not exp(-inf - -inf) = NaN.
+    minus_inf = float("-inf")
+    if form == "where":
+        attn = ae.attention(score_mod=lambda s, b, h, i, j: torch.where(i >= 5, s, minus_inf))
+    else:
+        attn = ae.attention(score_mod=lambda s, b, h, i, j: s + torch.where(i >= 5, 0.0, minus_inf))
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 20, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    d_out = torch.randn(1, 2, 20, 16, generator=gen, dtype=torch.float64)
+    check_l1(attn, q, k, v)
+    _, _, *want = reference_grads(attn, q, k, v, d_out)
+    got = cpu_grads(attn, q, k, v, d_out)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        assert _relative_error(g, w) < 1e-4

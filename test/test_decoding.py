@@ -78,7 +78,7 @@ def test_normalizers_without_a_row_max_are_not_split():
 def test_the_preset_splits_only_grids_that_leave_the_gpu_idle():
     assert presets.kv_splits(programs=4, kv_tiles=2048, target="cuda:90") == 66
     assert presets.kv_splits(programs=32, kv_tiles=2048, target="cuda:90") == 9
-    assert presets.kv_splits(programs=32, kv_tiles=8, target="cuda:90") == 2
+    assert presets.kv_splits(programs=32, kv_tiles=16, target="cuda:90") == 2
     assert presets.kv_splits(programs=132, kv_tiles=2048, target="cuda:90") == 1
     assert presets.kv_splits(programs=1, kv_tiles=100000, target="hip:gfx942") == 128
     q = torch.empty(1, 32, 1, 128, dtype=torch.bfloat16, device="meta")
@@ -92,7 +92,7 @@ def test_the_preset_splits_only_grids_that_leave_the_gpu_idle():
     assert (config["pack_gqa"], config["block_m"], config["kv_splits"]) == (True, 32, 9)
     # Prefill fills the GPU unsplit and unpacked.
     config = presets.default_config(2048, 2048, 128, 128, "bf16", "cuda:90", 8 * 16, 4)
-    assert config["kv_splits"] == 1 and "pack_gqa" not in config
+    assert "kv_splits" not in config and "pack_gqa" not in config
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
@@ -147,3 +147,17 @@ def test_packed_default_config_bundle_in_the_ttir_interpreter(target):
     want, want_lse = attn(q.double(), k.double(), v.double(), backend="reference", return_lse=True)
     assert (out.double() - want).abs().max() < 2e-2 * want.abs().max()
     assert (lse.double() - want_lse).abs().max() < 1e-4 * math.log(3000)
+
+
+def test_packing_needs_two_rows_a_head_and_head_dims_of_16():
+    # 16 query heads a KV head at Lq = 1: a 32-row tile (two rows a head), not 16 one-row heads.
+    config = presets.default_config(1, 4096, 128, 128, "bf16", "cuda:90", 64, 16)
+    assert (config["pack_gqa"], config["block_m"]) == (True, 32)
+    # A group too big for the target's tiles is not packed (and no division by zero).
+    config = presets.default_config(1, 512, 128, 128, "f32", "cuda:90", 64, 64)
+    assert "pack_gqa" not in config and config["kv_splits"] >= 1
+    attn = ae.attention()
+    q, k, v = _inputs(1, 8, 1, 1, 100, 8)
+    module = _tiled(attn, q, k, v, "attn-tile{block-m=16 block-n=32 pack-gqa=true}")
+    grid = list(next(iter(module.body.operations)).operation.attributes["attn.grid"])
+    assert grid[1] == 8  # head dim 8: one program a query head, unpacked

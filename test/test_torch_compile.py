@@ -101,7 +101,7 @@ def test_custom_ops_pass_opcheck():
     out, lse = torch_op.attention_op(attn._key, "reference", q, k, v, closures)
     torch.library.opcheck(torch_op.attention_backward_op, (
         attn._key, "reference", q.detach(), k, v, [t.detach() for t in closures], lse.detach(), out.detach(),
-        torch.randn(1, 2, 6, 4), None))
+        torch.randn(1, 2, 6, 4), None, [True, False]))
 
 
 class _DocumentMask(torch.nn.Module):

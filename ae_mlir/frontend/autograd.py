@@ -106,7 +106,10 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, call: CompiledCall, q, k, v, *captures):
         out, lse = call.forward(q, k, v, list(captures))
         ctx.call = call
-        ctx.save_for_backward(q, k, v, lse, out, *captures)
+        # The output only feeds the backward kernels; saving it otherwise would make an in-place
+        # change of the output an autograd error for nothing.
+        kernels = call.uses_kernels(ctx.needs_input_grad[4:])
+        ctx.save_for_backward(q, k, v, lse, out if kernels else None, *captures)
         return (out, lse) if call.with_lse else out
 
     @staticmethod

@@ -58,12 +58,13 @@ def _attention_fake(key, backend, q, k, v, captures):
 
 @torch.library.custom_op("ae_mlir::attention_backward", mutates_args=())
 def attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor, captures: list[Tensor],
-                          lse: Tensor, out: Tensor, d_out: Tensor, d_lse: Tensor | None) -> list[Tensor]:
+                          lse: Tensor, out: Tensor | None, d_out: Tensor, d_lse: Tensor | None,
+                          closures_wanted: list[bool]) -> list[Tensor]:
     """[dq, dk, dv, one gradient per closure tensor]; zeros where none reaches a tensor."""
     call = _call(key, backend, q, k, v, captures)
     softmax = call.with_lse
     dq, dk, dv, d_captures = call.backward(q, k, v, _kernel_captures(captures), lse if softmax else None, d_out,
-                                           d_lse if softmax else None, out=out)
+                                           d_lse if softmax else None, closures_wanted, out=out)
     return [dq, dk, dv] + [t.new_zeros(t.shape, dtype=_grad_dtype(t)) if g is None else g.reshape(t.shape)
                            for g, t in zip(d_captures, captures)]
 
@@ -73,7 +74,7 @@ def _grad_dtype(t) -> torch.dtype:
 
 
 @attention_backward_op.register_fake
-def _attention_backward_fake(key, backend, q, k, v, captures, lse, out, d_out, d_lse):
+def _attention_backward_fake(key, backend, q, k, v, captures, lse, out, d_out, d_lse, closures_wanted):
     # Contiguous, as the backward makes them (q, k and v may be strided views).
     return [t.new_empty(t.shape) for t in (q, k, v)] + [t.new_empty(t.shape, dtype=_grad_dtype(t)) for t in captures]
 
@@ -84,12 +85,18 @@ def _setup_context(ctx, inputs, output):
     # The graph holds the variant by key only, and the registry holds it weakly: without this the
     # backward would fail once the model that owns the attention is gone.
     ctx.attention = variant_registry.lookup(key)
-    ctx.save_for_backward(q, k, v, output[1], output[0], *captures)
+    # The output only feeds the backward kernels (softmax on a compiled backend); saving it
+    # otherwise would make an in-place change of the output an autograd error for nothing.
+    kernels = backend in ("cpu", "triton") and ctx.attention.normalize == "softmax"
+    ctx.save_for_backward(q, k, v, output[1], output[0] if kernels else None, *captures)
 
 
 def _backward(ctx, d_out, d_lse):
     q, k, v, lse, out, *captures = ctx.saved_tensors
-    dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, lse, out, d_out, d_lse)
+    # needs_input_grad: key, backend, q, k, v, then one flag per closure tensor.
+    wanted = list(ctx.needs_input_grad[5])
+    dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, lse, out, d_out, d_lse,
+                                                    wanted)
     d_captures = [g if t.dtype.is_floating_point else None for g, t in zip(d_captures, captures)]
     return None, None, dq, dk, dv, d_captures
 
