@@ -197,8 +197,11 @@ func.func @causal(%q: tensor<1x2x100x16xbf16>, %k: tensor<1x2x100x16xbf16>, %v: 
 // CHECK: scf.yield
 // CHECK: arith.constant dense<[2, 0]> : tensor<2xi32>
 // CHECK: arith.constant dense<{{\[}}[0, 1], [0, 0]]> : tensor<2x2xi32>
+// Full tiles: the only select left is the guard of rows whose lse is -inf (no mask, no cmpi).
 // CHECK: scf.for
-// CHECK-NOT: arith.select
+// CHECK-NOT: arith.cmpi
+// CHECK: arith.cmpf oeq
+// CHECK-NOT: arith.cmpi
 // CHECK: scf.yield
 // CHECK: scf.yield
 // CHECK: }
