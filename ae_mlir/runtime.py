@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -428,17 +427,21 @@ def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
 
     The Triton IR is target-neutral: a bundle tuned for one GPU (`bundle.target`) compiles for
     whichever device `q` is on."""
+    tensors = bind(bundle, q, k, v, *captures, out=out, lse=lse)
+    _launch_all(bundle, tensors, q.device)
+    return [tensors[spec.role] for spec in bundle.outputs]
+
+
+def _launch_all(bundle: Bundle, tensors: dict, device) -> None:
+    """Launch the bundle's stages, then its own kernel, on the tensors bound by role."""
     import torch
 
-    tensors = bind(bundle, q, k, v, *captures, out=out, lse=lse)
-    device = q.device
     aligned = aligned_ok(bundle, tensors)
     with torch.cuda.device(device):
         target = current_target()
         for kernel in bundle.stages + [bundle]:
             variant = pick_variant(kernel, aligned)
             _launch_one(kernel, variant, target, argument_values(variant, tensors, device_tables(bundle, device, kernel)))
-    return [tensors[spec.role] for spec in bundle.outputs]
 
 
 def launch_roles(bundle: Bundle, given: dict) -> dict:
@@ -456,12 +459,7 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
         tensors[spec.role] = t.to(device).view(torch.uint8) if t.dtype == torch.bool else t.to(device)
     for spec in bundle.outputs + bundle.workspace:
         tensors[spec.role] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
-    aligned = aligned_ok(bundle, tensors)
-    with torch.cuda.device(device):
-        target = current_target()
-        for kernel in bundle.stages + [bundle]:
-            variant = pick_variant(kernel, aligned)
-            _launch_one(kernel, variant, target, argument_values(variant, tensors, device_tables(bundle, device, kernel)))
+    _launch_all(bundle, tensors, device)
     return {spec.role: tensors[spec.role] for spec in bundle.outputs}
 
 

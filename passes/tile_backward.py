@@ -115,7 +115,6 @@ class _Backward(KernelBuilder):
     # --- shared tile math ----------------------------------------------------------------------
     def tile_gradients(self, q_tile, k_trans, v_trans, do_tile, lse_row, delta_row, pb, h, m0, n0, masked: bool):
         """(P, dS) of one [block_m, block_n] tile, f32; dS is with respect to the scaled scores."""
-        from mlir import ir
         from mlir.dialects import arith, linalg, math
 
         bm, bn = self.bm, self.bn

@@ -24,23 +24,13 @@ def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = 
     """Run a bundle's kernels (its stages, then its own) in the TTIR interpreter the way
     `runtime.launch` runs them on a GPU."""
     tensors = runtime.bind(bundle, q, k, v, *captures)
+    # Outputs and workspaces start as NaN: a position no kernel writes shows.
+    for role in ["out", "lse", "state"] + [w.role for w in bundle.workspace]:
+        if role in tensors:
+            tensors[role].fill_(float("nan"))
     aligned = variant == "aligned" if variant else runtime.aligned_ok(bundle, tensors)
     chosen = runtime.pick_variant(bundle, aligned)
-    arrays = {}
-    for kernel in bundle.stages + [bundle]:
-        picked = runtime.pick_variant(kernel, aligned)
-        tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in kernel.tables]
-        args = []
-        for label, value in zip(picked.args, runtime.argument_values(picked, tensors, tables)):
-            if isinstance(value, torch.Tensor):
-                if label not in arrays:
-                    # Outputs and workspaces start as NaN: a position no kernel writes shows.
-                    if label in ("out", "lse", "state") or label.startswith("w"):
-                        value.fill_(float("nan"))
-                    arrays[label] = _storage(value)
-                value = arrays[label]
-            args.append(value)
-        run_ttir(picked.ttir, kernel.name, args, kernel.grid)
+    arrays = _run_kernels(bundle, tensors, aligned)
     results = []
     for spec in bundle.outputs:
         t = tensors[spec.role]
@@ -55,6 +45,17 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
     for spec in bundle.outputs + bundle.workspace:
         tensors[spec.role] = torch.full(spec.shape, float("nan"), dtype=runtime.torch_dtype(spec.dtype))
     aligned = variant == "aligned" if variant else runtime.aligned_ok(bundle, tensors)
+    arrays = _run_kernels(bundle, tensors, aligned)
+    results = {}
+    for spec in bundle.outputs:
+        t = tensors[spec.role]
+        results[spec.role] = torch.from_numpy(np.array(arrays[spec.role][: t.numel()]).reshape(t.shape)).float()
+    return results
+
+
+def _run_kernels(bundle: runtime.Bundle, tensors: dict, aligned: bool) -> dict:
+    """Run the bundle's stages, then its own kernel, in the interpreter on the tensors bound by
+    role; returns each tensor's storage array by label (the kernels' results are written there)."""
     arrays = {}
     for kernel in bundle.stages + [bundle]:
         picked = runtime.pick_variant(kernel, aligned)
@@ -67,8 +68,4 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
                 value = arrays[label]
             args.append(value)
         run_ttir(picked.ttir, kernel.name, args, kernel.grid)
-    results = {}
-    for spec in bundle.outputs:
-        t = tensors[spec.role]
-        results[spec.role] = torch.from_numpy(np.array(arrays[spec.role][: t.numel()]).reshape(t.shape)).float()
-    return results
+    return arrays
