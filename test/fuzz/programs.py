@@ -199,11 +199,17 @@ class Program:
 
 
 @st.composite
-def programs(draw, max_seq: int = 80, dtypes=(torch.float32, torch.bfloat16, torch.float16)):
+def programs(draw, max_seq: int = 80, dtypes=(torch.float32, torch.bfloat16, torch.float16), seq_k_range=None,
+             groups=(1, 2, 3)):
+    """Random programs; `seq_k_range` (lowest, highest) draws the keys apart from the queries
+    (decoding: a few queries, many keys) and `groups` are the query heads per KV head drawn from."""
     heads_kv = draw(st.integers(1, 2))
-    heads = heads_kv * draw(st.sampled_from([1, 2, 3]))
+    heads = heads_kv * draw(st.sampled_from(list(groups)))
     seq_q = draw(st.integers(1, max_seq))
-    seq_k = draw(st.sampled_from([seq_q, draw(st.integers(1, max_seq))]))
+    if seq_k_range is None:
+        seq_k = draw(st.sampled_from([seq_q, draw(st.integers(1, max_seq))]))
+    else:
+        seq_k = draw(st.integers(*seq_k_range))
     dim_qk = draw(st.sampled_from([16, 24, 32, 64]))
     dim_v = draw(st.sampled_from([dim_qk, 16, 32]))
     seed = draw(st.integers(0, 2**16))

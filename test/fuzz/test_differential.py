@@ -103,6 +103,20 @@ def test_triton_ir_matches_reference(name):
     run()
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_decoding_programs_at_default_configs(target):
+    # A few query tokens against 600-3000 keys with 1-4 query heads a KV head: at the default
+    # config the kernels split the KV tiles (from 16 tiles of 64 keys on) and pack GQA heads
+    # (passes/tile_split_kv.py, tile_pack_gqa.py) whenever the shape asks for it.
+    @seed(SEED + 2)
+    @settings(FUZZ, max_examples=max(5, EXAMPLES // 5))
+    @given(programs(max_seq=16, seq_k_range=(600, 3000), groups=(1, 2, 4)))
+    def run(p: Program):
+        check_triton(p, target, None)
+
+    run()
+
+
 @seed(SEED + 1)
 @FUZZ
 @given(programs(max_seq=64))
