@@ -299,13 +299,28 @@ def _fewer_stages(variant: KernelVariant, target: str, launched: Bundle | Stage,
 def aligned_ok(bundle: Bundle, tensors: dict) -> bool:
     """Whether the tensors meet the aligned variant's assumptions: unit last-dim strides,
     16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
-    32-bit offsets inside a tile that cannot overflow."""
+    32-bit offsets inside a tile that cannot overflow. Remembered per bundle and layout (shapes,
+    strides, pointer alignment): decoding calls the same layout over and over."""
+    roles = abi.STREAMS + tuple(w.role for w in bundle.workspace)
+    layout = tuple((t.data_ptr() % 16, t.shape, t.stride()) if t is not None else None
+                   for t in map(tensors.get, roles))
+    # Kept on the bundle (not a serialized field), so the answer is never another bundle's.
+    seen = bundle.__dict__.setdefault("_aligned_layouts", {})
+    known = seen.get(layout)
+    if known is None:
+        if len(seen) > 1024:
+            seen.clear()
+        known = seen[layout] = _aligned(bundle, tensors, roles)
+    return known
+
+
+def _aligned(bundle: Bundle, tensors: dict, roles: tuple) -> bool:
     config = bundle.meta.get("config", {})
     blocks = [bundle.block_m, bundle.block_n, config.get("dkdv_block_m", 0), config.get("dkdv_block_n", 0)]
     reach = max(blocks + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
     # A packed GQA tile spans the group's heads: offsets inside it reach (group - 1) head strides.
     group = bundle.inputs[0].shape[1] // bundle.inputs[1].shape[1] if config.get("pack_gqa") else 1
-    for role in abi.STREAMS + tuple(w.role for w in bundle.workspace):
+    for role in roles:
         t = tensors.get(role)
         if t is None:
             continue
@@ -330,19 +345,40 @@ def aligned_ok(bundle: Bundle, tensors: dict) -> bool:
     return True
 
 
+_STRIDE, _TABLE, _TENSOR = range(3)
+_PLANS: dict = {}
+
+
+def _argument_plan(variant: KernelVariant) -> list[tuple]:
+    """The variant's argument labels parsed once: (kind, role or table index, dimension). A
+    decoding call's kernel runs for microseconds, so the launch path does not parse per call."""
+    entry = _PLANS.get(id(variant))
+    if entry is None or entry[0] is not variant:
+        plan = []
+        for label in variant.args:
+            name, _, rest = label.partition(".")
+            if rest.startswith("stride"):
+                plan.append((_STRIDE, name, int(rest[len("stride"):])))
+            elif name.startswith("table"):
+                plan.append((_TABLE, int(name[len("table"):]), 0))
+            else:
+                plan.append((_TENSOR, name, 0))
+        entry = _PLANS[id(variant)] = (variant, plan)
+    return entry[1]
+
+
 def argument_values(variant: KernelVariant, tensors: dict, tables: list) -> list:
     """The kernel's arguments in order: tensors for pointers, ints for strides (0 for dimensions
     of size 1, whose stride never moves a pointer), table tensors for tables."""
     values = []
-    for label in variant.args:
-        name, _, rest = label.partition(".")
-        if rest.startswith("stride"):
-            t, d = tensors[name], int(rest[len("stride"):])
-            values.append(0 if t.shape[d] == 1 else int(t.stride(d)))
-        elif name.startswith("table"):
-            values.append(tables[int(name[len("table"):])])
+    for kind, key, d in _argument_plan(variant):
+        if kind == _STRIDE:
+            t = tensors[key]
+            values.append(0 if t.shape[d] == 1 else t.stride(d))
+        elif kind == _TABLE:
+            values.append(tables[key])
         else:
-            values.append(tensors[name])
+            values.append(tensors[key])
     return values
 
 

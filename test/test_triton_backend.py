@@ -407,7 +407,7 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
     def fail(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(runtime.os, "replace", fail)
+    monkeypatch.setattr(disk_cache.os, "replace", fail)
     with pytest.raises(OSError):
         disk_cache.atomic_write(path, "new" * 1000)
     assert path.read_text() == "old"
