@@ -452,3 +452,13 @@ def test_rows_a_score_mod_hides_entirely_get_zero_not_nan(form):
     for g, w in zip(got, want):
         assert torch.isfinite(g).all()
         assert _relative_error(g, w) < 1e-4
+
+
+def test_outputs_the_kernels_do_not_read_may_be_changed_in_place():
+    # The output is saved for backward only where the kernels read it (softmax on a compiled
+    # backend); elsewhere an in-place change of it must not be an autograd error.
+    q, k, v = _leaves(*(torch.randn(1, 2, 8, 4) for _ in range(3)))
+    out = ae.attention(normalize="sigmoid")(q, k, v, backend="reference")
+    out.mul_(2)
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
