@@ -1,0 +1,97 @@
+"""The arguments of a bundle's kernels, from the tensors bound by role: whether the aligned
+variant's assumptions hold for them, and the argument list (pointers, strides, tile tables) in
+the order the Triton IR's tt.func takes it. Part of the runtime (torch only, no MLIR); both
+answers are cached, since a decoding step launches the same layout over and over."""
+from __future__ import annotations
+
+from .core import abi
+
+
+def _padded(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def aligned_ok(bundle, tensors: dict) -> bool:
+    """Whether the tensors meet the aligned variant's assumptions: unit last-dim strides,
+    16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
+    32-bit offsets inside a tile that cannot overflow. Remembered per bundle and layout (shapes,
+    strides, pointer alignment): decoding calls the same layout over and over."""
+    roles = abi.STREAMS + tuple(w.role for w in bundle.workspace)
+    layout = tuple((t.data_ptr() % 16, t.shape, t.stride()) if t is not None else None
+                   for t in map(tensors.get, roles))
+    # Kept on the bundle (not a serialized field), so the answer is never another bundle's.
+    seen = bundle.__dict__.setdefault("_aligned_layouts", {})
+    known = seen.get(layout)
+    if known is None:
+        if len(seen) > 1024:
+            seen.clear()
+        known = seen[layout] = _aligned(bundle, tensors, roles)
+    return known
+
+
+def _aligned(bundle, tensors: dict, roles: tuple) -> bool:
+    config = bundle.meta.get("config", {})
+    blocks = [bundle.block_m, bundle.block_n, config.get("dkdv_block_m", 0), config.get("dkdv_block_n", 0)]
+    reach = max(blocks + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
+    # A packed GQA tile spans the group's heads: offsets inside it reach (group - 1) head strides.
+    group = bundle.inputs[0].shape[1] // bundle.inputs[1].shape[1] if config.get("pack_gqa") else 1
+    for role in roles:
+        t = tensors.get(role)
+        if t is None:
+            continue
+        if group > 1 and t.dim() >= 3 and t.stride(1) * group >= 2**31:
+            return False
+        if t.data_ptr() % 16:
+            return False
+        for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
+            if size == 1:
+                continue
+            if d == t.dim() - 1:
+                if stride != 1:
+                    return False
+                continue
+            if role not in abi.ROW_STATS and stride % 16:
+                return False
+            # Strides travel as i32; tile origins are computed in i64, so only offsets inside a
+            # tile (rows along the sequence dimension) must stay below 2^31.
+            limit = stride * reach if d == t.dim() - 2 else stride
+            if limit >= 2**31:
+                return False
+    return True
+
+
+_STRIDE, _TABLE, _TENSOR = range(3)
+_PLANS: dict = {}
+
+
+def _argument_plan(variant) -> list[tuple]:
+    """The variant's argument labels parsed once: (kind, role or table index, dimension). A
+    decoding call's kernel runs for microseconds, so the launch path does not parse per call."""
+    entry = _PLANS.get(id(variant))
+    if entry is None or entry[0] is not variant:
+        plan = []
+        for label in variant.args:
+            name, _, rest = label.partition(".")
+            if rest.startswith("stride"):
+                plan.append((_STRIDE, name, int(rest[len("stride"):])))
+            elif name.startswith("table"):
+                plan.append((_TABLE, int(name[len("table"):]), 0))
+            else:
+                plan.append((_TENSOR, name, 0))
+        entry = _PLANS[id(variant)] = (variant, plan)
+    return entry[1]
+
+
+def argument_values(variant, tensors: dict, tables: list) -> list:
+    """The kernel's arguments in order: tensors for pointers, ints for strides (0 for dimensions
+    of size 1, whose stride never moves a pointer), table tensors for tables."""
+    values = []
+    for kind, key, d in _argument_plan(variant):
+        if kind == _STRIDE:
+            t = tensors[key]
+            values.append(0 if t.shape[d] == 1 else t.stride(d))
+        elif kind == _TABLE:
+            values.append(tables[key])
+        else:
+            values.append(tensors[key])
+    return values
