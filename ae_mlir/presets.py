@@ -46,6 +46,13 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (max(n, 1) - 1).bit_length())
 
 
+def _table(dk: int, dv: int, dtype: str, target: str, tables: tuple) -> tuple[int, dict]:
+    """(the head dim a launch table is indexed by, the one of `tables` -- cuda 16-bit, cuda fp32,
+    hip 16-bit, hip fp32 -- for this dtype and target)."""
+    wide = dtype in ("bfloat16", "float16", "bf16", "f16")
+    return max(_pow2(dk), _pow2(dv), 64), tables[2 * target.startswith("hip") + (not wide)]
+
+
 # Streaming processors of the targets' GPUs (H100/H200: 132 SMs; MI300X: 304 CUs), and how many
 # waves of programs split-KV attention aims for when the (batch, head, query block) programs are
 # fewer: a long KV cache read by a few query tokens (decoding) otherwise runs on a few SMs. Only
@@ -77,12 +84,7 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
                    group: int = 1) -> dict:
     """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942");
     with `batch_heads` (B * H), the KV splits and GQA packing too."""
-    d = max(_pow2(dk), _pow2(dv), 64)
-    wide = dtype in ("bfloat16", "float16", "bf16", "f16")
-    if target.startswith("hip"):
-        table = _HIP_16BIT if wide else _HIP_FP32
-    else:
-        table = _CUDA_16BIT if wide else _CUDA_FP32
+    d, table = _table(dk, dv, dtype, target, (_CUDA_16BIT, _CUDA_FP32, _HIP_16BIT, _HIP_FP32))
     block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
     block_m = min(block_m, _pow2(lq))
     block_n = min(block_n, _pow2(lk))
@@ -115,12 +117,7 @@ _HIP_BWD_FP32 = {64: (32, 32, 4, 1), 128: (32, 32, 4, 1), 256: (16, 16, 4, 1)}
 
 def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) -> dict:
     """Block sizes and launch options of the backward kernels for one problem shape."""
-    d = max(_pow2(dk), _pow2(dv), 64)
-    wide = dtype in ("bfloat16", "float16", "bf16", "f16")
-    if target.startswith("hip"):
-        table = _HIP_BWD_16BIT if wide else _HIP_BWD_FP32
-    else:
-        table = _CUDA_BWD_16BIT if wide else _CUDA_BWD_FP32
+    d, table = _table(dk, dv, dtype, target, (_CUDA_BWD_16BIT, _CUDA_BWD_FP32, _HIP_BWD_16BIT, _HIP_BWD_FP32))
     block_m, block_n, warps, stages = table.get(d, (16, 16, 4, 1))
     return {"block_m": min(block_m, _pow2(lq)), "block_n": min(block_n, _pow2(lk)), "num_warps": warps,
             "num_stages": stages}
