@@ -188,8 +188,10 @@ def evaluate(module, inputs: list) -> list:
         elif name == "attn.mask":
             shape = list(op.results[0].type.shape)
             ib, ih, iq, ik = _grid(*shape)
-            out = eval_region(op.regions[0], [ib, ih, iq, ik], env)
-            env[op.results[0]] = out.to(torch.bool).expand(shape).clone()
+            out = eval_region(op.regions[0], [ib, ih, iq, ik], env).to(torch.bool)
+            if len(op.operands):
+                out = out & (ik < vals[0].to(torch.int64)[ib])
+            env[op.results[0]] = out.expand(shape).clone()
         elif name == "attn.normalize":
             seg = [int(x) for x in op.attributes["operandSegmentSizes"]]
             keep = vals[1] if seg[1] else None
@@ -203,7 +205,11 @@ def evaluate(module, inputs: list) -> list:
                 env[op.results[1]] = lse
         elif name == "attn.aggregate":
             probs, v = vals
-            env[op.results[0]] = torch.matmul(probs, _expand_heads(v, probs.shape[1]))
+            v = _expand_heads(v, probs.shape[1])
+            # Keys no query row sees contribute nothing, even where V holds NaN there (the unfilled
+            # part of a KV cache past kv_len).
+            unused = ~(probs != 0).any(dim=-2).unsqueeze(-1)
+            env[op.results[0]] = torch.matmul(probs, v.masked_fill(unused, 0.0))
         elif name == "attn.linear_recurrence":
             seg = [int(x) for x in op.attributes["operandSegmentSizes"]]
             out, state = _linear(op, vals, seg, env)

@@ -35,9 +35,13 @@ irdl.dialect @attn {
     irdl.regions(body: %body)
   }
 
-  // keep[b, h, i, j] = body(b, h, i, j); the result type fixes [B, H, Lq, Lk].
+  // keep[b, h, i, j] = body(b, h, i, j); the result type fixes [B, H, Lq, Lk]. With the
+  // optional `kv_len` (tensor<B x i32>, each batch entry's number of keys), keep also requires
+  // j < kv_len[b] (a length is clamped into [0, Lk]).
   irdl.operation @mask {
+    %n = irdl.base "!builtin.tensor"
     %out = irdl.base "!builtin.tensor"
+    irdl.operands(kv_len: optional %n)
     irdl.results(keep: %out)
     %body = irdl.region
     irdl.regions(body: %body)
@@ -171,7 +175,7 @@ irdl.dialect @attn {
   //   lse_of (m, l) -> logsumexp: the online normalizer (see ae_mlir/normalizers.py); rescale is
   //   empty without a row statistic, lse_of empty without an lse result.
   // `stat` is "max" or "none"; with `log2_domain` the scores are scaled by log2(e) after the
-  // score_mod, so prob/rescale/lse work in base 2.
+  // score_mod, so prob/rescale/lse work in base 2. The optional `kv_len` is attn.mask's.
   irdl.operation @online_attention {
     %q = irdl.base "!builtin.tensor"
     %k = irdl.base "!builtin.tensor"
@@ -182,7 +186,8 @@ irdl.dialect @attn {
     %name = irdl.base "#builtin.string"
     %stat = irdl.base "#builtin.string"
     %log2 = irdl.base "#builtin.integer"
-    irdl.operands(q: %q, k: %k, v: %v)
+    %n = irdl.base "!builtin.tensor"
+    irdl.operands(q: %q, k: %k, v: %v, kv_len: optional %n)
     irdl.results(out: %o, lse: optional %lse)
     irdl.attributes {"scale" = %scale, "normalizer" = %name, "stat" = %stat, "log2_domain" = %log2}
     %r0 = irdl.region

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from . import ModulePass
+from .kv_len import fold_into_mask
 from .l1_ops import ops_named
 from .region_derivative import RegionDerivative, copy_region, fail, is_float_element, prune
 
@@ -122,6 +123,11 @@ class Differentiate(ModulePass):
     def apply(self, module_op) -> None:
         for op in ops_named(module_op, "attn.linear_recurrence"):
             raise fail(op, "has no derivative yet (attn-differentiate handles the softmax family)")
+        # The backward does not specialize per-entry key lengths: they become part of the mask.
+        for mask in ops_named(module_op, "attn.mask"):
+            if len(mask.operands):
+                with module_op.context:
+                    fold_into_mask(mask)
         for aggregate in ops_named(module_op, "attn.aggregate"):
             _GradWriter(module_op, _Chain.of(aggregate)).write()
 

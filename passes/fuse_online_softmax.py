@@ -81,6 +81,7 @@ class FuseOnlineSoftmax(ModulePass):
             stat, log2_domain = BUILTIN[kind].stat, BUILTIN[kind].log2_domain
 
         chain = [op for op in (agg, norm, mask, score_mod, score) if op is not None]
+        kv_len = list(mask.operands) if mask is not None else []
         with module_op.context:
             result_types = [agg.results[0].type] + ([norm.results[1].type] if with_lse else [])
             attributes = {
@@ -92,7 +93,7 @@ class FuseOnlineSoftmax(ModulePass):
             }
             fused = ir.Operation.create(
                 "attn.online_attention", results=result_types,
-                operands=[score.operands[0], score.operands[1], agg.operands[1]], attributes=attributes,
+                operands=[score.operands[0], score.operands[1], agg.operands[1]] + kv_len, attributes=attributes,
                 regions=6, loc=ir.Location.fused([op.location for op in chain]), ip=ir.InsertionPoint(agg))
             if score_mod is not None:
                 _move_body(score_mod.regions[0], fused.regions[0])

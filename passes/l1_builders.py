@@ -20,6 +20,11 @@ def index(n: int):
     return arith.constant(ir.IndexType.get(), n)
 
 
+def index_value(n):
+    """An index value: `n` itself, or a constant when `n` is an int."""
+    return index(n) if isinstance(n, int) else n
+
+
 def f32(x: float):
     from mlir import ir
     from mlir.dialects import arith
@@ -264,17 +269,18 @@ class KernelBuilder:
 
         return self.reduce_rows(value, zeros([value.type.shape[0]]), arith.addf)
 
-    def rows_left(self, start, length: int, rows: int, past_end: bool = False):
+    def rows_left(self, start, length, rows: int, past_end: bool = False):
         """min(length - start, rows), and at least 0 with `past_end`."""
         from mlir.dialects import arith
 
-        valid = arith.minsi(arith.subi(index(length), start), index(rows))
+        valid = arith.minsi(arith.subi(index_value(length), start), index(rows))
         return arith.maxsi(valid, index(0)) if past_end else valid
 
-    def load_tile(self, src, coords: list, start, length: int, rows: int, width: int | None, col=0,
+    def load_tile(self, src, coords: list, start, length, rows: int, width: int | None, col=0,
                   past_end: bool = False):
         """Rows [start, start + rows) of src[coords..., :, col:col + width] (or of the 1-D
-        src[coords..., :] when `width` is None), zero-padded past row `length`; `past_end` allows
+        src[coords..., :] when `width` is None), zero-padded past row `length` (an int or an index
+        value); `past_end` allows
         a start at or beyond `length` (an all-zero tile). `col` is an int or an index value."""
         from mlir import ir
         from mlir.dialects import arith, tensor
@@ -284,7 +290,7 @@ class KernelBuilder:
         valid = self.rows_left(start, length, rows, past_end)
         if past_end:
             # A slice may be empty but must start inside the tensor.
-            start = arith.minsi(start, index(length))
+            start = arith.minsi(start, index_value(length))
         pad = arith.subi(index(rows), valid)
         ones = [1] * len(coords)
         if width is None:

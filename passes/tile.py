@@ -27,7 +27,8 @@ from typing import ClassVar
 from ..core import abi
 from ..core.regions import from_region
 from . import ModulePass, option
-from .l1_builders import KernelBuilder, convert, f32, fill, index, matmul, program_id, tensor_type
+from .kv_len import bound_table, consecutive, entry_length, trip_count
+from .l1_builders import KernelBuilder, convert, f32, fill, index, index_value, matmul, program_id, tensor_type
 from .l1_ops import kernel_function, ops_named, shape
 from .tile_pack_gqa import load_head_rows, pack, packable, store_head_rows
 from .tile_split_kv import build_split, splittable
@@ -65,6 +66,10 @@ class _Kernel(KernelBuilder):
         # and V are read once per KV head rather than once per query head.
         self.packed = False
         self.rows = block_m
+        # Per-entry key lengths (attn.mask's kv_len): `keys` is the program's entry's length
+        # once visit_kv_tiles has read it, else the static Lk.
+        self.kv_len = op.operands[3] if len(op.operands) > 3 else None
+        self.keys = self.lk
 
     # --- the kernel ----------------------------------------------------------------------
     def build(self, classification: Classification) -> None:
@@ -153,6 +158,10 @@ class _Kernel(KernelBuilder):
         from mlir.dialects import arith, scf, tensor
 
         state = state or self.initial_state()
+        reach = None
+        if self.kv_len is not None:
+            self.keys = entry_length(self.kernel_arg(self.kv_len, "kv_len"), self.pb, self.lk)
+            reach = arith.divui(arith.addi(self.keys, index(self.bn - 1)), index(self.bn))
         for masked, lists, position in ((True, partial, 0), (False, full, 2)):
             if table_args:
                 count_tab, index_tab = table_args[position], table_args[position + 1]
@@ -162,6 +171,9 @@ class _Kernel(KernelBuilder):
                 count_tab, index_tab = (arith.constant(attr.type, attr) for attr in
                                         (ir.Attribute.parse(text) for text in table_constants(lists)[:2]))
             count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, [table_row]))
+            if reach is not None:
+                bounds = None if consecutive(lists) else self.constant_table(bound_table(lists, -(-self.lk // self.bn)))
+                count = trip_count(count, index_tab, bounds, table_row, reach)
             loop = scf.ForOp(index(0), count, index(1), state)
             with ir.InsertionPoint(loop.body):
                 nb_raw = tensor.extract(index_tab, [table_row, loop.induction_variable])
@@ -169,6 +181,16 @@ class _Kernel(KernelBuilder):
                 scf.YieldOp(self.kv_step(q_tile, args[1], args[2], self.hk, nb, list(loop.inner_iter_args), masked))
             state = list(loop.results)
         return state
+
+    @staticmethod
+    def constant_table(rows: list[list[int]]):
+        """An i32 constant tensor of equal-length rows."""
+        from mlir import ir
+        from mlir.dialects import arith
+
+        body = ", ".join("[" + ", ".join(map(str, row)) + "]" for row in rows)
+        value = ir.Attribute.parse(f"dense<[{body}]> : tensor<{len(rows)}x{len(rows[0])}xi32>")
+        return arith.constant(value.type, value)
 
     def finalized(self, state: list):
         """The output tile (input element type) of a row state: the normalizer's finalize region."""
@@ -233,8 +255,10 @@ class _Kernel(KernelBuilder):
         bm, bn = self.bm, self.bn
         f32_type = ir.F32Type.get()
         n0 = arith.muli(nb, index(bn))
-        k_tile = self.load_tile(k, [self.pb, hk], n0, self.lk, bn, self.dk)
-        v_tile = self.load_tile(v, [self.pb, hk], n0, self.lk, bn, self.dv)
+        # Rows past the entry's length are loaded as zeros: a cache's unfilled rows may hold NaN,
+        # which a zero probability would not cancel in P V.
+        k_tile = self.load_tile(k, [self.pb, hk], n0, self.keys, bn, self.dk)
+        v_tile = self.load_tile(v, [self.pb, hk], n0, self.keys, bn, self.dv)
         kt_empty = tensor.EmptyOp([self.dk, bn], self.elt).result
         k_trans = linalg.transpose(k_tile, outs=[kt_empty], permutation=[1, 0])
         tile_t = tensor_type([bm, bn], f32_type)
@@ -246,10 +270,12 @@ class _Kernel(KernelBuilder):
         fold = self.log2 and score_mod is None
         scale = self.scale * LOG2E if fold else self.scale
         mask = self.regions["mask"] if masked else None
+        # With per-entry lengths every tile may reach past its entry's last key.
+        bounded = masked or self.kv_len is not None
 
         def scores(a):
             x = arith.mulf(a[0], f32(scale))
-            if score_mod is not None or mask is not None or masked:
+            if score_mod is not None or mask is not None or bounded:
                 i = linalg.IndexOp(0).result
                 j = linalg.IndexOp(1).result
                 head, qi = self.row_position(i)
@@ -262,17 +288,17 @@ class _Kernel(KernelBuilder):
                 x = self.inline(score_mod, [x, self.pb, head, qc, kc])
                 if self.log2:
                     x = arith.mulf(x, f32(LOG2E))
-            if masked:
-                keep = arith.cmpi(arith.CmpIPredicate.slt, kj, index(self.lk))
+            if bounded:
+                keep = arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.keys))
                 if mask is not None:
                     keep = arith.andi(keep, self.inline(mask, [self.pb, head, qc, kc]))
             if self.stat == "max":
-                if masked:
+                if bounded:
                     x = arith.select(keep, x, f32(-math.inf))
                 return x
             zero = f32(0.0)
             p = self.inline(self.regions["prob"], [x, zero])
-            if masked:
+            if bounded:
                 p = arith.select(keep, p, zero)
             return p
 
@@ -344,8 +370,9 @@ class AttnTile(ModulePass):
     def _tile(self, op) -> None:
         func = kernel_function(op, "tiled")
         kernel = _Kernel(op, func, self.block_m, self.block_n)
+        # The tile loops bound per-entry lengths with compile-time lists only.
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
-                                         self.call_time_tables)
+                                         self.call_time_tables and kernel.kv_len is None)
         if self.pack_gqa and packable(kernel, self.block_m) and not classification.at_call_time:
             pack(kernel)
             classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, kernel.rows,

@@ -101,8 +101,15 @@ def _verify_score_mod(op):
 
 
 def _verify_mask(op):
-    _tensor(op.results[0].type, "mask result", 4, ("i1",))
+    shape, _ = _tensor(op.results[0].type, "mask result", 4, ("i1",))
     _check_region(op.regions[0], "mask", ["index"] * 4, "i1")
+    if len(op.operands):
+        _check_kv_len(op.operands[0], shape[0])
+
+
+def _check_kv_len(value, batch: int):
+    shape, _ = _tensor(value.type, "kv_len", 1, ("i32",))
+    _expect(shape == [batch], f"kv_len must have shape [{batch}] (one length per batch entry), got {shape}")
 
 
 def _verify_normalize(op):

@@ -66,6 +66,12 @@ class attention:
     A closure-tensor index out of range is clamped into the tensor; `check_indices=True` (or
     AE_MLIR_CHECK=1) raises IndexError for it instead.
 
+    `kv_len` (an int32/int64 tensor [B] on q's device) gives each batch entry's number of keys:
+    entry b attends to keys 0 .. kv_len[b] - 1 only (the mods see the same indices), so a KV cache
+    allocated once serves every decoding step without recompiling; the kernels read no key past
+    it (what the cache holds there does not matter). A length outside [0, Lk] acts as the nearest
+    end of that range; in checked mode it raises ValueError.
+
     The output is differentiable when q, k, v or a closure tensor requires grad: the backward is
     evaluated by torch from the derivative regions the compiler builds (`attn-differentiate`),
     not yet by generated kernels. float64 inputs run on backend="reference" only, for
@@ -130,16 +136,21 @@ class attention:
         checks.with_layout_hint(self._validate_as, self.layout, q, k, v)
         return tuple(checks.to_bhld(t, self.layout) for t in (q, k, v))
 
-    def mlir(self, q, k, v, debug_info: bool = False) -> str:
+    def mlir(self, q, k, v, debug_info: bool = False, kv_len=None) -> str:
         """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
-        `debug_info`, every op ends with its location in the user's source, as compiling sees it."""
+        `debug_info`, every op ends with its location in the user's source, as compiling sees it.
+        With `kv_len` (any integer tensor of shape [B]; only its shape is read), the module takes
+        per-entry key lengths."""
         q, k, v = self._validate(q, k, v)
-        text, _ = self._build(q, k, v)
+        if kv_len is not None and tuple(kv_len.shape) != (q.shape[0],):
+            raise ValueError(f"kv_len must have shape ({q.shape[0]},), got {tuple(kv_len.shape)}")
+        text, _ = self._build(q, k, v, kv_len=kv_len)
         return text if debug_info else strip_locations(text)
 
-    def _build(self, q, k, v, clamp: bool = True) -> tuple[str, list]:
+    def _build(self, q, k, v, clamp: bool = True, kv_len=None) -> tuple[str, list]:
         """The L0 module with locations: ops a mod produced point at its lines, the mod ops at its
-        definition, the rest at the user's call."""
+        definition, the rest at the user's call. `kv_len` (int32 [B]) becomes the last closure
+        tensor, the mask's operand."""
         b, h, lq, dk = q.shape
         _, hkv, lk, dv = v.shape
         scale = checks.default_scale(self.scale, dk)
@@ -168,14 +179,22 @@ class attention:
                         + _defined_at(self.score_mod, call))
             scores = "%modded"
         keep = None
-        if self.mask_mod is not None:
-            name = _mod_name(self.mask_mod, "mask_mod")
-            expr, state = trace(self.mask_mod, name, MASK_MOD_ARGS)
-            if expr.type != I1:
-                raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
-            args = [("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-            region = _region(expr, args, state, caps, "m", clamp)
-            body.append(f'%keep = "attn.mask"() ({region}) : () -> {tm}' + _defined_at(self.mask_mod, call))
+        if self.mask_mod is not None or kv_len is not None:
+            mask_loc, region = call, _KEEP_ALL
+            if self.mask_mod is not None:
+                name = _mod_name(self.mask_mod, "mask_mod")
+                expr, state = trace(self.mask_mod, name, MASK_MOD_ARGS)
+                if expr.type != I1:
+                    raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
+                args = [("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
+                region = _region(expr, args, state, caps, "m", clamp)
+                mask_loc = _defined_at(self.mask_mod, call)
+            operands, operand_types = "", ""
+            if kv_len is not None:
+                operands, operand_types = f"%c{len(caps.tensors)}", tensor_type(kv_len.shape, "i32")
+                caps.tensors.append(kv_len)
+                caps.sources.append(None)
+            body.append(f'%keep = "attn.mask"({operands}) ({region}) : ({operand_types}) -> {tm}' + mask_loc)
             keep = "%keep"
         with_lse = self.normalize == "softmax"
         results = "%probs, %lse" if with_lse else "%probs"
@@ -204,8 +223,9 @@ class attention:
         text = _func("attention", params, ret_types, body, call)
         return text, caps.tensors
 
-    def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None):
+    def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None):
         q, k, v = self._validate(q, k, v)
+        kv_len = checks.key_lengths(kv_len, q, k.shape[2], index_check.enabled(self.check_indices))
         if return_lse and self.normalize != "softmax":
             name = self.normalize if isinstance(self.normalize, str) else self.normalize.name
             raise ValueError(f"return_lse=True needs normalize='softmax', not {name!r}")
@@ -222,9 +242,9 @@ class attention:
         if _compiling():
             from .torch_op import compiled_attention
 
-            out, lse = compiled_attention(self, q, k, v, backend)
+            out, lse = compiled_attention(self, q, k, v, backend, kv_len)
             return (self._out(out), lse) if return_lse else self._out(out)
-        text, captures = self._prepare(q, k, v)
+        text, captures = self._prepare(q, k, v, kv_len)
         if wants_grad([q, k, v] + captures):
             from .autograd import compiled_call, differentiable_call
 
@@ -233,13 +253,13 @@ class attention:
         results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])
 
-    def _prepare(self, q, k, v) -> tuple[str, list]:
-        """The L0 module for these [B, H, L, D] tensors and the closure tensors it takes, checked
-        (devices; indices in checked mode)."""
-        text, captures = self._build(q, k, v)
+    def _prepare(self, q, k, v, kv_len=None) -> tuple[str, list]:
+        """The L0 module for these [B, H, L, D] tensors (and per-entry key lengths) and the closure
+        tensors it takes, checked (devices; indices in checked mode)."""
+        text, captures = self._build(q, k, v, kv_len=kv_len)
         checks.check_capture_devices(captures, q.device)
         if index_check.enabled(self.check_indices) and captures:
-            unclamped, _ = self._build(q, k, v, clamp=False)
+            unclamped, _ = self._build(q, k, v, clamp=False, kv_len=kv_len)
             mods = {(op, 0): index_check.describe(fn, role) for op, fn, role in (
                 ("attn.score_mod", self.score_mod, "score_mod"), ("attn.mask", self.mask_mod, "mask_mod"))
                 if fn is not None}
@@ -249,6 +269,14 @@ class attention:
     def _out(self, out):
         """The output in the caller's layout (a view); lse stays [B, H, L], as FlashAttention's."""
         return out.transpose(1, 2) if self.layout == "blhd" else out
+
+
+# The mask region of a call with kv_len and no mask_mod.
+_KEEP_ALL = """{
+    ^bb0(%b: index, %h: index, %q_idx: index, %kv_idx: index):
+      %m1 = arith.constant true
+      "gpu.yield"(%m1) : (i1) -> ()
+    }"""
 
 
 def _compiling() -> bool:

@@ -138,3 +138,33 @@ def check_capture_devices(captures: list, device):
         if t.device != device:
             raise ValueError(f"closure tensor {i} (shape {tuple(t.shape)}) that a mod reads is on '{t.device}' "
                              f"but q is on '{device}'; create it on q's device (e.g. t.to(q.device))")
+
+
+
+def key_lengths(kv_len, q, keys: int, checked: bool):
+    """`kv_len` (each batch entry's number of keys) as the kernels take it: an int32 vector [B] on
+    q's device; None stays None. A length outside [0, Lk] acts as the nearest end of that range,
+    as closure indices are clamped; in checked mode it is a ValueError instead."""
+    if kv_len is None:
+        return None
+    import torch
+
+    if not isinstance(kv_len, torch.Tensor):
+        raise TypeError(f"kv_len must be a tensor of integers (one length per batch entry) or None, "
+                        f"got {type(kv_len).__name__}")
+    if kv_len.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"kv_len must be an int32 or int64 tensor, got {kv_len.dtype}")
+    if tuple(kv_len.shape) != (q.shape[0],):
+        raise ValueError(f"kv_len must have shape ({q.shape[0]},) (one length per batch entry), "
+                         f"got {tuple(kv_len.shape)}")
+    if kv_len.device != q.device:
+        raise ValueError(f"kv_len is on '{kv_len.device}' but q is on '{q.device}'; create it on q's device")
+    if checked and not torch.compiler.is_compiling():
+        bad = (kv_len < 0) | (kv_len > keys)
+        if bool(bad.any()):
+            raise ValueError(f"kv_len[{int(bad.nonzero()[0, 0])}] = {int(kv_len[bad][0])} is outside [0, {keys}] "
+                             "(k holds that many keys)")
+    if kv_len.dtype == torch.int64:
+        # Clamped before narrowing, so a length past 2**31 cannot wrap to a small one.
+        kv_len = kv_len.clamp(0, keys)
+    return kv_len.to(torch.int32).contiguous()

@@ -22,9 +22,11 @@ def _kernel_captures(captures: list) -> list:
     return [t.reshape(1) if t.dim() == 0 else t for t in captures]
 
 
-def _call(key: str, backend: str, q, k, v, captures: list) -> CompiledCall:
+def _call(key: str, backend: str, q, k, v, captures: list, kv_len) -> CompiledCall:
     attn = variant_registry.lookup(key)
-    text, traced = attn._prepare(q, k, v)
+    text, traced = attn._prepare(q, k, v, kv_len)
+    if kv_len is not None:
+        traced = traced[:-1]
     given = _kernel_captures(captures)
     if [(tuple(t.shape), t.dtype) for t in traced] != [(tuple(t.shape), t.dtype) for t in given]:
         raise RuntimeError(f"the mods of ae_mlir attention {key!r} now read closure tensors "
@@ -35,36 +37,42 @@ def _call(key: str, backend: str, q, k, v, captures: list) -> CompiledCall:
     return compiled_call(attn, text, q, k, v, backend)
 
 
+def _with_lengths(captures: list, kv_len) -> list:
+    """The kernel's closure tensors: the mods', then the key lengths when given."""
+    return _kernel_captures(captures) + ([] if kv_len is None else [kv_len])
+
+
 def _lse_dtype(q) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 @torch.library.custom_op("ae_mlir::attention", mutates_args=())
 def attention_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor,
-                 captures: list[Tensor]) -> tuple[Tensor, Tensor]:
+                 captures: list[Tensor], kv_len: Tensor | None) -> tuple[Tensor, Tensor]:
     """(out, lse); lse is zeros for normalizers other than softmax, which have none."""
-    call = _call(key, backend, q, k, v, captures)
-    out, lse = call.forward(q, k, v, _kernel_captures(captures))
+    call = _call(key, backend, q, k, v, captures, kv_len)
+    out, lse = call.forward(q, k, v, _with_lengths(captures, kv_len))
     if lse is None:
         lse = torch.zeros(q.shape[:3], dtype=_lse_dtype(q), device=q.device)
     return out, lse
 
 
 @attention_op.register_fake
-def _attention_fake(key, backend, q, k, v, captures):
+def _attention_fake(key, backend, q, k, v, captures, kv_len):
     b, h, lq, _ = q.shape
     return q.new_empty((b, h, lq, v.shape[3])), q.new_empty((b, h, lq), dtype=_lse_dtype(q))
 
 
 @torch.library.custom_op("ae_mlir::attention_backward", mutates_args=())
 def attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor, captures: list[Tensor],
-                          lse: Tensor, out: Tensor | None, d_out: Tensor, d_lse: Tensor | None,
-                          closures_wanted: list[bool]) -> list[Tensor]:
+                          kv_len: Tensor | None, lse: Tensor, out: Tensor | None, d_out: Tensor,
+                          d_lse: Tensor | None, closures_wanted: list[bool]) -> list[Tensor]:
     """[dq, dk, dv, one gradient per closure tensor]; zeros where none reaches a tensor."""
-    call = _call(key, backend, q, k, v, captures)
+    call = _call(key, backend, q, k, v, captures, kv_len)
     softmax = call.with_lse
-    dq, dk, dv, d_captures = call.backward(q, k, v, _kernel_captures(captures), lse if softmax else None, d_out,
-                                           d_lse if softmax else None, closures_wanted, out=out)
+    wanted = list(closures_wanted) + ([] if kv_len is None else [False])
+    dq, dk, dv, d_captures = call.backward(q, k, v, _with_lengths(captures, kv_len), lse if softmax else None,
+                                           d_out, d_lse if softmax else None, wanted, out=out)
     return [dq, dk, dv] + [t.new_zeros(t.shape, dtype=_grad_dtype(t)) if g is None else g.reshape(t.shape)
                            for g, t in zip(d_captures, captures)]
 
@@ -74,13 +82,13 @@ def _grad_dtype(t) -> torch.dtype:
 
 
 @attention_backward_op.register_fake
-def _attention_backward_fake(key, backend, q, k, v, captures, lse, out, d_out, d_lse, closures_wanted):
+def _attention_backward_fake(key, backend, q, k, v, captures, kv_len, lse, out, d_out, d_lse, closures_wanted):
     # Contiguous, as the backward makes them (q, k and v may be strided views).
     return [t.new_empty(t.shape) for t in (q, k, v)] + [t.new_empty(t.shape, dtype=_grad_dtype(t)) for t in captures]
 
 
 def _setup_context(ctx, inputs, output):
-    key, backend, q, k, v, captures = inputs
+    key, backend, q, k, v, captures, kv_len = inputs
     ctx.key, ctx.backend = key, backend
     # The graph holds the variant by key only, and the registry holds it weakly: without this the
     # backward would fail once the model that owns the attention is gone.
@@ -88,25 +96,26 @@ def _setup_context(ctx, inputs, output):
     # The output only feeds the backward kernels (softmax on a compiled backend); saving it
     # otherwise would make an in-place change of the output an autograd error for nothing.
     kernels = backend in ("cpu", "triton") and ctx.attention.normalize == "softmax"
-    ctx.save_for_backward(q, k, v, output[1], output[0] if kernels else None, *captures)
+    ctx.save_for_backward(q, k, v, output[1], output[0] if kernels else None, kv_len, *captures)
 
 
 def _backward(ctx, d_out, d_lse):
-    q, k, v, lse, out, *captures = ctx.saved_tensors
+    q, k, v, lse, out, kv_len, *captures = ctx.saved_tensors
     # needs_input_grad: key, backend, q, k, v, then one flag per closure tensor.
     wanted = list(ctx.needs_input_grad[5])
-    dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, lse, out, d_out, d_lse,
-                                                    wanted)
+    dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, kv_len, lse, out,
+                                                    d_out, d_lse, wanted)
     d_captures = [g if t.dtype.is_floating_point else None for g, t in zip(d_captures, captures)]
-    return None, None, dq, dk, dv, d_captures
+    return None, None, dq, dk, dv, d_captures, None
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def compiled_attention(attn, q, k, v, backend: str):
-    """(out, lse) of `attn` as one `ae_mlir::attention` op (q, k, v as [B, H, L, D] views)."""
+def compiled_attention(attn, q, k, v, backend: str, kv_len=None):
+    """(out, lse) of `attn` as one `ae_mlir::attention` op (q, k, v as [B, H, L, D] views; kv_len
+    int32 [B] or None)."""
     if attn._sources is None:
         raise RuntimeError("ae_mlir.attention under torch.compile: its mods could not be traced when it was "
                            "constructed; call it once outside torch.compile to see the error")
-    return attention_op(attn._key, backend, q, k, v, closure_sources.fetch(attn, attn._sources))
+    return attention_op(attn._key, backend, q, k, v, closure_sources.fetch(attn, attn._sources), kv_len)

@@ -32,6 +32,30 @@ func.func @gqa_aggregate(%p: tensor<2x4x8x8xf32>, %v: tensor<2x3x8x16xf32>) {
 
 // -----
 
+func.func @kv_len_per_batch_entry(%n: tensor<3xi32>) {
+  // expected-error @+1 {{kv_len must have shape [2] (one length per batch entry), got [3]}}
+  %m = "attn.mask"(%n) ({
+  ^bb0(%b: index, %h: index, %i: index, %j: index):
+    %c = arith.constant true
+    "gpu.yield"(%c) : (i1) -> ()
+  }) : (tensor<3xi32>) -> tensor<2x4x8x8xi1>
+  return
+}
+
+// -----
+
+func.func @kv_len_is_i32(%n: tensor<2xi64>) {
+  // expected-error @+1 {{kv_len must have element type i32}}
+  %m = "attn.mask"(%n) ({
+  ^bb0(%b: index, %h: index, %i: index, %j: index):
+    %c = arith.constant true
+    "gpu.yield"(%c) : (i1) -> ()
+  }) : (tensor<2xi64>) -> tensor<2x4x8x8xi1>
+  return
+}
+
+// -----
+
 func.func @mask_region_signature() {
   // expected-error @+1 {{mask region must take (index, index, index, index), got (index, index, index)}}
   %m = "attn.mask"() ({
