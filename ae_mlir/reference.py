@@ -203,6 +203,12 @@ def evaluate(module, inputs: list) -> list:
             env[op.results[0]] = probs
             if len(op.results) > 1:
                 env[op.results[1]] = lse
+        elif name == "attn.gather_pages":
+            pages, table = vals
+            n_pages, heads, size, d = pages.shape
+            picked = pages[table.to(torch.int64).clamp(0, n_pages - 1)]  # [B, M, Hkv, S, D]
+            b, m = table.shape
+            env[op.results[0]] = picked.permute(0, 2, 1, 3, 4).reshape(b, heads, m * size, d)
         elif name == "attn.aggregate":
             probs, v = vals
             v = _expand_heads(v, probs.shape[1])

@@ -70,6 +70,18 @@ irdl.dialect @attn {
     irdl.regions(prob: %prob, rescale: %rescale, finalize: %finalize)
   }
 
+  // The keys (or values) of a paged KV cache as the [B, Hkv, M * S, D] tensor attn.score and
+  // attn.aggregate read: result[b, h, j, :] = pages[table[b, j / S], h, j % S, :] for pages
+  // [P, Hkv, S, D] and the block table [B, M] (i32); a page number outside [0, P) is clamped
+  // into it. The tiling reads the pages in place; nothing gathers them into a tensor.
+  irdl.operation @gather_pages {
+    %pages = irdl.base "!builtin.tensor"
+    %table = irdl.base "!builtin.tensor"
+    %out = irdl.base "!builtin.tensor"
+    irdl.operands(pages: %pages, table: %table)
+    irdl.results(keys: %out)
+  }
+
   // out[b, h, i, :] = sum_j probs[b, h, i, j] * v[b, h // (H / Hkv), j, :], accumulated in f32
   // and converted to the result's element type.
   irdl.operation @aggregate {

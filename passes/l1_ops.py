@@ -39,9 +39,14 @@ def kernel_function(op, verb: str):
         raise fail(op, f"{verb} turns the whole function into a kernel: the function must return "
                        "exactly this op's results, in order")
     for other in block.operations:
-        if other.operation not in (op, ret) and other.operation.name != "arith.constant":
-            raise fail(other.operation, f"a function to be {verb} must hold only '{op.name}' and constants")
+        if other.operation not in (op, ret) and other.operation.name not in _KERNEL_SIDE_OPS:
+            raise fail(other.operation, f"a function to be {verb} must hold only '{op.name}', constants and "
+                                        "attn.gather_pages")
     return func
+
+
+# Ops a kernel's function may hold beside the op it tiles: the kernel reads them in place.
+_KERNEL_SIDE_OPS = ("arith.constant", "attn.gather_pages")
 
 
 def shape(value) -> list[int]:

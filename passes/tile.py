@@ -30,6 +30,7 @@ from . import ModulePass, option
 from .kv_len import bound_table, consecutive, entry_length, trip_count
 from .l1_builders import KernelBuilder, convert, f32, fill, index, index_value, matmul, program_id, tensor_type
 from .l1_ops import kernel_function, ops_named, shape
+from .tile_paged import load_paged, paged_source
 from .tile_pack_gqa import load_head_rows, pack, packable, store_head_rows
 from .tile_split_kv import build_split, splittable
 from .tile_tables import Classification, classify_blocks, table_constants
@@ -178,7 +179,7 @@ class _Kernel(KernelBuilder):
             with ir.InsertionPoint(loop.body):
                 nb_raw = tensor.extract(index_tab, [table_row, loop.induction_variable])
                 nb = arith.index_cast(ir.IndexType.get(), nb_raw)
-                scf.YieldOp(self.kv_step(q_tile, args[1], args[2], self.hk, nb, list(loop.inner_iter_args), masked))
+                scf.YieldOp(self.kv_step(q_tile, self.hk, nb, list(loop.inner_iter_args), masked))
             state = list(loop.results)
         return state
 
@@ -248,7 +249,16 @@ class _Kernel(KernelBuilder):
 
         return self.generic([(m, ROW)], m.type, body, rank=1)
 
-    def kv_step(self, q_tile, k, v, hk, nb, state: list, masked: bool) -> list:
+    def load_kv(self, which: int, hk, n0, width: int):
+        """The KV tile from key n0 of operand `which` (1: k, 2: v) for KV head hk, zero past
+        the entry's last key: a slice of the tensor, or read through a paged cache's table."""
+        value = self.op.operands[which]
+        source = paged_source(value)
+        if source is not None:
+            return load_paged(self, source, hk, n0, self.bn, width)
+        return self.load_tile(self.kernel_arg(value, "k and v"), [self.pb, hk], n0, self.keys, self.bn, width)
+
+    def kv_step(self, q_tile, hk, nb, state: list, masked: bool) -> list:
         from mlir import ir
         from mlir.dialects import arith, linalg, tensor
 
@@ -257,8 +267,8 @@ class _Kernel(KernelBuilder):
         n0 = arith.muli(nb, index(bn))
         # Rows past the entry's length are loaded as zeros: a cache's unfilled rows may hold NaN,
         # which a zero probability would not cancel in P V.
-        k_tile = self.load_tile(k, [self.pb, hk], n0, self.keys, bn, self.dk)
-        v_tile = self.load_tile(v, [self.pb, hk], n0, self.keys, bn, self.dv)
+        k_tile = self.load_kv(1, hk, n0, self.dk)
+        v_tile = self.load_kv(2, hk, n0, self.dv)
         kt_empty = tensor.EmptyOp([self.dk, bn], self.elt).result
         k_trans = linalg.transpose(k_tile, outs=[kt_empty], permutation=[1, 0])
         tile_t = tensor_type([bm, bn], f32_type)

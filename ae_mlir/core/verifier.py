@@ -145,6 +145,15 @@ def _verify_aggregate(op):
     _expect(out == [b, h, lq, dv], f"result must have shape [{b}, {h}, {lq}, {dv}], got {out}")
 
 
+def _verify_gather_pages(op):
+    (_, hkv, size, d), elt = _tensor(op.operands[0].type, "pages", 4, ATTENTION_TYPES)
+    (b, m), _ = _tensor(op.operands[1].type, "block table", 2, ("i32",))
+    out, out_elt = _tensor(op.results[0].type, "result", 4, ATTENTION_TYPES)
+    _expect(out == [b, hkv, m * size, d], f"result must have shape [{b}, {hkv}, {m * size}, {d}] (batch, heads, "
+                                          f"table width x page size, head dim), got {out}")
+    _expect(out_elt == elt, f"result element type {out_elt} must be the pages' ({elt})")
+
+
 _GRAD_ARGS = ["f32", "f32"] + ["index"] * 4
 
 
@@ -234,6 +243,7 @@ _RULES = {
     "attn.mask": _verify_mask,
     "attn.normalize": _verify_normalize,
     "attn.aggregate": _verify_aggregate,
+    "attn.gather_pages": _verify_gather_pages,
     "attn.linear_recurrence": _verify_linear,
     "attn.score_mod_grad": _verify_score_mod_grad,
     "attn.closure_grad": _verify_closure_grad,

@@ -136,26 +136,37 @@ class attention:
         checks.with_layout_hint(self._validate_as, self.layout, q, k, v)
         return tuple(checks.to_bhld(t, self.layout) for t in (q, k, v))
 
-    def mlir(self, q, k, v, debug_info: bool = False, kv_len=None) -> str:
+    def mlir(self, q, k, v, debug_info: bool = False, kv_len=None, block_table=None) -> str:
         """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
         `debug_info`, every op ends with its location in the user's source, as compiling sees it.
-        With `kv_len` (any integer tensor of shape [B]; only its shape is read), the module takes
-        per-entry key lengths."""
-        q, k, v = self._validate(q, k, v)
+        `kv_len` and `block_table` are as for a call; only their shapes are read."""
+        q, k, v, block_table = self._validate_cache(q, k, v, block_table)
         if kv_len is not None and tuple(kv_len.shape) != (q.shape[0],):
             raise ValueError(f"kv_len must have shape ({q.shape[0]},), got {tuple(kv_len.shape)}")
-        text, _ = self._build(q, k, v, kv_len=kv_len)
+        text, _ = self._build(q, k, v, kv_len=kv_len, block_table=block_table)
         return text if debug_info else strip_locations(text)
 
-    def _build(self, q, k, v, clamp: bool = True, kv_len=None) -> tuple[str, list]:
+    def _validate_cache(self, q, k, v, block_table):
+        """(q, k, v, block_table): q, k, v as [B, H, L, D] views, or with a block table, k and v
+        as page pools [P, Hkv, S, D] and the table as int32 [B, M]."""
+        if block_table is None:
+            return (*self._validate(q, k, v), None)
+        q, k, v = (checks.to_bhld(t, self.layout) for t in (q, k, v))
+        checks.paged_cache(q, k, v, block_table, checks.FORMS[self.layout])
+        return q, k, v, block_table
+
+    def _build(self, q, k, v, clamp: bool = True, kv_len=None, block_table=None) -> tuple[str, list]:
         """The L0 module with locations: ops a mod produced point at its lines, the mod ops at its
-        definition, the rest at the user's call. `kv_len` (int32 [B]) becomes the last closure
-        tensor, the mask's operand."""
+        definition, the rest at the user's call. `kv_len` (int32 [B]) becomes a closure tensor
+        after the mods', the mask's operand; with `block_table` (int32 [B, M]) k and v are page
+        pools [P, Hkv, S, D] and the table the last closure tensor."""
         b, h, lq, dk = q.shape
-        _, hkv, lk, dv = v.shape
+        hkv, dv = v.shape[1], v.shape[3]
+        lk = v.shape[2] if block_table is None else v.shape[2] * block_table.shape[1]
         scale = checks.default_scale(self.scale, dk)
         elt = mlir_elt(q.dtype)
-        tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
+        tq = tensor_type(q.shape, elt)
+        tk, tv = tensor_type((b, hkv, lk, dk), elt), tensor_type((b, hkv, lk, dv), elt)
         ts = tensor_type((b, h, lq, lk), "f32")
         tm = tensor_type((b, h, lq, lk), "i1")
         to = tensor_type((b, h, lq, dv), elt)
@@ -164,7 +175,8 @@ class attention:
         caps = _Captures()
         body = []
         scores = "%scores"
-        body.append(f'%scores = "attn.score"(%q, %k) {{scale = {float_literal(scale)} : f32}} : ({tq}, {tk}) -> {ts}'
+        keys, values = ("%k", "%v") if block_table is None else ("%k_logical", "%v_logical")
+        body.append(f'%scores = "attn.score"(%q, {keys}) {{scale = {float_literal(scale)} : f32}} : ({tq}, {tk}) -> {ts}'
                     + call)
         if self.score_mod is not None:
             name = _mod_name(self.score_mod, "score_mod")
@@ -214,24 +226,39 @@ class attention:
             f'resultSegmentSizes = array<i32: 1, {1 if with_lse else 0}>}} : {_sig(in_types)} -> {_sig(out_types)}'
             + norm_loc
         )
-        body.append(f'%out = "attn.aggregate"(%probs, %v) : ({ts}, {tv}) -> {to}' + call)
+        body.append(f'%out = "attn.aggregate"(%probs, {values}) : ({ts}, {tv}) -> {to}' + call)
+        if block_table is not None:
+            table = f"%c{len(caps.tensors)}"
+            caps.tensors.append(block_table)
+            caps.sources.append(None)
+            body[:0] = [f'%{name}_logical = "attn.gather_pages"(%{name}, {table}) : '
+                        f'({tensor_type(t.shape, elt)}, {tensor_type(block_table.shape, "i32")}) -> {logical}' + call
+                        for name, t, logical in (("k", k, tk), ("v", v, tv))]
         ret_vals = ["%out"] + (["%lse"] if with_lse else [])
         ret_types = [to] + ([tl] if with_lse else [])
         body.append(f"return {', '.join(ret_vals)} : {', '.join(ret_types)}" + call)
-        params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"] + [
+        params = [f"%q: {tq}"] + [f"%{name}: {tensor_type(t.shape, elt)}" for name, t in (("k", k), ("v", v))] + [
             f"%c{i}: {t}" for i, t in enumerate(caps.types())]
         text = _func("attention", params, ret_types, body, call)
         return text, caps.tensors
 
-    def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None):
-        q, k, v = self._validate(q, k, v)
-        kv_len = checks.key_lengths(kv_len, q, k.shape[2], index_check.enabled(self.check_indices))
+    def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None,
+                 block_table=None):
+        q, k, v, block_table = self._validate_cache(q, k, v, block_table)
+        checked = index_check.enabled(self.check_indices)
+        keys = k.shape[2] if block_table is None else k.shape[2] * block_table.shape[1]
+        kv_len = checks.key_lengths(kv_len, q, keys, checked)
+        if block_table is not None:
+            checks.paged_for_inference(q, k, v)
+            if checked:
+                checks.pages_in_use(block_table, kv_len, k.shape[0], k.shape[2])
+            block_table = checks.page_table(block_table, k.shape[0])
         if return_lse and self.normalize != "softmax":
             name = self.normalize if isinstance(self.normalize, str) else self.normalize.name
             raise ValueError(f"return_lse=True needs normalize='softmax', not {name!r}")
         backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
         checks.check_float64_backend(q, backend)
-        if q.shape[0] * q.shape[1] * q.shape[2] == 0 or k.shape[2] == 0:
+        if q.shape[0] * q.shape[1] * q.shape[2] == 0 or keys == 0:
             # Nothing to compute: no queries, or no keys (every row is empty: o = 0, lse = -inf).
             import torch
 
@@ -242,9 +269,9 @@ class attention:
         if _compiling():
             from .torch_op import compiled_attention
 
-            out, lse = compiled_attention(self, q, k, v, backend, kv_len)
+            out, lse = compiled_attention(self, q, k, v, backend, kv_len, block_table)
             return (self._out(out), lse) if return_lse else self._out(out)
-        text, captures = self._prepare(q, k, v, kv_len)
+        text, captures = self._prepare(q, k, v, kv_len, block_table)
         if wants_grad([q, k, v] + captures):
             from .autograd import compiled_call, differentiable_call
 
@@ -253,13 +280,13 @@ class attention:
         results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])
 
-    def _prepare(self, q, k, v, kv_len=None) -> tuple[str, list]:
-        """The L0 module for these [B, H, L, D] tensors (and per-entry key lengths) and the closure
-        tensors it takes, checked (devices; indices in checked mode)."""
-        text, captures = self._build(q, k, v, kv_len=kv_len)
+    def _prepare(self, q, k, v, kv_len=None, block_table=None) -> tuple[str, list]:
+        """The L0 module for these [B, H, L, D] tensors (and per-entry key lengths, a paged cache)
+        and the closure tensors it takes, checked (devices; indices in checked mode)."""
+        text, captures = self._build(q, k, v, kv_len=kv_len, block_table=block_table)
         checks.check_capture_devices(captures, q.device)
         if index_check.enabled(self.check_indices) and captures:
-            unclamped, _ = self._build(q, k, v, clamp=False, kv_len=kv_len)
+            unclamped, _ = self._build(q, k, v, clamp=False, kv_len=kv_len, block_table=block_table)
             mods = {(op, 0): index_check.describe(fn, role) for op, fn, role in (
                 ("attn.score_mod", self.score_mod, "score_mod"), ("attn.mask", self.mask_mod, "mask_mod"))
                 if fn is not None}

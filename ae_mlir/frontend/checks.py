@@ -168,3 +168,67 @@ def key_lengths(kv_len, q, keys: int, checked: bool):
         # Clamped before narrowing, so a length past 2**31 cannot wrap to a small one.
         kv_len = kv_len.clamp(0, keys)
     return kv_len.to(torch.int32).contiguous()
+
+
+def paged_cache(q, k, v, block_table, form: str):
+    """Check q, the page pools k, v ([P, Hkv, S, D] once in [B, H, L, D] order; `form` is how
+    the caller's layout spells q) and the block table [B, M]."""
+    import torch
+
+    check_tensor("q", q, 4, form, float64=True)
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t, 4, form.replace("B", "P").replace("L", "S") + " pages", float64=True)
+        same("q", q.dtype, name, t.dtype, "dtype")
+        same("q", q.device, name, t.device, "device")
+    same("k", k.shape[:3], "v", v.shape[:3], "number of pages, heads and page size")
+    same("q", q.shape[3], "k", k.shape[3], "head dim (Dk)")
+    if k.shape[0] == 0 or k.shape[2] == 0 or v.shape[3] == 0 or q.shape[3] == 0:
+        raise ValueError(f"a paged cache needs pages of at least one slot and positive head dims, got k "
+                         f"pages of shape {tuple(k.shape)} and v {tuple(v.shape)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]}) for GQA")
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a tensor of page numbers [B, max_pages] or None, "
+                        f"got {type(block_table).__name__}")
+    if block_table.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"block_table must be an int32 or int64 tensor, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.shape[1] == 0:
+        raise ValueError(f"block_table must have shape ({q.shape[0]}, max_pages) with max_pages >= 1 (a row of "
+                         f"page numbers per batch entry), got {tuple(block_table.shape)}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table is on '{block_table.device}' but q is on '{q.device}'")
+
+
+def page_table(block_table, n_pages: int):
+    """The block table as the kernels take it: int32, contiguous; int64 page numbers are clamped
+    into [0, n_pages) first (as the kernels clamp them), so none wraps when narrowed."""
+    import torch
+
+    if block_table.dtype == torch.int64:
+        block_table = block_table.clamp(0, n_pages - 1)
+    return block_table.to(torch.int32).contiguous()
+
+
+def paged_for_inference(q, k, v):
+    """A paged cache is read, not trained: no gradients flow into its pages."""
+    import torch
+
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("gradients through a paged KV cache (block_table) are not supported: call under "
+                         "torch.no_grad(), or pass k and v as [B, H, L, D] tensors to train")
+
+
+def pages_in_use(block_table, kv_len, n_pages: int, page_size: int):
+    """Checked mode: every page number an entry reads (those covering its first kv_len keys)
+    lies in [0, n_pages)."""
+    import torch
+
+    m = block_table.shape[1]
+    lengths = torch.full((block_table.shape[0],), m * page_size, device=block_table.device) if kv_len is None \
+        else kv_len.to(torch.int64).clamp(0, m * page_size)
+    used = torch.arange(m, device=block_table.device).view(1, m) * page_size < lengths.view(-1, 1)
+    bad = used & ((block_table < 0) | (block_table >= n_pages))
+    if bool(bad.any()):
+        b, j = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is not a page number in "
+                         f"[0, {n_pages}) (k and v hold {n_pages} pages)")
