@@ -49,10 +49,11 @@ def load_paged(kernel, source, hk, n0, rows: int, width: int):
         page = _page(kernel, table_arg, kernel.pb, page_index, n_pages)
         return kernel.load_tile(pages_arg, [page, hk], slot, arith.addi(slot, arith.subi(keys, n0)), rows, width)
     elt = element_type(pages_arg)
+    last = arith.subi(keys, index(1))
 
     def row(_):
         key = arith.addi(n0, linalg.IndexOp(0).result)
-        clamped = arith.minsi(key, arith.subi(keys, index(1)))
+        clamped = arith.minsi(key, last)
         page_index = arith.divui(clamped, index(size))
         page = _page(kernel, table_arg, kernel.pb, page_index, n_pages)
         slot = arith.subi(clamped, arith.muli(page_index, index(size)))

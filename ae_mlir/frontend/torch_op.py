@@ -22,11 +22,10 @@ def _kernel_captures(captures: list) -> list:
     return [t.reshape(1) if t.dim() == 0 else t for t in captures]
 
 
-def _call(key: str, backend: str, q, k, v, captures: list, kv_len) -> CompiledCall:
+def _call(key: str, backend: str, q, k, v, captures: list, kv_len, block_table) -> CompiledCall:
     attn = variant_registry.lookup(key)
-    text, traced = attn._prepare(q, k, v, kv_len)
-    if kv_len is not None:
-        traced = traced[:-1]
+    text, traced = attn._prepare(q, k, v, kv_len, block_table)
+    traced = traced[:len(traced) - len(_cache_operands(kv_len, block_table))]
     given = _kernel_captures(captures)
     if [(tuple(t.shape), t.dtype) for t in traced] != [(tuple(t.shape), t.dtype) for t in given]:
         raise RuntimeError(f"the mods of ae_mlir attention {key!r} now read closure tensors "
@@ -37,9 +36,14 @@ def _call(key: str, backend: str, q, k, v, captures: list, kv_len) -> CompiledCa
     return compiled_call(attn, text, q, k, v, backend)
 
 
-def _with_lengths(captures: list, kv_len) -> list:
-    """The kernel's closure tensors: the mods', then the key lengths when given."""
-    return _kernel_captures(captures) + ([] if kv_len is None else [kv_len])
+def _cache_operands(kv_len, block_table) -> list:
+    """The closure tensors a call adds after the mods': the key lengths, then the block table."""
+    return [t for t in (kv_len, block_table) if t is not None]
+
+
+def _with_cache(captures: list, kv_len, block_table) -> list:
+    """The kernel's closure tensors."""
+    return _kernel_captures(captures) + _cache_operands(kv_len, block_table)
 
 
 def _lse_dtype(q) -> torch.dtype:
@@ -48,17 +52,18 @@ def _lse_dtype(q) -> torch.dtype:
 
 @torch.library.custom_op("ae_mlir::attention", mutates_args=())
 def attention_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor,
-                 captures: list[Tensor], kv_len: Tensor | None) -> tuple[Tensor, Tensor]:
+                 captures: list[Tensor], kv_len: Tensor | None,
+                 block_table: Tensor | None) -> tuple[Tensor, Tensor]:
     """(out, lse); lse is zeros for normalizers other than softmax, which have none."""
-    call = _call(key, backend, q, k, v, captures, kv_len)
-    out, lse = call.forward(q, k, v, _with_lengths(captures, kv_len))
+    call = _call(key, backend, q, k, v, captures, kv_len, block_table)
+    out, lse = call.forward(q, k, v, _with_cache(captures, kv_len, block_table))
     if lse is None:
         lse = torch.zeros(q.shape[:3], dtype=_lse_dtype(q), device=q.device)
     return out, lse
 
 
 @attention_op.register_fake
-def _attention_fake(key, backend, q, k, v, captures, kv_len):
+def _attention_fake(key, backend, q, k, v, captures, kv_len, block_table):
     b, h, lq, _ = q.shape
     return q.new_empty((b, h, lq, v.shape[3])), q.new_empty((b, h, lq), dtype=_lse_dtype(q))
 
@@ -68,10 +73,10 @@ def attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tenso
                           kv_len: Tensor | None, lse: Tensor, out: Tensor | None, d_out: Tensor,
                           d_lse: Tensor | None, closures_wanted: list[bool]) -> list[Tensor]:
     """[dq, dk, dv, one gradient per closure tensor]; zeros where none reaches a tensor."""
-    call = _call(key, backend, q, k, v, captures, kv_len)
+    call = _call(key, backend, q, k, v, captures, kv_len, None)
     softmax = call.with_lse
     wanted = list(closures_wanted) + ([] if kv_len is None else [False])
-    dq, dk, dv, d_captures = call.backward(q, k, v, _with_lengths(captures, kv_len), lse if softmax else None,
+    dq, dk, dv, d_captures = call.backward(q, k, v, _with_cache(captures, kv_len, None), lse if softmax else None,
                                            d_out, d_lse if softmax else None, wanted, out=out)
     return [dq, dk, dv] + [t.new_zeros(t.shape, dtype=_grad_dtype(t)) if g is None else g.reshape(t.shape)
                            for g, t in zip(d_captures, captures)]
@@ -88,7 +93,7 @@ def _attention_backward_fake(key, backend, q, k, v, captures, kv_len, lse, out, 
 
 
 def _setup_context(ctx, inputs, output):
-    key, backend, q, k, v, captures, kv_len = inputs
+    key, backend, q, k, v, captures, kv_len, _ = inputs
     ctx.key, ctx.backend = key, backend
     # The graph holds the variant by key only, and the registry holds it weakly: without this the
     # backward would fail once the model that owns the attention is gone.
@@ -106,16 +111,18 @@ def _backward(ctx, d_out, d_lse):
     dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, kv_len, lse, out,
                                                     d_out, d_lse, wanted)
     d_captures = [g if t.dtype.is_floating_point else None for g, t in zip(d_captures, captures)]
-    return None, None, dq, dk, dv, d_captures, None
+    return None, None, dq, dk, dv, d_captures, None, None
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def compiled_attention(attn, q, k, v, backend: str, kv_len=None):
-    """(out, lse) of `attn` as one `ae_mlir::attention` op (q, k, v as [B, H, L, D] views; kv_len
-    int32 [B] or None)."""
+def compiled_attention(attn, q, k, v, backend: str, kv_len=None, block_table=None):
+    """(out, lse) of `attn` as one `ae_mlir::attention` op (q, k, v as [B, H, L, D] views, or with
+    a block table page pools; kv_len int32 [B] or None; block_table int32 [B, M] or None). The
+    frontend refuses gradients through a paged cache, so the backward never sees a table."""
     if attn._sources is None:
         raise RuntimeError("ae_mlir.attention under torch.compile: its mods could not be traced when it was "
                            "constructed; call it once outside torch.compile to see the error")
-    return attention_op(attn._key, backend, q, k, v, closure_sources.fetch(attn, attn._sources), kv_len)
+    return attention_op(attn._key, backend, q, k, v, closure_sources.fetch(attn, attn._sources), kv_len,
+                        block_table)

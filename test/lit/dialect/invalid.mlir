@@ -56,6 +56,14 @@ func.func @kv_len_is_i32(%n: tensor<2xi64>) {
 
 // -----
 
+func.func @gather_pages_shape(%p: tensor<9x2x64x16xbf16>, %t: tensor<2x4xi32>) {
+  // expected-error @+1 {{result must have shape [2, 2, 256, 16] (batch, heads, table width x page size, head dim), got [2, 2, 200, 16]}}
+  %k = "attn.gather_pages"(%p, %t) : (tensor<9x2x64x16xbf16>, tensor<2x4xi32>) -> tensor<2x2x200x16xbf16>
+  return
+}
+
+// -----
+
 func.func @mask_region_signature() {
   // expected-error @+1 {{mask region must take (index, index, index, index), got (index, index, index)}}
   %m = "attn.mask"() ({
