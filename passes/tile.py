@@ -152,9 +152,11 @@ class _Kernel(KernelBuilder):
         state.append(fill(zero, tensor.EmptyOp([self.bm, self.dv], f32_type).result))
         return state
 
-    def visit_kv_tiles(self, q_tile, args, table_row, partial, full, table_args, state=None) -> list:
+    def visit_kv_tiles(self, q_tile, args, table_row, partial, full, table_args, state=None, deal=None) -> list:
         """The two scf.for loops over the KV tiles of row `table_row` of the tile tables: partial
-        ones with the mask, then full ones; returns the row state after both."""
+        ones with the mask, then full ones; returns the row state after both. With `deal` =
+        (split, splits), each list's tiles in reach of the entry's length are dealt out at run
+        time and this program takes the split-th contiguous share."""
         from mlir import ir
         from mlir.dialects import arith, scf, tensor
 
@@ -175,7 +177,13 @@ class _Kernel(KernelBuilder):
             if reach is not None:
                 bounds = None if consecutive(lists) else self.constant_table(bound_table(lists, -(-self.lk // self.bn)))
                 count = trip_count(count, index_tab, bounds, table_row, reach)
-            loop = scf.ForOp(index(0), count, index(1), state)
+            start = index(0)
+            if deal is not None:
+                split, splits = deal
+                share = arith.divui(arith.addi(count, index(splits - 1)), index(splits))
+                start = arith.muli(split, share)
+                count = arith.minsi(arith.addi(start, share), count)
+            loop = scf.ForOp(start, count, index(1), state)
             with ir.InsertionPoint(loop.body):
                 nb_raw = tensor.extract(index_tab, [table_row, loop.induction_variable])
                 nb = arith.index_cast(ir.IndexType.get(), nb_raw)

@@ -49,16 +49,26 @@ def load_paged(kernel, source, hk, n0, rows: int, width: int):
         page = _page(kernel, table_arg, kernel.pb, page_index, n_pages)
         return kernel.load_tile(pages_arg, [page, hk], slot, arith.addi(slot, arith.subi(keys, n0)), rows, width)
     elt = element_type(pages_arg)
+    i32 = ir.IntegerType.get_signless(32)
     last = arith.subi(keys, index(1))
 
-    def row(_):
+    def clamped_key():
+        return arith.minsi(arith.addi(n0, linalg.IndexOp(0).result), last)
+
+    def page_of_row(_):
+        page = _page(kernel, table_arg, kernel.pb, arith.divui(clamped_key(), index(size)), n_pages)
+        return arith.index_cast(i32, page)
+
+    # One table read per row, not per element: the row's page, then its D elements.
+    pages_of_rows = kernel.generic([], tensor_type([rows], i32), page_of_row, rank=1)
+
+    def element(a):
         key = arith.addi(n0, linalg.IndexOp(0).result)
-        clamped = arith.minsi(key, last)
-        page_index = arith.divui(clamped, index(size))
-        page = _page(kernel, table_arg, kernel.pb, page_index, n_pages)
-        slot = arith.subi(clamped, arith.muli(page_index, index(size)))
+        clamped = clamped_key()
+        slot = arith.subi(clamped, arith.muli(arith.divui(clamped, index(size)), index(size)))
+        page = arith.index_cast(ir.IndexType.get(), a[0])
         x = tensor.extract(pages_arg, [page, hk, slot, linalg.IndexOp(1).result])
         inside = arith.cmpi(arith.CmpIPredicate.slt, key, keys)
         return arith.select(inside, x, arith.constant(elt, 0.0))
 
-    return kernel.generic([], tensor_type([rows, width], elt), row)
+    return kernel.generic([(pages_of_rows, (0,))], tensor_type([rows, width], elt), element)

@@ -8,7 +8,8 @@ are dealt out to `splits` programs, and a second kernel merges their partial res
 (with pack-gqa, Hkv for H and block_m / group query rows a block: tile_pack_gqa)
 
 Program p of the first kernel takes query block p / splits and the p % splits-th contiguous run
-of that block's KV tiles (its rows of the tile tables are those tiles' lists); it writes its
+of that block's KV tiles (its rows of the tile tables are those tiles' lists; with per-entry key
+lengths, the p % splits-th share of the block's tiles below the entry's length); it writes its
 unnormalized accumulator (w0: [B, splits, H, Lq, Dv]), row max and row sum (w1, w2:
 [B, splits, H, Lq rounded up to 16], so every stride is a multiple of 16 as the aligned kernel
 variant assumes) in the normalizer's own domain. The combine kernel merges the splits as the
@@ -76,15 +77,21 @@ def _build_partial(kernel, name: str, classification: Classification, splits: in
     entry = kernel.function(name, inputs + workspace, workspace, attributes)
     args = kernel.kernel_args
     w_acc, w_max, w_sum = args[len(inputs):]
-    partial = split_lists(classification.partial, nn, splits)
-    full = split_lists(classification.full, nn, splits)
     with ir.InsertionPoint(entry):
         program = program_id(2)
         block = arith.divui(program, index(splits))
         split = arith.subi(program, arith.muli(block, index(splits)))
         kernel.start_program(block)
         q_tile = kernel.load_block(args[0], [kernel.pb], kernel.dk)
-        m, l, acc = kernel.visit_kv_tiles(q_tile, args, program, partial, full, [])
+        if kernel.kv_len is None:
+            partial = split_lists(classification.partial, nn, splits)
+            full = split_lists(classification.full, nn, splits)
+            m, l, acc = kernel.visit_kv_tiles(q_tile, args, program, partial, full, [])
+        else:
+            # With per-entry lengths the tiles in reach are known at run time only: each split
+            # takes its share of them, not of the Lk keys the cache could hold.
+            m, l, acc = kernel.visit_kv_tiles(q_tile, args, block, classification.partial, classification.full, [],
+                                              deal=(split, splits))
         rows = arith.minsi(arith.subi(index(kernel.lq), kernel.m0), index(kernel.rows))
         lead = [kernel.pb, split]
         func.ReturnOp([kernel.store_block(acc, w_acc, lead, rows), kernel.store_block(m, w_max, lead, rows),

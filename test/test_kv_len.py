@@ -15,7 +15,7 @@ from ae_mlir.backends import triton as tb
 from ae_mlir.core.context import new_context, parse_module
 from ae_mlir.passes import build_pass_manager
 from bundle_interp import interpret
-from l1_interp import run_kernel
+from l1_interp import run_by_role, run_kernel
 
 
 def _inputs(b, h, hkv, lq, lk, d, dtype=torch.float64, seed=0):
@@ -172,3 +172,20 @@ def test_bad_lengths_are_value_errors():
     out = attn(q, k, v, kv_len=torch.tensor([99, -4]))
     want = attn(q, k, v, kv_len=torch.tensor([10, 0]), backend="reference")
     torch.testing.assert_close(out, want.float(), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_split_kernels_deal_each_entrys_tiles_in_the_l1_interpreter(splits):
+    # Each split takes its share of the tiles below its entry's length (run time), not of Lk.
+    attn, score_mod, keep = VARIANTS[1][1:]
+    q, k, v = _inputs(3, 4, 2, 2, 150, 8)
+    lengths = torch.tensor([150, 0, 61], dtype=torch.int32)
+    module = _tiled(attn, q, k, v, lengths, f"attn-tile{{block-m=16 block-n=16 kv-splits={splits} pack-gqa=true}}")
+    assert [op.operation.attributes["sym_name"].value for op in module.body.operations] == [
+        "attention_partial", "attention_combine"]
+    got = run_by_role(module, {"q": q, "k": _poisoned(k, lengths), "v": _poisoned(v, lengths), "c0": lengths})
+    want, want_lse = _oracle(q, k, v, lengths, score_mod, keep)
+    torch.testing.assert_close(got["out"], want, rtol=0, atol=1e-6)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(finite, torch.isfinite(got["lse"]))
+    torch.testing.assert_close(got["lse"][finite], want_lse[finite], rtol=0, atol=1e-6)

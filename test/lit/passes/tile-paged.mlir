@@ -4,7 +4,8 @@
 // With 32-key tiles a tile lies in one page: one table read (page = table[b, n0 / 64], clamped
 // into [0, 9)) and one slice of that page from slot n0 - 64 * (n0 / 64).
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=16 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=SLICE
-// With 128-key tiles a tile spans two pages: each row reads its own page's row (a gather).
+// With 128-key tiles a tile spans two pages: a [128] vector of the rows' pages (one table read a
+// row, shared by the K and V loads), then each row reads its own page's row (a gather).
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=16 block-n=128},cse)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=GATHER
 
 // SLICE-LABEL: func.func @paged(
@@ -26,21 +27,27 @@
 // SLICE: linalg.matmul
 
 // GATHER-LABEL: func.func @paged(
-// GATHER-SAME: %[[KP:[a-z0-9]+]]: tensor<9x2x64x16xbf16>, %{{.*}}: tensor<9x2x64x16xbf16>, %[[T:[a-z0-9]+]]: tensor<2x4xi32>,
+// GATHER-SAME: %[[KP:[a-z0-9]+]]: tensor<9x2x64x16xbf16>, %[[VP:[a-z0-9]+]]: tensor<9x2x64x16xbf16>, %[[T:[a-z0-9]+]]: tensor<2x4xi32>,
 // GATHER: scf.for
 // GATHER: %[[N0:.*]] = arith.muli %{{.*}}, %c128
-// GATHER: linalg.generic {{.*}} outs(%{{.*}} : tensor<128x16xbf16>)
+// GATHER: %[[ROWS:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<128xi32>)
 // GATHER: %[[R:.*]] = linalg.index 0
 // GATHER: %[[KEY:.*]] = arith.addi %[[N0]], %[[R]]
 // GATHER: %[[KC:.*]] = arith.minsi %[[KEY]], %{{.*}}
 // GATHER: %[[PI:.*]] = arith.divui %[[KC]], %c64
 // GATHER: tensor.extract %[[T]][%{{.*}}, %[[PI]]] : tensor<2x4xi32>
-// GATHER: %[[SLOT:.*]] = arith.subi %[[KC]]
+// GATHER: linalg.generic {{.*}} ins(%[[ROWS]] : tensor<128xi32>) outs(%{{.*}} : tensor<128x16xbf16>)
+// GATHER: ^bb0(%[[PAGE:.*]]: i32, %{{.*}}: bf16):
+// GATHER: %[[SLOT:.*]] = arith.subi
+// GATHER: %[[P:.*]] = arith.index_cast %[[PAGE]] : i32 to index
 // GATHER: %[[D:.*]] = linalg.index 1
-// GATHER: %[[X:.*]] = tensor.extract %[[KP]][%{{.*}}, %{{.*}}, %[[SLOT]], %[[D]]] : tensor<9x2x64x16xbf16>
-// GATHER: %[[IN:.*]] = arith.cmpi slt, %[[KEY]], %c256
-// GATHER: arith.select %[[IN]], %[[X]]
+// GATHER: %[[X:.*]] = tensor.extract %[[KP]][%[[P]], %{{.*}}, %[[SLOT]], %[[D]]] : tensor<9x2x64x16xbf16>
+// GATHER: arith.cmpi slt, %{{.*}}, %c256
+// GATHER: arith.select %{{.*}}, %[[X]]
+// GATHER: linalg.generic {{.*}} ins(%[[ROWS]] : tensor<128xi32>)
+// GATHER: tensor.extract %[[VP]]
 // GATHER: linalg.matmul
+
 func.func @paged(%q: tensor<2x2x1x16xbf16>, %kp: tensor<9x2x64x16xbf16>, %vp: tensor<9x2x64x16xbf16>, %t: tensor<2x4xi32>) -> (tensor<2x2x1x16xbf16>, tensor<2x2x1xf32>) {
   %k = "attn.gather_pages"(%kp, %t) : (tensor<9x2x64x16xbf16>, tensor<2x4xi32>) -> tensor<2x2x256x16xbf16>
   %v = "attn.gather_pages"(%vp, %t) : (tensor<9x2x64x16xbf16>, tensor<2x4xi32>) -> tensor<2x2x256x16xbf16>
