@@ -1,0 +1,111 @@
+"""Where a short decoding call's time goes: the wall time of `runtime.launch` per call, the GPU
+time of the same kernels replayed from a CUDA graph, and a profile of the Python launch path.
+
+    python bench/launch_overhead.py build --out bench/bundles/launch     # here
+    python bench/launch_overhead.py run --bundles bench/bundles/launch --out DIR   # on the GPU
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+HEADS, KV_HEADS, DIM = 32, 8, 128
+CASES = [(1, 8192, False), (1, 8192, True)]  # (batch, Lk, with kv_len)
+
+
+def _name(batch, seq, lengths) -> str:
+    return f"b{batch}_l{seq}" + ("_kv_len" if lengths else "")
+
+
+def build(out: str) -> None:
+    import torch
+
+    import ae_mlir as ae
+    from ae_mlir.backends import triton as tb
+
+    os.makedirs(out, exist_ok=True)
+    for batch, seq, lengths in CASES:
+        q = torch.empty(batch, HEADS, 1, DIM, dtype=torch.bfloat16, device="meta")
+        kv = torch.empty(batch, KV_HEADS, seq, DIM, dtype=torch.bfloat16, device="meta")
+        n = torch.empty(batch, dtype=torch.int32, device="meta") if lengths else None
+        bundle = tb.compile_bundle(ae.attention(), q, kv, kv, target="cuda:90", kv_len=n)
+        bundle.save(os.path.join(out, _name(batch, seq, lengths) + ".json"))
+
+
+def run(bundles: str, out_dir: str) -> None:
+    import torch
+    import triton
+
+    from ae_mlir import runtime
+
+    os.makedirs(out_dir, exist_ok=True)
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "cases": []}
+    for batch, seq, lengths in CASES:
+        name = _name(batch, seq, lengths)
+        bundle = runtime.Bundle.load(os.path.join(bundles, name + ".json"))
+        q = torch.randn(batch, HEADS, 1, DIM, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, KV_HEADS, seq, DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        extra = [torch.full((batch,), seq, dtype=torch.int32, device="cuda")] if lengths else []
+
+        def call():
+            return runtime.launch(bundle, q, k, v, *extra)
+
+        call()
+        torch.cuda.synchronize()
+        wall = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
+        n = 2000
+        start = time.perf_counter()
+        for _ in range(n):
+            call()
+        host_us = (time.perf_counter() - start) / n * 1e6
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            call()
+            stream.synchronize()
+            with torch.cuda.graph(graph, stream=stream):
+                call()
+        gpu = triton.testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median")
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(n):
+            call()
+        profile.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+        rec = {"case": name, "wall_us": wall * 1e3, "host_loop_us": host_us, "graph_replay_us": gpu * 1e3,
+               "profile": text.getvalue()}
+        results["cases"].append(rec)
+        print(json.dumps({key: value for key, value in rec.items() if key != "profile"}), flush=True)
+        print(rec["profile"][:6000], flush=True)
+    with open(os.path.join(out_dir, "launch_overhead.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("build", "run"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "launch"))
+    args = parser.parse_args(argv)
+    if args.mode == "build":
+        build(args.out)
+    else:
+        run(args.bundles, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
