@@ -159,6 +159,13 @@ def _linear(op, env_vals, seg, outer):
     return out, state
 
 
+def _spans(cu, rows: int, longest: int) -> list[tuple[int, int]]:
+    """Each sequence's packed rows [lo, hi): clamped into the packed tensor's `rows` and cut at the
+    view's `longest` rows, as the kernels clamp them."""
+    offsets = [min(max(int(x), 0), rows) for x in cu.tolist()]
+    return [(lo, max(lo, min(hi, lo + longest))) for lo, hi in zip(offsets, offsets[1:])]
+
+
 def evaluate(module, inputs: list) -> list:
     """Run the module's single function on `inputs`; return its results as float64 tensors."""
     import torch
@@ -209,6 +216,18 @@ def evaluate(module, inputs: list) -> list:
             picked = pages[table.to(torch.int64).clamp(0, n_pages - 1)]  # [B, M, Hkv, S, D]
             b, m = table.shape
             env[op.results[0]] = picked.permute(0, 2, 1, 3, 4).reshape(b, heads, m * size, d)
+        elif name == "attn.unpack_sequences":
+            packed, cu = vals
+            view = torch.zeros(list(op.results[0].type.shape), dtype=packed.dtype)
+            for s, (lo, hi) in enumerate(_spans(cu, packed.shape[2], view.shape[2])):
+                view[s, :, :hi - lo] = packed[0, :, lo:hi]
+            env[op.results[0]] = view
+        elif name == "attn.pack_sequences":
+            view, cu = vals
+            packed = torch.zeros(list(op.results[0].type.shape), dtype=view.dtype)
+            for s, (lo, hi) in enumerate(_spans(cu, packed.shape[2], view.shape[2])):
+                packed[0, :, lo:hi] = view[s, :, :hi - lo]
+            env[op.results[0]] = packed
         elif name == "attn.aggregate":
             probs, v = vals
             v = _expand_heads(v, probs.shape[1])

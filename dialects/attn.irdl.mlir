@@ -82,6 +82,28 @@ irdl.dialect @attn {
     irdl.results(keys: %out)
   }
 
+  // Packed variable-length sequences (FlashAttention's cu_seqlens, tensor<S+1 x i32>): sequence
+  // s holds rows cu[s] .. cu[s+1] - 1 of a packed [1, H, T, D] tensor. unpack_sequences is the
+  // [S, H, L, D] view of them: row i of sequence s is packed row cu[s] + i for i < cu[s+1] - cu[s]
+  // and zero past it (L bounds the longest sequence). The tiling reads the packed rows in place.
+  irdl.operation @unpack_sequences {
+    %packed = irdl.base "!builtin.tensor"
+    %cu = irdl.base "!builtin.tensor"
+    %view = irdl.base "!builtin.tensor"
+    irdl.operands(packed: %packed, cu_seqlens: %cu)
+    irdl.results(view: %view)
+  }
+
+  // The inverse: a [S, H, L(, D)] result written back to packed rows [1, H, T(, D)], row i of
+  // sequence s to packed row cu[s] + i; packed rows outside every sequence are zero.
+  irdl.operation @pack_sequences {
+    %view = irdl.base "!builtin.tensor"
+    %cu = irdl.base "!builtin.tensor"
+    %packed = irdl.base "!builtin.tensor"
+    irdl.operands(view: %view, cu_seqlens: %cu)
+    irdl.results(packed: %packed)
+  }
+
   // out[b, h, i, :] = sum_j probs[b, h, i, j] * v[b, h // (H / Hkv), j, :], accumulated in f32
   // and converted to the result's element type.
   irdl.operation @aggregate {

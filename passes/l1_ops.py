@@ -35,18 +35,27 @@ def kernel_function(op, verb: str):
         raise fail(op, f"must be inside a func.func to be {verb}")
     block = func.regions[0].blocks[0]
     ret = list(block.operations)[-1].operation
-    if list(ret.operands) != list(op.results):
+    returned = [_unpacked(v) for v in ret.operands]
+    if returned != list(op.results):
         raise fail(op, f"{verb} turns the whole function into a kernel: the function must return "
                        "exactly this op's results, in order")
     for other in block.operations:
         if other.operation not in (op, ret) and other.operation.name not in _KERNEL_SIDE_OPS:
             raise fail(other.operation, f"a function to be {verb} must hold only '{op.name}', constants and "
-                                        "attn.gather_pages")
+                                        "the views it reads (attn.gather_pages, attn.unpack_sequences) or "
+                                        "writes (attn.pack_sequences)")
     return func
 
 
-# Ops a kernel's function may hold beside the op it tiles: the kernel reads them in place.
-_KERNEL_SIDE_OPS = ("arith.constant", "attn.gather_pages")
+# Ops a kernel's function may hold beside the op it tiles: the kernel reads (or, packing its
+# results, writes) them in place.
+_KERNEL_SIDE_OPS = ("arith.constant", "attn.gather_pages", "attn.unpack_sequences", "attn.pack_sequences")
+
+
+def _unpacked(value):
+    """The value an attn.pack_sequences packs, else `value` itself."""
+    owner = getattr(value.owner, "operation", None)
+    return owner.operands[0] if owner is not None and owner.name == "attn.pack_sequences" else value
 
 
 def shape(value) -> list[int]:

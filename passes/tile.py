@@ -31,6 +31,7 @@ from .kv_len import bound_table, consecutive, entry_length, trip_count
 from .l1_builders import KernelBuilder, convert, f32, fill, index, index_value, matmul, program_id, tensor_type
 from .l1_ops import kernel_function, ops_named, shape
 from .tile_paged import load_paged, paged_source
+from .tile_varlen import packing_ops, sequences_source, span
 from .tile_pack_gqa import load_head_rows, pack, packable, store_head_rows
 from .tile_split_kv import build_split, splittable
 from .tile_tables import Classification, classify_blocks, table_constants
@@ -71,6 +72,10 @@ class _Kernel(KernelBuilder):
         # once visit_kv_tiles has read it, else the static Lk.
         self.kv_len = op.operands[3] if len(op.operands) > 3 else None
         self.keys = self.lk
+        # Packed variable-length batches (tile_varlen): q's source and the ops packing the results.
+        self.q_seq = sequences_source(q)
+        self.packing = packing_ops(op) if self.q_seq is not None else None
+        self.spans: dict = {}
 
     # --- the kernel ----------------------------------------------------------------------
     def build(self, classification: Classification) -> None:
@@ -80,7 +85,7 @@ class _Kernel(KernelBuilder):
         nm, nn = -(-self.lq // self.rows), -(-self.lk // self.bn)
         inputs = [a.type for a in self.func_block.arguments]
         table_types = self.table_types(nm, nn) if classification.at_call_time else []
-        result_types = [r.type for r in self.op.results]
+        result_types = [r.type for r in (self.packing_results() or self.op.results)]
         attributes = self.attributes([self.b, self.hkv if self.packed else self.h, nm])
         attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
         entry = self.function(self.func.attributes["sym_name"].value, inputs + table_types + result_types,
@@ -92,11 +97,31 @@ class _Kernel(KernelBuilder):
             pm = self.start_program()
             q_tile = self.load_block(args[0], [self.pb], self.dk)
             state = self.visit_kv_tiles(q_tile, args, pm, classification.partial, classification.full, table_args)
-            rows = arith.minsi(arith.subi(index(self.lq), self.m0), index(self.rows))
+            rows = self.rows_to_store()
             results = [self.store_block(self.finalized(state), destinations[0], [self.pb], rows)]
             if self.with_lse:
                 results.append(self.store_block(self.lse_of(state), destinations[1], [self.pb], rows))
             func.ReturnOp(results)
+
+    def packing_results(self) -> list | None:
+        return [p.results[0] for p in self.packing] if self.packing else None
+
+    def rows_to_store(self):
+        """The program's query rows that exist: up to block_m, fewer at the (sequence's) end."""
+        from mlir.dialects import arith
+
+        if self.q_seq is None:
+            return self.rows_left(self.m0, self.lq, self.rows)
+        lo, hi = self.span(self.q_seq, self.lq)
+        return self.rows_left(self.m0, arith.subi(hi, lo), self.rows, past_end=True)
+
+    def span(self, source, longest: int):
+        """The packed rows [lo, hi) of this program's sequence in an unpack_sequences source
+        (read once per kernel)."""
+        key = (source[0], source[1])
+        if key not in self.spans:
+            self.spans[key] = span(self, source, self.pb, longest)
+        return self.spans[key]
 
     def attributes(self, grid: list[int]) -> dict:
         from mlir import ir
@@ -118,6 +143,7 @@ class _Kernel(KernelBuilder):
         from mlir.dialects import arith
 
         self.pb, self.ph = program_id(0), program_id(1)
+        self.spans = {}
         pm = query_block if query_block is not None else program_id(2)
         if self.packed:
             self.hk = self.ph
@@ -165,6 +191,15 @@ class _Kernel(KernelBuilder):
         if self.kv_len is not None:
             self.keys = entry_length(self.kernel_arg(self.kv_len, "kv_len"), self.pb, self.lk)
             reach = arith.divui(arith.addi(self.keys, index(self.bn - 1)), index(self.bn))
+        for operand in self.op.operands[1:3]:
+            # Read the sequences' spans here, where both loops see them.
+            if sequences_source(operand) is not None:
+                self.span(sequences_source(operand), self.lk)
+        if self.q_seq is not None:
+            # A query block past its sequence's end stores nothing: it visits no KV tile.
+            lo, hi = self.span(self.q_seq, self.lq)
+            inside = arith.cmpi(arith.CmpIPredicate.slt, arith.addi(lo, self.m0), hi)
+            reach = arith.select(inside, reach if reach is not None else index(-(-self.lk // self.bn)), index(0))
         for masked, lists, position in ((True, partial, 0), (False, full, 2)):
             if table_args:
                 count_tab, index_tab = table_args[position], table_args[position + 1]
@@ -222,7 +257,14 @@ class _Kernel(KernelBuilder):
     def load_block(self, src, lead: list, width: int | None):
         """The program's query block of src[lead..., head, row(, :width)] (rows past Lq zero) as
         a [block_m(, width)] tile: the program's head, or packed, its group's heads one after the
-        other."""
+        other; for a packed sequence, its rows of the packed q."""
+        from mlir.dialects import arith
+
+        if self.q_seq is not None:
+            lo, hi = self.span(self.q_seq, self.lq)
+            packed = self.kernel_arg(self.q_seq[0], "the packed q")
+            return self.load_tile(packed, [index(0), self.ph], arith.addi(lo, self.m0), hi, self.bm, width,
+                                  past_end=True)
         if not self.packed:
             return self.load_tile(src, lead + [self.ph], self.m0, self.lq, self.bm, width)
         return load_head_rows(self, src, lead, width)
@@ -242,6 +284,11 @@ class _Kernel(KernelBuilder):
         valid = tensor.ExtractSliceOp(tensor_type([dynamic] + width, elt), tile, [], [rows], [], [0] * rank,
                                       [dynamic] + width, [1] * rank).result
         coords = lead + [self.ph, self.m0]
+        if self.q_seq is not None:
+            # Straight into the packed result, at the sequence's rows.
+            from mlir.dialects import arith
+
+            coords = [index(0), self.ph, arith.addi(self.span(self.q_seq, self.lq)[0], self.m0)]
         return tensor.InsertSliceOp(valid, dest, coords, [rows], [], [dynamic] * len(coords) + [0] * len(width),
                                     [1] * (len(coords) - 1) + [dynamic] + width, [1] * (len(coords) + len(width))).result
 
@@ -260,10 +307,19 @@ class _Kernel(KernelBuilder):
     def load_kv(self, which: int, hk, n0, width: int):
         """The KV tile from key n0 of operand `which` (1: k, 2: v) for KV head hk, zero past
         the entry's last key: a slice of the tensor, or read through a paged cache's table."""
+        from mlir.dialects import arith
+
         value = self.op.operands[which]
         source = paged_source(value)
         if source is not None:
             return load_paged(self, source, hk, n0, self.bn, width)
+        source = sequences_source(value)
+        if source is not None:
+            lo, hi = self.span(source, self.lk)
+            packed = self.kernel_arg(source[0], "the packed k and v")
+            # Keys past the sequence read as the view's zero rows (kv_len masks them as well).
+            end = arith.minsi(hi, arith.addi(lo, index_value(self.keys)))
+            return self.load_tile(packed, [index(0), hk], arith.addi(lo, n0), end, self.bn, width, past_end=True)
         return self.load_tile(self.kernel_arg(value, "k and v"), [self.pb, hk], n0, self.keys, self.bn, width)
 
     def kv_step(self, q_tile, hk, nb, state: list, masked: bool) -> list:
@@ -391,14 +447,16 @@ class AttnTile(ModulePass):
         # The tile loops bound per-entry lengths with compile-time lists only.
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables and kernel.kv_len is None)
-        if self.pack_gqa and packable(kernel, self.block_m) and not classification.at_call_time:
+        # Packed sequences take neither form: a sequence's rows are not a batch entry's.
+        varlen = kernel.q_seq is not None
+        if self.pack_gqa and packable(kernel, self.block_m) and not classification.at_call_time and not varlen:
             pack(kernel)
             classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, kernel.rows,
                                              self.block_n)
         nn = -(-kernel.lk // self.block_n)
         splits = min(self.kv_splits, nn)
         with op.location:
-            if splits > 1 and splittable(kernel, classification):
+            if splits > 1 and splittable(kernel, classification) and not varlen:
                 build_split(kernel, classification, splits)
             else:
                 kernel.build(classification)

@@ -193,16 +193,19 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
 
 
 def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | None = None,
-                   input_precision: str = "ieee", kv_len=None, block_table=None) -> runtime.Bundle:
+                   input_precision: str = "ieee", kv_len=None, block_table=None, **sequences) -> runtime.Bundle:
     """Build the bundle of `attn` (an `ae.attention`) for these q/k/v ahead of time.
 
-    q, k, v (and `kv_len`, `block_table` as for a call) may be tensors on any device (including
-    "meta") or (shape, dtype) pairs; closure tensors the mods capture are read from `attn` itself.
-    No GPU is needed.
+    q, k, v (and `kv_len`, `block_table`, packed batches' cu_seqlens_q/k as for a call) may be
+    tensors on any device (including "meta") or (shape, dtype) pairs; closure tensors the mods
+    capture are read from `attn` itself. No GPU is needed.
     """
     q, k, v = (_as_tensor(x) for x in (q, k, v))
     kv_len, block_table = (None if x is None else _as_tensor(x) for x in (kv_len, block_table))
-    text = attn.mlir(q, k, v, kv_len=kv_len, block_table=block_table)
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):
+        if sequences.get(name) is not None:
+            sequences[name] = _as_tensor(sequences[name])
+    text = attn.mlir(q, k, v, kv_len=kv_len, block_table=block_table, **sequences)
     bundle = build_bundle(text, target, config, input_precision)
     bundle.key = _key(text, target, config, input_precision)
     bundle.meta["l0"] = text

@@ -154,6 +154,31 @@ def _verify_gather_pages(op):
     _expect(out_elt == elt, f"result element type {out_elt} must be the pages' ({elt})")
 
 
+def _sequence_count(value) -> int:
+    (n,), _ = _tensor(value.type, "cu_seqlens", 1, ("i32",))
+    _expect(n >= 2, f"cu_seqlens must hold at least two offsets (one sequence), got {n}")
+    return n - 1
+
+
+def _verify_unpack_sequences(op):
+    (one, h, _, d), elt = _tensor(op.operands[0].type, "packed", 4, ATTENTION_TYPES)
+    _expect(one == 1, f"packed must have batch size 1, got {one}")
+    s = _sequence_count(op.operands[1])
+    (vs, vh, _, vd), velt = _tensor(op.results[0].type, "view", 4, ATTENTION_TYPES)
+    _expect([vs, vh, vd] == [s, h, d] and velt == elt,
+            f"view must be [{s}, {h}, L, {d}] of {elt} (sequences, heads, longest sequence, head dim)")
+
+
+def _verify_pack_sequences(op):
+    view, elt = _tensor(op.operands[0].type, "view", None, ATTENTION_TYPES)
+    s = _sequence_count(op.operands[1])
+    packed, pelt = _tensor(op.results[0].type, "packed", len(view), ATTENTION_TYPES)
+    _expect(len(view) in (3, 4), f"view must have rank 3 or 4, got {len(view)}")
+    _expect(view[0] == s, f"view must hold {s} sequences, got {view[0]}")
+    _expect(packed[0] == 1 and packed[1] == view[1] and packed[3:] == view[3:] and pelt == elt,
+            f"packed must be [1, {view[1]}, T{''.join(f', {x}' for x in view[3:])}] of {elt}, got {packed} of {pelt}")
+
+
 _GRAD_ARGS = ["f32", "f32"] + ["index"] * 4
 
 
@@ -244,6 +269,8 @@ _RULES = {
     "attn.normalize": _verify_normalize,
     "attn.aggregate": _verify_aggregate,
     "attn.gather_pages": _verify_gather_pages,
+    "attn.unpack_sequences": _verify_unpack_sequences,
+    "attn.pack_sequences": _verify_pack_sequences,
     "attn.linear_recurrence": _verify_linear,
     "attn.score_mod_grad": _verify_score_mod_grad,
     "attn.closure_grad": _verify_closure_grad,

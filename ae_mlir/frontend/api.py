@@ -136,10 +136,20 @@ class attention:
         checks.with_layout_hint(self._validate_as, self.layout, q, k, v)
         return tuple(checks.to_bhld(t, self.layout) for t in (q, k, v))
 
-    def mlir(self, q, k, v, debug_info: bool = False, kv_len=None, block_table=None) -> str:
+    def mlir(self, q, k, v, debug_info: bool = False, kv_len=None, block_table=None, cu_seqlens_q=None,
+             cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> str:
         """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
         `debug_info`, every op ends with its location in the user's source, as compiling sees it.
-        `kv_len` and `block_table` are as for a call; only their shapes are read."""
+        The other arguments are as for a call; of kv_len, block_table and the offsets only the
+        shapes are read (with offsets on the "meta" device, give max_seqlen_q and max_seqlen_k)."""
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            from . import varlen
+
+            q, k, v = varlen.packed_views(q, k, v, self.layout)
+            self._validate_as("bhld", q, k, v)
+            sequences = varlen.prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, False)
+            text, _ = self._build(q, k, v, sequences=sequences)
+            return text if debug_info else strip_locations(text)
         q, k, v, block_table = self._validate_cache(q, k, v, block_table)
         if kv_len is not None and tuple(kv_len.shape) != (q.shape[0],):
             raise ValueError(f"kv_len must have shape ({q.shape[0]},), got {tuple(kv_len.shape)}")
@@ -155,17 +165,21 @@ class attention:
         checks.paged_cache(q, k, v, block_table, checks.FORMS[self.layout])
         return q, k, v, block_table
 
-    def _build(self, q, k, v, clamp: bool = True, kv_len=None, block_table=None) -> tuple[str, list]:
+    def _build(self, q, k, v, clamp: bool = True, kv_len=None, block_table=None, sequences=None) -> tuple[str, list]:
         """The L0 module with locations: ops a mod produced point at its lines, the mod ops at its
         definition, the rest at the user's call. `kv_len` (int32 [B]) becomes a closure tensor
         after the mods', the mask's operand; with `block_table` (int32 [B, M]) k and v are page
-        pools [P, Hkv, S, D] and the table the last closure tensor."""
+        pools [P, Hkv, S, D] and the table the last closure tensor; with `sequences`
+        (varlen.Sequences) q, k, v are packed [1, H, T, D], the offsets the last two closure
+        tensors, and the results are packed back."""
         b, h, lq, dk = q.shape
         hkv, dv = v.shape[1], v.shape[3]
         lk = v.shape[2] if block_table is None else v.shape[2] * block_table.shape[1]
+        if sequences is not None:
+            b, lq, lk, kv_len = sequences.kv_len.shape[0], sequences.longest_q, sequences.longest_k, sequences.kv_len
         scale = checks.default_scale(self.scale, dk)
         elt = mlir_elt(q.dtype)
-        tq = tensor_type(q.shape, elt)
+        tq = tensor_type((b, h, lq, dk), elt)
         tk, tv = tensor_type((b, hkv, lk, dk), elt), tensor_type((b, hkv, lk, dv), elt)
         ts = tensor_type((b, h, lq, lk), "f32")
         tm = tensor_type((b, h, lq, lk), "i1")
@@ -175,8 +189,9 @@ class attention:
         caps = _Captures()
         body = []
         scores = "%scores"
-        keys, values = ("%k", "%v") if block_table is None else ("%k_logical", "%v_logical")
-        body.append(f'%scores = "attn.score"(%q, {keys}) {{scale = {float_literal(scale)} : f32}} : ({tq}, {tk}) -> {ts}'
+        queries, keys, values = ("%q", "%k", "%v") if block_table is None and sequences is None else (
+            "%q" if sequences is None else "%q_logical", "%k_logical", "%v_logical")
+        body.append(f'%scores = "attn.score"({queries}, {keys}) {{scale = {float_literal(scale)} : f32}} : ({tq}, {tk}) -> {ts}'
                     + call)
         if self.score_mod is not None:
             name = _mod_name(self.score_mod, "score_mod")
@@ -236,14 +251,48 @@ class attention:
                         for name, t, logical in (("k", k, tk), ("v", v, tv))]
         ret_vals = ["%out"] + (["%lse"] if with_lse else [])
         ret_types = [to] + ([tl] if with_lse else [])
+        if sequences is not None:
+            ret_vals, ret_types = self._packed(body, caps, sequences, q, k, v, ret_vals, ret_types, call)
         body.append(f"return {', '.join(ret_vals)} : {', '.join(ret_types)}" + call)
-        params = [f"%q: {tq}"] + [f"%{name}: {tensor_type(t.shape, elt)}" for name, t in (("k", k), ("v", v))] + [
+        params = [f"%q: {tensor_type(q.shape, elt)}"] + [f"%{name}: {tensor_type(t.shape, elt)}" for name, t in (("k", k), ("v", v))] + [
             f"%c{i}: {t}" for i, t in enumerate(caps.types())]
         text = _func("attention", params, ret_types, body, call)
         return text, caps.tensors
 
+    @staticmethod
+    def _packed(body: list, caps: _Captures, sequences, q, k, v, ret_vals: list, ret_types: list, call: str):
+        """Views of the packed q, k, v at the top of `body`, the results packed back at its end
+        (the offsets become the next two closure tensors); returns the packed results."""
+        cu_q, cu_k = (f"%c{len(caps.tensors) + i}" for i in range(2))
+        caps.tensors += [sequences.cu_q, sequences.cu_k]
+        caps.sources += [None, None]
+        cu_type = tensor_type(sequences.cu_q.shape, "i32")
+        elt = mlir_elt(q.dtype)
+        lines = []
+        for name, t, cu, longest in (("q", q, cu_q, sequences.longest_q), ("k", k, cu_k, sequences.longest_k),
+                                     ("v", v, cu_k, sequences.longest_k)):
+            view = tensor_type((sequences.kv_len.shape[0], t.shape[1], longest, t.shape[3]), elt)
+            lines.append(f'%{name}_logical = "attn.unpack_sequences"(%{name}, {cu}) : '
+                         f'({tensor_type(t.shape, elt)}, {cu_type}) -> {view}' + call)
+        body[:0] = lines
+        packed_vals, packed_types = [], []
+        for value, ty in zip(ret_vals, ret_types):
+            rows = (1, q.shape[1], q.shape[2]) + ((v.shape[3],) if value == "%out" else ())
+            packed = tensor_type(rows, elt if value == "%out" else "f32")
+            body.append(f'{value}_packed = "attn.pack_sequences"({value}, {cu_q}) : ({ty}, {cu_type}) -> {packed}'
+                        + call)
+            packed_vals.append(f"{value}_packed")
+            packed_types.append(packed)
+        return packed_vals, packed_types
+
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None,
-                 block_table=None):
+                 block_table=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            if kv_len is not None or block_table is not None:
+                raise ValueError("cu_seqlens_q/k do not combine with kv_len or block_table: a packed batch's "
+                                 "offsets give each sequence's keys")
+            return self._call_packed(q, k, v, return_lse, backend, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k)
         q, k, v, block_table = self._validate_cache(q, k, v, block_table)
         checked = index_check.enabled(self.check_indices)
         keys = k.shape[2] if block_table is None else k.shape[2] * block_table.shape[1]
@@ -280,13 +329,33 @@ class attention:
         results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])
 
-    def _prepare(self, q, k, v, kv_len=None, block_table=None) -> tuple[str, list]:
-        """The L0 module for these [B, H, L, D] tensors (and per-entry key lengths, a paged cache)
-        and the closure tensors it takes, checked (devices; indices in checked mode)."""
-        text, captures = self._build(q, k, v, kv_len=kv_len, block_table=block_table)
+    def _call_packed(self, q, k, v, return_lse, backend, cu_q, cu_k, max_q, max_k):
+        """A packed variable-length batch: q [T, H, D] (layout "blhd") or [H, T, D], offsets
+        cu_seqlens [S + 1]; returns the output packed the same way and lse [H, T]."""
+        from . import varlen
+
+        q, k, v = varlen.packed_views(q, k, v, self.layout)
+        self._validate_as("bhld", q, k, v)
+        backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
+        checks.check_float64_backend(q, backend)
+        if wants_grad([q, k, v]) or _compiling():
+            raise ValueError("packed variable-length calls (cu_seqlens) run forward only and outside "
+                             "torch.compile for now: call under torch.no_grad(), outside the compiled region")
+        sequences = varlen.prepare(q, k, cu_q, cu_k, max_q, max_k, index_check.enabled(self.check_indices))
+        text, captures = self._prepare(q, k, v, sequences=sequences)
+        out, *lse = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
+        out = out[0].transpose(0, 1) if self.layout == "blhd" else out[0]
+        return (out, lse[0][0]) if return_lse else out
+
+    def _prepare(self, q, k, v, kv_len=None, block_table=None, sequences=None) -> tuple[str, list]:
+        """The L0 module for these [B, H, L, D] tensors (and per-entry key lengths, a paged cache,
+        packed sequences) and the closure tensors it takes, checked (devices; indices in checked
+        mode)."""
+        text, captures = self._build(q, k, v, kv_len=kv_len, block_table=block_table, sequences=sequences)
         checks.check_capture_devices(captures, q.device)
         if index_check.enabled(self.check_indices) and captures:
-            unclamped, _ = self._build(q, k, v, clamp=False, kv_len=kv_len, block_table=block_table)
+            unclamped, _ = self._build(q, k, v, clamp=False, kv_len=kv_len, block_table=block_table,
+                                       sequences=sequences)
             mods = {(op, 0): index_check.describe(fn, role) for op, fn, role in (
                 ("attn.score_mod", self.score_mod, "score_mod"), ("attn.mask", self.mask_mod, "mask_mod"))
                 if fn is not None}

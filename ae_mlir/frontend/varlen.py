@@ -1,0 +1,91 @@
+"""Packed variable-length batches for `attention` (FlashAttention's cu_seqlens convention): the
+checks, and the shapes the module is compiled for.
+
+A call with cu_seqlens compiles for (total rows, a power-of-two bucket of the sequence count and
+of the longest sequence), not for the lengths themselves: the offsets are read by the kernels at
+run time, so batches of other lengths reuse the compiled kernels while their totals and buckets
+stay the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import checks
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """What the module takes for a packed batch: the padded offsets (int32 [S' + 1]), each
+    sequence's number of keys (int32 [S'], the mask's kv_len) and the longest sequences the
+    module is built for (Lq, Lk bounds)."""
+
+    cu_q: object
+    cu_k: object
+    kv_len: object
+    longest_q: int
+    longest_k: int
+
+
+def _bucket(n: int, least: int = 16) -> int:
+    return max(least, 1 << max(0, n - 1).bit_length())
+
+
+def _offsets(name: str, cu, rows: int, device, checked: bool):
+    import torch
+
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of sequence offsets [S + 1], got {type(cu).__name__}")
+    if cu.dtype not in (torch.int32, torch.int64) or cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name} must be an int32 or int64 vector of S + 1 >= 2 offsets, got "
+                         f"{cu.dtype} of shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} is on '{cu.device}' but q is on '{device}'")
+    if cu.device.type == "cpu" or checked:
+        steps = cu[1:] - cu[:-1]
+        if int(cu[0]) != 0 or bool((steps < 0).any()) or int(cu[-1]) > rows:
+            raise ValueError(f"{name} must start at 0, never decrease and end at most at the {rows} packed rows, "
+                             f"got {cu.tolist() if cu.numel() <= 20 else 'other offsets'}")
+    return cu.to(torch.int32)
+
+
+def _longest(cu, given, name: str) -> int:
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 0:
+            raise ValueError(f"{name} must be a non-negative int or None, got {given!r}")
+        return given
+    # Reading the offsets back costs a device sync: pass max_seqlen_q/k to avoid it.
+    return int((cu[1:] - cu[:-1]).max())
+
+
+def prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, checked: bool) -> Sequences:
+    """Check the offsets of a packed call (q, k already [1, H, T, D]) and pad them to the
+    module's bucketed sequence count with empty sequences."""
+    import torch
+
+    if cu_seqlens_k is None or cu_seqlens_q is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both (they may be the same tensor)")
+    cu_q = _offsets("cu_seqlens_q", cu_seqlens_q, q.shape[2], q.device, checked)
+    cu_k = _offsets("cu_seqlens_k", cu_seqlens_k, k.shape[2], q.device, checked)
+    checks.same("cu_seqlens_q", cu_q.shape[0], "cu_seqlens_k", cu_k.shape[0], "number of offsets")
+    longest_q = _longest(cu_q, max_seqlen_q, "max_seqlen_q")
+    longest_k = _longest(cu_k, max_seqlen_k, "max_seqlen_k")
+    count = cu_q.shape[0] - 1
+    padded = _bucket(count, 1)
+    if padded > count:
+        cu_q, cu_k = (torch.cat([cu, cu[-1:].expand(padded - count)]) for cu in (cu_q, cu_k))
+    kv_len = (cu_k[1:] - cu_k[:-1]).contiguous()
+    return Sequences(cu_q.contiguous(), cu_k.contiguous(), kv_len, _bucket(longest_q), _bucket(longest_k))
+
+
+def packed_views(q, k, v, layout: str):
+    """Packed q, k, v ([T, H, D] under "blhd", [H, T, D] under "bhld") as [1, H, T, D] views."""
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            form = "[T, H, D]" if layout == "blhd" else "[H, T, D]"
+            raise ValueError(f"with cu_seqlens, {name} must be a packed {form} tensor (layout={layout!r}), "
+                             f"got shape {tuple(t.shape)}")
+    return tuple(checks.to_bhld(t.unsqueeze(0), layout) for t in (q, k, v))
