@@ -1,0 +1,170 @@
+"""Varlen prefill benchmark: a packed batch of causal sequences (bf16, H = 16, D = 128, 16384
+tokens in all) through ae-mlir's cu_seqlens kernels, beside peers in the same process:
+
+* FlexAttention with a document mask (sequence ids of query and key equal, causal within) on the
+  packed tokens, its block mask built once outside the timing (its build is timed apart);
+* SDPA (cuDNN, flash) causal on the batch padded to the longest sequence.
+
+TFLOP/s count the causal work of the real tokens only (4 x H x D x L(L+1)/2 per sequence), the
+same for everyone.
+
+    python bench/varlen.py build --out bench/bundles/varlen     # here: needs the MLIR bindings
+    python bench/varlen.py run --bundles bench/bundles/varlen --out DIR   # on the GPU
+
+Times are medians of triton.testing.do_bench; inputs are fresh per case; outputs are checked
+against SDPA (math backend, float32) sequence by sequence.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+HEADS, DIM, TOKENS = 16, 128, 16384
+
+
+def _lengths(case: str) -> list[int]:
+    if case == "equal8x2048":
+        return [2048] * 8
+    if case == "equal2x8192":
+        return [8192] * 2
+    rng = random.Random(0)
+    lengths = []
+    while sum(lengths) < TOKENS:
+        lengths.append(min(rng.randint(64, 4096), TOKENS - sum(lengths)))
+    return lengths
+
+
+CASES = ("equal8x2048", "equal2x8192", "mixed64to4096")
+
+
+def _bucket(n: int, least: int = 16) -> int:
+    return max(least, 1 << max(0, n - 1).bit_length())
+
+
+def _attention():
+    import ae_mlir as ae
+
+    return ae.attention(mask_mod=lambda b, h, i, j: i >= j, layout="blhd")
+
+
+def _offsets(lengths: list[int], device):
+    """(cu_seqlens padded to the module's sequence-count bucket, each sequence's keys), as the
+    frontend passes them to the kernels."""
+    import torch
+
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    padded = _bucket(len(lengths), 1)
+    cu = torch.cat([cu, cu[-1:].expand(padded - len(lengths))])
+    return cu, (cu[1:] - cu[:-1]).contiguous()
+
+
+def build(out: str) -> None:
+    import torch
+
+    from ae_mlir.backends import triton as tb
+
+    os.makedirs(out, exist_ok=True)
+    for case in CASES:
+        lengths = _lengths(case)
+        q = torch.empty(TOKENS, HEADS, DIM, dtype=torch.bfloat16, device="meta")
+        cu = torch.empty(len(lengths) + 1, dtype=torch.int32, device="meta")
+        bundle = tb.compile_bundle(_attention(), q, q, q, target="cuda:90", cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                   max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
+        bundle.save(os.path.join(out, case + ".json"))
+        print("built", case, len(lengths), "sequences", bundle.meta["config"], bundle.grid, flush=True)
+
+
+def run(bundles: str, out_dir: str) -> None:
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from ae_mlir import runtime
+
+    device = torch.device("cuda")
+    os.makedirs(out_dir, exist_ok=True)
+    records = []
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.date.today().isoformat(), "heads": HEADS, "dim": DIM, "tokens": TOKENS,
+           "dtype": "bfloat16", "method": __doc__, "cases": records}
+    flex = torch.compile(flex_attention, dynamic=False)
+    gen = torch.Generator().manual_seed(0)
+    for case in CASES:
+        lengths = _lengths(case)
+        q, k, v = (torch.randn(TOKENS, HEADS, DIM, generator=gen).to(device, torch.bfloat16) for _ in range(3))
+        flops = sum(4 * HEADS * DIM * n * (n + 1) / 2 for n in lengths)
+        starts = [0] + torch.tensor(lengths).cumsum(0).tolist()
+        ref = torch.empty(TOKENS, HEADS, DIM, device=device)
+        with sdpa_kernel(SDPBackend.MATH):
+            for lo, hi in zip(starts, starts[1:]):
+                ref[lo:hi] = torch.nn.functional.scaled_dot_product_attention(
+                    *(t[lo:hi].transpose(0, 1).float() for t in (q, k, v)), is_causal=True).transpose(0, 1)
+        bundle = runtime.Bundle.load(os.path.join(bundles, case + ".json"))
+        cu, kv_len = _offsets(lengths, device)
+        q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+        impls = {"ae_mlir": lambda: runtime.launch(bundle, q4, k4, v4, kv_len, cu, cu)[0][0].transpose(0, 1)}
+        seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                         torch.tensor(lengths, device=device))
+
+        def document_causal(b, h, q_idx, kv_idx):
+            return (seq_id[q_idx] == seq_id[kv_idx]) & (q_idx >= kv_idx)
+
+        build_ms = triton.testing.do_bench(lambda: create_block_mask(document_causal, None, None, TOKENS, TOKENS,
+                                                                     device=device), warmup=3, rep=30)
+        block_mask = create_block_mask(document_causal, None, None, TOKENS, TOKENS, device=device)
+        impls["flex_document_mask"] = lambda: flex(q4, k4, v4, block_mask=block_mask)[0].transpose(0, 1)
+        longest = max(lengths)
+        padded = [torch.zeros(len(lengths), HEADS, longest, DIM, device=device, dtype=torch.bfloat16) for _ in range(3)]
+        for i, (lo, hi) in enumerate(zip(starts, starts[1:])):
+            for dst, src in zip(padded, (q, k, v)):
+                dst[i, :, :hi - lo] = src[lo:hi].transpose(0, 1)
+
+        def unpad(out):
+            return torch.cat([out[i, :, :hi - lo].transpose(0, 1) for i, (lo, hi) in enumerate(zip(starts, starts[1:]))])
+
+        for label, backend in (("sdpa_cudnn_padded", SDPBackend.CUDNN_ATTENTION),
+                               ("sdpa_flash_padded", SDPBackend.FLASH_ATTENTION)):
+            def sdpa(backend=backend):
+                with sdpa_kernel(backend):
+                    return torch.nn.functional.scaled_dot_product_attention(*padded, is_causal=True)
+            impls[label] = sdpa
+        rec = {"case": case, "sequences": len(lengths), "longest": longest, "lengths": lengths,
+               "config": bundle.meta.get("config"), "flex_block_mask_build_ms": float(build_ms), "results": {}}
+        for label, fn in impls.items():
+            try:
+                out = fn()
+                got = unpad(out) if "padded" in label else out
+                err = float((got.float() - ref).abs().max())
+                ms = float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+                rec["results"][label] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "max_abs_err": err}
+            except Exception as exc:
+                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        records.append(rec)
+        print(json.dumps({key: value for key, value in rec.items() if key != "lengths"}), flush=True)
+        with open(os.path.join(out_dir, "varlen.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("build", "run"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "varlen"))
+    args = parser.parse_args(argv)
+    if args.mode == "build":
+        build(args.out)
+    else:
+        run(args.bundles, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
