@@ -86,14 +86,10 @@ def argument_values(variant, tensors: dict, tables: list) -> list:
     """The kernel's arguments in order: tensors for pointers, ints for strides (0 for dimensions
     of size 1, whose stride never moves a pointer), table tensors for tables."""
     values = []
-    layouts = {}
     for kind, key, d in _argument_plan(variant):
         if kind == _STRIDE:
-            layout = layouts.get(key)
-            if layout is None:
-                t = tensors[key]
-                layout = layouts[key] = (t.shape, t.stride())
-            values.append(0 if layout[0][d] == 1 else layout[1][d])
+            t = tensors[key]
+            values.append(0 if t.shape[d] == 1 else t.stride(d))
         elif kind == _TABLE:
             values.append(tables[key])
         else:

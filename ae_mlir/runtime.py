@@ -329,8 +329,8 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
     given += call_time_tables(bundle, q, k, v, *captures)
     device = q.device
     tensors = {}
-    for spec, (shape, dtype), t in zip(bundle.inputs, _specs(bundle), given):
-        if t.shape != shape or t.dtype != dtype:
+    for spec, t in zip(bundle.inputs, given):
+        if list(t.shape) != list(spec.shape) or t.dtype != torch_dtype(spec.dtype):
             raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)}, got {t.dtype}{list(t.shape)} "
                              "(this bundle was compiled for other shapes)")
         if t.device != device:
@@ -349,18 +349,6 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
     for spec in bundle.workspace:
         tensors[spec.role] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
     return tensors
-
-
-def _specs(bundle: Bundle) -> list:
-    """(shape, torch dtype) of each input, made once per bundle: a decoding step binds the same
-    bundle over and over, and converting per call costs more than its kernels run."""
-    specs = bundle.__dict__.get("_input_specs")
-    if specs is None:
-        import torch
-
-        specs = bundle.__dict__["_input_specs"] = [(torch.Size(s.shape), torch_dtype(s.dtype))
-                                                   for s in bundle.inputs]
-    return specs
 
 
 def call_time_tables(bundle: Bundle, q, k, v, *captures) -> list:
@@ -395,21 +383,11 @@ def _launch_all(bundle: Bundle, tensors: dict, device) -> None:
     import torch
 
     aligned = aligned_ok(bundle, tensors)
-    with _on(device):
+    with torch.cuda.device(device):
         target = current_target()
         for kernel in bundle.stages + [bundle]:
             variant = pick_variant(kernel, aligned)
             _launch_one(kernel, variant, target, argument_values(variant, tensors, device_tables(bundle, device, kernel)))
-
-
-def _on(device):
-    """The device's context, or none when it is the current device already (the common case,
-    and entering one costs microseconds a call)."""
-    import contextlib
-
-    import torch
-
-    return contextlib.nullcontext() if device.index == torch.cuda.current_device() else torch.cuda.device(device)
 
 
 def launch_roles(bundle: Bundle, given: dict) -> dict:
