@@ -138,6 +138,22 @@ def test_gradients_with_lengths():
         torch.testing.assert_close(g.double(), w, rtol=0, atol=2e-6)
 
 
+def test_bf16_gradients_on_the_cpu_keep_the_lengths():
+    # The CPU backward widens 16-bit inputs to a float32 module: it must keep kv_len too.
+    attn = ae.attention(mask_mod=lambda b, h, i, j: j <= i + 12)
+    q, k, v = (t.to(torch.bfloat16).requires_grad_() for t in _inputs(2, 2, 2, 5, 30, 16, dtype=torch.float32))
+    lengths = torch.tensor([30, 9])
+    out = attn(q, k, v, kv_len=lengths)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = torch.autograd.grad(attn(q64, k64, v64, kv_len=lengths, backend="reference"), (q64, k64, v64),
+                               grad.double())
+    for g, w in zip(got, want):
+        assert (g.double() - w).abs().max() < 2e-2 * w.abs().max()
+    assert got[1][1, :, 9:].abs().max() == 0 and got[2][1, :, 9:].abs().max() == 0
+
+
 def test_lengths_under_torch_compile():
     attn = ae.attention(score_mod=lambda s, b, h, i, j: s - 0.01 * (i - j))
     q, k, v = _inputs(2, 2, 2, 8, 24, 16, dtype=torch.float32)

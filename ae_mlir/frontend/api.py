@@ -324,7 +324,8 @@ class attention:
         if wants_grad([q, k, v] + captures):
             from .autograd import compiled_call, differentiable_call
 
-            out, lse = differentiable_call(compiled_call(self, text, q, k, v, backend), q, k, v, captures)
+            out, lse = differentiable_call(compiled_call(self, text, q, k, v, backend, kv_len=kv_len), q, k, v,
+                                           captures)
             return (self._out(out), lse) if return_lse else self._out(out)
         results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])

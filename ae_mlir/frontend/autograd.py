@@ -73,9 +73,10 @@ class CompiledCall:
         return grads["dq"].to(q.dtype), grads["dk"].to(k.dtype), grads["dv"].to(v.dtype), [None] * len(captures)
 
 
-def compiled_call(attn, text: str, q, k, v, backend: str) -> CompiledCall:
-    """The `CompiledCall` of `attn` for the module `text`; NotImplementedError naming the mods and
-    the normalizer when the derivative cannot be built."""
+def compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> CompiledCall:
+    """The `CompiledCall` of `attn` for the module `text` (built from q, k, v and `call_args`:
+    kv_len, sequences, as `attn._build` takes them); NotImplementedError naming the mods and the
+    normalizer when the derivative cannot be built."""
     from ..core.context import CompileError
 
     try:
@@ -86,7 +87,7 @@ def compiled_call(attn, text: str, q, k, v, backend: str) -> CompiledCall:
     backward_text = text
     if backend == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         widened = [torch.empty(t.shape, dtype=torch.float32, device="meta") for t in (q, k, v)]
-        backward_text, _ = attn._build(*widened)
+        backward_text, _ = attn._build(*widened, **call_args)
     # The forward computes with the module's scale, an f32 attribute: the backward recomputes the
     # probabilities from its logsumexp, so it must use that same f32 value (1 / sqrt(12) is not one).
     scale = float(torch.tensor(checks.default_scale(attn.scale, q.shape[3]), dtype=torch.float32))

@@ -33,7 +33,7 @@ def _call(key: str, backend: str, q, k, v, captures: list, kv_len, block_table) 
                            "where they read them when it was constructed; under torch.compile a mod must keep "
                            "reading its closure tensors through the same names: construct the attention again "
                            "after changing what its mods read")
-    return compiled_call(attn, text, q, k, v, backend)
+    return compiled_call(attn, text, q, k, v, backend, kv_len=kv_len, block_table=block_table)
 
 
 def _cache_operands(kv_len, block_table) -> list:
