@@ -194,16 +194,18 @@ def read_problem(module) -> Problem | None:
         if len(types) < 3 or not all(isinstance(t, ir.RankedTensorType) and t.rank == 4 for t in types[:3]):
             continue
         q, k, v = types[:3]
-        decay, chunk, keys = None, 0, k.shape[2]
+        decay, chunk, keys, batch, queries = None, 0, k.shape[2], q.shape[0], q.shape[2]
         for op in func.regions[0].blocks[0].operations:
             if op.operation.name == "attn.linear_recurrence":
                 decay = ir.StringAttr(op.operation.attributes["decay"]).value
                 chunk = ir.IntegerAttr(op.operation.attributes["chunk_size"]).value
             elif op.operation.name == "attn.score":
-                # With a paged cache k is a pool of pages; the scores see the logical keys.
+                # With a paged cache k is a pool of pages, with packed sequences q, k and v are
+                # packed rows: the scores see the logical batch, queries and keys.
+                batch, _, queries, _ = ir.RankedTensorType(op.operation.operands[0].type).shape
                 keys = ir.RankedTensorType(op.operation.operands[1].type).shape[2]
-        return Problem(q.shape[2], keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
-                       q.shape[0] * q.shape[1], q.shape[1] // k.shape[1])
+        return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
+                       batch * q.shape[1], q.shape[1] // k.shape[1])
     return None
 
 

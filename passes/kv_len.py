@@ -48,6 +48,16 @@ def entry_length(kernel_arg, batch, keys: int):
     return arith.minsi(arith.maxsi(length, index(0)), index(keys))
 
 
+def constant_table(rows: list[list[int]]):
+    """An i32 constant tensor of equal-length rows."""
+    from mlir import ir
+    from mlir.dialects import arith
+
+    body = ", ".join("[" + ", ".join(map(str, row)) + "]" for row in rows)
+    value = ir.Attribute.parse(f"dense<[{body}]> : tensor<{len(rows)}x{len(rows[0])}xi32>")
+    return arith.constant(value.type, value)
+
+
 def consecutive(lists: list[list[int]]) -> bool:
     """Whether every list is a run of consecutive block numbers."""
     return all(row == list(range(row[0], row[0] + len(row))) for row in lists if row)

@@ -27,7 +27,7 @@ from typing import ClassVar
 from ..core import abi
 from ..core.regions import from_region
 from . import ModulePass, option
-from .kv_len import bound_table, consecutive, entry_length, trip_count
+from .kv_len import bound_table, consecutive, constant_table, entry_length, trip_count
 from .l1_builders import KernelBuilder, convert, f32, fill, index, index_value, matmul, program_id, tensor_type
 from .l1_ops import kernel_function, ops_named, shape
 from .tile_paged import load_paged, paged_source
@@ -210,7 +210,7 @@ class _Kernel(KernelBuilder):
                                         (ir.Attribute.parse(text) for text in table_constants(lists)[:2]))
             count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, [table_row]))
             if reach is not None:
-                bounds = None if consecutive(lists) else self.constant_table(bound_table(lists, -(-self.lk // self.bn)))
+                bounds = None if consecutive(lists) else constant_table(bound_table(lists, -(-self.lk // self.bn)))
                 count = trip_count(count, index_tab, bounds, table_row, reach)
             start = index(0)
             if deal is not None:
@@ -225,16 +225,6 @@ class _Kernel(KernelBuilder):
                 scf.YieldOp(self.kv_step(q_tile, self.hk, nb, list(loop.inner_iter_args), masked))
             state = list(loop.results)
         return state
-
-    @staticmethod
-    def constant_table(rows: list[list[int]]):
-        """An i32 constant tensor of equal-length rows."""
-        from mlir import ir
-        from mlir.dialects import arith
-
-        body = ", ".join("[" + ", ".join(map(str, row)) + "]" for row in rows)
-        value = ir.Attribute.parse(f"dense<[{body}]> : tensor<{len(rows)}x{len(rows[0])}xi32>")
-        return arith.constant(value.type, value)
 
     def finalized(self, state: list):
         """The output tile (input element type) of a row state: the normalizer's finalize region."""

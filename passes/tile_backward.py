@@ -35,9 +35,14 @@ from typing import ClassVar
 from ..core import abi
 from . import ModulePass, option
 from .differentiate import CLOSURE_ARGS, GRAD_SUFFIX
-from .l1_builders import KernelBuilder, convert, f32, index, matmul, program_id, tensor_type, transpose, zeros
+from .kv_len import bound_table, consecutive, constant_table, trip_count
+from .l1_builders import (KernelBuilder, convert, f32, index, index_value, matmul, program_id, tensor_type, transpose,
+                          zeros)
 from .l1_ops import fail, ops_named, shape
+from .tile_backward_rows import Rows
+from .tile_paged import paged_source
 from .tile_tables import classify_blocks, table_constants
+from .tile_varlen import sequences_source
 
 ROW, TILE = (0,), (0, 1)
 
@@ -73,12 +78,21 @@ class _Backward(KernelBuilder):
         # The grad function's closure parameters stand for these forward arguments.
         self.closure_args = [int(a) for a in grad.attributes[CLOSURE_ARGS]]
         self.bm, self.bn = block_m, block_n
-        q, k, v = (self.func_block.arguments[i] for i in range(3))
+        score = next(op.operation for op in forward.regions[0].blocks[0].operations
+                     if op.operation.name == "attn.score")
+        q, k, v = score.operands[0], score.operands[1], aggregate.operands[1]
+        if paged_source(k) is not None or paged_source(v) is not None:
+            raise fail(aggregate, "has no backward kernels for a paged KV cache (attn.gather_pages)")
+        # Packed sequences (attn.unpack_sequences): q, k, v are views of packed arguments.
+        self.sources = [sequences_source(t) for t in (q, k, v)]
+        if any(self.sources) and not all(self.sources):
+            raise fail(aggregate, "needs q, k and v all packed (attn.unpack_sequences) or none")
         self.b, self.h, self.lq, self.dk = shape(q)
         _, self.hkv, self.lk, _ = shape(k)
         self.dv = shape(v)[3]
         self.group = self.h // self.hkv
         self.elt = q.type.element_type
+        self.len_q, self.len_k = self.lq, self.lk  # index values per program for packed sequences
         self.inputs = [a.type for a in self.func_block.arguments]
         self.n_closures = len(self.inputs) - 3
         self.score_mod = self.mask = self.score_mod_grad = None
@@ -110,7 +124,25 @@ class _Backward(KernelBuilder):
 
     def lists(self):
         classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn)
+        if self.sources[0] is not None:
+            # A packed sequence may end inside any tile: every tile drops the rows past its end.
+            return [sorted(p + f) for p, f in zip(classification.partial, classification.full)], \
+                [[] for _ in classification.full]
         return _ragged_partial(classification.partial, classification.full, self.lq, self.lk, self.bm, self.bn)
+
+    def packed_arg(self, i: int):
+        """Kernel argument of q, k or v (i = 0, 1, 2): the tensor, or a packed sequence's packed one."""
+        if self.sources[i] is None:
+            return self.kernel_args[i]
+        return self.kernel_arg(self.sources[i][0], "the packed q, k and v")
+
+    def sides(self, pb):
+        """(q-side Rows, k-side Rows) of the program of batch entry `pb`; sets the lengths the
+        tile masks compare with."""
+        q_rows = Rows(self, self.sources[0], pb, self.lq)
+        k_rows = Rows(self, self.sources[1], pb, self.lk)
+        self.len_q, self.len_k = q_rows.length, k_rows.length
+        return q_rows, k_rows
 
     # --- shared tile math ----------------------------------------------------------------------
     def tile_gradients(self, q_tile, k_trans, v_trans, do_tile, lse_row, delta_row, pb, h, m0, n0, masked: bool):
@@ -129,8 +161,8 @@ class _Backward(KernelBuilder):
             return qi, kj, arith.minsi(qi, index(self.lq - 1)), arith.minsi(kj, index(self.lk - 1))
 
         def keep(qi, kj, qc, kc):
-            inside = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, qi, index(self.lq)),
-                                arith.cmpi(arith.CmpIPredicate.slt, kj, index(self.lk)))
+            inside = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, qi, index_value(self.len_q)),
+                                arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.len_k)))
             if self.mask is not None:
                 inside = arith.andi(inside, self.inline(self.mask, [pb, h, qc, kc]))
             return inside
@@ -174,16 +206,16 @@ class _Backward(KernelBuilder):
         return self.generic([(acc, TILE)], tensor_type(list(acc.type.shape), self.elt),
                             lambda a: convert(arith.mulf(a[0], f32(factor)), self.elt))
 
-    def store_rows(self, tile, dest, pb, ph, r0, length: int, rows: int, width: int):
+    def store_rows(self, tile, dest, side: Rows, ph, r0, rows: int, width: int):
         from mlir import ir
-        from mlir.dialects import arith, tensor
+        from mlir.dialects import tensor
 
-        valid = arith.minsi(arith.subi(index(length), r0), index(rows))
+        valid = side.valid(r0, rows)
         dynamic = ir.ShapedType.get_dynamic_size()
         piece = tensor.ExtractSliceOp(tensor_type([dynamic, width], self.elt), tile, [], [valid], [], [0, 0],
                                       [dynamic, width], [1, 1]).result
-        return tensor.InsertSliceOp(piece, dest, [pb, ph, r0], [valid], [], [dynamic] * 3 + [0],
-                                    [1, 1, dynamic, width], [1] * 4).result
+        return tensor.InsertSliceOp(piece, dest, [side.batch, ph, side.origin(r0)], [valid], [],
+                                    [dynamic] * 3 + [0], [1, 1, dynamic, width], [1] * 4).result
 
     def tables(self, lists: list[list[int]]):
         from mlir import ir
@@ -192,9 +224,10 @@ class _Backward(KernelBuilder):
         counts, indices, _ = table_constants(lists)
         return [arith.constant(attr.type, attr) for attr in (ir.Attribute.parse(t) for t in (counts, indices))]
 
-    def walk(self, lists_pair, block_id, state: list, step) -> list:
+    def walk(self, lists_pair, block_id, state: list, step, reach=None) -> list:
         """Loops over the block ids `block_id`'s partial then full lists name (each list a
-        constant table), `step(other_block, state, masked)` building one iteration."""
+        constant table), `step(other_block, state, masked)` building one iteration; with `reach`
+        (an index value), only over the listed blocks below it."""
         from mlir import ir
         from mlir.dialects import arith, scf, tensor
 
@@ -203,6 +236,10 @@ class _Backward(KernelBuilder):
                 continue
             count_tab, index_tab = self.tables(lists)
             count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, [block_id]))
+            if reach is not None:
+                width = max(n for row in lists for n in row) + 1
+                bounds = None if consecutive(lists) else constant_table(bound_table(lists, width))
+                count = trip_count(count, index_tab, bounds, block_id, arith.minsi(reach, index(width)))
             loop = scf.ForOp(index(0), count, index(1), state)
             with ir.InsertionPoint(loop.body):
                 raw = tensor.extract(index_tab, [block_id, loop.induction_variable])
@@ -217,11 +254,14 @@ class _Backward(KernelBuilder):
         from mlir import ir
 
         i64 = ir.IntegerType.get_signless(64)
-        row_t = tensor_type([self.b, self.h, self.lq])
-        types = {"out": tensor_type([self.b, self.h, self.lq, self.dv], self.elt), "lse": row_t, "dlse": row_t,
-                 "delta": row_t, "dq": tensor_type([self.b, self.h, self.lq, self.dk], self.elt),
-                 "dk": tensor_type([self.b, self.hkv, self.lk, self.dk], self.elt),
-                 "dv": tensor_type([self.b, self.hkv, self.lk, self.dv], self.elt)}
+        # Packed sequences' gradients and statistics are packed as their inputs are.
+        (bq, lq), (bk, lk) = ((self.b, self.lq), (self.b, self.lk)) if self.sources[0] is None else (
+            (1, shape(self.sources[0][0])[2]), (1, shape(self.sources[1][0])[2]))
+        row_t = tensor_type([bq, self.h, lq])
+        types = {"out": tensor_type([bq, self.h, lq, self.dv], self.elt), "lse": row_t, "dlse": row_t,
+                 "delta": row_t, "dq": tensor_type([bq, self.h, lq, self.dk], self.elt),
+                 "dk": tensor_type([bk, self.hkv, lk, self.dk], self.elt),
+                 "dv": tensor_type([bk, self.hkv, lk, self.dv], self.elt)}
         types["do"] = types["out"]
         ins, outs = abi.backward_roles(part)
         roles = abi.input_roles(len(self.inputs)) + list(ins) + list(outs)
@@ -240,31 +280,38 @@ class _Backward(KernelBuilder):
         nn = -(-self.lk // bn)
         entry, args = self.signature(name, "dkdv", [self.b, self.hkv, nn])
         d_out, lse, delta, dk_dest, dv_dest = (args[r] for r in ("do", "lse", "delta", "dk", "dv"))
-        q, k, v = self.kernel_args[:3]
+        q, k, v = (self.packed_arg(i) for i in range(3))
         lists = (_transposed(partial, nn), _transposed(full, nn))
         with ir.InsertionPoint(entry):
             pb, phk, pn = (program_id(axis) for axis in range(3))
+            q_rows, k_rows = self.sides(pb)
             n0 = arith.muli(pn, index(bn))
-            k_tile = self.load_tile(k, [pb, phk], n0, self.lk, bn, self.dk)
-            v_tile = self.load_tile(v, [pb, phk], n0, self.lk, bn, self.dv)
+            k_tile = k_rows.load(k, phk, n0, bn, self.dk)
+            v_tile = k_rows.load(v, phk, n0, bn, self.dv)
             k_trans, v_trans = transpose(k_tile), transpose(v_tile)
+            reach = None
+            if q_rows.packed:
+                # A KV block past the sequence's keys visits no query block; the others, those
+                # below the sequence's queries.
+                inside = arith.cmpi(arith.CmpIPredicate.slt, n0, k_rows.length)
+                reach = arith.select(inside, q_rows.reach(bm), index(0))
 
             def head_step(g, state):
                 h = arith.addi(arith.muli(phk, index(self.group)), g) if self.group > 1 else phk
 
                 def step(mb, acc, masked):
                     m0 = arith.muli(mb, index(bm))
-                    q_tile = self.load_tile(q, [pb, h], m0, self.lq, bm, self.dk)
-                    do_tile = self.load_tile(d_out, [pb, h], m0, self.lq, bm, self.dv)
-                    lse_row = self.load_tile(lse, [pb, h], m0, self.lq, bm, None)
-                    delta_row = self.load_tile(delta, [pb, h], m0, self.lq, bm, None)
+                    q_tile = q_rows.load(q, h, m0, bm, self.dk)
+                    do_tile = q_rows.load(d_out, h, m0, bm, self.dv)
+                    lse_row = q_rows.load(lse, h, m0, bm, None)
+                    delta_row = q_rows.load(delta, h, m0, bm, None)
                     p, ds = self.tile_gradients(q_tile, k_trans, v_trans, do_tile, lse_row, delta_row, pb, h,
                                                 m0, n0, masked)
                     dv_acc = matmul(transpose(self.to_input_type(p)), do_tile, acc[1])
                     dk_acc = matmul(transpose(self.to_input_type(ds)), q_tile, acc[0])
                     return [dk_acc, dv_acc]
 
-                return self.walk(lists, pn, state, step)
+                return self.walk(lists, pn, state, step, reach)
 
             state = [zeros([bn, self.dk]), zeros([bn, self.dv])]
             if self.group > 1:
@@ -275,8 +322,8 @@ class _Backward(KernelBuilder):
                 state = head_step(None, state)
             dk_tile = self.scaled(state[0], self.scale)
             dv_tile = self.scaled(state[1], 1.0)
-            func.ReturnOp([self.store_rows(dk_tile, dk_dest, pb, phk, n0, self.lk, bn, self.dk),
-                           self.store_rows(dv_tile, dv_dest, pb, phk, n0, self.lk, bn, self.dv)])
+            func.ReturnOp([self.store_rows(dk_tile, dk_dest, k_rows, phk, n0, bn, self.dk),
+                           self.store_rows(dv_tile, dv_dest, k_rows, phk, n0, bn, self.dv)])
 
     def build_dq(self, name: str, partial, full) -> None:
         from mlir import ir
@@ -287,49 +334,54 @@ class _Backward(KernelBuilder):
         f32_type = ir.F32Type.get()
         entry, args = self.signature(name, "dq", [self.b, self.h, nm])
         out, d_out, lse, d_lse, dq_dest, delta_dest = (args[r] for r in ("out", "do", "lse", "dlse", "dq", "delta"))
-        q, k, v = self.kernel_args[:3]
+        q, k, v = (self.packed_arg(i) for i in range(3))
         with ir.InsertionPoint(entry):
             pb, ph, last_first = (program_id(axis) for axis in range(3))
+            q_rows, k_rows = self.sides(pb)
             # Under a causal mask the last query blocks visit the most KV blocks: the GPU starts
             # programs in grid order, so they go first and the short ones fill in at the end.
             pm = arith.subi(index(nm - 1), last_first)
             hk = arith.divui(ph, index(self.group)) if self.group > 1 else ph
             m0 = arith.muli(pm, index(bm))
-            q_tile = self.load_tile(q, [pb, ph], m0, self.lq, bm, self.dk)
-            d_out_tile = self.load_tile(d_out, [pb, ph], m0, self.lq, bm, self.dv)
-            lse_row = self.load_tile(lse, [pb, ph], m0, self.lq, bm, None)
+            q_tile = q_rows.load(q, ph, m0, bm, self.dk)
+            d_out_tile = q_rows.load(d_out, ph, m0, bm, self.dv)
+            lse_row = q_rows.load(lse, ph, m0, bm, None)
             # FlashAttention's preprocess, here where this program's dO rows are loaded anyway:
             # delta = rowsum(dO * O) - dlse, which the dK/dV kernel reads back.
-            o_tile = self.load_tile(out, [pb, ph], m0, self.lq, bm, self.dv)
+            o_tile = q_rows.load(out, ph, m0, bm, self.dv)
             products = self.generic([(d_out_tile, TILE), (o_tile, TILE)], tensor_type([bm, self.dv]),
                                     lambda a: arith.mulf(convert(a[0], f32_type), convert(a[1], f32_type)))
-            d_lse_row = self.load_tile(d_lse, [pb, ph], m0, self.lq, bm, None)
+            d_lse_row = q_rows.load(d_lse, ph, m0, bm, None)
             delta_row = self.generic([(self.row_sum(products), ROW), (d_lse_row, ROW)], tensor_type([bm]),
                                      lambda a: arith.subf(a[0], a[1]), rank=1)
             do_tile = d_out_tile
+            reach = None
+            if q_rows.packed:
+                inside = arith.cmpi(arith.CmpIPredicate.slt, m0, q_rows.length)
+                reach = arith.select(inside, k_rows.reach(bn), index(0))
 
             def step(nb, acc, masked):
                 n0 = arith.muli(nb, index(bn))
-                k_tile = self.load_tile(k, [pb, hk], n0, self.lk, bn, self.dk)
-                v_tile = self.load_tile(v, [pb, hk], n0, self.lk, bn, self.dv)
+                k_tile = k_rows.load(k, hk, n0, bn, self.dk)
+                v_tile = k_rows.load(v, hk, n0, bn, self.dv)
                 _, ds = self.tile_gradients(q_tile, transpose(k_tile), transpose(v_tile), do_tile, lse_row,
                                             delta_row, pb, ph, m0, n0, masked)
                 return [matmul(self.to_input_type(ds), k_tile, acc[0])]
 
-            (acc,) = self.walk((partial, full), pm, [zeros([bm, self.dk])], step)
-            func.ReturnOp([self.store_rows(self.scaled(acc, self.scale), dq_dest, pb, ph, m0, self.lq, bm, self.dk),
-                           self.store_row_values(delta_row, delta_dest, pb, ph, m0, bm)])
+            (acc,) = self.walk((partial, full), pm, [zeros([bm, self.dk])], step, reach)
+            func.ReturnOp([self.store_rows(self.scaled(acc, self.scale), dq_dest, q_rows, ph, m0, bm, self.dk),
+                           self.store_row_values(delta_row, delta_dest, q_rows, ph, m0, bm)])
 
-    def store_row_values(self, row, dest, pb, ph, r0, rows: int):
-        """The valid entries of a [rows] f32 vector written into dest[pb, ph, r0:]."""
+    def store_row_values(self, row, dest, side: Rows, ph, r0, rows: int):
+        """The valid entries of a [rows] f32 vector written into this side's rows of dest."""
         from mlir import ir
-        from mlir.dialects import arith, tensor
+        from mlir.dialects import tensor
 
-        valid = arith.minsi(arith.subi(index(self.lq), r0), index(rows))
+        valid = side.valid(r0, rows)
         dynamic = ir.ShapedType.get_dynamic_size()
         piece = tensor.ExtractSliceOp(tensor_type([dynamic]), row, [], [valid], [], [0], [dynamic], [1]).result
-        return tensor.InsertSliceOp(piece, dest, [pb, ph, r0], [valid], [], [dynamic] * 3, [1, 1, dynamic],
-                                    [1] * 3).result
+        return tensor.InsertSliceOp(piece, dest, [side.batch, ph, side.origin(r0)], [valid], [], [dynamic] * 3,
+                                    [1, 1, dynamic], [1] * 3).result
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch
 import ae_mlir as ae
 from ae_mlir.backends import triton as tb
 from ae_mlir.frontend import varlen
-from bundle_interp import interpret
+from bundle_interp import interpret, interpret_roles
 
 WINDOW = 7
 
@@ -127,5 +127,58 @@ def test_bad_packed_calls():
         attn(q.unsqueeze(0), k, v, cu_seqlens_q=cq, cu_seqlens_k=ck)
     with pytest.raises(ValueError, match="do not combine with kv_len"):
         attn(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, kv_len=torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match="forward only"):
-        attn(q.requires_grad_(), k, v, cu_seqlens_q=cq, cu_seqlens_k=ck)
+
+
+def _grad_problem(lens_q, lens_k, d=16, seed=0):
+    q, k, v, cq, ck = _batch(lens_q, lens_k, d=d, dv=d, dtype=torch.float64, seed=seed)
+    attn, score_mod, keep = _mods()
+    q64, k64, v64 = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = _oracle(q64, k64, v64, lens_q, lens_k, score_mod, keep)
+    gen = torch.Generator().manual_seed(seed + 1)
+    d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    d_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64).masked_fill(~torch.isfinite(lse), 0.0)
+    want = torch.autograd.grad((out, lse.nan_to_num(neginf=0.0)), (q64, k64, v64), (d_out, d_lse))
+    return attn, (q, k, v, cq, ck), out, lse, d_out, d_lse, want
+
+
+@pytest.mark.parametrize("lens_q, lens_k", CASES[1:], ids=["five", "seventeen"])
+def test_gradients_from_the_cpu_backward_kernels(lens_q, lens_k):
+    attn, (q, k, v, cq, ck), _, _, d_out, d_lse, want = _grad_problem(lens_q, lens_k)
+    q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
+    out, lse = attn(q32, k32, v32, cu_seqlens_q=cq, cu_seqlens_k=ck, return_lse=True)
+    got = torch.autograd.grad((out, lse), (q32, k32, v32), (d_out.float(), d_lse.float()))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_backward_bundles_in_the_ttir_interpreter(target, dtype, tol):
+    lens_q, lens_k = [70, 0, 17, 1, 129], [70, 5, 17, 40, 129]
+    attn, (q, k, v, cq, ck), out, lse, d_out, d_lse, want = _grad_problem(lens_q, lens_k, d=32)
+    qv, kv, vv = varlen.packed_views(q, k, v, "blhd")
+    ov, dov, _ = varlen.packed_views(out.detach(), d_out, d_out, "blhd")
+    cast = (lambda t: t.detach().to(dtype))
+    text = attn.mlir(cast(q), cast(k), cast(v), cu_seqlens_q=cq, cu_seqlens_k=ck)
+    bundle = tb.build_backward_bundle(text, target)
+    sequences = varlen.prepare(qv, kv, cq, ck, None, None, False)
+    closures = [torch.tensor([0.3, 0.1, 0.05, 0.2]), sequences.kv_len, sequences.cu_q, sequences.cu_k]
+    tensors = {"q": cast(qv), "k": cast(kv), "v": cast(vv), "out": cast(ov), "do": cast(dov),
+               "lse": lse.nan_to_num(neginf=-math.inf).float().unsqueeze(0), "dlse": d_lse.float().unsqueeze(0)}
+    tensors.update({f"c{i}": t for i, t in enumerate(closures)})
+    got = interpret_roles(bundle, tensors)
+    for role, reference in zip(("dq", "dk", "dv"), want):
+        packed = got[role][0].transpose(0, 1).double()
+        scale = reference.abs().max()
+        assert torch.isfinite(packed).all(), role
+        torch.testing.assert_close(packed / scale, reference / scale, atol=tol, rtol=0, msg=role)
+
+
+def test_gradients_the_kernels_do_not_compute_are_refused():
+    attn, (q, k, v, cq, ck), *_ = _grad_problem([3, 4], [3, 4])
+    with pytest.raises(ValueError, match="run as backward kernels"):
+        attn(q.requires_grad_(), k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, backend="reference")
+    table = torch.zeros(2, 16, requires_grad=True)
+    biased = ae.attention(score_mod=lambda s, b, h, i, j: s + table[h % 2, i - j + 8], layout="blhd")
+    with pytest.raises(ValueError, match="closure tensors a mod reads"):
+        biased(q.float().requires_grad_(), k.float(), v.float(), cu_seqlens_q=cq, cu_seqlens_k=ck)

@@ -339,12 +339,19 @@ class attention:
         self._validate_as("bhld", q, k, v)
         backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
         checks.check_float64_backend(q, backend)
-        if wants_grad([q, k, v]) or _compiling():
-            raise ValueError("packed variable-length calls (cu_seqlens) run forward only and outside "
-                             "torch.compile for now: call under torch.no_grad(), outside the compiled region")
+        if _compiling():
+            raise ValueError("packed variable-length calls (cu_seqlens) do not run under torch.compile yet: "
+                             "call them outside the compiled region")
         sequences = varlen.prepare(q, k, cu_q, cu_k, max_q, max_k, index_check.enabled(self.check_indices))
         text, captures = self._prepare(q, k, v, sequences=sequences)
-        out, *lse = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
+        if wants_grad([q, k, v] + captures):
+            varlen.check_trainable(self, backend, captures)
+            from .autograd import compiled_call, differentiable_call
+
+            call = compiled_call(self, text, q, k, v, backend, sequences=sequences)
+            out, *lse = differentiable_call(call, q, k, v, captures)
+        else:
+            out, *lse = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         out = out[0].transpose(0, 1) if self.layout == "blhd" else out[0]
         return (out, lse[0][0]) if return_lse else out
 

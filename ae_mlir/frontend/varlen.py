@@ -89,3 +89,15 @@ def packed_views(q, k, v, layout: str):
             raise ValueError(f"with cu_seqlens, {name} must be a packed {form} tensor (layout={layout!r}), "
                              f"got shape {tuple(t.shape)}")
     return tuple(checks.to_bhld(t.unsqueeze(0), layout) for t in (q, k, v))
+
+
+def check_trainable(attn, backend: str, captures: list) -> None:
+    """Gradients of a packed batch come from the backward kernels alone (the torch evaluation of
+    the derivative knows no packing): softmax, the CPU or Triton backend, no closure gradients."""
+    if backend not in ("cpu", "triton") or attn.normalize != "softmax":
+        raise ValueError("gradients of packed variable-length calls (cu_seqlens) run as backward kernels: "
+                         f"normalize='softmax' on the 'cpu' or 'triton' backend, not normalize={attn.normalize!r} "
+                         f"on {backend!r}")
+    if any(t.requires_grad for t in captures):
+        raise ValueError("gradients of the closure tensors a mod reads are not computed for packed variable-length "
+                         "calls (cu_seqlens) yet; detach them or call under torch.no_grad()")
