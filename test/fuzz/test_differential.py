@@ -117,6 +117,58 @@ def test_decoding_programs_at_default_configs(target):
     run()
 
 
+def _paged(k, v, page: int, gen):
+    """k, v [B, Hkv, L, D] as shuffled page pools (L padded to whole pages with NaN) and the table."""
+    b, hkv, length, _ = k.shape
+    per = -(-length // page)
+    order = torch.randperm(b * per + 2, generator=gen)
+    table = order[:b * per].view(b, per).to(torch.int32)
+    pools = []
+    for t in (k, v):
+        pool = torch.full((b * per + 2, hkv, page, t.shape[3]), float("nan"), dtype=t.dtype)
+        padded = torch.full((b, hkv, per * page, t.shape[3]), float("nan"), dtype=t.dtype)
+        padded[:, :, :length] = t
+        pool[table.view(-1).long()] = padded.view(b, hkv, per, page, -1).transpose(1, 2).reshape(b * per, hkv, page, -1)
+        pools.append(pool)
+    return pools[0], pools[1], table
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cache_programs_at_default_configs(target):
+    # Per-entry key lengths (0 to Lk) on a cache whose unfilled keys are NaN, in place or paged
+    # (pages of 1 to 256 slots, shuffled): random mods at each target's default config.
+    from bundle_interp import interpret
+    from hypothesis import strategies as st
+
+    from ae_mlir.backends import triton as tb
+
+    @seed(SEED + 3)
+    @settings(FUZZ, max_examples=max(5, EXAMPLES // 5))
+    @given(programs(max_seq=16, seq_k_range=(1, 700), groups=(1, 2, 4)), st.data())
+    def run(p: Program, data):
+        attn = _attention(p)
+        q, k, v = p.inputs()
+        lengths = torch.tensor(data.draw(st.lists(st.integers(0, p.seq_k), min_size=p.batch, max_size=p.batch)),
+                               dtype=torch.int32)
+        want = attn(q, k, v, kv_len=lengths, backend="reference")
+        gen = torch.Generator().manual_seed(p.seed)
+        k_nan, v_nan = k.clone(), v.clone()
+        for b, n in enumerate(lengths.tolist()):
+            k_nan[b, :, n:], v_nan[b, :, n:] = float("nan"), float("nan")
+        page = data.draw(st.sampled_from([None, 1, 16, 64, 256]))
+        if page is None:
+            keys, values, extra = k_nan, v_nan, {}
+        else:
+            keys, values, table = _paged(k_nan, v_nan, page, gen)
+            extra = {"block_table": table}
+        bundle = tb.compile_bundle(attn, q, keys, values, target=target, kv_len=lengths, **extra)
+        _, captures = attn._build(q, keys, values, kv_len=lengths, **extra)
+        (out, *_), _ = interpret(bundle, q, keys, values, *captures)
+        _assert_close(p, out, want, f"Triton IR for {target} with kv_len, pages of {page}")
+
+    run()
+
+
 @seed(SEED + 1)
 @FUZZ
 @given(programs(max_seq=64))
