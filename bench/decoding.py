@@ -10,8 +10,6 @@ against float32 SDPA (math backend) on the whole batch.
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import sys
@@ -19,6 +17,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
 CASES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768), (32, 8192)]
@@ -61,18 +61,14 @@ def build(out: str) -> None:
 
 def run(bundles: str, out_dir: str) -> None:
     import torch
-    import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import flex_attention
 
     from ae_mlir import runtime
 
     device = torch.device("cuda")
-    os.makedirs(out_dir, exist_ok=True)
-    records = []
-    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "date": datetime.date.today().isoformat(), "heads": HEADS, "kv_heads": KV_HEADS, "dim": DIM,
-           "dtype": "bfloat16", "method": __doc__, "cases": records}
+    doc = harness.results_doc(out_dir, __doc__, heads=HEADS, kv_heads=KV_HEADS, dim=DIM, dtype="bfloat16")
+    records = doc["cases"]
     flex = torch.compile(flex_attention, dynamic=False)
     torch.manual_seed(0)
     for batch, seq in CASES:
@@ -97,29 +93,17 @@ def run(bundles: str, out_dir: str) -> None:
         rec = {"case": _name(batch, seq), "B": batch, "Lk": seq, "kv_bytes": nbytes,
                "config": bundle.meta.get("config"), "results": {}}
         for label, fn in impls.items():
-            try:
-                err = float((fn().float() - ref).abs().max())
-                ms = float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-                rec["results"][label] = {"ms": ms, "tb_per_s": nbytes / (ms * 1e-3) / 1e12, "max_abs_err": err}
-            except Exception as exc:
-                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            result = harness.measure(fn, lambda out: float((out.float() - ref).abs().max()))
+            if "ms" in result:
+                result["tb_per_s"] = nbytes / (result["ms"] * 1e-3) / 1e12
+            rec["results"][label] = result
         records.append(rec)
         print(json.dumps(rec), flush=True)
-        with open(os.path.join(out_dir, "decoding.json"), "w") as f:
-            json.dump(doc, f, indent=1)
+        harness.save(doc, out_dir, "decoding.json")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("build", "run"))
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "decoding"))
-    args = parser.parse_args(argv)
-    if args.mode == "build":
-        build(args.out)
-    else:
-        run(args.bundles, args.out)
-    return 0
+    return harness.main(__doc__, build, run, "decoding", argv)
 
 
 if __name__ == "__main__":

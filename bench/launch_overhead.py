@@ -6,7 +6,6 @@ time of the same kernels replayed from a CUDA graph, and a profile of the Python
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import json
@@ -17,6 +16,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
 CASES = [(1, 8192, False), (1, 8192, True)]  # (batch, Lk, with kv_len)
@@ -90,21 +92,11 @@ def run(bundles: str, out_dir: str) -> None:
         results["cases"].append(rec)
         print(json.dumps({key: value for key, value in rec.items() if key != "profile"}), flush=True)
         print(rec["profile"][:6000], flush=True)
-    with open(os.path.join(out_dir, "launch_overhead.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    harness.save(results, out_dir, "launch_overhead.json")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("build", "run"))
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "launch"))
-    args = parser.parse_args(argv)
-    if args.mode == "build":
-        build(args.out)
-    else:
-        run(args.bundles, args.out)
-    return 0
+    return harness.main(__doc__, build, run, "launch", argv)
 
 
 if __name__ == "__main__":

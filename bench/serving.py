@@ -19,14 +19,15 @@ against float32 SDPA (math backend) run entry by entry on the filled keys.
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
 # (batch, Lmax, the filled lengths as fractions of Lmax, cycled over the batch)
@@ -90,18 +91,14 @@ def _paged(k, v, size: int, gen):
 
 def run(bundles: str, out_dir: str) -> None:
     import torch
-    import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from ae_mlir import runtime
 
     device = torch.device("cuda")
-    os.makedirs(out_dir, exist_ok=True)
-    records = []
-    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "date": datetime.date.today().isoformat(), "heads": HEADS, "kv_heads": KV_HEADS, "dim": DIM,
-           "dtype": "bfloat16", "method": __doc__, "cases": records}
+    doc = harness.results_doc(out_dir, __doc__, heads=HEADS, kv_heads=KV_HEADS, dim=DIM, dtype="bfloat16")
+    records = doc["cases"]
     flex = torch.compile(flex_attention, dynamic=False)
     gen = torch.Generator().manual_seed(0)
     for batch, lmax, fractions in CASES:
@@ -144,32 +141,21 @@ def run(bundles: str, out_dir: str) -> None:
             impls[label] = (sdpa, dense_bytes)
         rec = {"case": name, "B": batch, "Lmax": lmax, "kv_len": lengths_list, "filled_bytes": filled,
                "configs": {"kv_len": bundle.meta.get("config")}, "results": {}}
+        # The dense SDPA rows past an entry's length see keys the others do not.
+        comparable = len(set(lengths_list)) == 1
         for label, (fn, nbytes) in impls.items():
-            try:
-                out = fn().float()
-                # The dense SDPA rows past an entry's length see keys the others do not.
-                err = float((out - ref).abs().max()) if "dense" not in label or len(set(lengths_list)) == 1 else None
-                ms = float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-                rec["results"][label] = {"ms": ms, "tb_per_s": nbytes / (ms * 1e-3) / 1e12, "max_abs_err": err}
-            except Exception as exc:
-                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            result = harness.measure(fn, lambda out, label=label: float((out.float() - ref).abs().max())
+                                     if "dense" not in label or comparable else None)
+            if "ms" in result:
+                result["tb_per_s"] = nbytes / (result["ms"] * 1e-3) / 1e12
+            rec["results"][label] = result
         records.append(rec)
         print(json.dumps(rec), flush=True)
-        with open(os.path.join(out_dir, "serving.json"), "w") as f:
-            json.dump(doc, f, indent=1)
+        harness.save(doc, out_dir, "serving.json")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("build", "run"))
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "serving"))
-    args = parser.parse_args(argv)
-    if args.mode == "build":
-        build(args.out)
-    else:
-        run(args.bundles, args.out)
-    return 0
+    return harness.main(__doc__, build, run, "serving", argv)
 
 
 if __name__ == "__main__":

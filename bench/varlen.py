@@ -16,8 +16,6 @@ against SDPA (math backend, float32) sequence by sequence.
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import random
@@ -25,6 +23,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
 
 HEADS, DIM, TOKENS = 16, 128, 16384
 
@@ -90,11 +91,8 @@ def run(bundles: str, out_dir: str) -> None:
     from ae_mlir import runtime
 
     device = torch.device("cuda")
-    os.makedirs(out_dir, exist_ok=True)
-    records = []
-    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "date": datetime.date.today().isoformat(), "heads": HEADS, "dim": DIM, "tokens": TOKENS,
-           "dtype": "bfloat16", "method": __doc__, "cases": records}
+    doc = harness.results_doc(out_dir, __doc__, heads=HEADS, dim=DIM, tokens=TOKENS, dtype="bfloat16")
+    records = doc["cases"]
     flex = torch.compile(flex_attention, dynamic=False)
     gen = torch.Generator().manual_seed(0)
     for case in CASES:
@@ -139,31 +137,18 @@ def run(bundles: str, out_dir: str) -> None:
         rec = {"case": case, "sequences": len(lengths), "longest": longest, "lengths": lengths,
                "config": bundle.meta.get("config"), "flex_block_mask_build_ms": float(build_ms), "results": {}}
         for label, fn in impls.items():
-            try:
-                out = fn()
-                got = unpad(out) if "padded" in label else out
-                err = float((got.float() - ref).abs().max())
-                ms = float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-                rec["results"][label] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "max_abs_err": err}
-            except Exception as exc:
-                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            result = harness.measure(fn, lambda out, label=label: float(
+                ((unpad(out) if "padded" in label else out).float() - ref).abs().max()))
+            if "ms" in result:
+                result["tflops"] = flops / (result["ms"] * 1e-3) / 1e12
+            rec["results"][label] = result
         records.append(rec)
         print(json.dumps({key: value for key, value in rec.items() if key != "lengths"}), flush=True)
-        with open(os.path.join(out_dir, "varlen.json"), "w") as f:
-            json.dump(doc, f, indent=1)
+        harness.save(doc, out_dir, "varlen.json")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("build", "run"))
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "varlen"))
-    args = parser.parse_args(argv)
-    if args.mode == "build":
-        build(args.out)
-    else:
-        run(args.bundles, args.out)
-    return 0
+    return harness.main(__doc__, build, run, "varlen", argv)
 
 
 if __name__ == "__main__":
