@@ -79,7 +79,9 @@ def build(out: str) -> None:
         bundle = tb.compile_bundle(_attention(), q, q, q, target="cuda:90", cu_seqlens_q=cu, cu_seqlens_k=cu,
                                    max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
         bundle.save(os.path.join(out, case + ".json"))
-        print("built", case, len(lengths), "sequences", bundle.meta["config"], bundle.grid, flush=True)
+        backward = tb.build_backward_bundle(bundle.meta["l0"], "cuda:90")
+        backward.save(os.path.join(out, case + ".bwd.json"))
+        print("built", case, len(lengths), "sequences", bundle.meta["config"], backward.meta["config"], flush=True)
 
 
 def run(bundles: str, out_dir: str) -> None:
@@ -142,9 +144,62 @@ def run(bundles: str, out_dir: str) -> None:
             if "ms" in result:
                 result["tflops"] = flops / (result["ms"] * 1e-3) / 1e12
             rec["results"][label] = result
+        rec["results"].update(_backward(bundles, case, lengths, flops, (q4, k4, v4), padded, flex, block_mask,
+                                        (bundle, kv_len, cu)))
         records.append(rec)
         print(json.dumps({key: value for key, value in rec.items() if key != "lengths"}), flush=True)
         harness.save(doc, out_dir, "varlen.json")
+
+
+def _backward(bundles, case, lengths, flops, packed, padded, flex, block_mask, forward) -> dict:
+    """Backward times (2.5x the forward's FLOPs) of ae-mlir's backward kernels, FlexAttention's
+    and SDPA's on the padded batch; the first sequence's dQ checked against float32 autograd."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ae_mlir import runtime
+
+    q4, k4, v4 = packed
+    bundle, kv_len, cu = forward
+    gen = torch.Generator().manual_seed(1)
+    d_out = torch.randn(q4.shape, generator=gen).to(q4.device, q4.dtype)
+    first = lengths[0]
+    ref_q = q4[0, :, :first].float().requires_grad_()
+    with sdpa_kernel(SDPBackend.MATH):
+        ref_out = torch.nn.functional.scaled_dot_product_attention(ref_q, k4[0, :, :first].float(),
+                                                                   v4[0, :, :first].float(), is_causal=True)
+    (ref_dq,) = torch.autograd.grad(ref_out, ref_q, d_out[0, :, :first].float())
+
+    def first_dq_error(dq):
+        return float((dq[0, :, :first].float() - ref_dq).abs().max())
+
+    out, lse = runtime.launch(bundle, q4, k4, v4, kv_len, cu, cu)
+    backward = runtime.Bundle.load(os.path.join(bundles, case + ".bwd.json"))
+    tensors = {"q": q4, "k": k4, "v": v4, "out": out, "do": d_out, "lse": lse, "dlse": torch.zeros_like(lse),
+               "c0": kv_len, "c1": cu, "c2": cu}
+    impls = {"ae_mlir": (lambda: runtime.launch_roles(backward, tensors)["dq"], first_dq_error)}
+    leaves = [t.detach().requires_grad_() for t in (q4, k4, v4)]
+    flex_out = flex(*leaves, block_mask=block_mask)
+    impls["flex_document_mask"] = (lambda: torch.autograd.grad(flex_out, leaves, d_out, retain_graph=True)[0],
+                                   first_dq_error)
+    d_padded = torch.zeros_like(padded[0])
+    for i, n in enumerate(lengths):
+        lo = sum(lengths[:i])
+        d_padded[i, :, :n] = d_out[0, :, lo:lo + n]
+    for label, backend in (("sdpa_cudnn_padded", SDPBackend.CUDNN_ATTENTION),
+                           ("sdpa_flash_padded", SDPBackend.FLASH_ATTENTION)):
+        pad_leaves = [t.detach().requires_grad_() for t in padded]
+        with sdpa_kernel(backend):
+            pad_out = torch.nn.functional.scaled_dot_product_attention(*pad_leaves, is_causal=True)
+        impls[label] = (lambda o=pad_out, ls=pad_leaves: torch.autograd.grad(o, ls, d_padded, retain_graph=True)[0],
+                        lambda dq: float((dq[0, :, :first].float() - ref_dq).abs().max()))
+    results = {}
+    for label, (fn, error_of) in impls.items():
+        result = harness.measure(fn, error_of)
+        if "ms" in result:
+            result["tflops"] = 2.5 * flops / (result["ms"] * 1e-3) / 1e12
+        results["backward_" + label] = result
+    return results
 
 
 def main(argv=None) -> int:
