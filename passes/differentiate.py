@@ -123,11 +123,6 @@ class Differentiate(ModulePass):
     def apply(self, module_op) -> None:
         for op in ops_named(module_op, "attn.linear_recurrence"):
             raise fail(op, "has no derivative yet (attn-differentiate handles the softmax family)")
-        # The backward does not specialize per-entry key lengths: they become part of the mask.
-        for mask in ops_named(module_op, "attn.mask"):
-            if len(mask.operands):
-                with module_op.context:
-                    fold_into_mask(mask)
         for aggregate in ops_named(module_op, "attn.aggregate"):
             _GradWriter(module_op, _Chain.of(aggregate)).write()
 
@@ -157,6 +152,8 @@ class _GradWriter:
     def _classify_outer(self) -> tuple[list, list]:
         arguments = list(self.chain.func.regions[0].blocks[0].arguments)
         closures, constants = set(), []
+        if self.chain.mask is not None:
+            closures.update(self.chain.mask.operands)
         for region, where in self.chain.regions():
             for value, reader in _outer_values(region):
                 if value in arguments:
@@ -208,8 +205,13 @@ class _GradWriter:
             copy_region(chain.score_mod.regions[0], op.regions[0], outer, "score_mod")
             modded = op.results[0]
         if chain.mask is not None:
-            op = self._create("attn.mask", [chain.mask.results[0].type], [], 1, chain.mask.location, entry)
+            lengths = [outer[v] for v in chain.mask.operands]
+            op = self._create("attn.mask", [chain.mask.results[0].type], lengths, 1, chain.mask.location, entry)
             copy_region(chain.mask.regions[0], op.regions[0], outer, "mask")
+            if lengths:
+                # The derivative's evaluators take no per-entry key lengths: they become part of
+                # the mask. The forward keeps its operand (the backward kernels specialize it).
+                op = fold_into_mask(op)
             keep = op.results[0]
         return modded, keep
 

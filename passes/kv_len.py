@@ -3,12 +3,11 @@
 Two ways the passes honour it:
 
 * `fold_into_mask` rewrites an attn.mask with kv_len into one without, whose region also asks
-  kv_idx < kv_len[b]. The result means the same; it is how passes that do not specialize the
-  lengths (attn-differentiate, and so the backward kernels) see them: a mask that reads the batch
-  index and a closure tensor, evaluated on every tile.
-* `attn-tile` specializes them (`entry_length`, `trip_count`): a program reads its entry's
-  length, visits only the KV tiles that start below it and loads K and V rows up to it, so a
-  cache allocated for Lk keys costs what its filled part does.
+  kv_idx < kv_len[b]. The result means the same; attn-differentiate writes the derivative's mask
+  so, for evaluators that do not specialize the lengths (torch evaluating the derivative).
+* `attn-tile` and `attn-tile-backward` specialize them (`entry_length`, `trip_count`): a program
+  reads its entry's length once, visits only the KV tiles (query blocks) in reach of it and loads
+  K and V rows up to it, so a cache allocated for Lk keys costs what its filled part does.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from typing import ClassVar
 from ..core import abi
 from . import ModulePass, option
 from .differentiate import CLOSURE_ARGS, GRAD_SUFFIX
-from .kv_len import bound_table, consecutive, constant_table, trip_count
+from .kv_len import bound_table, consecutive, constant_table, entry_length, trip_count
 from .l1_builders import (KernelBuilder, convert, f32, index, index_value, matmul, program_id, tensor_type, transpose,
                           zeros)
 from .l1_ops import fail, ops_named, shape
@@ -95,7 +95,7 @@ class _Backward(KernelBuilder):
         self.len_q, self.len_k = self.lq, self.lk  # index values per program for packed sequences
         self.inputs = [a.type for a in self.func_block.arguments]
         self.n_closures = len(self.inputs) - 3
-        self.score_mod = self.mask = self.score_mod_grad = None
+        self.score_mod = self.mask = self.score_mod_grad = self.kv_len = None
         for op in grad.regions[0].blocks[0].operations:
             name = op.operation.name
             if name == "attn.normalize_grad":
@@ -112,6 +112,8 @@ class _Backward(KernelBuilder):
                 self.score_mod = op.operation.regions[0]
             elif name == "attn.mask":
                 self.mask = op.operation.regions[0]
+                # Per-entry key lengths, read once per program as attn-tile does.
+                self.kv_len = op.operation.operands[0] if len(op.operation.operands) else None
 
     def kernel_arg(self, value, what: str):
         from mlir import ir
@@ -124,8 +126,9 @@ class _Backward(KernelBuilder):
 
     def lists(self):
         classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn)
-        if self.sources[0] is not None:
-            # A packed sequence may end inside any tile: every tile drops the rows past its end.
+        if self.sources[0] is not None or self.kv_len is not None:
+            # A packed sequence or an entry's keys may end inside any tile: every tile drops the
+            # rows past its end.
             return [sorted(p + f) for p, f in zip(classification.partial, classification.full)], \
                 [[] for _ in classification.full]
         return _ragged_partial(classification.partial, classification.full, self.lq, self.lk, self.bm, self.bn)
@@ -139,8 +142,9 @@ class _Backward(KernelBuilder):
     def sides(self, pb):
         """(q-side Rows, k-side Rows) of the program of batch entry `pb`; sets the lengths the
         tile masks compare with."""
+        keys = None if self.kv_len is None else entry_length(self.kernel_arg(self.kv_len, "kv_len"), pb, self.lk)
         q_rows = Rows(self, self.sources[0], pb, self.lq)
-        k_rows = Rows(self, self.sources[1], pb, self.lk)
+        k_rows = Rows(self, self.sources[1], pb, self.lk, keys)
         self.len_q, self.len_k = q_rows.length, k_rows.length
         return q_rows, k_rows
 
@@ -290,10 +294,10 @@ class _Backward(KernelBuilder):
             v_tile = k_rows.load(v, phk, n0, bn, self.dv)
             k_trans, v_trans = transpose(k_tile), transpose(v_tile)
             reach = None
-            if q_rows.packed:
-                # A KV block past the sequence's keys visits no query block; the others, those
-                # below the sequence's queries.
-                inside = arith.cmpi(arith.CmpIPredicate.slt, n0, k_rows.length)
+            if q_rows.dynamic or k_rows.dynamic:
+                # A KV block past the entry's keys visits no query block; the others, those below
+                # its queries.
+                inside = arith.cmpi(arith.CmpIPredicate.slt, n0, index_value(k_rows.length))
                 reach = arith.select(inside, q_rows.reach(bm), index(0))
 
             def head_step(g, state):
@@ -356,8 +360,8 @@ class _Backward(KernelBuilder):
                                      lambda a: arith.subf(a[0], a[1]), rank=1)
             do_tile = d_out_tile
             reach = None
-            if q_rows.packed:
-                inside = arith.cmpi(arith.CmpIPredicate.slt, m0, q_rows.length)
+            if q_rows.dynamic or k_rows.dynamic:
+                inside = arith.cmpi(arith.CmpIPredicate.slt, m0, index_value(q_rows.length))
                 reach = arith.select(inside, k_rows.reach(bn), index(0))
 
             def step(nb, acc, masked):

@@ -10,23 +10,34 @@ from .tile_varlen import span
 
 
 class Rows:
-    """One side's rows for the program of batch entry (or sequence) `batch`: built once per
-    kernel, before its loops, so every loop sees the same values."""
+    """One side's rows for the program of batch entry (or sequence) `batch`, at most `keys` of
+    them (the entry's kv_len) when given: built once per kernel, before its loops, so every loop
+    sees the same values."""
 
-    def __init__(self, kernel, source, batch, longest: int):
+    def __init__(self, kernel, source, batch, longest: int, keys=None):
         from mlir.dialects import arith
 
         self.kernel, self.longest = kernel, longest
         if source is None:
             self.batch, self.start, self.length = batch, None, longest
-            return
-        self.batch = index(0)
-        self.start, end = span(kernel, source, batch, longest)
-        self.length = arith.subi(end, self.start)
+        else:
+            self.batch = index(0)
+            self.start, end = span(kernel, source, batch, longest)
+            self.length = arith.subi(end, self.start)
+        # The rows a store writes: all of them (gradients of keys past kv_len are zeros, written
+        # as such), but for a packed sequence only its own.
+        self.extent = self.length
+        if keys is not None:
+            self.length = arith.minsi(index_value(self.length), keys)
 
     @property
     def packed(self) -> bool:
         return self.start is not None
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the length is known at run time only (then any block may be cut short)."""
+        return not isinstance(self.length, int)
 
     def origin(self, r0):
         from mlir.dialects import arith
@@ -38,13 +49,13 @@ class Rows:
         from mlir.dialects import arith
 
         if not self.packed:
-            return self.kernel.load_tile(src, [self.batch, head], r0, self.longest, rows, width)
+            return self.kernel.load_tile(src, [self.batch, head], r0, self.length, rows, width, past_end=self.dynamic)
         return self.kernel.load_tile(src, [self.batch, head], self.origin(r0), arith.addi(self.start, self.length),
                                      rows, width, past_end=True)
 
     def valid(self, r0, rows: int):
-        """How many of the rows from r0 exist (at least 0 for a packed sequence)."""
-        return self.kernel.rows_left(r0, self.length, rows, past_end=self.packed)
+        """How many of the rows from r0 a store writes (at least 0 for a packed sequence)."""
+        return self.kernel.rows_left(r0, self.extent, rows, past_end=self.packed)
 
     def reach(self, block: int):
         """The blocks of `block` rows that hold rows of this side."""

@@ -205,3 +205,25 @@ def test_split_kernels_deal_each_entrys_tiles_in_the_l1_interpreter(splits):
     finite = torch.isfinite(want_lse)
     assert torch.equal(finite, torch.isfinite(got["lse"]))
     torch.testing.assert_close(got["lse"][finite], want_lse[finite], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_backward_bundles_with_lengths_in_the_ttir_interpreter(target):
+    from bundle_interp import interpret_roles
+
+    attn = ae.attention(mask_mod=lambda b, h, i, j: j <= i + 50)
+    q, k, v = (t.requires_grad_() for t in _inputs(3, 4, 2, 37, 150, 32))
+    lengths = torch.tensor([150, 0, 61], dtype=torch.int32)
+    out, lse = attn(q, k, v, backend="reference", kv_len=lengths, return_lse=True)
+    gen = torch.Generator().manual_seed(5)
+    d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    want = torch.autograd.grad(out, (q, k, v), d_out)
+    text = attn.mlir(q.float(), k.float(), v.float(), kv_len=lengths)
+    bundle = tb.build_backward_bundle(text, target)
+    tensors = {"q": q.detach().float(), "k": _poisoned(k.detach(), lengths).float(),
+               "v": _poisoned(v.detach(), lengths).float(), "out": out.detach().float(), "do": d_out.float(),
+               "lse": lse.detach().float(), "dlse": torch.zeros(lse.shape), "c0": lengths}
+    got = interpret_roles(bundle, tensors)
+    for role, reference in zip(("dq", "dk", "dv"), want):
+        assert torch.isfinite(got[role]).all(), role
+        torch.testing.assert_close(got[role].double(), reference, rtol=0, atol=1e-5, msg=role)

@@ -6,7 +6,7 @@
 // clamp(reach - 2, 0, count). K and V rows past the length load as zeros, and every tile
 // compares kv_idx with the length.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=16 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=TILE
-// attn-differentiate (and so the backward) folds the lengths into the mask region instead.
+// attn-differentiate keeps the forward's operand and folds the lengths into the derivative's mask.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-differentiate)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=GRAD
 
 // TILE-LABEL: func.func @cache(
@@ -43,18 +43,21 @@
 // TILE: return
 
 // GRAD-LABEL: func.func @cache(
+// GRAD-SAME: %[[N:[a-z0-9]+]]: tensor<2xi32>)
+// GRAD: "attn.mask"(%[[N]]) ({
+// GRAD: }) : (tensor<2xi32>) -> tensor<2x2x3x100xi1>
+// GRAD-LABEL: func.func @cache_grad(
+// GRAD-SAME: %[[GN:[a-z0-9]+]]: tensor<2xi32>) -> tensor<2x2x3x100xf32> attributes {attn.closure_args = array<i64: 3>}
 // GRAD: "attn.mask"() ({
 // GRAD-NEXT: ^bb0(%[[B:.*]]: index, %{{.*}}: index, %{{.*}}: index, %[[J:.*]]: index):
 // GRAD: %[[USER:.*]] = arith.cmpi sge, %[[J]], %c40
-// GRAD: %[[RAW:.*]] = tensor.extract %arg3[%[[B]]] : tensor<2xi32>
+// GRAD: %[[RAW:.*]] = tensor.extract %[[GN]][%[[B]]] : tensor<2xi32>
 // GRAD: %[[LEN:.*]] = arith.index_cast %[[RAW]]
 // GRAD: %[[IN:.*]] = arith.cmpi slt, %[[J]], %[[LEN]]
 // GRAD: %[[BOTH:.*]] = arith.andi %[[USER]], %[[IN]]
 // GRAD: gpu.yield %[[BOTH]]
 // GRAD: }) : () -> tensor<2x2x3x100xi1>
-// GRAD-LABEL: func.func @cache_grad(
-// GRAD-SAME: %{{.*}}: tensor<2xi32>) -> tensor<2x2x3x100xf32> attributes {attn.closure_args = array<i64: 3>}
-// GRAD: tensor.extract %arg2[
+
 func.func @cache(%q: tensor<2x2x3x16xbf16>, %k: tensor<2x2x100x16xbf16>, %v: tensor<2x2x100x16xbf16>, %n: tensor<2xi32>) -> (tensor<2x2x3x16xbf16>, tensor<2x2x3xf32>) {
   %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<2x2x3x16xbf16>, tensor<2x2x100x16xbf16>) -> tensor<2x2x3x100xf32>
   %keep = "attn.mask"(%n) ({
