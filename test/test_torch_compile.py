@@ -102,11 +102,12 @@ def test_custom_ops_pass_opcheck():
     closures = closure_sources.fetch(attn, attn._sources)
     # Without and with per-entry key lengths.
     for kv_len in (None, torch.tensor([4], dtype=torch.int32)):
-        torch.library.opcheck(torch_op.attention_op, (attn._key, "reference", q, k, v, closures, kv_len, None))
-        out, lse = torch_op.attention_op(attn._key, "reference", q, k, v, closures, kv_len, None)
+        cache = (kv_len, None, None, None, 0, 0)
+        torch.library.opcheck(torch_op.attention_op, (attn._key, "reference", q, k, v, closures, *cache))
+        out, lse = torch_op.attention_op(attn._key, "reference", q, k, v, closures, *cache)
         torch.library.opcheck(torch_op.attention_backward_op, (
-            attn._key, "reference", q.detach(), k, v, [t.detach() for t in closures], kv_len, lse.detach(),
-            out.detach(), torch.randn(1, 2, 6, 4), None, [True, False]))
+            attn._key, "reference", q.detach(), k, v, [t.detach() for t in closures], kv_len, None, None, 0, 0,
+            lse.detach(), out.detach(), torch.randn(1, 2, 6, 4), None, [True, False]))
 
 
 class _DocumentMask(torch.nn.Module):

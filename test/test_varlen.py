@@ -182,3 +182,23 @@ def test_gradients_the_kernels_do_not_compute_are_refused():
     biased = ae.attention(score_mod=lambda s, b, h, i, j: s + table[h % 2, i - j + 8], layout="blhd")
     with pytest.raises(ValueError, match="closure tensors a mod reads"):
         biased(q.float().requires_grad_(), k.float(), v.float(), cu_seqlens_q=cq, cu_seqlens_k=ck)
+
+
+def test_packed_training_under_torch_compile():
+    attn = ae.attention(mask_mod=lambda b, h, i, j: i >= j, layout="blhd")
+    q, k, v, cq, ck = _batch([5, 9, 2], [5, 9, 2])
+
+    def step(q, k, v):
+        return attn(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=9, max_seqlen_k=9).square().sum()
+
+    eager = [t.clone().requires_grad_() for t in (q, k, v)]
+    step(*eager).backward()
+    compiled = [t.clone().requires_grad_() for t in (q, k, v)]
+    explained = torch._dynamo.explain(step)(*[t.clone().requires_grad_() for t in (q, k, v)])
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch.compile(step, backend="aot_eager", fullgraph=True)(*compiled).backward()
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a.grad, b.grad)
+    with pytest.raises(Exception, match="needs max_seqlen_q"):
+        torch.compile(lambda q: attn(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck), backend="aot_eager",
+                      fullgraph=True)(q)

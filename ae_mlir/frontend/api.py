@@ -339,10 +339,15 @@ class attention:
         self._validate_as("bhld", q, k, v)
         backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
         checks.check_float64_backend(q, backend)
-        if _compiling():
-            raise ValueError("packed variable-length calls (cu_seqlens) do not run under torch.compile yet: "
-                             "call them outside the compiled region")
         sequences = varlen.prepare(q, k, cu_q, cu_k, max_q, max_k, index_check.enabled(self.check_indices))
+        if _compiling():
+            from .torch_op import compiled_attention
+
+            if wants_grad([q, k, v]):
+                varlen.check_trainable(self, backend, [])
+            out, *lse = compiled_attention(self, q, k, v, backend, sequences=sequences)
+            out = out[0].transpose(0, 1) if self.layout == "blhd" else out[0]
+            return (out, lse[0][0]) if return_lse else out
         text, captures = self._prepare(q, k, v, sequences=sequences)
         if wants_grad([q, k, v] + captures):
             varlen.check_trainable(self, backend, captures)

@@ -22,10 +22,16 @@ def _kernel_captures(captures: list) -> list:
     return [t.reshape(1) if t.dim() == 0 else t for t in captures]
 
 
-def _call(key: str, backend: str, q, k, v, captures: list, kv_len, block_table) -> CompiledCall:
+def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest: tuple) -> CompiledCall:
     attn = variant_registry.lookup(key)
-    text, traced = attn._prepare(q, k, v, kv_len, block_table)
-    traced = traced[:len(traced) - len(_cache_operands(kv_len, block_table))]
+    kv_len, block_table, cu_q, cu_k = cache
+    sequences = None
+    if cu_q is not None:
+        from .varlen import Sequences
+
+        sequences, kv_len = Sequences(cu_q, cu_k, kv_len, *longest), None
+    text, traced = attn._prepare(q, k, v, kv_len, block_table, sequences)
+    traced = traced[:len(traced) - len(_present(cache))]
     given = _kernel_captures(captures)
     if [(tuple(t.shape), t.dtype) for t in traced] != [(tuple(t.shape), t.dtype) for t in given]:
         raise RuntimeError(f"the mods of ae_mlir attention {key!r} now read closure tensors "
@@ -33,17 +39,18 @@ def _call(key: str, backend: str, q, k, v, captures: list, kv_len, block_table) 
                            "where they read them when it was constructed; under torch.compile a mod must keep "
                            "reading its closure tensors through the same names: construct the attention again "
                            "after changing what its mods read")
-    return compiled_call(attn, text, q, k, v, backend, kv_len=kv_len, block_table=block_table)
+    return compiled_call(attn, text, q, k, v, backend, kv_len=kv_len, block_table=block_table, sequences=sequences)
 
 
-def _cache_operands(kv_len, block_table) -> list:
-    """The closure tensors a call adds after the mods': the key lengths, then the block table."""
-    return [t for t in (kv_len, block_table) if t is not None]
+def _present(cache: list) -> list:
+    """The closure tensors a call adds after the mods', in the module's order: the key lengths,
+    the block table, a packed batch's offsets of q and of k (those the call has)."""
+    return [t for t in cache if t is not None]
 
 
-def _with_cache(captures: list, kv_len, block_table) -> list:
+def _with_cache(captures: list, cache: list) -> list:
     """The kernel's closure tensors."""
-    return _kernel_captures(captures) + _cache_operands(kv_len, block_table)
+    return _kernel_captures(captures) + _present(cache)
 
 
 def _lse_dtype(q) -> torch.dtype:
@@ -52,31 +59,39 @@ def _lse_dtype(q) -> torch.dtype:
 
 @torch.library.custom_op("ae_mlir::attention", mutates_args=())
 def attention_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor,
-                 captures: list[Tensor], kv_len: Tensor | None,
-                 block_table: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(out, lse); lse is zeros for normalizers other than softmax, which have none."""
-    call = _call(key, backend, q, k, v, captures, kv_len, block_table)
-    out, lse = call.forward(q, k, v, _with_cache(captures, kv_len, block_table))
+                 captures: list[Tensor], kv_len: Tensor | None, block_table: Tensor | None,
+                 cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None, longest_q: int,
+                 longest_k: int) -> tuple[Tensor, Tensor]:
+    """(out, lse); lse is zeros for normalizers other than softmax, which have none. The call's
+    key lengths, block table and a packed batch's offsets are None where it has none (a packed
+    batch's as varlen.Sequences holds them, with its longest sequences' bounds)."""
+    cache = [kv_len, block_table, cu_seqlens_q, cu_seqlens_k]
+    call = _call(key, backend, q, k, v, captures, cache, (longest_q, longest_k))
+    out, lse = call.forward(q, k, v, _with_cache(captures, cache))
     if lse is None:
         lse = torch.zeros(q.shape[:3], dtype=_lse_dtype(q), device=q.device)
     return out, lse
 
 
 @attention_op.register_fake
-def _attention_fake(key, backend, q, k, v, captures, kv_len, block_table):
+def _attention_fake(key, backend, q, k, v, captures, kv_len, block_table, cu_seqlens_q, cu_seqlens_k, longest_q,
+                    longest_k):
     b, h, lq, _ = q.shape
     return q.new_empty((b, h, lq, v.shape[3])), q.new_empty((b, h, lq), dtype=_lse_dtype(q))
 
 
 @torch.library.custom_op("ae_mlir::attention_backward", mutates_args=())
 def attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor, captures: list[Tensor],
-                          kv_len: Tensor | None, lse: Tensor, out: Tensor | None, d_out: Tensor,
+                          kv_len: Tensor | None, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+                          longest_q: int, longest_k: int, lse: Tensor, out: Tensor | None, d_out: Tensor,
                           d_lse: Tensor | None, closures_wanted: list[bool]) -> list[Tensor]:
-    """[dq, dk, dv, one gradient per closure tensor]; zeros where none reaches a tensor."""
-    call = _call(key, backend, q, k, v, captures, kv_len, None)
+    """[dq, dk, dv, one gradient per closure tensor]; zeros where none reaches a tensor. No block
+    table: the frontend refuses gradients through a paged cache."""
+    cache = [kv_len, None, cu_seqlens_q, cu_seqlens_k]
+    call = _call(key, backend, q, k, v, captures, cache, (longest_q, longest_k))
     softmax = call.with_lse
-    wanted = list(closures_wanted) + ([] if kv_len is None else [False])
-    dq, dk, dv, d_captures = call.backward(q, k, v, _with_cache(captures, kv_len, None), lse if softmax else None,
+    wanted = list(closures_wanted) + [False] * len(_present(cache))
+    dq, dk, dv, d_captures = call.backward(q, k, v, _with_cache(captures, cache), lse if softmax else None,
                                            d_out, d_lse if softmax else None, wanted, out=out)
     return [dq, dk, dv] + [t.new_zeros(t.shape, dtype=_grad_dtype(t)) if g is None else g.reshape(t.shape)
                            for g, t in zip(d_captures, captures)]
@@ -87,42 +102,47 @@ def _grad_dtype(t) -> torch.dtype:
 
 
 @attention_backward_op.register_fake
-def _attention_backward_fake(key, backend, q, k, v, captures, kv_len, lse, out, d_out, d_lse, closures_wanted):
+def _attention_backward_fake(key, backend, q, k, v, captures, kv_len, cu_seqlens_q, cu_seqlens_k, longest_q,
+                             longest_k, lse, out, d_out, d_lse, closures_wanted):
     # Contiguous, as the backward makes them (q, k and v may be strided views).
     return [t.new_empty(t.shape) for t in (q, k, v)] + [t.new_empty(t.shape, dtype=_grad_dtype(t)) for t in captures]
 
 
 def _setup_context(ctx, inputs, output):
-    key, backend, q, k, v, captures, kv_len, _ = inputs
-    ctx.key, ctx.backend = key, backend
+    key, backend, q, k, v, captures, kv_len, _, cu_q, cu_k, longest_q, longest_k = inputs
+    ctx.key, ctx.backend, ctx.longest = key, backend, (longest_q, longest_k)
     # The graph holds the variant by key only, and the registry holds it weakly: without this the
     # backward would fail once the model that owns the attention is gone.
     ctx.attention = variant_registry.lookup(key)
     # The output only feeds the backward kernels (softmax on a compiled backend); saving it
     # otherwise would make an in-place change of the output an autograd error for nothing.
     kernels = backend in ("cpu", "triton") and ctx.attention.normalize == "softmax"
-    ctx.save_for_backward(q, k, v, output[1], output[0] if kernels else None, kv_len, *captures)
+    ctx.save_for_backward(q, k, v, output[1], output[0] if kernels else None, kv_len, cu_q, cu_k, *captures)
 
 
 def _backward(ctx, d_out, d_lse):
-    q, k, v, lse, out, kv_len, *captures = ctx.saved_tensors
+    q, k, v, lse, out, kv_len, cu_q, cu_k, *captures = ctx.saved_tensors
     # needs_input_grad: key, backend, q, k, v, then one flag per closure tensor.
     wanted = list(ctx.needs_input_grad[5])
-    dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, kv_len, lse, out,
-                                                    d_out, d_lse, wanted)
+    dq, dk, dv, *d_captures = attention_backward_op(ctx.key, ctx.backend, q, k, v, captures, kv_len, cu_q, cu_k,
+                                                    *ctx.longest, lse, out, d_out, d_lse, wanted)
     d_captures = [g if t.dtype.is_floating_point else None for g, t in zip(d_captures, captures)]
-    return None, None, dq, dk, dv, d_captures, None, None
+    return None, None, dq, dk, dv, d_captures, None, None, None, None, None, None
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def compiled_attention(attn, q, k, v, backend: str, kv_len=None, block_table=None):
-    """(out, lse) of `attn` as one `ae_mlir::attention` op (q, k, v as [B, H, L, D] views, or with
-    a block table page pools; kv_len int32 [B] or None; block_table int32 [B, M] or None). The
-    frontend refuses gradients through a paged cache, so the backward never sees a table."""
+def compiled_attention(attn, q, k, v, backend: str, kv_len=None, block_table=None, sequences=None):
+    """(out, lse) of `attn` as one `ae_mlir::attention` op (q, k, v as [B, H, L, D] views, with a
+    block table page pools, with `sequences` (varlen.Sequences) packed [1, H, T, D]; kv_len int32
+    [B] or None; block_table int32 [B, M] or None). The frontend refuses gradients through a paged
+    cache, so the backward never sees a table."""
     if attn._sources is None:
         raise RuntimeError("ae_mlir.attention under torch.compile: its mods could not be traced when it was "
                            "constructed; call it once outside torch.compile to see the error")
-    return attention_op(attn._key, backend, q, k, v, closure_sources.fetch(attn, attn._sources), kv_len,
-                        block_table)
+    cache, longest = [kv_len, block_table, None, None], (0, 0)
+    if sequences is not None:
+        cache = [sequences.kv_len, None, sequences.cu_q, sequences.cu_k]
+        longest = (sequences.longest_q, sequences.longest_k)
+    return attention_op(attn._key, backend, q, k, v, closure_sources.fetch(attn, attn._sources), *cache, *longest)

@@ -40,7 +40,7 @@ def _offsets(name: str, cu, rows: int, device, checked: bool):
                          f"{cu.dtype} of shape {tuple(cu.shape)}")
     if cu.device != device:
         raise ValueError(f"{name} is on '{cu.device}' but q is on '{device}'")
-    if cu.device.type == "cpu" or checked:
+    if (cu.device.type == "cpu" or checked) and not torch.compiler.is_compiling():
         steps = cu[1:] - cu[:-1]
         if int(cu[0]) != 0 or bool((steps < 0).any()) or int(cu[-1]) > rows:
             raise ValueError(f"{name} must start at 0, never decrease and end at most at the {rows} packed rows, "
@@ -49,6 +49,11 @@ def _offsets(name: str, cu, rows: int, device, checked: bool):
 
 
 def _longest(cu, given, name: str) -> int:
+    import torch
+
+    if given is None and torch.compiler.is_compiling():
+        raise ValueError(f"under torch.compile a packed call needs {name} (an int): the module is built for it, "
+                         "and reading it from the offsets would stop the graph")
     if given is not None:
         if isinstance(given, bool) or not isinstance(given, int) or given < 0:
             raise ValueError(f"{name} must be a non-negative int or None, got {given!r}")
