@@ -30,18 +30,18 @@ from . import ModulePass, option
 from .kv_len import bound_table, consecutive, constant_table, entry_length, trip_count
 from .l1_builders import KernelBuilder, convert, f32, fill, index, index_value, matmul, program_id, tensor_type
 from .l1_ops import kernel_function, ops_named, shape
-from .tile_paged import load_paged, paged_source
-from .tile_varlen import packing_ops, sequences_source, span
-from .tile_pack_gqa import load_head_rows, pack, packable, store_head_rows
+from .tile_pack_gqa import pack, packable, store_head_rows
+from .tile_sources import RowSources
 from .tile_split_kv import build_split, splittable
 from .tile_tables import Classification, classify_blocks, table_constants
+from .tile_varlen import packing_ops, sequences_source
 
 LOG2E = 1.0 / math.log(2.0)
 REGION_NAMES = ("score_mod", "mask", "prob", "rescale", "finalize", "lse")
 ROW, TILE = (0,), (0, 1)  # indexing-map dims of a row vector and of a whole tile
 
 
-class _Kernel(KernelBuilder):
+class _Kernel(RowSources, KernelBuilder):
     """Builds one L1 kernel function with the bindings' builders, at the fused op's location."""
 
     def __init__(self, op, func, block_m: int, block_n: int):
@@ -80,7 +80,7 @@ class _Kernel(KernelBuilder):
     # --- the kernel ----------------------------------------------------------------------
     def build(self, classification: Classification) -> None:
         from mlir import ir
-        from mlir.dialects import arith, func
+        from mlir.dialects import func
 
         nm, nn = -(-self.lq // self.rows), -(-self.lk // self.bn)
         inputs = [a.type for a in self.func_block.arguments]
@@ -102,26 +102,6 @@ class _Kernel(KernelBuilder):
             if self.with_lse:
                 results.append(self.store_block(self.lse_of(state), destinations[1], [self.pb], rows))
             func.ReturnOp(results)
-
-    def packing_results(self) -> list | None:
-        return [p.results[0] for p in self.packing] if self.packing else None
-
-    def rows_to_store(self):
-        """The program's query rows that exist: up to block_m, fewer at the (sequence's) end."""
-        from mlir.dialects import arith
-
-        if self.q_seq is None:
-            return self.rows_left(self.m0, self.lq, self.rows)
-        lo, hi = self.span(self.q_seq, self.lq)
-        return self.rows_left(self.m0, arith.subi(hi, lo), self.rows, past_end=True)
-
-    def span(self, source, longest: int):
-        """The packed rows [lo, hi) of this program's sequence in an unpack_sequences source
-        (read once per kernel)."""
-        key = (source[0], source[1])
-        if key not in self.spans:
-            self.spans[key] = span(self, source, self.pb, longest)
-        return self.spans[key]
 
     def attributes(self, grid: list[int]) -> dict:
         from mlir import ir
@@ -244,21 +224,6 @@ class _Kernel(KernelBuilder):
         return self.generic([(m_safe, ROW), (state[-2], ROW)], tensor_type([self.bm]),
                             lambda a: self.inline(self.regions["lse"], a), rank=1)
 
-    def load_block(self, src, lead: list, width: int | None):
-        """The program's query block of src[lead..., head, row(, :width)] (rows past Lq zero) as
-        a [block_m(, width)] tile: the program's head, or packed, its group's heads one after the
-        other; for a packed sequence, its rows of the packed q."""
-        from mlir.dialects import arith
-
-        if self.q_seq is not None:
-            lo, hi = self.span(self.q_seq, self.lq)
-            packed = self.kernel_arg(self.q_seq[0], "the packed q")
-            return self.load_tile(packed, [index(0), self.ph], arith.addi(lo, self.m0), hi, self.bm, width,
-                                  past_end=True)
-        if not self.packed:
-            return self.load_tile(src, lead + [self.ph], self.m0, self.lq, self.bm, width)
-        return load_head_rows(self, src, lead, width)
-
     def store_block(self, tile, dest, lead: list, rows):
         """The first `rows` query rows of a [block_m(, width)] tile written into
         dest[lead..., head, m0:(, :)]: the program's head, or packed, its group's heads."""
@@ -293,24 +258,6 @@ class _Kernel(KernelBuilder):
             return arith.select(is_empty, zero, a[0])
 
         return self.generic([(m, ROW)], m.type, body, rank=1)
-
-    def load_kv(self, which: int, hk, n0, width: int):
-        """The KV tile from key n0 of operand `which` (1: k, 2: v) for KV head hk, zero past
-        the entry's last key: a slice of the tensor, or read through a paged cache's table."""
-        from mlir.dialects import arith
-
-        value = self.op.operands[which]
-        source = paged_source(value)
-        if source is not None:
-            return load_paged(self, source, hk, n0, self.bn, width)
-        source = sequences_source(value)
-        if source is not None:
-            lo, hi = self.span(source, self.lk)
-            packed = self.kernel_arg(source[0], "the packed k and v")
-            # Keys past the sequence read as the view's zero rows (kv_len masks them as well).
-            end = arith.minsi(hi, arith.addi(lo, index_value(self.keys)))
-            return self.load_tile(packed, [index(0), hk], arith.addi(lo, n0), end, self.bn, width, past_end=True)
-        return self.load_tile(self.kernel_arg(value, "k and v"), [self.pb, hk], n0, self.keys, self.bn, width)
 
     def kv_step(self, q_tile, hk, nb, state: list, masked: bool) -> list:
         from mlir import ir

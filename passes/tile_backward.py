@@ -210,17 +210,6 @@ class _Backward(KernelBuilder):
         return self.generic([(acc, TILE)], tensor_type(list(acc.type.shape), self.elt),
                             lambda a: convert(arith.mulf(a[0], f32(factor)), self.elt))
 
-    def store_rows(self, tile, dest, side: Rows, ph, r0, rows: int, width: int):
-        from mlir import ir
-        from mlir.dialects import tensor
-
-        valid = side.valid(r0, rows)
-        dynamic = ir.ShapedType.get_dynamic_size()
-        piece = tensor.ExtractSliceOp(tensor_type([dynamic, width], self.elt), tile, [], [valid], [], [0, 0],
-                                      [dynamic, width], [1, 1]).result
-        return tensor.InsertSliceOp(piece, dest, [side.batch, ph, side.origin(r0)], [valid], [],
-                                    [dynamic] * 3 + [0], [1, 1, dynamic, width], [1] * 4).result
-
     def tables(self, lists: list[list[int]]):
         from mlir import ir
         from mlir.dialects import arith
@@ -326,8 +315,8 @@ class _Backward(KernelBuilder):
                 state = head_step(None, state)
             dk_tile = self.scaled(state[0], self.scale)
             dv_tile = self.scaled(state[1], 1.0)
-            func.ReturnOp([self.store_rows(dk_tile, dk_dest, k_rows, phk, n0, bn, self.dk),
-                           self.store_rows(dv_tile, dv_dest, k_rows, phk, n0, bn, self.dv)])
+            func.ReturnOp([k_rows.store(dk_tile, dk_dest, phk, n0, bn),
+                           k_rows.store(dv_tile, dv_dest, phk, n0, bn)])
 
     def build_dq(self, name: str, partial, full) -> None:
         from mlir import ir
@@ -373,19 +362,8 @@ class _Backward(KernelBuilder):
                 return [matmul(self.to_input_type(ds), k_tile, acc[0])]
 
             (acc,) = self.walk((partial, full), pm, [zeros([bm, self.dk])], step, reach)
-            func.ReturnOp([self.store_rows(self.scaled(acc, self.scale), dq_dest, q_rows, ph, m0, bm, self.dk),
-                           self.store_row_values(delta_row, delta_dest, q_rows, ph, m0, bm)])
-
-    def store_row_values(self, row, dest, side: Rows, ph, r0, rows: int):
-        """The valid entries of a [rows] f32 vector written into this side's rows of dest."""
-        from mlir import ir
-        from mlir.dialects import tensor
-
-        valid = side.valid(r0, rows)
-        dynamic = ir.ShapedType.get_dynamic_size()
-        piece = tensor.ExtractSliceOp(tensor_type([dynamic]), row, [], [valid], [], [0], [dynamic], [1]).result
-        return tensor.InsertSliceOp(piece, dest, [side.batch, ph, side.origin(r0)], [valid], [], [dynamic] * 3,
-                                    [1, 1, dynamic], [1] * 3).result
+            func.ReturnOp([q_rows.store(self.scaled(acc, self.scale), dq_dest, ph, m0, bm),
+                           q_rows.store(delta_row, delta_dest, ph, m0, bm)])
 
 
 @dataclass(frozen=True)

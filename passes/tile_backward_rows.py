@@ -5,7 +5,7 @@ lengths are then known at run time only.
 """
 from __future__ import annotations
 
-from .l1_builders import index, index_value
+from .l1_builders import index, index_value, tensor_type
 from .tile_varlen import span
 
 
@@ -62,3 +62,19 @@ class Rows:
         from mlir.dialects import arith
 
         return arith.divui(arith.addi(index_value(self.length), index(block - 1)), index(block))
+
+    def store(self, tile, dest, head, r0, rows: int):
+        """The rows of a [rows(, width)] tile a store writes (`valid`), into dest at this side's
+        rows from r0 for `head`."""
+        from mlir import ir
+        from mlir.dialects import tensor
+
+        valid = self.valid(r0, rows)
+        dynamic = ir.ShapedType.get_dynamic_size()
+        width = list(tile.type.shape[1:])
+        rank = 1 + len(width)
+        piece = tensor.ExtractSliceOp(tensor_type([dynamic] + width, tile.type.element_type), tile, [], [valid], [],
+                                      [0] * rank, [dynamic] + width, [1] * rank).result
+        return tensor.InsertSliceOp(piece, dest, [self.batch, head, self.origin(r0)], [valid], [],
+                                    [dynamic] * 3 + [0] * len(width), [1, 1, dynamic] + width,
+                                    [1] * (2 + rank)).result

@@ -252,38 +252,14 @@ class attention:
         ret_vals = ["%out"] + (["%lse"] if with_lse else [])
         ret_types = [to] + ([tl] if with_lse else [])
         if sequences is not None:
-            ret_vals, ret_types = self._packed(body, caps, sequences, q, k, v, ret_vals, ret_types, call)
+            from .varlen import packed_module_lines
+
+            ret_vals, ret_types = packed_module_lines(body, caps, sequences, q, k, v, ret_vals, ret_types, call)
         body.append(f"return {', '.join(ret_vals)} : {', '.join(ret_types)}" + call)
         params = [f"%q: {tensor_type(q.shape, elt)}"] + [f"%{name}: {tensor_type(t.shape, elt)}" for name, t in (("k", k), ("v", v))] + [
             f"%c{i}: {t}" for i, t in enumerate(caps.types())]
         text = _func("attention", params, ret_types, body, call)
         return text, caps.tensors
-
-    @staticmethod
-    def _packed(body: list, caps: _Captures, sequences, q, k, v, ret_vals: list, ret_types: list, call: str):
-        """Views of the packed q, k, v at the top of `body`, the results packed back at its end
-        (the offsets become the next two closure tensors); returns the packed results."""
-        cu_q, cu_k = (f"%c{len(caps.tensors) + i}" for i in range(2))
-        caps.tensors += [sequences.cu_q, sequences.cu_k]
-        caps.sources += [None, None]
-        cu_type = tensor_type(sequences.cu_q.shape, "i32")
-        elt = mlir_elt(q.dtype)
-        lines = []
-        for name, t, cu, longest in (("q", q, cu_q, sequences.longest_q), ("k", k, cu_k, sequences.longest_k),
-                                     ("v", v, cu_k, sequences.longest_k)):
-            view = tensor_type((sequences.kv_len.shape[0], t.shape[1], longest, t.shape[3]), elt)
-            lines.append(f'%{name}_logical = "attn.unpack_sequences"(%{name}, {cu}) : '
-                         f'({tensor_type(t.shape, elt)}, {cu_type}) -> {view}' + call)
-        body[:0] = lines
-        packed_vals, packed_types = [], []
-        for value, ty in zip(ret_vals, ret_types):
-            rows = (1, q.shape[1], q.shape[2]) + ((v.shape[3],) if value == "%out" else ())
-            packed = tensor_type(rows, elt if value == "%out" else "f32")
-            body.append(f'{value}_packed = "attn.pack_sequences"({value}, {cu_q}) : ({ty}, {cu_type}) -> {packed}'
-                        + call)
-            packed_vals.append(f"{value}_packed")
-            packed_types.append(packed)
-        return packed_vals, packed_types
 
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None,
                  block_table=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
@@ -291,8 +267,10 @@ class attention:
             if kv_len is not None or block_table is not None:
                 raise ValueError("cu_seqlens_q/k do not combine with kv_len or block_table: a packed batch's "
                                  "offsets give each sequence's keys")
-            return self._call_packed(q, k, v, return_lse, backend, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                     max_seqlen_k)
+            from .varlen import call_packed
+
+            return call_packed(self, q, k, v, return_lse, backend, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k)
         q, k, v, block_table = self._validate_cache(q, k, v, block_table)
         checked = index_check.enabled(self.check_indices)
         keys = k.shape[2] if block_table is None else k.shape[2] * block_table.shape[1]
@@ -329,36 +307,6 @@ class attention:
             return (self._out(out), lse) if return_lse else self._out(out)
         results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
         return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])
-
-    def _call_packed(self, q, k, v, return_lse, backend, cu_q, cu_k, max_q, max_k):
-        """A packed variable-length batch: q [T, H, D] (layout "blhd") or [H, T, D], offsets
-        cu_seqlens [S + 1]; returns the output packed the same way and lse [H, T]."""
-        from . import varlen
-
-        q, k, v = varlen.packed_views(q, k, v, self.layout)
-        self._validate_as("bhld", q, k, v)
-        backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
-        checks.check_float64_backend(q, backend)
-        sequences = varlen.prepare(q, k, cu_q, cu_k, max_q, max_k, index_check.enabled(self.check_indices))
-        if _compiling():
-            from .torch_op import compiled_attention
-
-            if wants_grad([q, k, v]):
-                varlen.check_trainable(self, backend, [])
-            out, *lse = compiled_attention(self, q, k, v, backend, sequences=sequences)
-            out = out[0].transpose(0, 1) if self.layout == "blhd" else out[0]
-            return (out, lse[0][0]) if return_lse else out
-        text, captures = self._prepare(q, k, v, sequences=sequences)
-        if wants_grad([q, k, v] + captures):
-            varlen.check_trainable(self, backend, captures)
-            from .autograd import compiled_call, differentiable_call
-
-            call = compiled_call(self, text, q, k, v, backend, sequences=sequences)
-            out, *lse = differentiable_call(call, q, k, v, captures)
-        else:
-            out, *lse = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
-        out = out[0].transpose(0, 1) if self.layout == "blhd" else out[0]
-        return (out, lse[0][0]) if return_lse else out
 
     def _prepare(self, q, k, v, kv_len=None, block_table=None, sequences=None) -> tuple[str, list]:
         """The L0 module for these [B, H, L, D] tensors (and per-entry key lengths, a paged cache,

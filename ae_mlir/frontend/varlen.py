@@ -106,3 +106,63 @@ def check_trainable(attn, backend: str, captures: list) -> None:
     if any(t.requires_grad for t in captures):
         raise ValueError("gradients of the closure tensors a mod reads are not computed for packed variable-length "
                          "calls (cu_seqlens) yet; detach them or call under torch.no_grad()")
+
+
+def packed_module_lines(body: list, caps, sequences: Sequences, q, k, v, ret_vals: list, ret_types: list,
+                        call: str):
+    """Views of the packed q, k, v at the top of the L0 `body`, the results packed back at its
+    end (the offsets become the next two closure tensors of `caps`); returns the packed results'
+    names and types."""
+    from .emit import mlir_elt, tensor_type
+
+    cu_q, cu_k = (f"%c{len(caps.tensors) + i}" for i in range(2))
+    caps.tensors += [sequences.cu_q, sequences.cu_k]
+    caps.sources += [None, None]
+    cu_type = tensor_type(sequences.cu_q.shape, "i32")
+    elt = mlir_elt(q.dtype)
+    lines = []
+    for name, t, cu, longest in (("q", q, cu_q, sequences.longest_q), ("k", k, cu_k, sequences.longest_k),
+                                 ("v", v, cu_k, sequences.longest_k)):
+        view = tensor_type((sequences.kv_len.shape[0], t.shape[1], longest, t.shape[3]), elt)
+        lines.append(f'%{name}_logical = "attn.unpack_sequences"(%{name}, {cu}) : '
+                     f'({tensor_type(t.shape, elt)}, {cu_type}) -> {view}' + call)
+    body[:0] = lines
+    packed_vals, packed_types = [], []
+    for value, ty in zip(ret_vals, ret_types):
+        rows = (1, q.shape[1], q.shape[2]) + ((v.shape[3],) if value == "%out" else ())
+        packed = tensor_type(rows, elt if value == "%out" else "f32")
+        body.append(f'{value}_packed = "attn.pack_sequences"({value}, {cu_q}) : ({ty}, {cu_type}) -> {packed}' + call)
+        packed_vals.append(f"{value}_packed")
+        packed_types.append(packed)
+    return packed_vals, packed_types
+
+
+def call_packed(attn, q, k, v, return_lse, backend, cu_q, cu_k, max_q, max_k):
+    """`attn` on a packed variable-length batch: q [T, H, D] (layout "blhd") or [H, T, D],
+    offsets cu_seqlens [S + 1]; returns the output packed the same way and lse [H, T]."""
+    from . import index_check
+    from .api import _compiling, _execute, wants_grad
+
+    q, k, v = packed_views(q, k, v, attn.layout)
+    attn._validate_as("bhld", q, k, v)
+    backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
+    checks.check_float64_backend(q, backend)
+    sequences = prepare(q, k, cu_q, cu_k, max_q, max_k, index_check.enabled(attn.check_indices))
+    if _compiling():
+        from .torch_op import compiled_attention
+
+        if wants_grad([q, k, v]):
+            check_trainable(attn, backend, [])
+        out, *lse = compiled_attention(attn, q, k, v, backend, sequences=sequences)
+    else:
+        text, captures = attn._prepare(q, k, v, sequences=sequences)
+        if wants_grad([q, k, v] + captures):
+            from .autograd import compiled_call, differentiable_call
+
+            check_trainable(attn, backend, captures)
+            call = compiled_call(attn, text, q, k, v, backend, sequences=sequences)
+            out, *lse = differentiable_call(call, q, k, v, captures)
+        else:
+            out, *lse = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
+    out = out[0].transpose(0, 1) if attn.layout == "blhd" else out[0]
+    return (out, lse[0][0]) if return_lse else out
