@@ -227,3 +227,26 @@ def test_backward_bundles_with_lengths_in_the_ttir_interpreter(target):
     for role, reference in zip(("dq", "dk", "dv"), want):
         assert torch.isfinite(got[role]).all(), role
         torch.testing.assert_close(got[role].double(), reference, rtol=0, atol=1e-5, msg=role)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_the_torch_evaluated_backward_ignores_an_unfilled_cache(backend):
+    # Closure-tensor gradients (and the reference backend) take the torch evaluation of the
+    # derivative: a NaN past kv_len must not reach dQ = dS K through a zero dS.
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64, requires_grad=True)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s - slopes[h] * (i - j))
+    q, k, v = _inputs(2, 2, 2, 4, 20, 8)
+    lengths = torch.tensor([20, 7])
+    dtype = torch.float64 if backend == "reference" else torch.float32
+    leaves = [t.to(dtype).requires_grad_() for t in (q, _poisoned(k, lengths), _poisoned(v, lengths))]
+    s32 = slopes if backend == "reference" else slopes.detach().float().requires_grad_()
+    attn_b = attn if backend == "reference" else ae.attention(score_mod=lambda s, b, h, i, j: s - s32[h] * (i - j))
+    out = attn_b(*leaves, kv_len=lengths, backend=backend)
+    grads = torch.autograd.grad(out.sum(), leaves + [s32])
+    clean = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(attn(*clean, kv_len=lengths, backend="reference").sum(), clean + [slopes])
+    for g, w in zip(grads[:1] + grads[3:], want[:1] + want[3:]):
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5)
+    for g, w in zip(grads[1:3], want[1:3]):
+        torch.testing.assert_close(g.double()[0], w[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(g.double()[1, :, :7], w[1, :, :7], rtol=0, atol=1e-5)

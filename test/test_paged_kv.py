@@ -124,3 +124,15 @@ def test_bad_paged_arguments():
         ae.attention(check_indices=True)(q, k_pages, v_pages, block_table=bad)
     # Entries past an entry's pages are not read, so they are not checked either.
     ae.attention(check_indices=True)(q, k_pages, v_pages, block_table=bad, kv_len=torch.tensor([8, 4]))
+
+
+def test_checked_mode_sees_the_logical_keys():
+    # The mods see M * S keys; a closure tensor sized for one page is out of range past it.
+    lengths = torch.tensor([12, 12])
+    k_pages, v_pages, table, _, _ = _cache(2, 2, 8, 4, 3, lengths, torch.float32)
+    q = torch.randn(2, 2, 1, 8)
+    page_sized = torch.randn(4)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + page_sized[j], check_indices=True)
+    with pytest.raises(IndexError, match="index 4 is out of range"):
+        attn(q, k_pages, v_pages, block_table=table)
+    attn(q, k_pages, v_pages, block_table=table, kv_len=torch.tensor([4, 3]))  # keys past kv_len unchecked

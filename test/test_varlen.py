@@ -121,8 +121,15 @@ def test_bad_packed_calls():
         attn(q, k, v, cu_seqlens_q=cq)
     with pytest.raises(ValueError, match="never decrease"):
         attn(q, k, v, cu_seqlens_q=torch.tensor([0, 5, 3], dtype=torch.int32), cu_seqlens_k=ck)
-    with pytest.raises(ValueError, match="end at most at the 7 packed rows"):
+    with pytest.raises(ValueError, match="end at the 7 packed rows"):
         attn(q, k, v, cu_seqlens_q=torch.tensor([0, 5, 9]), cu_seqlens_k=ck)
+    # Rows past the last offset would belong to no sequence and be written by no kernel.
+    with pytest.raises(ValueError, match="end at the 7 packed rows"):
+        attn(q, k, v, cu_seqlens_q=torch.tensor([0, 3, 6]), cu_seqlens_k=ck)
+    with pytest.raises(ValueError, match="max_seqlen_q = 2 is shorter than the longest sequence \\(4\\)"):
+        attn(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=2)
+    with pytest.raises(ValueError, match="return_lse=True needs normalize='softmax'"):
+        ae.attention(normalize="sigmoid", layout="blhd")(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, return_lse=True)
     with pytest.raises(ValueError, match=r"packed \[T, H, D\] tensor"):
         attn(q.unsqueeze(0), k, v, cu_seqlens_q=cq, cu_seqlens_k=ck)
     with pytest.raises(ValueError, match="do not combine with kv_len"):
@@ -199,6 +206,43 @@ def test_packed_training_under_torch_compile():
     torch.compile(step, backend="aot_eager", fullgraph=True)(*compiled).backward()
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a.grad, b.grad)
-    with pytest.raises(Exception, match="needs max_seqlen_q"):
+    with pytest.raises(Exception, match="max_seqlen_q is needed here"):
         torch.compile(lambda q: attn(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck), backend="aot_eager",
                       fullgraph=True)(q)
+
+
+def test_closure_gradients_of_packed_calls_are_refused_under_torch_compile():
+    # The torch evaluation of the derivative knows no packing: under compile as in eager, a
+    # closure tensor that wants a gradient is refused rather than given a wrong one.
+    bias = torch.tensor([0.1, -0.2, 0.3, 0.05], requires_grad=True)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + bias[h] * (i - j), layout="blhd")
+    q, k, v, cq, ck = _batch([3, 5], [3, 5])
+    step = torch.compile(lambda q: attn(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=5,
+                                        max_seqlen_k=5).sum(), backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="closure tensors a mod reads"):
+        step(q)
+
+
+def test_checked_mode_checks_each_sequences_own_positions():
+    length = 5
+    table = torch.randn(2 * length - 1)
+    relative = ae.attention(score_mod=lambda s, b, h, i, j: s + table[i - j + length - 1], layout="blhd",
+                            check_indices=True)
+    q, k, v, cq, ck = _batch([3, 5], [3, 5])
+    relative(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck)  # in range inside every sequence
+    small = torch.randn(length)
+    too_small = ae.attention(score_mod=lambda s, b, h, i, j: s + small[i - j + 4], layout="blhd",
+                             check_indices=True)
+    with pytest.raises(IndexError, match="index 5 is out of range"):
+        too_small(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck)
+
+
+def test_offsets_on_the_meta_device_need_the_longest_sequences():
+    attn, *_ = _mods()
+    q = (torch.Size([64, 4, 32]), torch.bfloat16)
+    cu = (torch.Size([4]), torch.int32)
+    with pytest.raises(ValueError, match="max_seqlen_q is needed here"):
+        tb.compile_bundle(attn, q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    bundle = tb.compile_bundle(attn, q, q, q, cu_seqlens_q=torch.tensor([0, 10, 30, 64], dtype=torch.int32),
+                               cu_seqlens_k=cu, max_seqlen_q=34, max_seqlen_k=34)
+    assert bundle.grid[0] * bundle.grid[1] * bundle.grid[2] > 0

@@ -263,6 +263,9 @@ class attention:
 
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None,
                  block_table=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        if return_lse and self.normalize != "softmax":
+            name = self.normalize if isinstance(self.normalize, str) else self.normalize.name
+            raise ValueError(f"return_lse=True needs normalize='softmax', not {name!r}")
         if cu_seqlens_q is not None or cu_seqlens_k is not None:
             if kv_len is not None or block_table is not None:
                 raise ValueError("cu_seqlens_q/k do not combine with kv_len or block_table: a packed batch's "
@@ -280,9 +283,6 @@ class attention:
             if checked:
                 checks.pages_in_use(block_table, kv_len, k.shape[0], k.shape[2])
             block_table = checks.page_table(block_table, k.shape[0])
-        if return_lse and self.normalize != "softmax":
-            name = self.normalize if isinstance(self.normalize, str) else self.normalize.name
-            raise ValueError(f"return_lse=True needs normalize='softmax', not {name!r}")
         backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
         checks.check_float64_backend(q, backend)
         if q.shape[0] * q.shape[1] * q.shape[2] == 0 or keys == 0:
@@ -320,7 +320,12 @@ class attention:
             mods = {(op, 0): index_check.describe(fn, role) for op, fn, role in (
                 ("attn.score_mod", self.score_mod, "score_mod"), ("attn.mask", self.mask_mod, "mask_mod"))
                 if fn is not None}
-            index_check.check_module(unclamped, [q, k, v] + captures, 3, mods)
+            grid = None
+            if kv_len is not None or block_table is not None or sequences is not None:
+                from .varlen import checked_grid
+
+                grid = checked_grid(q, k, kv_len, block_table, sequences)
+            index_check.check_module(unclamped, [q, k, v] + captures, 3, mods, grid)
         return text, captures
 
     def _out(self, out):

@@ -31,6 +31,8 @@ class CompiledCall:
     # to compile, against 2-4 s in float32); widening q, k, v and dO first is O(L D) copies
     # against O(L^2 D) work, and the gradients come out more exact.
     backward_text: str = ""
+    # The position of the key lengths (kv_len) among the closure tensors, if the call has them.
+    lengths: int | None = None
 
     @property
     def with_lse(self) -> bool:
@@ -56,6 +58,14 @@ class CompiledCall:
     def backward(self, q, k, v, captures: list, lse, d_out, d_lse, closures_wanted=None, out=None):
         if out is not None and self.uses_kernels(closures_wanted):
             return self.kernel_backward(q, k, v, captures, lse, out, d_out, d_lse)
+        if "attn.unpack_sequences" in self.text:
+            # The torch evaluation of the derivative sees [B, H, L, D] tensors, not packed rows.
+            raise ValueError("this gradient of a packed variable-length call (cu_seqlens) needs the backward "
+                             "kernels: softmax on the 'cpu' or 'triton' backend, no closure-tensor gradients")
+        if self.lengths is not None:
+            # Keys past an entry's length are masked, but 0 * NaN is NaN: a cache's unfilled rows
+            # must not reach dQ = dS K.
+            k, v = (_zero_past(t, captures[self.lengths]) for t in (k, v))
         return attention_backward(self.derivative, self.scale, q, k, v, captures, lse, d_out, d_lse,
                                   closures_wanted)
 
@@ -91,7 +101,17 @@ def compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> Compil
     # The forward computes with the module's scale, an f32 attribute: the backward recomputes the
     # probabilities from its logsumexp, so it must use that same f32 value (1 / sqrt(12) is not one).
     scale = float(torch.tensor(checks.default_scale(attn.scale, q.shape[3]), dtype=torch.float32))
-    return CompiledCall(text, backend, scale, derivative, backward_text)
+    lengths = None
+    if call_args.get("kv_len") is not None:
+        # The mods' closure tensors come first, then kv_len (paged calls take no gradients).
+        lengths = len(attn._build(q, k, v, kv_len=call_args["kv_len"])[1]) - 1
+    return CompiledCall(text, backend, scale, derivative, backward_text, lengths)
+
+
+def _zero_past(t, lengths):
+    """t [B, H, L, D] with the rows at or past lengths[b] set to zero."""
+    keep = torch.arange(t.shape[2], device=t.device).view(1, -1) < lengths.to(t.device).view(-1, 1).long()
+    return t.masked_fill(~keep.view(t.shape[0], 1, t.shape[2], 1), 0.0)
 
 
 def describe(attn) -> str:

@@ -31,10 +31,13 @@ def describe(fn, role: str) -> str:
     return f"{name} (defined at {loc.file}:{loc.line})" if loc is not None else name
 
 
-def check_module(text: str, inputs: list, n_fixed: int, mods: dict):
+def check_module(text: str, inputs: list, n_fixed: int, mods: dict, grid: tuple | None = None):
     """Raise IndexError if a region of the unclamped L0 module `text` reads a closure tensor out
     of range on `inputs` (the function's operands; closure tensors start at `n_fixed`). `mods`
-    maps (op name, region number) to the description of the mod that region came from."""
+    maps (op name, region number) to the description of the mod that region came from. `grid`
+    (q, k, query lengths, key lengths) gives the [B, H, L, D] q and k the mods see where the
+    operands are not those (paged caches, packed sequences), and per batch entry how many query
+    rows and keys exist (None: all); points past them are not checked."""
     import torch
 
     from ..core.context import new_context, parse_module
@@ -55,7 +58,7 @@ def check_module(text: str, inputs: list, n_fixed: int, mods: dict):
                 program = from_region(region)
                 if program is None or not any(o.name == "tensor.extract" for o in program.ops):
                     continue
-                check = _Check(program, inputs, n_fixed, mods[(name, number)])
+                check = _Check(program, inputs, n_fixed, mods[(name, number)], grid)
                 with torch.no_grad():
                     if name == "attn.linear_recurrence":
                         check.linear(inputs[number])
@@ -64,14 +67,16 @@ def check_module(text: str, inputs: list, n_fixed: int, mods: dict):
 
 
 class _Check:
-    def __init__(self, program, inputs: list, n_fixed: int, mod: str):
+    def __init__(self, program, inputs: list, n_fixed: int, mod: str, grid: tuple | None = None):
         from ..core import scalar_eval
 
         self.program = program
         self.n_fixed = n_fixed
         self.mod = mod
         self.externals = scalar_eval.bind_externals(program, inputs)
-        self.q, self.k = inputs[0], inputs[1]
+        self.q, self.k, self.lengths = inputs[0], inputs[1], (None, None)
+        if grid is not None:
+            self.q, self.k, *self.lengths = grid
 
     def attention(self, with_score: bool, scale: float | None):
         import torch
@@ -121,15 +126,24 @@ class _Check:
         for i, op in enumerate(self.program.ops):
             values = [env[key] for key in op.operands]
             if op.name == "tensor.extract":
-                self._bounds(op, values, shape, start, axes)
+                self._bounds(op, values, shape, start, axes, grid)
+                # Points past a sequence's or entry's end were not checked: their reads are clamped.
+                values = values[:1] + [index.clamp(0, size - 1) for index, size in zip(values[1:], values[0].shape)]
             env[f"v{i}_0"] = scalar_eval.eval_op(op, values, i, args[0].device)
 
-    def _bounds(self, op, values: list, shape: tuple, start: int, axes: tuple):
+    def _bounds(self, op, values: list, shape: tuple, start: int, axes: tuple, grid: list):
         tensor = values[0]
         source = self.program.sources[int(op.operands[0].removeprefix("ext"))]
         position = source[1] - self.n_fixed
+        exists = None
+        for lengths, axis in zip(self.lengths, (2, 3)):
+            if lengths is not None and axes is _ATTENTION_AXES:
+                inside = grid[axis] < lengths.to(grid[0].device).long()[grid[0]]
+                exists = inside if exists is None else exists & inside
         for axis, (index, size) in enumerate(zip(values[1:], tensor.shape)):
             bad = (index < 0) | (index >= size)
+            if exists is not None:
+                bad = bad & exists
             if not bool(bad.any()):
                 continue
             point = bad.expand(shape).nonzero()[0].tolist()

@@ -38,28 +38,32 @@ def _offsets(name: str, cu, rows: int, device, checked: bool):
     if cu.dtype not in (torch.int32, torch.int64) or cu.dim() != 1 or cu.shape[0] < 2:
         raise ValueError(f"{name} must be an int32 or int64 vector of S + 1 >= 2 offsets, got "
                          f"{cu.dtype} of shape {tuple(cu.shape)}")
-    if cu.device != device:
+    if cu.device != device and device.type != "meta":
         raise ValueError(f"{name} is on '{cu.device}' but q is on '{device}'")
-    if (cu.device.type == "cpu" or checked) and not torch.compiler.is_compiling():
+    if cu.device.type != "meta" and not torch.compiler.is_compiling():
+        # One read of the offsets (a device sync on GPUs; under torch.compile it would stop the
+        # graph, so there the caller's word is taken): a wrong offset would leave packed rows
+        # unwritten or cut a sequence short, silently.
         steps = cu[1:] - cu[:-1]
-        if int(cu[0]) != 0 or bool((steps < 0).any()) or int(cu[-1]) > rows:
-            raise ValueError(f"{name} must start at 0, never decrease and end at most at the {rows} packed rows, "
-                             f"got {cu.tolist() if cu.numel() <= 20 else 'other offsets'}")
-    return cu.to(torch.int32)
+        first, last, longest, decreasing = torch.stack([cu[0], cu[-1], steps.max(), (steps < 0).any()]).tolist()
+        if first != 0 or decreasing or last != rows:
+            raise ValueError(f"{name} must start at 0, never decrease and end at the {rows} packed rows, got "
+                             f"{cu.tolist() if cu.numel() <= 20 else f'offsets from {first} to {last}'}")
+        return cu.to(torch.int32), longest
+    return cu.to(torch.int32), None
 
 
-def _longest(cu, given, name: str) -> int:
-    import torch
-
-    if given is None and torch.compiler.is_compiling():
-        raise ValueError(f"under torch.compile a packed call needs {name} (an int): the module is built for it, "
-                         "and reading it from the offsets would stop the graph")
-    if given is not None:
-        if isinstance(given, bool) or not isinstance(given, int) or given < 0:
-            raise ValueError(f"{name} must be a non-negative int or None, got {given!r}")
-        return given
-    # Reading the offsets back costs a device sync: pass max_seqlen_q/k to avoid it.
-    return int((cu[1:] - cu[:-1]).max())
+def _longest(actual: int | None, given, name: str) -> int:
+    if given is None and actual is None:
+        raise ValueError(f"{name} is needed here (an int: the longest sequence): under torch.compile, or for "
+                         "offsets on the meta device, the module is built for it and the offsets are not read")
+    if given is None:
+        return actual
+    if isinstance(given, bool) or not isinstance(given, int) or given < 0:
+        raise ValueError(f"{name} must be a non-negative int or None, got {given!r}")
+    if actual is not None and given < actual:
+        raise ValueError(f"{name} = {given} is shorter than the longest sequence ({actual})")
+    return given
 
 
 def prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, checked: bool) -> Sequences:
@@ -69,11 +73,11 @@ def prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, checke
 
     if cu_seqlens_k is None or cu_seqlens_q is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both (they may be the same tensor)")
-    cu_q = _offsets("cu_seqlens_q", cu_seqlens_q, q.shape[2], q.device, checked)
-    cu_k = _offsets("cu_seqlens_k", cu_seqlens_k, k.shape[2], q.device, checked)
+    cu_q, actual_q = _offsets("cu_seqlens_q", cu_seqlens_q, q.shape[2], q.device, checked)
+    cu_k, actual_k = _offsets("cu_seqlens_k", cu_seqlens_k, k.shape[2], q.device, checked)
     checks.same("cu_seqlens_q", cu_q.shape[0], "cu_seqlens_k", cu_k.shape[0], "number of offsets")
-    longest_q = _longest(cu_q, max_seqlen_q, "max_seqlen_q")
-    longest_k = _longest(cu_k, max_seqlen_k, "max_seqlen_k")
+    longest_q = _longest(actual_q, max_seqlen_q, "max_seqlen_q")
+    longest_k = _longest(actual_k, max_seqlen_k, "max_seqlen_k")
     count = cu_q.shape[0] - 1
     padded = _bucket(count, 1)
     if padded > count:
@@ -149,10 +153,12 @@ def call_packed(attn, q, k, v, return_lse, backend, cu_q, cu_k, max_q, max_k):
     checks.check_float64_backend(q, backend)
     sequences = prepare(q, k, cu_q, cu_k, max_q, max_k, index_check.enabled(attn.check_indices))
     if _compiling():
+        from . import closure_sources
         from .torch_op import compiled_attention
 
-        if wants_grad([q, k, v]):
-            check_trainable(attn, backend, [])
+        captures = closure_sources.fetch(attn, attn._sources) if attn._sources is not None else []
+        if wants_grad([q, k, v] + captures):
+            check_trainable(attn, backend, captures)
         out, *lse = compiled_attention(attn, q, k, v, backend, sequences=sequences)
     else:
         text, captures = attn._prepare(q, k, v, sequences=sequences)
@@ -166,3 +172,28 @@ def call_packed(attn, q, k, v, return_lse, backend, cu_q, cu_k, max_q, max_k):
             out, *lse = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
     out = out[0].transpose(0, 1) if attn.layout == "blhd" else out[0]
     return (out, lse[0][0]) if return_lse else out
+
+
+def checked_grid(q, k, kv_len, block_table, sequences: Sequences | None) -> tuple:
+    """What checked mode evaluates the mods on (index_check.check_module's `grid`): the q and k
+    the mods see -- a paged cache's keys gathered, packed sequences unpacked -- and how many query
+    rows and keys each batch entry has. Built in checked mode only: it copies q and k."""
+    import torch
+
+    if sequences is None:
+        if block_table is not None:
+            n_pages, heads, size, dim = k.shape
+            picked = k[block_table.long().clamp(0, n_pages - 1)]
+            k = picked.permute(0, 2, 1, 3, 4).reshape(block_table.shape[0], heads, -1, dim)
+        return q, k, None, kv_len
+
+    def unpacked(t, cu, longest):
+        view = t.new_zeros(cu.shape[0] - 1, t.shape[1], longest, t.shape[3])
+        starts = cu.tolist()
+        for s, (lo, hi) in enumerate(zip(starts, starts[1:])):
+            view[s, :, :hi - lo] = t[0, :, lo:hi]
+        return view
+
+    lengths_q = (sequences.cu_q[1:] - sequences.cu_q[:-1]).to(torch.int64)
+    return (unpacked(q, sequences.cu_q, sequences.longest_q), unpacked(k, sequences.cu_k, sequences.longest_k),
+            lengths_q, sequences.kv_len)
