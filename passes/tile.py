@@ -379,7 +379,7 @@ class AttnTile(ModulePass):
             self._tile(op)
 
     def _tile(self, op) -> None:
-        func = kernel_function(op, "tiled")
+        func = kernel_function(op, "tiled", views=True)
         kernel = _Kernel(op, func, self.block_m, self.block_n)
         # The tile loops bound per-entry lengths with compile-time lists only.
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
