@@ -114,7 +114,10 @@ def _linear(op, env_vals, seg, outer):
         pos += 1
     if seg[4]:
         s0 = _as_f64(env_vals[pos])
+        pos += 1
     b, h, l, dk = q.shape
+    # Entry b's tokens from lengths[b] on leave the state alone and output zero.
+    lengths = env_vals[pos].to(torch.int64).clamp(0, l) if len(seg) > 5 and seg[5] else None
     dv = v.shape[3]
     for region, name in zip(op.regions, ("q", "k", "v")):
         if not list(region.blocks):
@@ -144,6 +147,7 @@ def _linear(op, env_vals, seg, outer):
             factor = torch.exp(g[:, :, t, :])
         else:
             factor = None
+        before = (state, z)
         if factor is not None:
             state = state * factor.unsqueeze(-1)
             z = z * factor
@@ -155,6 +159,11 @@ def _linear(op, env_vals, seg, outer):
             o = o / torch.einsum("bhd,bhd->bh", qt, z).unsqueeze(-1)
         else:
             o = o * scale
+        if lengths is not None:
+            live = (t < lengths).view(b, 1, 1)
+            state = torch.where(live.unsqueeze(-1), state, before[0])
+            z = torch.where(live, z, before[1])
+            o = torch.where(live, o, torch.zeros((), dtype=o.dtype))
         out[:, :, t, :] = o
     return out, state
 

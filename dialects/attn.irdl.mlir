@@ -83,8 +83,8 @@ irdl.dialect @attn {
   }
 
   // Packed variable-length sequences (FlashAttention's cu_seqlens, tensor<S+1 x i32>): sequence
-  // s holds rows cu[s] .. cu[s+1] - 1 of a packed [1, H, T, D] tensor. unpack_sequences is the
-  // [S, H, L, D] view of them: row i of sequence s is packed row cu[s] + i for i < cu[s+1] - cu[s]
+  // s holds rows cu[s] .. cu[s+1] - 1 of a packed [1, H, T(, D)] tensor. unpack_sequences is the
+  // [S, H, L(, D)] view of them: row i of sequence s is packed row cu[s] + i for i < cu[s+1] - cu[s]
   // and zero past it (L bounds the longest sequence). The tiling reads the packed rows in place.
   irdl.operation @unpack_sequences {
     %packed = irdl.base "!builtin.tensor"
@@ -177,20 +177,25 @@ irdl.dialect @attn {
   // `normalize` divides o_t by the same sum taken with v = 1. `chunk_size` is the lowering's
   // chunk length. Results: o [B, H, L, Dv] and the final state [B, H, Dk, Dv] (f32). q, k, v, g,
   // initial_state and o are f16, bf16, f32 or f64 (f64 runs on the reference executor only; the
-  // verifier checks element types, the tensor constraints below take any).
+  // verifier checks element types, the tensor constraints below take any). With `lengths` (i32
+  // [B]), entry b holds lengths[b] tokens (clamped into [0, L]): the tokens after them leave the
+  // state as it is and their output rows are zero, so padded batches and packed sequences
+  // (attn.unpack_sequences views) carry exactly their own tokens' state.
   irdl.operation @linear_recurrence {
     %q = irdl.base "!builtin.tensor"
     %k = irdl.base "!builtin.tensor"
     %v = irdl.base "!builtin.tensor"
     %g = irdl.base "!builtin.tensor"
     %s0 = irdl.base "!builtin.tensor"
+    %len = irdl.base "!builtin.tensor"
     %o = irdl.base "!builtin.tensor"
     %sn = irdl.base "!builtin.tensor"
     %decay = irdl.base "#builtin.string"
     %scale = irdl.base "#builtin.float"
     %norm = irdl.base "#builtin.integer"
     %chunk = irdl.base "#builtin.integer"
-    irdl.operands(q: %q, k: %k, v: %v, g: optional %g, initial_state: optional %s0)
+    irdl.operands(q: %q, k: %k, v: %v, g: optional %g, initial_state: optional %s0,
+                   lengths: optional %len)
     irdl.results(out: %o, final_state: %sn)
     irdl.attributes {"decay" = %decay, "scale" = %scale, "normalize" = %norm,
                      "chunk_size" = %chunk}

@@ -57,7 +57,7 @@ from . import ModulePass, option
 from .chunk.blocked import BlockedOutputKernel
 from .chunk.sequential import SequentialKernel
 from .chunk.split import CumulativeDecayKernel, OutputKernel, StateKernel
-from .l1_ops import fail, kernel_function, ops_named, shape
+from .l1_ops import SEQUENCE_VIEWS, fail, kernel_function, ops_named, shape
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class ChunkRecurrence(ModulePass):
             self._rewrite(op)
 
     def _rewrite(self, op) -> None:
-        func = kernel_function(op, "chunked")
+        func = kernel_function(op, "chunked", views=SEQUENCE_VIEWS)
         chunk = self.chunk_size or int(op.attributes["chunk_size"].value)
         if chunk < 1:
             raise fail(op, f"chunk_size must be positive, got {chunk}")

@@ -137,13 +137,13 @@ def insert_slice(piece, dest, offsets: list, sizes: list):
                                 [1] * len(sizes)).result
 
 
-def for_loop(count: int, carried: list, step) -> list:
-    """scf.for over [0, count) carrying `carried`; `step(iv, values)` builds one iteration in the
-    loop body and returns the new values. Returns the loop's results."""
+def for_loop(count, carried: list, step) -> list:
+    """scf.for over [0, count) (an int or an index value) carrying `carried`; `step(iv, values)`
+    builds one iteration in the loop body and returns the new values. Returns the loop's results."""
     from mlir import ir
     from mlir.dialects import scf
 
-    loop = scf.ForOp(index(0), index(count), index(1), carried)
+    loop = scf.ForOp(index(0), index_value(count), index(1), carried)
     with ir.InsertionPoint(loop.body):
         scf.YieldOp(step(loop.induction_variable, list(loop.inner_iter_args)))
     return list(loop.results)

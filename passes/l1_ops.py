@@ -25,11 +25,12 @@ def ops_named(module_op, name: str) -> list:
     return found
 
 
-def kernel_function(op, verb: str, views: bool = False):
+def kernel_function(op, verb: str, views: tuple = ()):
     """The func.func that `op` becomes the kernel of: it must return exactly the op's results
-    and hold nothing else but constants, since the whole function turns into the kernel. With
-    `views` (attn-tile), it may also hold the views the kernel reads in place (attn.gather_pages,
-    attn.unpack_sequences) and return the op's results through attn.pack_sequences."""
+    and hold nothing else but constants, since the whole function turns into the kernel. It may
+    also hold the `views` (op names) the kernel reads in place (attn.gather_pages,
+    attn.unpack_sequences) and return the op's results through attn.pack_sequences when that is
+    one of them."""
     func = op.parent
     while func is not None and func.operation.name != "func.func":
         func = func.parent
@@ -37,22 +38,23 @@ def kernel_function(op, verb: str, views: bool = False):
         raise fail(op, f"must be inside a func.func to be {verb}")
     block = func.regions[0].blocks[0]
     ret = list(block.operations)[-1].operation
-    returned = [_unpacked(v) for v in ret.operands] if views else list(ret.operands)
+    packs = "attn.pack_sequences" in views
+    returned = [_unpacked(v) for v in ret.operands] if packs else list(ret.operands)
     if returned != list(op.results):
         raise fail(op, f"{verb} turns the whole function into a kernel: the function must return "
                        "exactly this op's results, in order")
-    allowed = _KERNEL_VIEWS + ("arith.constant",) if views else ("arith.constant",)
     for other in block.operations:
-        if other.operation not in (op, ret) and other.operation.name not in allowed:
-            also = (", constants and the views it reads (attn.gather_pages, attn.unpack_sequences) or writes "
-                    "(attn.pack_sequences)") if views else " and constants"
+        if other.operation not in (op, ret) and other.operation.name not in views + ("arith.constant",):
+            also = (f", constants and the views it reads or writes ({', '.join(views)})" if views
+                    else " and constants")
             raise fail(other.operation, f"a function to be {verb} must hold only '{op.name}'{also}")
     return func
 
 
-# Views a tiled kernel's function may hold beside the op it tiles: the kernel reads (or, packing
-# its results, writes) them in place.
-_KERNEL_VIEWS = ("attn.gather_pages", "attn.unpack_sequences", "attn.pack_sequences")
+# Views a kernel's function may hold beside the op it tiles: the kernel reads (or, packing its
+# results, writes) them in place.
+TILE_VIEWS = ("attn.gather_pages", "attn.unpack_sequences", "attn.pack_sequences")
+SEQUENCE_VIEWS = ("attn.unpack_sequences", "attn.pack_sequences")
 
 
 def _unpacked(value):

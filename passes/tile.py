@@ -29,7 +29,7 @@ from ..core.regions import from_region
 from . import ModulePass, option
 from .kv_len import bound_table, consecutive, constant_table, entry_length, trip_count
 from .l1_builders import KernelBuilder, convert, f32, fill, index, index_value, matmul, program_id, tensor_type
-from .l1_ops import kernel_function, ops_named, shape
+from .l1_ops import TILE_VIEWS, kernel_function, ops_named, shape
 from .tile_pack_gqa import pack, packable, store_head_rows
 from .tile_sources import RowSources
 from .tile_split_kv import build_split, splittable
@@ -379,7 +379,7 @@ class AttnTile(ModulePass):
             self._tile(op)
 
     def _tile(self, op) -> None:
-        func = kernel_function(op, "tiled", views=True)
+        func = kernel_function(op, "tiled", views=TILE_VIEWS)
         kernel = _Kernel(op, func, self.block_m, self.block_n)
         # The tile loops bound per-entry lengths with compile-time lists only.
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,

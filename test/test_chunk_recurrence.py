@@ -353,7 +353,7 @@ def test_rejects_function_with_other_ops():
     at = next(i for i, line in enumerate(lines) if "attn.linear_recurrence" in line)
     lines.insert(at, '    %extra = "tensor.empty"() : () -> tensor<2xf32>')
     module = parse_module("\n".join(lines), new_context())
-    with pytest.raises(CompileError, match="must hold only 'attn.linear_recurrence' and constants"):
+    with pytest.raises(CompileError, match="must hold only 'attn.linear_recurrence', constants and the views"):
         create_pass("attn-chunk-recurrence").apply(module.operation)
 
 

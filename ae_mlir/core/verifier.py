@@ -161,12 +161,15 @@ def _sequence_count(value) -> int:
 
 
 def _verify_unpack_sequences(op):
-    (one, h, _, d), elt = _tensor(op.operands[0].type, "packed", 4, ATTENTION_TYPES)
-    _expect(one == 1, f"packed must have batch size 1, got {one}")
+    packed, elt = _tensor(op.operands[0].type, "packed", None, ATTENTION_TYPES)
+    _expect(len(packed) in (3, 4), f"packed must have rank 3 or 4, got {len(packed)}")
+    _expect(packed[0] == 1, f"packed must have batch size 1, got {packed[0]}")
     s = _sequence_count(op.operands[1])
-    (vs, vh, _, vd), velt = _tensor(op.results[0].type, "view", 4, ATTENTION_TYPES)
-    _expect([vs, vh, vd] == [s, h, d] and velt == elt,
-            f"view must be [{s}, {h}, L, {d}] of {elt} (sequences, heads, longest sequence, head dim)")
+    view, velt = _tensor(op.results[0].type, "view", len(packed), ATTENTION_TYPES)
+    tail = "".join(f", {x}" for x in packed[3:])
+    _expect([view[0], view[1]] + view[3:] == [s, packed[1]] + packed[3:] and velt == elt,
+            f"view must be [{s}, {packed[1]}, L{tail}] of {elt} (sequences, heads, longest sequence"
+            f"{', head dim' if tail else ''})")
 
 
 def _verify_pack_sequences(op):
@@ -237,7 +240,7 @@ def _verify_linear(op):
     _expect(decay in DECAY_KINDS, f"unknown decay kind '{decay}' (expected one of {', '.join(DECAY_KINDS)})")
     chunk = int(str(op.attributes["chunk_size"]).split(":")[0])
     _expect(chunk >= 1, f"chunk_size must be positive, got {chunk}")
-    (q,), (k,), (v,), g, s0 = _segments(op, "operandSegmentSizes", 5)
+    (q,), (k,), (v,), g, s0, lengths = _segments(op, "operandSegmentSizes", 6)
     (b, h, l, dk), _ = _tensor(q.type, "q", 4, ATTENTION_TYPES)
     kshape, _ = _tensor(k.type, "k", 4, ATTENTION_TYPES)
     _expect(kshape == [b, h, l, dk], f"k must have shape {[b, h, l, dk]}, got {kshape}")
@@ -253,6 +256,9 @@ def _verify_linear(op):
     if s0:
         sshape, _ = _tensor(s0[0].type, "initial_state", 4, ATTENTION_TYPES)
         _expect(sshape == [b, h, dk, dv], f"initial_state must have shape {[b, h, dk, dv]}, got {sshape}")
+    if lengths:
+        shape, _ = _tensor(lengths[0].type, "lengths", 1, ("i32",))
+        _expect(shape == [b], f"lengths must have shape [{b}] (one length per batch entry), got {shape}")
     out, _ = _tensor(op.results[0].type, "out", 4, ATTENTION_TYPES)
     _expect(out == [b, h, l, dv], f"out must have shape {[b, h, l, dv]}, got {out}")
     st, _ = _tensor(op.results[1].type, "final_state", 4, ("f32",))

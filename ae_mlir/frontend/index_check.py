@@ -31,13 +31,16 @@ def describe(fn, role: str) -> str:
     return f"{name} (defined at {loc.file}:{loc.line})" if loc is not None else name
 
 
-def check_module(text: str, inputs: list, n_fixed: int, mods: dict, grid: tuple | None = None):
+def check_module(text: str, inputs: list, n_fixed: int, mods: dict, grid: tuple | None = None,
+                 linear_views: dict | None = None):
     """Raise IndexError if a region of the unclamped L0 module `text` reads a closure tensor out
     of range on `inputs` (the function's operands; closure tensors start at `n_fixed`). `mods`
     maps (op name, region number) to the description of the mod that region came from. `grid`
     (q, k, query lengths, key lengths) gives the [B, H, L, D] q and k the mods see where the
     operands are not those (paged caches, packed sequences), and per batch entry how many query
-    rows and keys exist (None: all); points past them are not checked."""
+    rows and keys exist (None: all); points past them are not checked. For linear attention on
+    packed sequences, `linear_views` maps a mod's region number to the [S, H, L, D] view its mod
+    sees, and the grid's query lengths are the sequences' lengths."""
     import torch
 
     from ..core.context import new_context, parse_module
@@ -61,7 +64,7 @@ def check_module(text: str, inputs: list, n_fixed: int, mods: dict, grid: tuple 
                 check = _Check(program, inputs, n_fixed, mods[(name, number)], grid)
                 with torch.no_grad():
                     if name == "attn.linear_recurrence":
-                        check.linear(inputs[number])
+                        check.linear(inputs[number] if linear_views is None else linear_views[number])
                     else:
                         check.attention(name == "attn.score_mod", scale)
 
@@ -137,7 +140,7 @@ class _Check:
         position = source[1] - self.n_fixed
         exists = None
         for lengths, axis in zip(self.lengths, (2, 3)):
-            if lengths is not None and axes is _ATTENTION_AXES:
+            if lengths is not None and (axes is _ATTENTION_AXES or axis == 2):
                 inside = grid[axis] < lengths.to(grid[0].device).long()[grid[0]]
                 exists = inside if exists is None else exists & inside
         for axis, (index, size) in enumerate(zip(values[1:], tensor.shape)):

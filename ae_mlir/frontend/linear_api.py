@@ -20,6 +20,11 @@ class linear_attention:
     [B, T, H, D], g is [B, T, H] or [B, T, H, Dk] and the output [B, T, H, Dv]; the state is
     [B, H, Dk, Dv] in both layouts.
 
+    Packed variable-length batches (fla's `cu_seqlens`): q/k/v [1, T, H, D] ("blhd") or
+    [1, H, T, D] hold S sequences back to back, `cu_seqlens` (int32/int64 [S + 1]) their offsets;
+    each sequence runs its own recurrence from initial_state[s] ([S, H, Dk, Dv]) and the final
+    state is [S, H, Dk, Dv]. The mods see the sequence as b and positions within it as t.
+
     Outputs (the output and the final state) are differentiable in q, k, v, g, initial_state and
     the floating closure tensors the mods read: the forward is the compiled kernel, the backward
     recomputes the recurrence in chunks with torch in float32 (float64 for float64 inputs),
@@ -62,7 +67,9 @@ class linear_attention:
                 g = g.contiguous()
         return q, k, v, g
 
-    def _validate_as(self, layout, q, k, v, g, initial_state):
+    def _validate_as(self, layout, q, k, v, g, initial_state, entries=None):
+        """Check the tensors in `layout`; `entries` is the initial state's first dimension when it
+        is not the batch (the sequence count of a packed batch)."""
         given = g
         q, k, v, g = self._inputs(layout, q, k, v, g)
         checks.check_common(q, k, v, checks.FORMS[layout], float64=True)
@@ -84,7 +91,7 @@ class linear_attention:
             checks.same("q", q.device, "g", g.device, "device")
         if initial_state is not None:
             checks.check_tensor("initial_state", initial_state, 4, "[B, H, Dk, Dv]", float64=True)
-            want = (b, h, dk, v.shape[3])
+            want = (b if entries is None else entries, h, dk, v.shape[3])
             if tuple(initial_state.shape) != want:
                 raise ValueError(f"initial_state must have shape {want}, got {tuple(initial_state.shape)}")
             checks.same("q", q.device, "initial_state", initial_state.device, "device")
@@ -100,15 +107,40 @@ class linear_attention:
                         f"g.transpose(1, 2), or pass layout={other!r} with q/k/v as {checks.FORMS[other]}")
         return message
 
-    def _validate(self, q, k, v, g, initial_state):
-        checks.with_layout_hint(self._validate_as, self.layout, q, k, v, g, initial_state)
+    def _validate(self, q, k, v, g, initial_state, entries=None):
+        checks.with_layout_hint(self._validate_as, self.layout, q, k, v, g, initial_state, entries)
         return self._inputs(self.layout, q, k, v, g)
 
-    def mlir(self, q, k, v, g=None, initial_state=None, debug_info: bool = False) -> str:
+    def _packed(self, q, k, v, g, initial_state, cu_seqlens, max_seqlen):
+        """q, k, v, g in [B, H, L, ...] form, the initial state and the packed batch's
+        `Sequences` (None without cu_seqlens)."""
+        if cu_seqlens is None:
+            if max_seqlen is not None:
+                raise ValueError("max_seqlen was given without cu_seqlens; pass both for a packed batch")
+            return (*self._validate(q, k, v, g, initial_state), initial_state, None)
+        from . import varlen
+
+        entries = cu_seqlens.shape[0] - 1 if hasattr(cu_seqlens, "shape") and cu_seqlens.dim() == 1 else None
+        q, k, v, g = self._validate(q, k, v, g, initial_state, entries)
+        if q.shape[0] != 1:
+            raise ValueError(f"with cu_seqlens, q, k and v must be packed with batch size 1 "
+                             f"({'[1, T, H, D]' if self.layout == 'blhd' else '[1, H, T, D]'}), got batch {q.shape[0]}")
+        sequences = varlen.prepare(q, q, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                   index_check.enabled(self.check_indices), names=("cu_seqlens", "max_seqlen"))
+        padded = sequences.kv_len.shape[0]
+        if initial_state is not None and padded > initial_state.shape[0]:
+            import torch
+
+            fill = initial_state.new_zeros(padded - initial_state.shape[0], *initial_state.shape[1:])
+            initial_state = torch.cat([initial_state, fill])
+        return q, k, v, g, initial_state, sequences
+
+    def mlir(self, q, k, v, g=None, initial_state=None, debug_info: bool = False, cu_seqlens=None,
+             max_seqlen=None) -> str:
         """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
         `debug_info`, every op ends with its location in the user's source."""
-        q, k, v, g = self._validate(q, k, v, g, initial_state)
-        text = self._build(q, k, v, g, initial_state)[0]
+        q, k, v, g, initial_state, sequences = self._packed(q, k, v, g, initial_state, cu_seqlens, max_seqlen)
+        text = self._build(q, k, v, g, initial_state, sequences=sequences)[0]
         return text if debug_info else strip_locations(text)
 
     def _trace_mods(self) -> tuple[dict, _Captures]:
@@ -128,12 +160,13 @@ class linear_attention:
         caps.add(states)
         return exprs, caps
 
-    def _build(self, q, k, v, g, initial_state, clamp: bool = True) -> tuple[str, list]:
-        text, caps = self._build_with_captures(q, k, v, g, initial_state, clamp)
+    def _build(self, q, k, v, g, initial_state, clamp: bool = True, sequences=None) -> tuple[str, list]:
+        text, caps = self._build_with_captures(q, k, v, g, initial_state, clamp, sequences)
         return text, caps.tensors
 
-    def _build_with_captures(self, q, k, v, g, initial_state, clamp: bool = True) -> tuple[str, _Captures]:
-        b, h, l, dk = q.shape
+    def _build_with_captures(self, q, k, v, g, initial_state, clamp: bool = True,
+                             sequences=None) -> tuple[str, _Captures]:
+        dk = q.shape[3]
         dv = v.shape[3]
         scale = checks.default_scale(self.scale, dk)
         call = loc_suffix(user_location())
@@ -142,6 +175,7 @@ class linear_attention:
         params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
         operands = ["%q", "%k", "%v"]
         types = [tq, tk, tv]
+        body = []
         if g is not None:
             tg = tensor_type(g.shape, mlir_elt(g.dtype))
             params.append(f"%g: {tg}")
@@ -152,6 +186,8 @@ class linear_attention:
             params.append(f"%s0: {ts0}")
             operands.append("%s0")
             types.append(ts0)
+        if sequences is not None:
+            operands, types = _unpacked_operands(sequences, operands, types, params, body, call)
         exprs, caps = self._trace_mods()
         cap_types = caps.types()
         cap_names = [f"%c{i}" for i in range(len(cap_types))]
@@ -163,22 +199,32 @@ class linear_attention:
             else:
                 regions.append("{}")
         params += [f"%c{i}: {t}" for i, t in enumerate(cap_types)]
+        b, h, l = (q.shape[0], q.shape[1], q.shape[2]) if sequences is None else \
+            (sequences.kv_len.shape[0], q.shape[1], sequences.longest_q)
         to = tensor_type((b, h, l, dv), elt)
         tst = tensor_type((b, h, dk, dv), "f32")
-        seg = f"1, 1, 1, {int(g is not None)}, {int(initial_state is not None)}"
-        body = [
+        seg = f"1, 1, 1, {int(g is not None)}, {int(initial_state is not None)}, {int(sequences is not None)}"
+        body.append(
             f'%out, %state = "attn.linear_recurrence"({", ".join(operands)}) ({", ".join(regions)}) '
             f'{{decay = "{self.decay or "none"}", scale = {float_literal(scale)} : f32, '
             f'normalize = {str(self.normalize).lower()}, chunk_size = {self.chunk_size} : i64, '
-            f'operandSegmentSizes = array<i32: {seg}>}} : {_sig(types)} -> ({to}, {tst}){call}',
-            f"return %out, %state : {to}, {tst}{call}",
-        ]
+            f'operandSegmentSizes = array<i32: {seg}>}} : {_sig(types)} -> ({to}, {tst}){call}')
+        out = "%out"
+        if sequences is not None:
+            to = tensor_type((1, h, q.shape[2], dv), elt)
+            body.append(f'%out_packed = "attn.pack_sequences"(%out, %cu) : ({tensor_type((b, h, l, dv), elt)}, '
+                        f'{tensor_type(sequences.cu_q.shape, "i32")}) -> {to}{call}')
+            out = "%out_packed"
+        body.append(f"return {out}, %state : {to}, {tst}{call}")
         return _func("linear_attention", params, [to, tst], body, call), caps
 
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
-                 backend: str | None = None):
-        q, k, v, g = self._validate(q, k, v, g, initial_state)
+                 backend: str | None = None, cu_seqlens=None, max_seqlen: int | None = None):
+        count = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        q, k, v, g, initial_state, sequences = self._packed(q, k, v, g, initial_state, cu_seqlens, max_seqlen)
         fixed = [t for t in (g, initial_state) if t is not None]
+        if sequences is not None:
+            fixed += [sequences.kv_len, sequences.cu_q]
         backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)]
                                      + [(n, t) for n, t in (("g", g), ("initial_state", initial_state))
                                         if t is not None])
@@ -191,26 +237,32 @@ class linear_attention:
             import torch
 
             b, h, l, dk = q.shape
+            entries = b if count is None else count
             out = torch.zeros(b, h, l, v.shape[3], dtype=q.dtype, device=q.device)
-            state = (initial_state.to(torch.float32).clone() if initial_state is not None
-                     else torch.zeros(b, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
+            state = (initial_state[:entries].to(torch.float32).clone() if initial_state is not None
+                     else torch.zeros(entries, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
             return (self._out(out), state) if return_state else self._out(out)
-        text, caps = self._build_with_captures(q, k, v, g, initial_state)
+        text, caps = self._build_with_captures(q, k, v, g, initial_state, sequences=sequences)
         captures = caps.tensors
         checks.check_capture_devices(captures, q.device)
         inputs = [q, k, v] + fixed + captures
         if index_check.enabled(self.check_indices) and captures:
-            unclamped, _ = self._build(q, k, v, g, initial_state, clamp=False)
+            unclamped, _ = self._build(q, k, v, g, initial_state, clamp=False, sequences=sequences)
             mods = {("attn.linear_recurrence", i): index_check.describe(self.mods[role], role)
                     for i, role in enumerate(_ROLES) if self.mods[role] is not None}
-            index_check.check_module(unclamped, inputs, 3 + len(fixed), mods)
+            packed = {} if sequences is None else dict(
+                grid=(None, None, sequences.kv_len.long(), None), linear_views=_views(q, k, v, sequences))
+            index_check.check_module(unclamped, inputs, 3 + len(fixed), mods, **packed)
         if wants_grad([q, k, v] + fixed + caps.sources):
-            out, state = self._differentiable(text, inputs, backend, q, k, v, g, initial_state, caps.sources)
+            out, state = self._differentiable(text, inputs, backend, q, k, v, g, initial_state, caps.sources,
+                                              sequences)
         else:
             out, state = _execute(text, inputs, backend, out_dtype=q.dtype)
+        if count is not None:
+            state = state[:count]
         return (self._out(out), state) if return_state else self._out(out)
 
-    def _differentiable(self, text, inputs, backend, q, k, v, g, initial_state, sources):
+    def _differentiable(self, text, inputs, backend, q, k, v, g, initial_state, sources, sequences=None):
         """The kernel's (out, state), recorded by autograd with the torch backward of
         `linear_backward`."""
         from .linear_backward import LinearCall, differentiable_call
@@ -220,6 +272,7 @@ class linear_attention:
             mods=tuple((self.mods[role], self.arities.get(role, 1)) for role in _ROLES),
             decay=self.decay, scale=_as_f32(checks.default_scale(self.scale, q.shape[3])), normalize=self.normalize,
             chunk_size=self.chunk_size, sources=tuple(sources),
+            packing=None if sequences is None else (sequences.cu_q, sequences.longest_q),
             run=lambda: _execute(text, detached, backend, out_dtype=q.dtype),
             current_sources=lambda: self._trace_mods()[1].sources)
         return differentiable_call(call, q, k, v, g, initial_state)
@@ -227,6 +280,41 @@ class linear_attention:
     def _out(self, out):
         """The output in the caller's layout (a view)."""
         return out.transpose(1, 2) if self.layout == "blhd" else out
+
+
+def _unpacked_operands(sequences, operands: list, types: list, params: list, body: list, call: str):
+    """The recurrence's operands for a packed batch: views of q, k, v (and a per-token g) through
+    attn.unpack_sequences, the initial state as it is, then the sequences' lengths; the lengths
+    and offsets become parameters after the others."""
+    count = sequences.kv_len.shape[0]
+    t_cu = tensor_type(sequences.cu_q.shape, "i32")
+    t_len = tensor_type((count,), "i32")
+    params += [f"%len: {t_len}", f"%cu: {t_cu}"]
+    viewed, view_types = [], []
+    for name, ty in zip(operands, types):
+        dims, elt = _dims(ty)
+        if name in ("%s0",) or len(dims) == 1:  # the state and a per-head g are not per token
+            viewed.append(name)
+            view_types.append(ty)
+            continue
+        view = tensor_type((count, dims[1], sequences.longest_q, *dims[3:]), elt)
+        body.append(f'{name}_seq = "attn.unpack_sequences"({name}, %cu) : ({ty}, {t_cu}) -> {view}{call}')
+        viewed.append(f"{name}_seq")
+        view_types.append(view)
+    return viewed + ["%len"], view_types + [t_len]
+
+
+def _dims(ty: str) -> tuple[list[int], str]:
+    """(shape, element type) of a `tensor<AxBxf32>` type string."""
+    *dims, elt = ty[len("tensor<"):-1].split("x")
+    return [int(d) for d in dims], elt
+
+
+def _views(q, k, v, sequences) -> dict:
+    """q, k, v unpacked to [S, H, L, D] as the mods see them (checked mode)."""
+    from .varlen import unpacked
+
+    return {i: unpacked(t, sequences.cu_q, sequences.longest_q) for i, t in enumerate((q, k, v))}
 
 
 def _as_f32(x: float) -> float:

@@ -43,6 +43,7 @@ class LinearCall:
     run: Callable  # () -> (out, state): the compiled kernel on the call's (detached) tensors
     sources: tuple  # the closure tensors the mods read, as they read them
     current_sources: Callable  # () -> the closure tensors the mods read now (traced again)
+    packing: tuple | None = None  # packed sequences: (offsets int32 [S + 1], the longest sequence)
 
 
 def apply_mod(fn, arity: int, x):
@@ -73,9 +74,10 @@ def _pair_product(q, k, G):
     return torch.where(keep, prod, torch.zeros((), dtype=prod.dtype, device=prod.device)).sum(-1)
 
 
-def chunked_recurrence(q, k, v, g, s0, decay, scale: float, normalize: bool, chunk_size: int):
+def chunked_recurrence(q, k, v, g, s0, decay, scale: float, normalize: bool, chunk_size: int, lengths=None):
     """(out [B, H, L, Dv], final state [B, H, Dk, Dv]) of the recurrence on mod-applied q, k, v
-    (all one dtype; g and s0 converted to it), chunk by chunk, differentiably."""
+    (all one dtype; g and s0 converted to it), chunk by chunk, differentiably. With `lengths`
+    ([B]), q, k, v and g must already be zero from each entry's length on."""
     b, h, l, dk = q.shape
     dv = v.shape[3]
     c = max(1, min(chunk_size, l))
@@ -96,6 +98,9 @@ def chunked_recurrence(q, k, v, g, s0, decay, scale: float, normalize: bool, chu
         g = g.to(dtype)
         gl = {"head": lambda: g.view(1, h, 1, 1).expand(b, h, l, 1), "token": lambda: g.unsqueeze(-1),
               "token_dim": lambda: g}[decay]()
+        if lengths is not None:  # tokens past an entry's length do not decay its state
+            live = torch.arange(l, device=device).view(1, 1, l, 1) < lengths.view(b, 1, 1, 1)
+            gl = torch.where(live, gl, torch.zeros((), dtype=dtype, device=device))
         G = chunks(gl).cumsum(-2)  # [B, H, n, C, 1 or Dk]
         g_end = G[..., -1:, :]
         qd = qc * torch.exp(G)
@@ -134,7 +139,8 @@ def chunked_recurrence(q, k, v, g, s0, decay, scale: float, normalize: bool, chu
     if normalize:
         den = A.sum(-1) + (qd * torch.stack(z_entering, dim=2).unsqueeze(-2)).sum(-1)
         # Rows past L have q = 0 and a zero sum; divide them by 1 so no 0/0 reaches the gradients.
-        valid = (torch.arange(n * c, device=device) < l).view(n, c)
+        bound = l if lengths is None else lengths.view(b, 1, 1, 1)
+        valid = (torch.arange(n * c, device=device) < bound).view(*((n, c) if lengths is None else (b, 1, n, c)))
         out = out / torch.where(valid, den, torch.ones((), dtype=dtype, device=device)).unsqueeze(-1)
     else:
         out = out * scale
@@ -167,9 +173,12 @@ class _LinearAttention(torch.autograd.Function):
         with torch.enable_grad():
             leaves = [None if t is None else t.detach().to(work).requires_grad_(w)
                       for t, w in zip((q, k, v, g, s0), wanted[:5])]
-            xs = [apply_mod(fn, arity, x) for (fn, arity), x in zip(call.mods, leaves[:3])]
-            out, state = chunked_recurrence(*xs, leaves[3], leaves[4], call.decay, call.scale, call.normalize,
-                                            call.chunk_size)
+            if call.packing is None:
+                xs = [apply_mod(fn, arity, x) for (fn, arity), x in zip(call.mods, leaves[:3])]
+                out, state = chunked_recurrence(*xs, leaves[3], leaves[4], call.decay, call.scale, call.normalize,
+                                                call.chunk_size)
+            else:
+                out, state = _packed_recurrence(call, *leaves)
             pairs = [(o, d) for o, d in ((out, d_out), (state, d_state)) if d is not None]
             targets = [t for t, w in zip(leaves + list(call.sources), wanted) if w and t is not None]
             grads = iter(torch.autograd.grad([o for o, _ in pairs], targets,
@@ -179,6 +188,37 @@ class _LinearAttention(torch.autograd.Function):
             grad = next(grads) if w and t is not None else None
             result.append(None if grad is None else grad.to(original.dtype))
         return (None, *result)
+
+
+def _packed_recurrence(call: LinearCall, q, k, v, g, s0):
+    """`chunked_recurrence` of packed sequences ([1, H, T, D] rows, the call's offsets): every
+    sequence unpacked to [S, H, L, D] (the mods see the sequence as b), zero from its length on
+    after the mods, and the output packed back."""
+    cu, longest = call.packing
+    cu = cu.to(q.device).long()
+    lengths = cu[1:] - cu[:-1]
+    pos = torch.arange(longest, device=q.device)
+    valid = pos < lengths.unsqueeze(1)  # [S, L]
+    rows = (cu[:-1].unsqueeze(1) + pos).clamp(max=max(q.shape[2] - 1, 0))
+
+    def unpack(t):  # [1, H, T(, D)] -> [S, H, L(, D)], zero past each sequence
+        view = t[0][:, rows].transpose(0, 1)
+        mask = valid.view(valid.shape[0], 1, longest, *([1] * (t.dim() - 3)))
+        return torch.where(mask, view, torch.zeros((), dtype=t.dtype, device=t.device))
+
+    xs = []
+    for (fn, arity), x in zip(call.mods, (q, k, v)):
+        y = apply_mod(fn, arity, unpack(x))
+        xs.append(torch.where(valid.view(valid.shape[0], 1, longest, 1), y, torch.zeros((), dtype=y.dtype,
+                                                                                          device=y.device)))
+    g_view = unpack(g) if g is not None and g.dim() > 1 else g
+    out, state = chunked_recurrence(*xs, g_view, s0, call.decay, call.scale, call.normalize, call.chunk_size,
+                                    lengths)
+    # Packed row r belongs to the sequence whose offsets bracket it.
+    r = torch.arange(q.shape[2], device=q.device)
+    seq = torch.searchsorted(cu[1:], r, right=True).clamp(max=lengths.shape[0] - 1)
+    at = (r - cu[seq]).clamp(0, longest - 1)
+    return out[seq, :, at].transpose(0, 1).unsqueeze(0), state
 
 
 def differentiable_call(call: LinearCall, q, k, v, g, s0):

@@ -66,18 +66,25 @@ def _longest(actual: int | None, given, name: str) -> int:
     return given
 
 
-def prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, checked: bool) -> Sequences:
+def prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, checked: bool,
+            names: tuple | None = None) -> Sequences:
     """Check the offsets of a packed call (q, k already [1, H, T, D]) and pad them to the
-    module's bucketed sequence count with empty sequences."""
+    module's bucketed sequence count with empty sequences. `names` (offsets, bound) replaces the
+    arguments' names in messages when queries and keys share one set of offsets."""
     import torch
 
     if cu_seqlens_k is None or cu_seqlens_q is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both (they may be the same tensor)")
-    cu_q, actual_q = _offsets("cu_seqlens_q", cu_seqlens_q, q.shape[2], q.device, checked)
-    cu_k, actual_k = _offsets("cu_seqlens_k", cu_seqlens_k, k.shape[2], q.device, checked)
-    checks.same("cu_seqlens_q", cu_q.shape[0], "cu_seqlens_k", cu_k.shape[0], "number of offsets")
-    longest_q = _longest(actual_q, max_seqlen_q, "max_seqlen_q")
-    longest_k = _longest(actual_k, max_seqlen_k, "max_seqlen_k")
+    cu_name_q, cu_name_k, max_name_q, max_name_k = (
+        ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k") if names is None else names + names)
+    cu_q, actual_q = _offsets(cu_name_q, cu_seqlens_q, q.shape[2], q.device, checked)
+    if cu_seqlens_k is cu_seqlens_q and k.shape[2] == q.shape[2]:
+        cu_k, actual_k = cu_q, actual_q  # one read of shared offsets
+    else:
+        cu_k, actual_k = _offsets(cu_name_k, cu_seqlens_k, k.shape[2], q.device, checked)
+    checks.same(cu_name_q, cu_q.shape[0], cu_name_k, cu_k.shape[0], "number of offsets")
+    longest_q = _longest(actual_q, max_seqlen_q, max_name_q)
+    longest_k = _longest(actual_k, max_seqlen_k, max_name_k)
     count = cu_q.shape[0] - 1
     padded = _bucket(count, 1)
     if padded > count:
@@ -174,6 +181,16 @@ def call_packed(attn, q, k, v, return_lse, backend, cu_q, cu_k, max_q, max_k):
     return (out, lse[0][0]) if return_lse else out
 
 
+def unpacked(t, cu, longest: int):
+    """The [S, H, longest(, D)] view of packed [1, H, T(, D)] rows (zero past each sequence), a
+    copy: for checked mode, which evaluates the mods on what they see."""
+    view = t.new_zeros(cu.shape[0] - 1, t.shape[1], longest, *t.shape[3:])
+    starts = cu.tolist()
+    for s, (lo, hi) in enumerate(zip(starts, starts[1:])):
+        view[s, :, :hi - lo] = t[0, :, lo:hi]
+    return view
+
+
 def checked_grid(q, k, kv_len, block_table, sequences: Sequences | None) -> tuple:
     """What checked mode evaluates the mods on (index_check.check_module's `grid`): the q and k
     the mods see -- a paged cache's keys gathered, packed sequences unpacked -- and how many query
@@ -186,13 +203,6 @@ def checked_grid(q, k, kv_len, block_table, sequences: Sequences | None) -> tupl
             picked = k[block_table.long().clamp(0, n_pages - 1)]
             k = picked.permute(0, 2, 1, 3, 4).reshape(block_table.shape[0], heads, -1, dim)
         return q, k, None, kv_len
-
-    def unpacked(t, cu, longest):
-        view = t.new_zeros(cu.shape[0] - 1, t.shape[1], longest, t.shape[3])
-        starts = cu.tolist()
-        for s, (lo, hi) in enumerate(zip(starts, starts[1:])):
-            view[s, :, :hi - lo] = t[0, :, lo:hi]
-        return view
 
     lengths_q = (sequences.cu_q[1:] - sequences.cu_q[:-1]).to(torch.int64)
     return (unpacked(q, sequences.cu_q, sequences.longest_q), unpacked(k, sequences.cu_k, sequences.longest_k),

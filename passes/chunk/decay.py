@@ -50,7 +50,7 @@ class DecayedKernel(ChunkKernel):
         from mlir import ir
 
         c = self.c
-        steps = self.load_tile(self.kernel_arg(self.g, "g"), [self.pb, self.ph], t0, self.l, c, None)
+        steps = self.load_rows(self.g, "g", t0, c, None)
         tri = self.generic([(steps, COL)], self.tile_type(c, c),
                            lambda a: or_zero(self.pair_mask(), convert(a[0], ir.F32Type.get())))
         cum = self.row_sum(tri)
@@ -65,7 +65,7 @@ class DecayedKernel(ChunkKernel):
         from mlir.dialects import arith, tensor
 
         g = self.kernel_arg(self.g, "g")
-        n = self.rows_left(t0, self.l, self.c) if self.ragged else None
+        n = self.rows_left(t0, self.end, self.c, past_end=self.lengths is not None) if self.ragged else None
 
         def steps(upto_row: bool):
             count = index(self.c) if n is None else n
@@ -84,8 +84,7 @@ class DecayedKernel(ChunkKernel):
     def dim_decay(self, t0, col, width: int) -> tuple:
         """(G [C, width], G_end [width]) for the "token_dim" decay: G = tril(ones) @ g."""
         c = self.c
-        steps = self.load_tile(self.kernel_arg(self.g, "g"), [self.pb, self.ph], t0, self.l, c, width,
-                               offset_of(col))
+        steps = self.load_rows(self.g, "g", t0, c, width, offset_of(col))
         steps = self.modded(steps, None, t0, None, False)
         cum = self.matmul(self.tril, steps, zeros([c, width]), "tf32x3")
         return cum, self.last_of(transpose(cum), TILE, width)

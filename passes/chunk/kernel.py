@@ -1,12 +1,20 @@
 """What every kernel of `attn-chunk-recurrence` shares: the op's operands and shapes, q/k/v tiles
 loaded and modded, the program ids, the scf.for over chunks, and the kernel function around a
-body. Kernels are built with the bindings' builders at the current location (the op's)."""
+body. Kernels are built with the bindings' builders at the current location (the op's).
+
+With the op's `lengths`, a program reads its entry's length once (`end`, clamped into [0, L]):
+rows from `end` on load as zeros (k and v after their mods too, and g, so they leave the state as
+it is), are never stored, and the chunk loops stop at the last chunk holding a token. q, k, v
+and g may then be `attn.unpack_sequences` views of packed sequences, which the kernels read in
+place: the program's rows are its sequence's packed rows from `lo` (tile_varlen's span), and an
+output packed by `attn.pack_sequences` is written straight into the packed rows."""
 from __future__ import annotations
 
 from ...core import abi
 from ..l1_builders import (KernelBuilder, convert, element_type, extract_slice, f32, for_loop, index,
-                           insert_slice, matmul, program_id, tensor_type, zeros)
+                           index_value, insert_slice, matmul, program_id, tensor_type, zeros)
 from ..l1_ops import fail, shape
+from ..tile_varlen import sequences_source, span
 
 DECAYS = ("none", "head", "token", "token_dim")
 TILE, ROW, COL = (0, 1), (0,), (1,)  # indexing-map dims of a 2-D tile, and of a vector along either axis
@@ -69,6 +77,7 @@ class ChunkKernel(KernelBuilder):
         rest = operands[3:]
         self.g = rest.pop(0) if seg[3] else None
         self.s0 = rest.pop(0) if seg[4] else None
+        self.lengths = rest.pop(0) if len(seg) > 5 and seg[5] else None
         self.b, self.h, self.l, self.dk = shape(self.q)
         self.dv = shape(self.v)[3]
         self.c = chunk
@@ -87,11 +96,70 @@ class ChunkKernel(KernelBuilder):
         self.out_elt = element_type(op.results[0])
         q_elt = element_type(self.q)
         self.dot_elt = q_elt if str(q_elt) in ("bf16", "f16") else ir.F32Type.get()
-        # With L a multiple of C no row is ever padding, and the masks for it disappear.
-        self.ragged = self.l % self.c != 0
-        self.out_type, self.state_type = op.results[0].type, op.results[1].type
+        # With L a multiple of C and no lengths no row is ever padding, and the masks for it disappear.
+        self.ragged = self.l % self.c != 0 or self.lengths is not None
+        self.end = self.l  # the program's tokens: L, or its entry's length once program_ids read it
+        self.lo = None  # packed sequences: the program's first packed row
+        self.packed_out = self.packed_sources(op)
+        self.out_type = (self.packed_out or op.results[0]).type
+        self.state_type = op.results[1].type
         self.v0 = None  # the program's first V column, an index value, when Dv is split
         self.dests: dict = {}  # the kernel's arguments after the L0 inputs, by role, once defined
+
+    def packed_sources(self, op):
+        """The packed output (the attn.pack_sequences result of `out`) when q, k and v are views
+        of packed sequences, else None; packed operands need lengths (their view's rows past a
+        sequence are not the sequence's tokens) and share one set of offsets."""
+        sources = [sequences_source(x) for x in (self.q, self.k, self.v)]
+        if self.g is not None and len(shape(self.g)) > 1:
+            sources.append(sequences_source(self.g))
+        if not any(sources):
+            return None
+        users = [use.owner for use in op.results[0].uses]
+        packs = [u for u in users if getattr(u, "name", None) == "attn.pack_sequences"]
+        if not all(sources) or len({src[1] for src in sources}) != 1 or not packs or self.lengths is None:
+            raise fail(op, "reads packed sequences in place only when q, k, v (and a per-token g) are "
+                           "attn.unpack_sequences views of one set of offsets, lengths are given and out is "
+                           "packed by attn.pack_sequences")
+        return packs[0].results[0]
+
+    def read_extent(self) -> None:
+        """`end` (and `lo` for packed sequences): the program's entry's tokens, read once."""
+        from mlir import ir
+        from mlir.dialects import arith, tensor
+
+        if self.lengths is None:
+            return
+        raw = tensor.extract(self.kernel_arg(self.lengths, "lengths"), [self.pb])
+        n = arith.index_cast(ir.IndexType.get(), raw)
+        self.end = arith.minsi(arith.maxsi(n, index(0)), index(self.l))
+        source = sequences_source(self.q)
+        if source is not None:
+            self.lo, hi = span(self, source, self.pb, self.l)
+            self.end = arith.minsi(self.end, arith.subi(hi, self.lo))
+
+    def load_rows(self, value, what: str, t0, rows: int, width: int | None, col=0, past_end: bool = False):
+        """Rows [t0, t0 + rows) of the program's (batch, head) of `value` (q, k, v or g), columns
+        [col, col + width) (a 1-D row vector without `width`), zero from row `end` on: a slice of
+        the tensor, or of the sequence's packed rows."""
+        from mlir.dialects import arith
+
+        past_end = past_end or self.lengths is not None
+        source = sequences_source(value)
+        if source is None:
+            return self.load_tile(self.kernel_arg(value, what), [self.pb, self.ph], t0, self.end, rows, width, col,
+                                  past_end=past_end)
+        packed = self.kernel_arg(source[0], what)
+        return self.load_tile(packed, [index(0), self.ph], arith.addi(self.lo, t0), arith.addi(self.lo, self.end),
+                              rows, width, col, past_end=True)
+
+    def chunks_to_visit(self):
+        """The chunks holding the program's tokens: all of them, or ceil(end / C) with lengths."""
+        from mlir.dialects import arith
+
+        if self.lengths is None:
+            return self.chunks
+        return arith.ceildivsi(self.end, index(self.c))
 
     # --- tiles -------------------------------------------------------------------------------
     def tile_type(self, rows: int, cols: int, elt=None):
@@ -142,7 +210,7 @@ class ChunkKernel(KernelBuilder):
             d = j if col0 is None else arith.addi(col0, j)
             y = self.inline(mod, [x, self.pb, self.ph, tc, d], constants_first=True)
             if zero_pad:
-                y = or_zero(arith.cmpi(arith.CmpIPredicate.slt, t, index(self.l)), y)
+                y = or_zero(arith.cmpi(arith.CmpIPredicate.slt, t, index_value(self.end)), y)
             return y
 
         return self.generic([(tile, TILE)], self.tile_type(*tile.type.shape), body)
@@ -154,8 +222,7 @@ class ChunkKernel(KernelBuilder):
         value = {"q": self.q, "k": self.k, "v": self.v}[role]
         mod = self.mods["qkv".index(role)]
         rows = rows or self.c
-        raw = self.load_tile(self.kernel_arg(value, role), [self.pb, self.ph], t0, self.l, rows, width,
-                             offset_of(col), past_end=rows != self.c)
+        raw = self.load_rows(value, role, t0, rows, width, offset_of(col), past_end=rows != self.c)
         tile = self.modded(raw, mod, t0, col, role != "q")
         if mod is None and element_type(raw) == self.dot_elt:
             return tile, raw
@@ -193,7 +260,9 @@ class ChunkKernel(KernelBuilder):
         """Build the program ids, returning the third axis's."""
         self.pb = program_id(0)
         self.ph = program_id(1)
-        return program_id(2)
+        third = program_id(2)
+        self.read_extent()
+        return third
 
     def split_id(self, pid) -> tuple:
         """(pid / nv, first V column or None) of a third-axis id that enumerates (x, V block)."""
@@ -226,7 +295,8 @@ class ChunkKernel(KernelBuilder):
         and returns the new values."""
         from mlir.dialects import arith
 
-        return for_loop(self.chunks, carried, lambda it, values: step(it, arith.muli(it, index(self.c)), values))
+        return for_loop(self.chunks_to_visit(), carried,
+                        lambda it, values: step(it, arith.muli(it, index(self.c)), values))
 
     def define(self, name: str, extra: list[tuple], result_types: list, grid: list[int], body) -> None:
         """The kernel function `name`: the L0 inputs, then `extra` (role, type) arguments (in

@@ -8,7 +8,7 @@
 and with `normalize`, o divided by rowsum(A) + (scale * q * exp(G)) . z."""
 from __future__ import annotations
 
-from ..l1_builders import convert, extract_slice, index, insert_slice, tensor_type, transpose, zeros
+from ..l1_builders import convert, extract_slice, index, index_value, insert_slice, tensor_type, transpose, zeros
 from .decay import ChunkDecay, DecayedKernel
 from .kernel import COL, ROW, TILE, exp, exp_diff, offset_of, or_zero
 
@@ -92,14 +92,19 @@ class ChunkStep(DecayedKernel):
                             self.tile_type(c, self.bv, self.out_elt), divide)
 
     def store_rows(self, o, t0, rows: int, out):
-        """Insert the rows of the [rows, BV] output tile o that lie before L into `out` at t0."""
+        """Insert the rows of the [rows, BV] output tile o that lie before `end` into `out` at t0
+        (the packed rows of the program's sequence for a packed output)."""
         from mlir.dialects import arith
 
         bv = self.bv
-        valid = self.rows_left(t0, self.l, rows, past_end=rows != self.c)
-        if rows != self.c:
-            t0 = arith.minsi(t0, index(self.l))
+        past_end = rows != self.c or self.lengths is not None
+        valid = self.rows_left(t0, self.end, rows, past_end=past_end)
+        if past_end:
+            t0 = arith.minsi(t0, index_value(self.end))
         o_rows = extract_slice(o, [0, 0], [valid, bv], 2)
+        if self.packed_out is not None:
+            return insert_slice(o_rows, out, [index(0), self.ph, arith.addi(self.lo, t0), offset_of(self.v0)],
+                                [1, 1, valid, bv])
         return insert_slice(o_rows, out, [self.pb, self.ph, t0, offset_of(self.v0)], [1, 1, valid, bv])
 
     def decayed_keys(self, k, decay: ChunkDecay, width: int):

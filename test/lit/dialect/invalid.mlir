@@ -81,7 +81,7 @@ func.func @q_mod_signature(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>,
   %o, %st = "attn.linear_recurrence"(%q, %k, %v) ({
   ^bb0(%x: f32, %b: index, %h: index, %t: index, %d: i32):
     "gpu.yield"(%x) : (f32) -> ()
-  }, {}, {}) {decay = "none", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
+  }, {}, {}) {decay = "none", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
   return
 }
 
@@ -117,7 +117,7 @@ func.func @lse_without_softmax(%s: tensor<2x4x8x8xf32>) {
 
 func.func @decay_shape(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor<1x2x64x8xf32>, %g: tensor<1x2xf32>) {
   // expected-error @+1 {{g for decay 'token' must have shape [1, 2, 64], got [1, 2]}}
-  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>, tensor<1x2xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>, tensor<1x2xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
   return
 }
 
@@ -143,7 +143,7 @@ func.func @valid(%q: tensor<2x4x8x16xf32>, %k: tensor<2x4x8x16xf32>) -> tensor<2
 // q, k, v, g, initial_state and the output may be f64 (the reference executor's); not integers.
 func.func @linear_integer_q(%q: tensor<1x2x8x4xi32>, %k: tensor<1x2x8x4xf64>, %v: tensor<1x2x8x3xf64>) {
   // expected-error @+1 {{q must have element type f16 or bf16 or f32 or f64, got tensor<1x2x8x4xi32>}}
-  %o, %st = "attn.linear_recurrence"(%q, %k, %v) ({}, {}, {}) {decay = "none", scale = 0.5 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0>} : (tensor<1x2x8x4xi32>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>)
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v) ({}, {}, {}) {decay = "none", scale = 0.5 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0>} : (tensor<1x2x8x4xi32>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>)
   return
 }
 
@@ -152,6 +152,6 @@ func.func @linear_integer_q(%q: tensor<1x2x8x4xi32>, %k: tensor<1x2x8x4xf64>, %v
 // The final state is f32 whatever q's type.
 func.func @linear_f64_final_state(%q: tensor<1x2x8x4xf64>, %k: tensor<1x2x8x4xf64>, %v: tensor<1x2x8x3xf64>) {
   // expected-error @+1 {{final_state must have element type f32, got tensor<1x2x4x3xf64>}}
-  %o, %st = "attn.linear_recurrence"(%q, %k, %v) ({}, {}, {}) {decay = "none", scale = 0.5 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0>} : (tensor<1x2x8x4xf64>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf64>)
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v) ({}, {}, {}) {decay = "none", scale = 0.5 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0>} : (tensor<1x2x8x4xf64>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf64>)
   return
 }

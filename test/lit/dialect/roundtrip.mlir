@@ -49,7 +49,7 @@ func.func @gated_linear(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v
     %w = tensor.extract %qscale[%d] : tensor<16xf32>
     %y = arith.mulf %x, %w : f32
     "gpu.yield"(%y) : (f32) -> ()
-  }, {}, {}) {decay = "token", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>, tensor<1x2x64xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
+  }, {}, {}) {decay = "token", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>, tensor<1x2x64xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
   return %o, %st : tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>
 }
 
@@ -63,7 +63,7 @@ func.func @gated_linear(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v
 // CHECK-NEXT:  }, {
 // CHECK-NEXT:  }, {
 // CHECK-NEXT:  })
-// CHECK-SAME:  chunk_size = 64 : i64, decay = "token", normalize = false, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>, scale = 2.500000e-01 : f32
+// CHECK-SAME:  chunk_size = 64 : i64, decay = "token", normalize = false, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>, scale = 2.500000e-01 : f32
 // CHECK-SAME:  -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
 // CHECK:       "func.return"(%[[R]]#0, %[[R]]#1) : (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>) -> ()
 
@@ -74,7 +74,7 @@ func.func @linear_f64(%q: tensor<1x2x8x4xf64>, %k: tensor<1x2x8x4xf64>, %v: tens
   ^bb0(%x: f32, %b: index, %h: index, %t: index, %d: index):
     %y = math.exp %x : f32
     "gpu.yield"(%y) : (f32) -> ()
-  }, {}, {}) {decay = "head", scale = 0.5 : f32, normalize = true, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1>} : (tensor<1x2x8x4xf64>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>, tensor<2xf64>, tensor<1x2x4x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>)
+  }, {}, {}) {decay = "head", scale = 0.5 : f32, normalize = true, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1, 0>} : (tensor<1x2x8x4xf64>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>, tensor<2xf64>, tensor<1x2x4x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>)
   return %o, %st : tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>
 }
 
@@ -84,6 +84,6 @@ func.func @linear_f64(%q: tensor<1x2x8x4xf64>, %k: tensor<1x2x8x4xf64>, %v: tens
 // CHECK-NEXT:  ^bb0(%[[FX:.+]]: f32, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index):
 // CHECK-NEXT:    %[[FY:.+]] = "math.exp"(%[[FX]])
 // CHECK-NEXT:    "gpu.yield"(%[[FY]]) : (f32) -> ()
-// CHECK:       chunk_size = 16 : i64, decay = "head", normalize = true, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1>, scale = 5.000000e-01 : f32
+// CHECK:       chunk_size = 16 : i64, decay = "head", normalize = true, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1, 0>, scale = 5.000000e-01 : f32
 // CHECK-SAME:  : (tensor<1x2x8x4xf64>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>, tensor<2xf64>, tensor<1x2x4x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>)
 // CHECK:       "func.return"(%[[F]]#0, %[[F]]#1) : (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf32>) -> ()

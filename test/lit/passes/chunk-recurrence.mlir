@@ -77,7 +77,7 @@ func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tenso
     %step = tensor.extract %dt[%b, %h, %t] : tensor<1x2x40xf32>
     %r = arith.mulf %x, %step : f32
     "gpu.yield"(%r) : (f32) -> ()
-  }) {decay = "token", scale = 0.25 : f32, normalize = false, chunk_size = 32 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1>} : (tensor<1x2x40x16xf32>, tensor<1x2x40x16xf32>, tensor<1x2x40x32xf32>, tensor<1x2x40xf32>, tensor<1x2x16x32xf32>) -> (tensor<1x2x40x32xf32>, tensor<1x2x16x32xf32>)
+  }) {decay = "token", scale = 0.25 : f32, normalize = false, chunk_size = 32 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1, 0>} : (tensor<1x2x40x16xf32>, tensor<1x2x40x16xf32>, tensor<1x2x40x32xf32>, tensor<1x2x40xf32>, tensor<1x2x16x32xf32>) -> (tensor<1x2x40x32xf32>, tensor<1x2x16x32xf32>)
   return %out, %state : tensor<1x2x40x32xf32>, tensor<1x2x16x32xf32>
 }
 
@@ -139,7 +139,7 @@ func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tenso
 // CHECK: scf.yield
 // CHECK: tensor.insert_slice %[[LOOP]]#0 into %[[ST]]
 func.func @token_dim(%q: tensor<1x2x40x16xbf16>, %k: tensor<1x2x40x16xbf16>, %v: tensor<1x2x40x8xbf16>, %g: tensor<1x2x40x16xbf16>) -> (tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>) {
-  %out, %state = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token_dim", scale = 0.25 : f32, normalize = true, chunk_size = 32 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>} : (tensor<1x2x40x16xbf16>, tensor<1x2x40x16xbf16>, tensor<1x2x40x8xbf16>, tensor<1x2x40x16xbf16>) -> (tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>)
+  %out, %state = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token_dim", scale = 0.25 : f32, normalize = true, chunk_size = 32 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x40x16xbf16>, tensor<1x2x40x16xbf16>, tensor<1x2x40x8xbf16>, tensor<1x2x40x16xbf16>) -> (tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>)
   return %out, %state : tensor<1x2x40x8xbf16>, tensor<1x2x16x8xf32>
 }
 
@@ -186,7 +186,7 @@ func.func @token_dim(%q: tensor<1x2x40x16xbf16>, %k: tensor<1x2x40x16xbf16>, %v:
 // SPLIT: tensor.insert_slice %{{.*}} into %[[OUT]]
 // SPLIT-NOT: scf.for
 func.func @head(%q: tensor<1x2x40x32xbf16>, %k: tensor<1x2x40x32xbf16>, %v: tensor<1x2x40x32xbf16>, %g: tensor<2xf32>) -> (tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>) {
-  %out, %state = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "head", scale = 0.25 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0>} : (tensor<1x2x40x32xbf16>, tensor<1x2x40x32xbf16>, tensor<1x2x40x32xbf16>, tensor<2xf32>) -> (tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>)
+  %out, %state = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "head", scale = 0.25 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x40x32xbf16>, tensor<1x2x40x32xbf16>, tensor<1x2x40x32xbf16>, tensor<2xf32>) -> (tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>)
   return %out, %state : tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>
 }
 

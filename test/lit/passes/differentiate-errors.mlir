@@ -20,7 +20,7 @@ func.func @atan(%q: tensor<1x1x4x8xf32>, %k: tensor<1x1x4x8xf32>, %v: tensor<1x1
 
 func.func @linear(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor<1x2x64x8xf32>) -> tensor<1x2x64x8xf32> {
   // expected-error @+1 {{has no derivative yet (attn-differentiate handles the softmax family)}}
-  %o, %st = "attn.linear_recurrence"(%q, %k, %v) ({}, {}, {}) {decay = "none", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v) ({}, {}, {}) {decay = "none", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
   return %o : tensor<1x2x64x8xf32>
 }
 
