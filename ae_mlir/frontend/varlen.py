@@ -76,7 +76,8 @@ def prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, checke
     if cu_seqlens_k is None or cu_seqlens_q is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both (they may be the same tensor)")
     cu_name_q, cu_name_k, max_name_q, max_name_k = (
-        ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k") if names is None else names + names)
+        ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k") if names is None
+        else (names[0], names[0], names[1], names[1]))
     cu_q, actual_q = _offsets(cu_name_q, cu_seqlens_q, q.shape[2], q.device, checked)
     if cu_seqlens_k is cu_seqlens_q and k.shape[2] == q.shape[2]:
         cu_k, actual_k = cu_q, actual_q  # one read of shared offsets

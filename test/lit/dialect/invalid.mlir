@@ -155,3 +155,21 @@ func.func @linear_f64_final_state(%q: tensor<1x2x8x4xf64>, %k: tensor<1x2x8x4xf6
   %o, %st = "attn.linear_recurrence"(%q, %k, %v) ({}, {}, {}) {decay = "none", scale = 0.5 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0>} : (tensor<1x2x8x4xf64>, tensor<1x2x8x4xf64>, tensor<1x2x8x3xf64>) -> (tensor<1x2x8x3xf64>, tensor<1x2x4x3xf64>)
   return
 }
+
+// -----
+
+// A linear recurrence's lengths hold one i32 per batch entry.
+func.func @linear_lengths_shape(%q: tensor<2x2x8x4xf32>, %k: tensor<2x2x8x4xf32>, %v: tensor<2x2x8x3xf32>, %n: tensor<3xi32>) {
+  // expected-error @+1 {{lengths must have shape [2] (one length per batch entry), got [3]}}
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %n) ({}, {}, {}) {decay = "none", scale = 0.5 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 1>} : (tensor<2x2x8x4xf32>, tensor<2x2x8x4xf32>, tensor<2x2x8x3xf32>, tensor<3xi32>) -> (tensor<2x2x8x3xf32>, tensor<2x2x4x3xf32>)
+  return
+}
+
+// -----
+
+// Per-token vectors ([1, H, T], a linear recurrence's g) unpack to [S, H, L].
+func.func @unpack_vector_heads(%g: tensor<1x2x10xf32>, %cu: tensor<3xi32>) {
+  // expected-error @+1 {{view must be [2, 2, L] of f32 (sequences, heads, longest sequence)}}
+  %v = "attn.unpack_sequences"(%g, %cu) : (tensor<1x2x10xf32>, tensor<3xi32>) -> tensor<2x3x8xf32>
+  return
+}
