@@ -161,6 +161,19 @@ class ChunkKernel(KernelBuilder):
             return self.chunks
         return arith.ceildivsi(self.end, index(self.c))
 
+    def if_holding_tokens(self, t0, carried: list, build) -> list:
+        """`build(carried)` (returning the new values of `carried`) run only when the chunk at t0
+        holds one of the program's tokens: with lengths, a chunk-parallel program past its
+        entry's end (a short sequence in a packed batch) skips the chunk's work. A loop of one
+        or zero trips, since the kernels' lowerings take loops, not conditionals."""
+        from mlir.dialects import arith
+
+        if self.lengths is None:
+            return build(carried)
+        inside = arith.cmpi(arith.CmpIPredicate.slt, t0, index_value(self.end))
+        trips = arith.select(inside, index(1), index(0))
+        return for_loop(trips, carried, lambda _, values: build(values))
+
     # --- tiles -------------------------------------------------------------------------------
     def tile_type(self, rows: int, cols: int, elt=None):
         return tensor_type([rows, cols], elt)

@@ -53,13 +53,17 @@ class CumulativeDecayKernel(SplitKernel):
         dk = self.dk
         it = self.program_ids()
         t0 = arith.muli(it, index(self.c))
-        cum = self.decays(t0, None, dk).cum[0]
-        rows = self.rows_left(t0, self.l, self.c)
-        if self.decay == "token":
-            piece = extract_slice(cum, [0], [rows], 1)
-            return [insert_slice(piece, self.dests[DECAYS], [self.pb, self.ph, t0], [1, 1, rows])]
-        piece = extract_slice(cum, [0, 0], [rows, dk], 2)
-        return [insert_slice(piece, self.dests[DECAYS], [self.pb, self.ph, t0, 0], [1, 1, rows, dk])]
+
+        def store(values):
+            cum = self.decays(t0, None, dk).cum[0]
+            rows = self.rows_left(t0, self.l, self.c)
+            if self.decay == "token":
+                piece = extract_slice(cum, [0], [rows], 1)
+                return [insert_slice(piece, values[0], [self.pb, self.ph, t0], [1, 1, rows])]
+            piece = extract_slice(cum, [0, 0], [rows, dk], 2)
+            return [insert_slice(piece, values[0], [self.pb, self.ph, t0, 0], [1, 1, rows, dk])]
+
+        return self.if_holding_tokens(t0, [self.dests[DECAYS]], store)
 
 
 class StateKernel(SplitKernel):
@@ -141,9 +145,13 @@ class OutputKernel(SplitKernel):
 
         it, self.v0 = self.split_id(self.program_ids(sums=not self.loads_decays))
         t0 = arith.muli(it, index(self.c))
-        state = extract_slice(self.dests[STATES], [self.pb, self.ph, it, 0, offset_of(self.v0)],
-                              [1, 1, 1, self.dk, self.bv], 2)
-        return [self.chunk_output(t0, state, self.dests["out"], self.dests.get(DECAYS))]
+
+        def store(values):
+            state = extract_slice(self.dests[STATES], [self.pb, self.ph, it, 0, offset_of(self.v0)],
+                                  [1, 1, 1, self.dk, self.bv], 2)
+            return [self.chunk_output(t0, state, values[0], self.dests.get(DECAYS))]
+
+        return self.if_holding_tokens(t0, [self.dests["out"]], store)
 
     def chunk_output(self, t0, state, out, g_cum):
         """Store the output rows of the chunk at t0, S being `state`."""

@@ -39,15 +39,22 @@
 // CHECK: scf.yield
 // CHECK: tensor.insert_slice %{{.*}} into %[[STATE]][%[[S]], %[[H]], 0, 0] [1, 1, 16, 16]
 
-// The split form: the decay and chunk-state kernels keep per-sequence workspaces; the output
-// kernel's programs for chunks past a sequence's end store no row.
+// The split form: the decay and chunk-state kernels keep per-sequence workspaces; the
+// chunk-parallel kernels' programs for chunks past a sequence's end skip the chunk (a loop of
+// one trip, or none).
 // SPLIT: func.func @packed_decays({{.*}} attn.grid = array<i64: 4, 2, 2>
+// SPLIT: %[[C:.*]] = "attn.program_id"() {axis = 2 : i64}
+// SPLIT: %[[T0:.*]] = arith.muli %[[C]], %c32 : index
+// SPLIT: %[[IN:.*]] = arith.cmpi slt, %[[T0]], %[[END:.*]] : index
+// SPLIT: %[[TRIPS:.*]] = arith.select %[[IN]], %c1, %c0 : index
+// SPLIT: scf.for %{{.*}} = %c0 to %[[TRIPS]] step %c1
 // SPLIT: func.func @packed_states(
 // SPLIT: arith.ceildivsi
 // SPLIT: scf.for
 // SPLIT: func.func @packed({{.*}}%[[OUT:[a-z0-9]+]]: tensor<1x2x100x16xbf16>) -> tensor<1x2x100x16xbf16> attributes {{.*}}attn.grid = array<i64: 4, 2, 2>
-// SPLIT-NOT: scf.for
-// SPLIT: tensor.insert_slice %{{.*}} into %[[OUT]][%c0, %{{.*}}, %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// SPLIT: %[[OTRIPS:.*]] = arith.select %{{.*}}, %c1, %c0 : index
+// SPLIT: scf.for %{{.*}} = %c0 to %[[OTRIPS]] step %c1 iter_args(%[[ACC:.*]] = %[[OUT]])
+// SPLIT: tensor.insert_slice %{{.*}} into %[[ACC]][%c0, %{{.*}}, %{{.*}}, 0] [1, 1, %{{.*}}, 16]
 func.func @packed(%q: tensor<1x2x100x16xbf16>, %k: tensor<1x2x100x16xbf16>, %v: tensor<1x2x100x16xbf16>, %g: tensor<1x2x100xf32>, %n: tensor<4xi32>, %cu: tensor<5xi32>) -> (tensor<1x2x100x16xbf16>, tensor<4x2x16x16xf32>) {
   %ql = "attn.unpack_sequences"(%q, %cu) : (tensor<1x2x100x16xbf16>, tensor<5xi32>) -> tensor<4x2x64x16xbf16>
   %kl = "attn.unpack_sequences"(%k, %cu) : (tensor<1x2x100x16xbf16>, tensor<5xi32>) -> tensor<4x2x64x16xbf16>
