@@ -53,26 +53,37 @@ def _table(dk: int, dv: int, dtype: str, target: str, tables: tuple) -> tuple[in
     return max(_pow2(dk), _pow2(dv), 64), tables[2 * target.startswith("hip") + (not wide)]
 
 
-# Streaming processors of the targets' GPUs (H100/H200: 132 SMs; MI300X: 304 CUs), and how many
-# waves of programs split-KV attention aims for when the (batch, head, query block) programs are
-# fewer: a long KV cache read by a few query tokens (decoding) otherwise runs on a few SMs. Only
-# decoding shapes (Lq <= 16) split: a split call launches two kernels and allocates workspaces,
-# which on an H200 cost more than they saved at B=2 H=4 L=1000 (about 210 us against 25 us
-# unsplit, bench/results/h200-verify-2026-12-01.json).
+# Streaming processors of the targets' GPUs (H100/H200: 132 SMs; MI300X: 304 CUs). When the
+# (batch, head, query block) programs are fewer, split-KV attention splits each program's KV tiles
+# so that the split programs fill one wave (the most that fit, at least two splits) and no split
+# walks more than _MAX_TILES_PER_SPLIT tiles (4 MB of bf16 K and V at D = 128). On an H200 (bf16
+# decoding, GQA 32/8, D 128, bench/results/h200-decoding-2026-12-01-splits2.json and -one-wave):
+# B=1 Lk=131072 ran 3.62 TB/s at 16 splits (one wave) against 3.45 at 33 and 2.87 at 66; B=8
+# Lk=32768 4.16 at 4 splits against 4.05 at 2 (one wave) and 3.89 at 5; one wave alone left B=8
+# caches filled 30-100% (per-entry kv_len) unbalanced, 2.64 TB/s against 3.41 at 5 splits, and
+# paged caches (a table read per tile) want more programs in flight: B=1 pages of 256 ran 3.31
+# TB/s at 33 splits, 2.39 at 16. So keys that vary per entry or come through a table get two
+# waves (bench/results/h200-serving-2026-12-01-run2.json and -one-wave.json).
+# Only decoding shapes (Lq <= 16) split: a split call launches two kernels and allocates
+# workspaces, which on an H200 cost more than they saved at B=2 H=4 L=1000 (about 210 us
+# against 25 us unsplit, bench/results/h200-verify-2026-12-01.json).
 _PROCESSORS = {"cuda": 132, "hip": 304}
-_SPLIT_WAVES = 2
 _MIN_TILES_PER_SPLIT = 8
+_MAX_TILES_PER_SPLIT = 128
 _MAX_SPLITS = 128
 _SPLIT_MAX_LQ = 16
 
 
-def kv_splits(programs: int, kv_tiles: int, target: str) -> int:
+def kv_splits(programs: int, kv_tiles: int, target: str, uneven_keys: bool = False) -> int:
     """KV splits per query block (attn-tile kv-splits) for a grid of `programs` programs that each
-    walk `kv_tiles` KV tiles: 1 once the grid fills the GPU."""
+    walk `kv_tiles` KV tiles: 1 once the grid fills the GPU; two waves with `uneven_keys`."""
     processors = _PROCESSORS["hip" if target.startswith("hip") else "cuda"]
     if programs >= processors:
         return 1
-    wanted = -(-_SPLIT_WAVES * processors // programs)
+    if uneven_keys:
+        wanted = -(-2 * processors // programs)
+    else:
+        wanted = max(2, processors // programs, -(-kv_tiles // _MAX_TILES_PER_SPLIT))
     return max(1, min(wanted, kv_tiles // _MIN_TILES_PER_SPLIT, _MAX_SPLITS))
 
 
@@ -81,9 +92,10 @@ _PACK_GQA_MAX_LQ = 16
 
 
 def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, batch_heads: int | None = None,
-                   group: int = 1) -> dict:
+                   group: int = 1, uneven_keys: bool = False) -> dict:
     """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942");
-    with `batch_heads` (B * H), the KV splits and GQA packing too."""
+    with `batch_heads` (B * H), the KV splits and GQA packing too (`uneven_keys`: see
+    Problem)."""
     d, table = _table(dk, dv, dtype, target, (_CUDA_16BIT, _CUDA_FP32, _HIP_16BIT, _HIP_FP32))
     block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
     block_m = min(block_m, _pow2(lq))
@@ -101,7 +113,7 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
         block_m = config["block_m"] = packed_m
         rows, programs = block_m // group, batch_heads // group
         config["pack_gqa"] = True
-    config["kv_splits"] = kv_splits(programs * -(-lq // rows), -(-lk // block_n), target)
+    config["kv_splits"] = kv_splits(programs * -(-lq // rows), -(-lk // block_n), target, uneven_keys)
     return config
 
 
@@ -178,6 +190,9 @@ class Problem:
     chunk_size: int = 0
     batch_heads: int = 1       # B * H: with the query blocks, how many programs the kernel has
     group: int = 1             # H / Hkv: query heads per KV head (GQA)
+    # Keys read through a page table, or per-entry lengths over more than one entry: programs'
+    # work differs or waits on table reads, so decoding splits into more programs.
+    uneven_keys: bool = False
 
     @property
     def linear(self) -> bool:
@@ -195,7 +210,10 @@ def read_problem(module) -> Problem | None:
             continue
         q, k, v = types[:3]
         decay, chunk, keys, batch, queries = None, 0, k.shape[2], q.shape[0], q.shape[2]
+        paged = lengths = False
         for op in func.regions[0].blocks[0].operations:
+            paged = paged or op.operation.name == "attn.gather_pages"
+            lengths = lengths or (op.operation.name == "attn.mask" and len(op.operation.operands) > 0)
             if op.operation.name == "attn.linear_recurrence":
                 decay = ir.StringAttr(op.operation.attributes["decay"]).value
                 chunk = ir.IntegerAttr(op.operation.attributes["chunk_size"]).value
@@ -205,7 +223,7 @@ def read_problem(module) -> Problem | None:
                 batch, _, queries, _ = ir.RankedTensorType(op.operation.operands[0].type).shape
                 keys = ir.RankedTensorType(op.operation.operands[1].type).shape[2]
         return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
-                       batch * q.shape[1], q.shape[1] // k.shape[1])
+                       batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1))
     return None
 
 
@@ -276,7 +294,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))
         else:
             values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                         problem.batch_heads, problem.group))
+                                         problem.batch_heads, problem.group, problem.uneven_keys))
     values.update(typed)
     return PresetOptions(target=target, **values)
 

@@ -60,12 +60,19 @@ _FIRST_CALL_LIMIT_MS = 50
 _SECOND_PROCESSES = 3
 
 
+def _first_process(script: str, cache: os.PathLike) -> tuple[dict, subprocess.CompletedProcess]:
+    """(the environment of processes sharing the disk cache `cache`, with progress lines on, and
+    the run of `script` in the first of them, which compiles)."""
+    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache), **{progress.AFTER_ENV: "0"})
+    env.pop(progress.QUIET_ENV, None)
+    first = _python(script, env)
+    assert first.returncode == 0, first.stderr
+    return env, first
+
+
 @needs_cc
 def test_second_process_calls_the_cached_kernel_without_mlir(tmp_path):
-    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(tmp_path), **{progress.AFTER_ENV: "0"})
-    env.pop(progress.QUIET_ENV, None)
-    first = _python(_TWO_PROCESS_SCRIPT, env)
-    assert first.returncode == 0, first.stderr
+    env, first = _first_process(_TWO_PROCESS_SCRIPT, tmp_path)
     assert "ae-mlir: compiling for the CPU" in first.stderr
     assert "ae-mlir: compiled 'attention' for the CPU in" in first.stderr
     assert _entries(tmp_path) == [".json", ".so"]
@@ -81,6 +88,37 @@ def test_second_process_calls_the_cached_kernel_without_mlir(tmp_path):
         assert digest2 == digest1
         later_ms.append(float(ms2))
     assert min(later_ms) < _FIRST_CALL_LIMIT_MS, (ms1, later_ms)
+
+
+_SERVING_SCRIPT = textwrap.dedent("""
+    import hashlib, sys
+    import torch, ae_mlir as ae
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 1, 32, generator=gen)
+    k, v = (torch.randn(2, 2, 300, 32, generator=gen) for _ in range(2))
+    cached = ae.attention(score_mod=lambda s, b, h, i, j: s - 0.01 * (i - j))(q, k, v, kv_len=torch.tensor([17, 300]))
+    packed_q, packed_k = torch.randn(40, 4, 32, generator=gen), torch.randn(40, 2, 32, generator=gen)
+    cu = torch.tensor([0, 7, 7, 40], dtype=torch.int32)
+    packed = ae.attention(mask_mod=lambda b, h, i, j: i >= j, layout="blhd")(
+        packed_q, packed_k, packed_k, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    g = -torch.rand(1, 40, 4, generator=gen)
+    lin = ae.linear_attention(decay="token", layout="blhd")(packed_q[None], packed_q[None], packed_q[None], g,
+                                                               cu_seqlens=cu)
+    digests = [hashlib.sha256(o.contiguous().numpy().tobytes()).hexdigest() for o in (cached, packed, lin)]
+    print("mlir" in sys.modules, *digests)
+""")
+
+
+@needs_cc
+def test_second_process_runs_cached_serving_kernels_without_mlir(tmp_path):
+    # Per-entry key lengths, a packed batch and packed linear attention: kernels whose extra
+    # operands (lengths, offsets) are bound at run time load from the cache like any other.
+    env, first = _first_process(_SERVING_SCRIPT, tmp_path)
+    assert first.stderr.count("ae-mlir: compiled") == 3, first.stderr
+    second = _python(_SERVING_SCRIPT, env)
+    assert second.returncode == 0, second.stderr
+    assert "ae-mlir:" not in second.stderr
+    assert second.stdout.split() == ["False"] + first.stdout.split()[1:]
 
 
 # --- corrupt entries are rebuilt ------------------------------------------------------------------

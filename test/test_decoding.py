@@ -76,20 +76,40 @@ def test_normalizers_without_a_row_max_are_not_split():
 
 
 def test_the_preset_splits_only_grids_that_leave_the_gpu_idle():
-    assert presets.kv_splits(programs=4, kv_tiles=2048, target="cuda:90") == 66
-    assert presets.kv_splits(programs=32, kv_tiles=2048, target="cuda:90") == 9
+    # One wave of split programs (the most that fit on the 132 SMs, at least two splits), and no
+    # more than 128 tiles a split.
+    assert presets.kv_splits(programs=4, kv_tiles=2048, target="cuda:90") == 33
+    assert presets.kv_splits(programs=32, kv_tiles=2048, target="cuda:90") == 16
+    assert presets.kv_splits(programs=32, kv_tiles=256, target="cuda:90") == 4
+    assert presets.kv_splits(programs=100, kv_tiles=200, target="cuda:90") == 2
     assert presets.kv_splits(programs=32, kv_tiles=16, target="cuda:90") == 2
+    assert presets.kv_splits(programs=32, kv_tiles=8, target="cuda:90") == 1
     assert presets.kv_splits(programs=132, kv_tiles=2048, target="cuda:90") == 1
     assert presets.kv_splits(programs=1, kv_tiles=100000, target="hip:gfx942") == 128
     q = torch.empty(1, 32, 1, 128, dtype=torch.bfloat16, device="meta")
     kv = torch.empty(1, 8, 131072, 128, dtype=torch.bfloat16, device="meta")
     options = presets.options_for("triton", presets.read_problem(parse_module(ae.attention().mlir(q, kv, kv),
                                                                                new_context())), "cuda:90")
-    # Packed: 8 programs (one per KV head), each 4 query heads x 1 row, so 33 splits fill two waves.
-    assert (options.pack_gqa, options.kv_splits, options.block_m) == (True, 33, 16)
+    # Packed: 8 programs (one per KV head), each 4 query heads x 1 row, so 16 splits fill a wave.
+    assert (options.pack_gqa, options.kv_splits, options.block_m) == (True, 16, 16)
     # Four query tokens of 8 heads a KV head: 32 rows a tile.
     config = presets.default_config(4, 8192, 128, 128, "bf16", "cuda:90", 8 * 32, 8)
-    assert (config["pack_gqa"], config["block_m"], config["kv_splits"]) == (True, 32, 9)
+    assert (config["pack_gqa"], config["block_m"], config["kv_splits"]) == (True, 32, 4)
+    # Per-entry lengths over several entries, or a paged cache: two waves of split programs.
+    assert presets.kv_splits(programs=8, kv_tiles=2048, target="cuda:90", uneven_keys=True) == 33
+    attn = ae.attention()
+    for batch, paged, splits in ((8, False, 5), (1, False, 16), (1, True, 33)):
+        qb = torch.empty(batch, 32, 1, 128, dtype=torch.bfloat16, device="meta")
+        lengths = torch.empty(batch, dtype=torch.int32, device="meta")
+        if paged:
+            pages = torch.empty(512, 8, 256, 128, dtype=torch.bfloat16, device="meta")
+            table = torch.empty(batch, 512, dtype=torch.int32, device="meta")
+            text = attn.mlir(qb, pages, pages, kv_len=lengths, block_table=table)
+        else:
+            cache = torch.empty(batch, 8, 131072 if batch == 1 else 32768, 128, dtype=torch.bfloat16, device="meta")
+            text = attn.mlir(qb, cache, cache, kv_len=lengths)
+        options = presets.options_for("triton", presets.read_problem(parse_module(text, new_context())), "cuda:90")
+        assert options.kv_splits == splits, (batch, paged)
     # Prefill fills the GPU unsplit and unpacked.
     config = presets.default_config(2048, 2048, 128, 128, "bf16", "cuda:90", 8 * 16, 4)
     assert "kv_splits" not in config and "pack_gqa" not in config
