@@ -192,3 +192,24 @@ def test_constructing_inside_a_compiled_function_is_refused():
 
     with pytest.raises(Exception, match="construct ae.attention outside the compiled function"):
         torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+
+
+def test_linear_attention_under_torch_compile_runs_eagerly_with_gradients():
+    # No custom op yet: dynamo breaks the graph around the call (it used to trace into MLIR and
+    # fail with an internal compiler error), and forward and gradients match eager.
+    layer = ae.linear_attention(decay="token", layout="blhd", k_mod=lambda x: x * 0.5)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 32, 2, 16, generator=gen, requires_grad=True)
+    g = -torch.rand(1, 32, 2, generator=gen)
+
+    def loss(q):
+        return (layer(q, 2 * q, torch.tanh(q), g) ** 2).sum()
+
+    explained = torch._dynamo.explain(loss)(q)
+    assert explained.graph_break_count == 1
+    compiled = torch.compile(loss, backend="aot_eager")(q)
+    (got,) = torch.autograd.grad(compiled, q)
+    eager = loss(q)
+    (want,) = torch.autograd.grad(eager, q)
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(got, want)

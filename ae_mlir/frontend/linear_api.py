@@ -11,8 +11,19 @@ DECAYS = (None, "head", "token", "token_dim")
 _ROLES = ("q_mod", "k_mod", "v_mod")
 
 
+def _run_eagerly(method):
+    """`method` run by Python even inside torch.compile: dynamo breaks the graph around the call
+    instead of tracing into the tracer and MLIR, which it cannot (linear attention has no custom
+    op yet; `ae_mlir.attention` records one)."""
+    import torch
+
+    return torch.compiler.disable(method)
+
+
 class linear_attention:
     """Linear attention as a chunked recurrence (DESIGN.md section 3).
+
+    Under torch.compile a call is a graph break: it runs eagerly, gradients included.
 
     q_mod/k_mod/v_mod(x, b, h, t, d) map each element, or q_mod(x) maps the value alone (a feature
     map such as `lambda x: F.elu(x) + 1`); `decay` is None, "head", "token" or "token_dim" and `g`
@@ -218,6 +229,7 @@ class linear_attention:
         body.append(f"return {out}, %state : {to}, {tst}{call}")
         return _func("linear_attention", params, [to, tst], body, call), caps
 
+    @_run_eagerly
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None, cu_seqlens=None, max_seqlen: int | None = None):
         count = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
