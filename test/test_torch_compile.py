@@ -194,22 +194,52 @@ def test_constructing_inside_a_compiled_function_is_refused():
         torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
 
 
-def test_linear_attention_under_torch_compile_runs_eagerly_with_gradients():
-    # No custom op yet: dynamo breaks the graph around the call (it used to trace into MLIR and
-    # fail with an internal compiler error), and forward and gradients match eager.
-    layer = ae.linear_attention(decay="token", layout="blhd", k_mod=lambda x: x * 0.5)
+def test_linear_attention_is_one_custom_op_under_torch_compile():
+    # No graph break: one ae_mlir::linear_attention op, forward and gradients (q, k, v, g and
+    # the initial state) as eager, for a plain batch and a packed one.
+    table = torch.tensor([0.5, -0.25])
+    layer = ae.linear_attention(decay="token", layout="blhd", k_mod=lambda x, b, h, t, d: x * 0.5 + table[h])
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 32, 2, 16, generator=gen, requires_grad=True)
-    g = -torch.rand(1, 32, 2, generator=gen)
+    g = (-torch.rand(1, 32, 2, generator=gen)).requires_grad_()
+    cu = torch.tensor([0, 5, 5, 32], dtype=torch.int32)
+    s0 = torch.randn(3, 2, 16, 16, generator=gen, requires_grad=True)
 
-    def loss(q):
-        return (layer(q, 2 * q, torch.tanh(q), g) ** 2).sum()
+    def loss(q, g, s0, packed):
+        kw = dict(cu_seqlens=cu, max_seqlen=27) if packed else {}
+        out, state = layer(q, 2 * q, torch.tanh(q), g, s0 if packed else s0[:1], return_state=True, **kw)
+        return (out ** 2).sum() + state.sum()
 
-    explained = torch._dynamo.explain(loss)(q)
-    assert explained.graph_break_count == 1
-    compiled = torch.compile(loss, backend="aot_eager")(q)
-    (got,) = torch.autograd.grad(compiled, q)
-    eager = loss(q)
-    (want,) = torch.autograd.grad(eager, q)
-    torch.testing.assert_close(compiled, eager)
-    torch.testing.assert_close(got, want)
+    for packed in (False, True):
+        explained = torch._dynamo.explain(loss)(q, g, s0, packed)
+        assert explained.graph_break_count == 0
+        compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)(q, g, s0, packed)
+        got = torch.autograd.grad(compiled, (q, g, s0))
+        eager = loss(q, g, s0, packed)
+        want = torch.autograd.grad(eager, (q, g, s0))
+        torch.testing.assert_close(compiled, eager)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+
+def test_closure_gradients_of_linear_attention_are_refused_under_torch_compile():
+    table = torch.tensor([0.5, -0.25], requires_grad=True)
+    layer = ae.linear_attention(k_mod=lambda x, b, h, t, d: x + table[h], layout="blhd")
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(Exception, match="gradients of the closure tensors a linear_attention mod reads"):
+        torch.compile(lambda q: layer(q, q, q), backend="aot_eager", fullgraph=True)(q)
+
+
+def test_linear_custom_op_passes_opcheck():
+    from ae_mlir.frontend import linear_torch_op, varlen
+
+    layer = ae.linear_attention(decay="token", k_mod=lambda x: x * 0.5)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 24, 16, generator=gen, requires_grad=True)
+    g = (-torch.rand(1, 2, 24, generator=gen)).requires_grad_()
+    kv = (2 * q.detach(), q.detach())
+    torch.library.opcheck(linear_torch_op.linear_attention_op, (layer._key, "cpu", q, *kv, g, None, [], None, None, 0))
+    cu = torch.tensor([0, 5, 5, 24], dtype=torch.int32)
+    packed = varlen.prepare(q, q, cu, cu, None, None, False)
+    torch.library.opcheck(linear_torch_op.linear_attention_op, (layer._key, "cpu", q, *kv, g, None, [], packed.kv_len,
+                                                                packed.cu_q, packed.longest_q))

@@ -18,6 +18,12 @@ from dataclasses import dataclass
 ROLES = ("score_mod", "mask_mod")
 
 
+def roles(attn) -> tuple:
+    """The attributes holding `attn`'s mods: an attention's, or those its class names
+    (`MOD_ROLES`, linear attention's q/k/v mods)."""
+    return getattr(attn, "MOD_ROLES", ROLES)
+
+
 @dataclass(frozen=True)
 class Source:
     """A closure tensor as `getattr(attn, role)` reaches it: closure cell `slot` (an index) or
@@ -45,9 +51,10 @@ class Missing:
     def fetch(self, attn):
         from .api import _mod_name
 
+        fn = getattr(attn, self.role, None)
         raise RuntimeError(
-            f"ae_mlir.attention under torch.compile: closure tensor {self.position} (shape {self.shape}) that "
-            f"{_mod_name(getattr(attn, self.role), self.role)} reads is neither a variable of its closure or "
+            f"ae_mlir.{type(attn).__name__} under torch.compile: closure tensor {self.position} (shape {self.shape}) that "
+            f"{_mod_name(fn, self.role) if fn is not None else self.role} reads is neither a variable of its closure or "
             "globals nor an attribute of one, so the compiled call cannot read its current value; bind it to "
             "a name the mod reads directly (a closure variable, a global, or e.g. self.<name>) before "
             "constructing the attention, or call the attention outside torch.compile")
@@ -72,8 +79,13 @@ def find(attn) -> list | None:
         captures.add(state)
         for position in range(len(found), len(captures.sources)):
             tensor = captures.sources[position]
-            found.append(_search(attn, tensor) or Missing(role, position, tuple(tensor.shape)))
+            found.append(locate(attn, tensor, role, position))
     return found
+
+
+def locate(attn, tensor, role: str, position: int):
+    """A `Source` of closure tensor `position` (read by the mod `role`), else a `Missing`."""
+    return _search(attn, tensor) or Missing(role, position, tuple(tensor.shape))
 
 
 def fetch(attn, sources: list) -> list:
@@ -85,7 +97,7 @@ def _search(attn, tensor) -> Source | None:
     """The first place holding `tensor`: a cell or global of a mod, else an attribute of one that
     the mod's code names."""
     bases = []
-    for role in ROLES:
+    for role in roles(attn):
         fn = getattr(attn, role)
         if fn is None or not hasattr(fn, "__code__"):
             continue

@@ -11,19 +11,11 @@ DECAYS = (None, "head", "token", "token_dim")
 _ROLES = ("q_mod", "k_mod", "v_mod")
 
 
-def _run_eagerly(method):
-    """`method` run by Python even inside torch.compile: dynamo breaks the graph around the call
-    instead of tracing into the tracer and MLIR, which it cannot (linear attention has no custom
-    op yet; `ae_mlir.attention` records one)."""
-    import torch
-
-    return torch.compiler.disable(method)
-
-
 class linear_attention:
     """Linear attention as a chunked recurrence (DESIGN.md section 3).
 
-    Under torch.compile a call is a graph break: it runs eagerly, gradients included.
+    Under torch.compile a call is one custom op (`linear_torch_op`), differentiable in q, k, v, g
+    and the initial state (not in closure tensors there).
 
     q_mod/k_mod/v_mod(x, b, h, t, d) map each element, or q_mod(x) maps the value alone (a feature
     map such as `lambda x: F.elu(x) + 1`); `decay` is None, "head", "token" or "token_dim" and `g`
@@ -66,6 +58,42 @@ class linear_attention:
         self.chunk_size = chunk_size
         self.layout = layout
         self.check_indices = check_indices
+        from . import variant_registry
+
+        self._key = variant_registry.register(self)
+        self._sources = self._find_sources()
+
+    MOD_ROLES = _ROLES  # where closure_sources finds the mods
+
+    @property
+    def q_mod(self):
+        return self.mods["q_mod"]
+
+    @property
+    def k_mod(self):
+        return self.mods["k_mod"]
+
+    @property
+    def v_mod(self):
+        return self.mods["v_mod"]
+
+    def __setstate__(self, state):
+        # A copy is a layer of its own (see attention.__setstate__).
+        from . import variant_registry
+
+        self.__dict__.update(state)
+        self._key = variant_registry.register(self)
+
+    def _find_sources(self) -> list | None:
+        """Where a compiled call finds each closure tensor the mods read (closure_sources); None
+        when the mods cannot be traced (a call says why)."""
+        from . import closure_sources
+
+        try:
+            _, caps = self._trace_mods()
+        except TraceError:
+            return None
+        return [closure_sources.locate(self, t, "q_mod, k_mod or v_mod", i) for i, t in enumerate(caps.sources)]
 
     def _inputs(self, layout, q, k, v, g):
         """q, k, v and g as the kernel takes them ([B, H, L, ...]) from `layout`."""
@@ -229,7 +257,6 @@ class linear_attention:
         body.append(f"return {out}, %state : {to}, {tst}{call}")
         return _func("linear_attention", params, [to, tst], body, call), caps
 
-    @_run_eagerly
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None, cu_seqlens=None, max_seqlen: int | None = None):
         count = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -254,6 +281,15 @@ class linear_attention:
             state = (initial_state[:entries].to(torch.float32).clone() if initial_state is not None
                      else torch.zeros(entries, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
             return (self._out(out), state) if return_state else self._out(out)
+        from .api import _compiling
+
+        if _compiling():
+            from .linear_torch_op import compiled_linear
+
+            out, state = compiled_linear(self, q, k, v, g, initial_state, backend, sequences)
+            if count is not None:
+                state = state[:count]
+            return (self._out(out), state) if return_state else self._out(out)
         text, caps = self._build_with_captures(q, k, v, g, initial_state, sequences=sequences)
         captures = caps.tensors
         checks.check_capture_devices(captures, q.device)
@@ -277,17 +313,23 @@ class linear_attention:
     def _differentiable(self, text, inputs, backend, q, k, v, g, initial_state, sources, sequences=None):
         """The kernel's (out, state), recorded by autograd with the torch backward of
         `linear_backward`."""
-        from .linear_backward import LinearCall, differentiable_call
+        from .linear_backward import differentiable_call
 
         detached = [t.detach() for t in inputs]
-        call = LinearCall(
-            mods=tuple((self.mods[role], self.arities.get(role, 1)) for role in _ROLES),
-            decay=self.decay, scale=_as_f32(checks.default_scale(self.scale, q.shape[3])), normalize=self.normalize,
-            chunk_size=self.chunk_size, sources=tuple(sources),
-            packing=None if sequences is None else (sequences.cu_q, sequences.longest_q),
-            run=lambda: _execute(text, detached, backend, out_dtype=q.dtype),
-            current_sources=lambda: self._trace_mods()[1].sources)
+        call = self._linear_call(q.shape[3], sources,
+                                 None if sequences is None else (sequences.cu_q, sequences.longest_q),
+                                 run=lambda: _execute(text, detached, backend, out_dtype=q.dtype),
+                                 current_sources=lambda: self._trace_mods()[1].sources)
         return differentiable_call(call, q, k, v, g, initial_state)
+
+    def _linear_call(self, dk: int, sources, packing, run=None, current_sources=None):
+        """What the backward recomputes (linear_backward.LinearCall)."""
+        from .linear_backward import LinearCall
+
+        return LinearCall(mods=tuple((self.mods[role], self.arities.get(role, 1)) for role in _ROLES),
+                          decay=self.decay, scale=_as_f32(checks.default_scale(self.scale, dk)),
+                          normalize=self.normalize, chunk_size=self.chunk_size, sources=tuple(sources),
+                          packing=packing, run=run, current_sources=current_sources)
 
     def _out(self, out):
         """The output in the caller's layout (a view)."""

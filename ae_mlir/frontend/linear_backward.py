@@ -169,25 +169,34 @@ class _LinearAttention(torch.autograd.Function):
         wanted = ctx.needs_input_grad[1:]
         if (d_out is None and d_state is None) or not any(wanted):
             return (None,) * (len(wanted) + 1)
-        work = torch.float64 if q.dtype == torch.float64 else torch.float32
-        with torch.enable_grad():
-            leaves = [None if t is None else t.detach().to(work).requires_grad_(w)
-                      for t, w in zip((q, k, v, g, s0), wanted[:5])]
-            if call.packing is None:
-                xs = [apply_mod(fn, arity, x) for (fn, arity), x in zip(call.mods, leaves[:3])]
-                out, state = chunked_recurrence(*xs, leaves[3], leaves[4], call.decay, call.scale, call.normalize,
-                                                call.chunk_size)
-            else:
-                out, state = _packed_recurrence(call, *leaves)
-            pairs = [(o, d) for o, d in ((out, d_out), (state, d_state)) if d is not None]
-            targets = [t for t, w in zip(leaves + list(call.sources), wanted) if w and t is not None]
-            grads = iter(torch.autograd.grad([o for o, _ in pairs], targets,
-                                             [d.to(o.dtype) for o, d in pairs], allow_unused=True))
-        result = []
-        for t, original, w in zip(leaves + list(call.sources), (q, k, v, g, s0, *call.sources), wanted):
-            grad = next(grads) if w and t is not None else None
-            result.append(None if grad is None else grad.to(original.dtype))
-        return (None, *result)
+        return (None, *gradients(call, (q, k, v, g, s0), (d_out, d_state), wanted))
+
+
+def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted) -> list:
+    """The gradients of q, k, v, g, the initial state (`tensors`, g and s0 None where absent)
+    and the call's closure tensors from those of (out, final state) (`grads`, None where none),
+    where `wanted`; None elsewhere. Recomputes the recurrence under autograd (module docstring)."""
+    d_out, d_state = grads
+    work = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
+    with torch.enable_grad():
+        leaves = [None if t is None else t.detach().to(work).requires_grad_(w) for t, w in zip(tensors, wanted[:5])]
+        if call.packing is None:
+            xs = [apply_mod(fn, arity, x) for (fn, arity), x in zip(call.mods, leaves[:3])]
+            out, state = chunked_recurrence(*xs, leaves[3], leaves[4], call.decay, call.scale, call.normalize,
+                                            call.chunk_size)
+        else:
+            out, state = _packed_recurrence(call, *leaves)
+        pairs = [(o, d) for o, d in ((out, d_out), (state, d_state)) if d is not None]
+        targets = [t for t, w in zip(leaves + list(call.sources), wanted) if w and t is not None]
+        if not pairs or not targets:
+            return [None] * len(wanted)
+        found = iter(torch.autograd.grad([o for o, _ in pairs], targets, [d.to(o.dtype) for o, d in pairs],
+                                         allow_unused=True))
+    result = []
+    for t, original, w in zip(leaves + list(call.sources), (*tensors, *call.sources), wanted):
+        grad = next(found) if w and t is not None else None
+        result.append(None if grad is None else grad.to(original.dtype))
+    return result
 
 
 def _packed_recurrence(call: LinearCall, q, k, v, g, s0):

@@ -1,0 +1,127 @@
+"""`torch.compile` support for `ae_mlir.linear_attention`: the custom op `ae_mlir::linear_attention`.
+
+As `torch_op` does for attention, a call under torch.compile records one op (dynamo never runs
+the tracer or MLIR): the op names the layer by its registry key and takes q, k, v ([B, H, L, D]
+views), g, the initial state, the closure tensors the mods read, and a packed batch's lengths and
+offsets. Its fake implementation gives the shapes; its backward, the op
+`ae_mlir::linear_attention_backward`, is the eager backward's torch recomputation
+(`linear_backward.gradients`). That recomputation reapplies the mods as Python functions, which
+read their closure tensors themselves, not the op's inputs, so gradients of closure tensors are
+refused under torch.compile (eager calls compute them).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import closure_sources, variant_registry
+from .torch_op import _kernel_captures
+
+
+def _layer_and_text(key: str, q, k, v, g, s0, captures: list, lengths, cu, longest: int):
+    layer = variant_registry.lookup(key)
+    sequences = None
+    if cu is not None:
+        from .varlen import Sequences
+
+        sequences = Sequences(cu, cu, lengths, longest, longest)
+    text, caps = layer._build_with_captures(q, k, v, g, s0, sequences=sequences)
+    given = _kernel_captures(captures)
+    if [(tuple(t.shape), t.dtype) for t in caps.tensors] != [(tuple(t.shape), t.dtype) for t in given]:
+        raise RuntimeError(f"the mods of ae_mlir linear attention {key!r} now read closure tensors "
+                           f"{[tuple(t.shape) for t in caps.tensors]}, not the {[tuple(t.shape) for t in given]} "
+                           "found where they read them when it was constructed; construct it again after "
+                           "changing what its mods read")
+    return layer, text, sequences, given
+
+
+def _fixed(g, s0, lengths, cu) -> list:
+    return [t for t in (g, s0, lengths, cu) if t is not None]
+
+
+@torch.library.custom_op("ae_mlir::linear_attention", mutates_args=())
+def linear_attention_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
+                        s0: Tensor | None, captures: list[Tensor], lengths: Tensor | None, cu_seqlens: Tensor | None,
+                        longest: int) -> tuple[Tensor, Tensor]:
+    """(out, final state) of the compiled kernel; a packed batch's lengths and offsets are None
+    where the call has none."""
+    from .api import _execute
+
+    _, text, _, given = _layer_and_text(key, q, k, v, g, s0, captures, lengths, cu_seqlens, longest)
+    out, state = _execute(text, [q, k, v] + _fixed(g, s0, lengths, cu_seqlens) + given, backend, out_dtype=q.dtype)
+    return out, state
+
+
+def _state_dtype(q) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+@linear_attention_op.register_fake
+def _linear_fake(key, backend, q, k, v, g, s0, captures, lengths, cu_seqlens, longest):
+    entries = q.shape[0] if lengths is None else lengths.shape[0]
+    return (q.new_empty((*q.shape[:3], v.shape[3])),
+            q.new_empty((entries, q.shape[1], q.shape[3], v.shape[3]), dtype=_state_dtype(q)))
+
+
+@torch.library.custom_op("ae_mlir::linear_attention_backward", mutates_args=())
+def linear_attention_backward_op(key: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, s0: Tensor | None,
+                                 lengths: Tensor | None, cu_seqlens: Tensor | None, longest: int,
+                                 d_out: Tensor, d_state: Tensor, wanted: list[bool]) -> list[Tensor]:
+    """[dq, dk, dv, dg, d(initial state)], zeros for those not wanted or absent (g, s0)."""
+    from .linear_backward import gradients
+
+    layer = variant_registry.lookup(key)
+    sequences = None if cu_seqlens is None else (cu_seqlens, longest)
+    call = layer._linear_call(q.shape[3], (), sequences)
+    # A custom op runs below the autograd dispatch keys, and the recomputation differentiates
+    # with autograd: those keys come back for its duration.
+    with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.AutogradFunctionality, False):
+        grads = gradients(call, (q, k, v, g, s0), (d_out, d_state), list(wanted) + [False] * (5 - len(wanted)))
+    return [_zeros_like(t, q) if grad is None else grad for grad, t in zip(grads, (q, k, v, g, s0))]
+
+
+def _zeros_like(t, q):
+    return q.new_zeros(0) if t is None else torch.zeros_like(t)
+
+
+@linear_attention_backward_op.register_fake
+def _linear_backward_fake(key, q, k, v, g, s0, lengths, cu_seqlens, longest, d_out, d_state, wanted):
+    return [_zeros_like(t, q) for t in (q, k, v, g, s0)]
+
+
+def _setup_context(ctx, inputs, output):
+    key, _, q, k, v, g, s0, captures, lengths, cu, longest = inputs
+    ctx.key, ctx.longest, ctx.captures = key, longest, len(captures)
+    ctx.layer = variant_registry.lookup(key)  # the graph holds it by key, the registry weakly
+    ctx.save_for_backward(q, k, v, g, s0, lengths, cu)
+
+
+def _backward(ctx, d_out, d_state):
+    q, k, v, g, s0, lengths, cu = ctx.saved_tensors
+    wanted = list(ctx.needs_input_grad[2:7])
+    d_out = torch.zeros((*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device) if d_out is None else d_out
+    if d_state is None:
+        entries = q.shape[0] if lengths is None else lengths.shape[0]
+        d_state = torch.zeros((entries, q.shape[1], q.shape[3], v.shape[3]), dtype=_state_dtype(q), device=q.device)
+    dq, dk, dv, dg, ds0 = linear_attention_backward_op(ctx.key, q, k, v, g, s0, lengths, cu, ctx.longest, d_out,
+                                                       d_state, wanted)
+    return (None, None, dq, dk, dv, dg if g is not None else None, ds0 if s0 is not None else None,
+            [None] * ctx.captures, None, None, None)
+
+
+linear_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def compiled_linear(layer, q, k, v, g, s0, backend: str, sequences=None):
+    """(out, final state) of `layer` as one `ae_mlir::linear_attention` op."""
+    if layer._sources is None:
+        raise RuntimeError("ae_mlir.linear_attention under torch.compile: its mods could not be traced when it was "
+                           "constructed; call it once outside torch.compile to see the error")
+    captures = closure_sources.fetch(layer, layer._sources)
+    if any(t.requires_grad for t in captures):
+        raise ValueError("under torch.compile, gradients of the closure tensors a linear_attention mod reads are "
+                         "not computed (its backward reapplies the mods as Python functions); detach them, or "
+                         "call the layer outside torch.compile")
+    lengths, cu, longest = (None, None, 0) if sequences is None else (sequences.kv_len, sequences.cu_q,
+                                                                       sequences.longest_q)
+    return linear_attention_op(layer._key, backend, q, k, v, g, s0, captures, lengths, cu, longest)
