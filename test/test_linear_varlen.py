@@ -36,6 +36,7 @@ def _problem(lens, decay, dtype=torch.float32, d=D, seed=0):
 
 
 BIAS = torch.tensor([0.5, -0.25])
+DECAYS = [(None, False), (None, True), ("head", False), ("token", False), ("token_dim", False)]
 
 
 def _layer(decay, normalize=False, bias=BIAS, **kw):
@@ -82,9 +83,6 @@ def _oracle(q, k, v, g, s0, lens, decay, normalize=False, bias=BIAS):
     return torch.cat(outs).unsqueeze(0), torch.stack(states)
 
 
-DECAYS = [(None, False), (None, True), ("head", False), ("token", False), ("token_dim", False)]
-
-
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("decay, normalize", DECAYS, ids=["none", "normalized", "head", "token", "token_dim"])
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
@@ -100,18 +98,18 @@ def test_packed_batches_match_the_oracle(case, decay, normalize, backend):
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
-@pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
-def test_default_config_bundles_in_the_ttir_interpreter(target, decay):
+@pytest.mark.parametrize("decay, normalize", DECAYS, ids=["none", "normalized", "head", "token", "token_dim"])
+def test_default_config_bundles_in_the_ttir_interpreter(target, decay, normalize):
     # Sequences of several chunks (the default chunk is 64), one of 0 and one of 1 token.
     lens = [300, 0, 17, 1, 129]
     q, k, v, g, s0 = _problem(lens, decay, dtype=torch.bfloat16, seed=1)
-    layer = _layer(decay)
+    layer = _layer(decay, normalize)
     cu = _offsets(lens)
     bundle = tb.build_bundle(layer.mlir(q, k, v, g, s0, cu_seqlens=cu), target, None)
     qb, kb, vb, gb, s0b, sequences = layer._packed(q, k, v, g, s0, cu, None)
-    inputs = [t for t in (gb, s0b) if t is not None] + [sequences.kv_len, sequences.cu_q, BIAS]
+    inputs = [t for t in (gb, s0b) if t is not None] + [sequences.kv_len, sequences.cu_q] + ([] if normalize else [BIAS])
     (out, state), _ = interpret(bundle, qb, kb, vb, *inputs)
-    want, want_state = _oracle(q, k, v, g, s0, lens, decay)
+    want, want_state = _oracle(q, k, v, g, s0, lens, decay, normalize)
     got = out.transpose(1, 2).double()
     assert (got - want).abs().max() < 1e-2 * want.abs().max()
     assert (state[:len(lens)].double() - want_state).abs().max() < 1e-2 * want_state.abs().max()
@@ -180,6 +178,12 @@ def test_bad_packed_calls():
         layer(q, k, v, g, cu_seqlens=torch.tensor([0, 3, 6]))
     with pytest.raises(ValueError, match=r"max_seqlen = 2 is shorter than the longest sequence \(4\)"):
         layer(q, k, v, g, cu_seqlens=cu, max_seqlen=2)
+    with pytest.raises(TypeError, match="cu_seqlens must be a tensor of sequence offsets"):
+        layer(q, k, v, g, cu_seqlens=[0, 3, 7])
+    with pytest.raises(ValueError, match="cu_seqlens must be an int32 or int64 vector"):
+        layer(q, k, v, g, cu_seqlens=cu.view(1, -1))
+    with pytest.raises(ValueError, match=r"batch size 1 \(\[1, T, H, D\], as fla takes them\).*q.unsqueeze\(0\)"):
+        layer(q[0], k[0], v[0], g[0], cu_seqlens=cu)
 
 
 def test_checked_mode_checks_each_sequences_own_positions():
@@ -194,3 +198,81 @@ def test_checked_mode_checks_each_sequences_own_positions():
     too_short = ae.linear_attention(k_mod=lambda x, b, h, t, d: x + short[t], layout="blhd", check_indices=True)
     with pytest.raises(IndexError, match="index 4 is out of range"):
         too_short(q, k, v, cu_seqlens=_offsets(lens))
+
+
+def test_mods_indexed_by_sequence_and_position_differentiate():
+    # Tables as long as the sequence count and the longest sequence: the module's rows and
+    # sequences are bucketed past them, and the backward evaluates the mods only where tokens are.
+    lens = [3, 5, 2]
+    per_sequence, per_position = torch.tensor([1.0, 0.5, 2.0]), torch.randn(5)
+    layer = ae.linear_attention(k_mod=lambda x, b, h, t, d: x * per_sequence[b] + per_position[t],
+                                decay="token", layout="blhd", check_indices=True)
+    q, k, v, g, s0 = _problem(lens, "token")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = layer(*leaves, g, cu_seqlens=_offsets(lens), backend="cpu")
+    got = torch.autograd.grad(out.sum(), leaves)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    outs, lo = [], 0
+    for s, n in enumerate(lens):
+        one = ae.linear_attention(k_mod=lambda x, b, h, t, d, w=float(per_sequence[s]): x * w + per_position[t],
+                                  decay="token", layout="blhd")
+        outs.append(one(*(t[:, lo:lo + n] for t in ref), g[:, lo:lo + n].double(), backend="reference"))
+        lo += n
+    want = torch.autograd.grad(torch.cat(outs, 1).sum(), ref)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def _padded_module(decay: str | None, b: int, length: int, d: int, dtype: str) -> str:
+    """An L0 linear recurrence over a padded batch with per-entry lengths and a k_mod that is not
+    zero at zero (so padding that entered the state would show)."""
+    t = f"tensor<{b}x2x{length}x{d}x{dtype}>"
+    g_type = {None: None, "head": "tensor<2xf32>", "token": f"tensor<{b}x2x{length}xf32>",
+              "token_dim": f"tensor<{b}x2x{length}x{d}xf32>"}[decay]
+    params = f"%q: {t}, %k: {t}, %v: {t}" + (f", %g: {g_type}" if g_type else "") + f", %n: tensor<{b}xi32>"
+    operands = "%q, %k, %v" + (", %g" if g_type else "") + ", %n"
+    types = ", ".join([t, t, t] + ([g_type] if g_type else []) + [f"tensor<{b}xi32>"])
+    state = f"tensor<{b}x2x{d}x{d}xf32>"
+    return f"""func.func @padded({params}) -> ({t}, {state}) {{
+  %o, %st = "attn.linear_recurrence"({operands}) ({{}}, {{
+  ^bb0(%x: f32, %b: index, %h: index, %t: index, %d: index):
+    %one = arith.constant 1.0 : f32
+    %y = arith.addf %x, %one : f32
+    "gpu.yield"(%y) : (f32) -> ()
+  }}, {{}}) {{decay = "{decay or 'none'}", scale = 0.25 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, {int(g_type is not None)}, 0, 1>}} : ({types}) -> ({t}, {state})
+  return %o, %st : {t}, {state}
+}}"""
+
+
+@pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
+def test_lengths_on_a_padded_batch(decay):
+    # The op's own contract, outside packing: tokens past lengths[b] leave the state alone and
+    # their output rows are zero, on the CPU backend and in default-config bundles.
+    from ae_mlir import backends
+
+    b, length, d = 3, 40, 16
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(b, 2, length, d, generator=gen) for _ in range(3))
+    g = {None: None, "head": -0.3 * torch.rand(2, generator=gen), "token": -0.3 * torch.rand(b, 2, length, generator=gen),
+         "token_dim": -0.3 * torch.rand(b, 2, length, d, generator=gen)}[decay]
+    n = torch.tensor([0, 17, 40], dtype=torch.int32)
+    inputs = [q, k, v] + ([g] if g is not None else []) + [n]
+    want_out, want_state = backends.run(_padded_module(decay, b, length, d, "f32"), inputs, "reference", torch.float64)
+    for i, count in enumerate(n.tolist()):  # the reference itself, entry by entry, on the tokens alone
+        gi = None if g is None else (g if g.dim() == 1 else g[i:i + 1, :, :count])
+        one = ae.linear_attention(k_mod=lambda x: x + 1, decay=decay)
+        o, s = one(*(t[i:i + 1, :, :count] for t in (q, k, v)), gi, return_state=True, backend="reference")
+        torch.testing.assert_close(want_out[i:i + 1, :, :count].float(), o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(want_state[i:i + 1].float(), s, rtol=1e-5, atol=1e-5)
+    assert (want_out[0] == 0).all() and (want_out[1, :, 17:] == 0).all()
+    out, state = backends.run(_padded_module(decay, b, length, d, "f32"), inputs, "cpu", torch.float32)
+    torch.testing.assert_close(out.double(), want_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state.double(), want_state, rtol=1e-5, atol=1e-5)
+    text = _padded_module(decay, b, length, d, "bf16")
+    bf = [t.to(torch.bfloat16) if t.dim() == 4 and t.shape[-1] == d and t is not g else t for t in inputs]
+    want_out, want_state = backends.run(text, bf, "reference", torch.float64)
+    for target in ("cuda:90", "hip:gfx942"):
+        (out, state), _ = interpret(tb.build_bundle(text, target, None), *bf)
+        assert (out.double() - want_out).abs().max() < 1e-2 * want_out.abs().max()
+        assert (out[0] == 0).all() and (out[1, :, 17:] == 0).all()
+        assert (state.double() - want_state).abs().max() < 1e-2 * want_state.abs().max()

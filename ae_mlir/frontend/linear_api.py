@@ -159,7 +159,11 @@ class linear_attention:
             return (*self._validate(q, k, v, g, initial_state), initial_state, None)
         from . import varlen
 
-        entries = cu_seqlens.shape[0] - 1 if hasattr(cu_seqlens, "shape") and cu_seqlens.dim() == 1 else None
+        entries = varlen.check_offsets("cu_seqlens", cu_seqlens)
+        if getattr(q, "dim", lambda: 4)() == 3:
+            raise ValueError(f"with cu_seqlens, q, k and v must be packed with batch size 1 "
+                             f"({'[1, T, H, D]' if self.layout == 'blhd' else '[1, H, T, D]'}, as fla takes them), "
+                             f"got q of shape {tuple(q.shape)}: add the batch dimension with q.unsqueeze(0)")
         q, k, v, g = self._validate(q, k, v, g, initial_state, entries)
         if q.shape[0] != 1:
             raise ValueError(f"with cu_seqlens, q, k and v must be packed with batch size 1 "
@@ -259,8 +263,8 @@ class linear_attention:
 
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None, cu_seqlens=None, max_seqlen: int | None = None):
-        count = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
         q, k, v, g, initial_state, sequences = self._packed(q, k, v, g, initial_state, cu_seqlens, max_seqlen)
+        count = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
         fixed = [t for t in (g, initial_state) if t is not None]
         if sequences is not None:
             fixed += [sequences.kv_len, sequences.cu_q]

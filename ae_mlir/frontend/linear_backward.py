@@ -46,19 +46,21 @@ class LinearCall:
     packing: tuple | None = None  # packed sequences: (offsets int32 [S + 1], the longest sequence)
 
 
-def apply_mod(fn, arity: int, x):
+def apply_mod(fn, arity: int, x, grid: list | None = None):
     """fn applied elementwise to x [B, H, L, D], with index grids (b, h, t, d) for five-argument
-    mods, as a tensor of x's shape and dtype."""
+    mods (`grid`, broadcastable to x, or each axis's positions), as a tensor of x's shape and
+    dtype."""
     if fn is None:
         return x
     if arity == 1:
         y = fn(x)
     else:
-        grid = []
-        for axis, n in enumerate(x.shape):
-            shape = [1] * 4
-            shape[axis] = n
-            grid.append(torch.arange(n, device=x.device).view(shape))
+        if grid is None:
+            grid = []
+            for axis, n in enumerate(x.shape):
+                shape = [1] * 4
+                shape[axis] = n
+                grid.append(torch.arange(n, device=x.device).view(shape))
         y = fn(x, *grid)
     if not isinstance(y, torch.Tensor):
         y = torch.as_tensor(y, device=x.device)
@@ -200,15 +202,20 @@ def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted) -> list:
 
 
 def _packed_recurrence(call: LinearCall, q, k, v, g, s0):
-    """`chunked_recurrence` of packed sequences ([1, H, T, D] rows, the call's offsets): every
-    sequence unpacked to [S, H, L, D] (the mods see the sequence as b), zero from its length on
-    after the mods, and the output packed back."""
+    """`chunked_recurrence` of packed sequences ([1, H, T, D] rows, the call's offsets): the
+    mods applied to the packed rows (each row's sequence as b, its position in it as t, so they
+    are evaluated only where tokens exist), every sequence unpacked to [S, H, L, D] with zeros from
+    its length on, and the output packed back."""
     cu, longest = call.packing
     cu = cu.to(q.device).long()
     lengths = cu[1:] - cu[:-1]
     pos = torch.arange(longest, device=q.device)
     valid = pos < lengths.unsqueeze(1)  # [S, L]
     rows = (cu[:-1].unsqueeze(1) + pos).clamp(max=max(q.shape[2] - 1, 0))
+    # Packed row r belongs to the sequence whose offsets bracket it.
+    r = torch.arange(q.shape[2], device=q.device)
+    seq = torch.searchsorted(cu[1:], r, right=True).clamp(max=lengths.shape[0] - 1)
+    at = (r - cu[seq]).clamp(0, longest - 1)
 
     def unpack(t):  # [1, H, T(, D)] -> [S, H, L(, D)], zero past each sequence
         view = t[0][:, rows].transpose(0, 1)
@@ -217,16 +224,12 @@ def _packed_recurrence(call: LinearCall, q, k, v, g, s0):
 
     xs = []
     for (fn, arity), x in zip(call.mods, (q, k, v)):
-        y = apply_mod(fn, arity, unpack(x))
-        xs.append(torch.where(valid.view(valid.shape[0], 1, longest, 1), y, torch.zeros((), dtype=y.dtype,
-                                                                                          device=y.device)))
+        grid = [seq.view(1, 1, -1, 1), torch.arange(x.shape[1], device=x.device).view(1, -1, 1, 1),
+                at.view(1, 1, -1, 1), torch.arange(x.shape[3], device=x.device).view(1, 1, 1, -1)]
+        xs.append(unpack(apply_mod(fn, arity, x, grid)))
     g_view = unpack(g) if g is not None and g.dim() > 1 else g
     out, state = chunked_recurrence(*xs, g_view, s0, call.decay, call.scale, call.normalize, call.chunk_size,
                                     lengths)
-    # Packed row r belongs to the sequence whose offsets bracket it.
-    r = torch.arange(q.shape[2], device=q.device)
-    seq = torch.searchsorted(cu[1:], r, right=True).clamp(max=lengths.shape[0] - 1)
-    at = (r - cu[seq]).clamp(0, longest - 1)
     return out[seq, :, at].transpose(0, 1).unsqueeze(0), state
 
 

@@ -30,7 +30,8 @@ def _bucket(n: int, least: int = 16) -> int:
     return max(least, 1 << max(0, n - 1).bit_length())
 
 
-def _offsets(name: str, cu, rows: int, device, checked: bool):
+def check_offsets(name: str, cu) -> int:
+    """The sequence count of offsets `cu` (an int32/int64 vector of S + 1 >= 2 entries)."""
     import torch
 
     if not isinstance(cu, torch.Tensor):
@@ -38,6 +39,13 @@ def _offsets(name: str, cu, rows: int, device, checked: bool):
     if cu.dtype not in (torch.int32, torch.int64) or cu.dim() != 1 or cu.shape[0] < 2:
         raise ValueError(f"{name} must be an int32 or int64 vector of S + 1 >= 2 offsets, got "
                          f"{cu.dtype} of shape {tuple(cu.shape)}")
+    return cu.shape[0] - 1
+
+
+def _offsets(name: str, cu, rows: int, device, checked: bool):
+    import torch
+
+    check_offsets(name, cu)
     if cu.device != device and device.type != "meta":
         raise ValueError(f"{name} is on '{cu.device}' but q is on '{device}'")
     if cu.device.type != "meta" and not torch.compiler.is_compiling():

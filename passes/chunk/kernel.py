@@ -117,10 +117,12 @@ class ChunkKernel(KernelBuilder):
             return None
         users = [use.owner for use in op.results[0].uses]
         packs = [u for u in users if getattr(u, "name", None) == "attn.pack_sequences"]
-        if not all(sources) or len({src[1] for src in sources}) != 1 or not packs or self.lengths is None:
+        offsets = {src[1] for src in sources if src}
+        if (not all(sources) or len(offsets) != 1 or not packs or packs[0].operands[1] not in offsets
+                or self.lengths is None):
             raise fail(op, "reads packed sequences in place only when q, k, v (and a per-token g) are "
                            "attn.unpack_sequences views of one set of offsets, lengths are given and out is "
-                           "packed by attn.pack_sequences")
+                           "packed by attn.pack_sequences with the same offsets")
         return packs[0].results[0]
 
     def read_extent(self) -> None:
@@ -153,11 +155,21 @@ class ChunkKernel(KernelBuilder):
         return self.load_tile(packed, [index(0), self.ph], arith.addi(self.lo, t0), arith.addi(self.lo, self.end),
                               rows, width, col, past_end=True)
 
+    # Whether the kernel writes output rows: with lengths, rows past an entry's end are then
+    # written as zeros (the op's contract), except in a packed output, where they are the next
+    # sequence's rows and no program skips them. Kernels that write only workspaces or the state
+    # set this False.
+    writes_output = True
+
+    def skips_padding(self) -> bool:
+        """Whether chunks past the program's end may be skipped entirely."""
+        return self.lengths is not None and (self.packed_out is not None or not self.writes_output)
+
     def chunks_to_visit(self):
-        """The chunks holding the program's tokens: all of them, or ceil(end / C) with lengths."""
+        """The chunks the program walks: all of them, or ceil(end / C) when it skips padding."""
         from mlir.dialects import arith
 
-        if self.lengths is None:
+        if not self.skips_padding():
             return self.chunks
         return arith.ceildivsi(self.end, index(self.c))
 
@@ -168,7 +180,7 @@ class ChunkKernel(KernelBuilder):
         or zero trips, since the kernels' lowerings take loops, not conditionals."""
         from mlir.dialects import arith
 
-        if self.lengths is None:
+        if not self.skips_padding():
             return build(carried)
         inside = arith.cmpi(arith.CmpIPredicate.slt, t0, index_value(self.end))
         trips = arith.select(inside, index(1), index(0))

@@ -43,6 +43,8 @@ class SplitKernel(ChunkStep):
 class CumulativeDecayKernel(SplitKernel):
     """G of every chunk, in parallel, into workspace w1."""
 
+    writes_output = False
+
     def build(self) -> None:
         self.define(f"{self.name}_decays", [(DECAYS, self.g_cum_type)], [self.g_cum_type],
                     [self.b, self.h, self.chunks], self.body)
@@ -69,6 +71,8 @@ class CumulativeDecayKernel(SplitKernel):
 class StateKernel(SplitKernel):
     """The state entering every chunk, into workspace w0, and the final state: a program owns a
     [BK, BV] block of the state (at most `block_k` rows) and walks the chunks in order."""
+
+    writes_output = False
 
     def __init__(self, op, func, chunk: int, block_v: int, block_k: int):
         super().__init__(op, func, chunk, block_v)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..l1_builders import convert, extract_slice, index, index_value, insert_slice, tensor_type, transpose, zeros
 from .decay import ChunkDecay, DecayedKernel
-from .kernel import COL, ROW, TILE, exp, exp_diff, offset_of, or_zero
+from .kernel import COL, ROW, TILE, exp, exp_diff, linalg_index, offset_of, or_zero
 
 Loaded = tuple  # a loaded tile: (f32 value, matmul operand)
 
@@ -93,19 +93,36 @@ class ChunkStep(DecayedKernel):
 
     def store_rows(self, o, t0, rows: int, out):
         """Insert the rows of the [rows, BV] output tile o that lie before `end` into `out` at t0
-        (the packed rows of the program's sequence for a packed output)."""
+        (the packed rows of the program's sequence for a packed output); with lengths and an
+        unpacked output, the rows before L, those from `end` on as zeros."""
         from mlir.dialects import arith
 
         bv = self.bv
+        if self.lengths is not None and self.packed_out is None:
+            o = self.zero_past_end(o, t0)
+            end = self.l
+        else:
+            end = self.end
         past_end = rows != self.c or self.lengths is not None
-        valid = self.rows_left(t0, self.end, rows, past_end=past_end)
+        valid = self.rows_left(t0, end, rows, past_end=past_end)
         if past_end:
-            t0 = arith.minsi(t0, index_value(self.end))
+            t0 = arith.minsi(t0, index_value(end))
         o_rows = extract_slice(o, [0, 0], [valid, bv], 2)
         if self.packed_out is not None:
             return insert_slice(o_rows, out, [index(0), self.ph, arith.addi(self.lo, t0), offset_of(self.v0)],
                                 [1, 1, valid, bv])
         return insert_slice(o_rows, out, [self.pb, self.ph, t0, offset_of(self.v0)], [1, 1, valid, bv])
+
+    def zero_past_end(self, o, t0):
+        """The output tile o with its rows from the program's `end` on set to zero."""
+        from mlir.dialects import arith
+
+        def body(a):
+            row = arith.addi(t0, linalg_index(0))
+            keep = arith.cmpi(arith.CmpIPredicate.slt, row, index_value(self.end))
+            return arith.select(keep, a[0], arith.constant(self.out_elt, 0.0))
+
+        return self.generic([(o, TILE)], self.tile_type(*o.type.shape, self.out_elt), body)
 
     def decayed_keys(self, k, decay: ChunkDecay, width: int):
         """k * exp(G_end - G) [C, width] (f32)."""

@@ -6,9 +6,22 @@ func.func @packed_without_lengths(%q: tensor<1x2x20x8xf32>, %k: tensor<1x2x20x8x
   %ql = "attn.unpack_sequences"(%q, %cu) : (tensor<1x2x20x8xf32>, tensor<3xi32>) -> tensor<2x2x16x8xf32>
   %kl = "attn.unpack_sequences"(%k, %cu) : (tensor<1x2x20x8xf32>, tensor<3xi32>) -> tensor<2x2x16x8xf32>
   %vl = "attn.unpack_sequences"(%v, %cu) : (tensor<1x2x20x8xf32>, tensor<3xi32>) -> tensor<2x2x16x8xf32>
-  // expected-error @+1 {{'attn.linear_recurrence' op reads packed sequences in place only when q, k, v (and a per-token g) are attn.unpack_sequences views of one set of offsets, lengths are given and out is packed by attn.pack_sequences}}
+  // expected-error @+1 {{'attn.linear_recurrence' op reads packed sequences in place only when q, k, v (and a per-token g) are attn.unpack_sequences views of one set of offsets, lengths are given and out is packed by attn.pack_sequences with the same offsets}}
   %o, %st = "attn.linear_recurrence"(%ql, %kl, %vl) ({}, {}, {}) {decay = "none", scale = 0.25 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0>} : (tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>) -> (tensor<2x2x16x8xf32>, tensor<2x2x8x8xf32>)
   %op = "attn.pack_sequences"(%o, %cu) : (tensor<2x2x16x8xf32>, tensor<3xi32>) -> tensor<1x2x20x8xf32>
+  return %op, %st : tensor<1x2x20x8xf32>, tensor<2x2x8x8xf32>
+}
+
+// -----
+
+// The output packed with other offsets than the views': the kernels would write the wrong rows.
+func.func @packed_with_other_offsets(%q: tensor<1x2x20x8xf32>, %k: tensor<1x2x20x8xf32>, %v: tensor<1x2x20x8xf32>, %n: tensor<2xi32>, %cu: tensor<3xi32>, %cu2: tensor<3xi32>) -> (tensor<1x2x20x8xf32>, tensor<2x2x8x8xf32>) {
+  %ql = "attn.unpack_sequences"(%q, %cu) : (tensor<1x2x20x8xf32>, tensor<3xi32>) -> tensor<2x2x16x8xf32>
+  %kl = "attn.unpack_sequences"(%k, %cu) : (tensor<1x2x20x8xf32>, tensor<3xi32>) -> tensor<2x2x16x8xf32>
+  %vl = "attn.unpack_sequences"(%v, %cu) : (tensor<1x2x20x8xf32>, tensor<3xi32>) -> tensor<2x2x16x8xf32>
+  // expected-error @+1 {{and out is packed by attn.pack_sequences with the same offsets}}
+  %o, %st = "attn.linear_recurrence"(%ql, %kl, %vl, %n) ({}, {}, {}) {decay = "none", scale = 0.25 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 1>} : (tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>, tensor<2xi32>) -> (tensor<2x2x16x8xf32>, tensor<2x2x8x8xf32>)
+  %op = "attn.pack_sequences"(%o, %cu2) : (tensor<2x2x16x8xf32>, tensor<3xi32>) -> tensor<1x2x20x8xf32>
   return %op, %st : tensor<1x2x20x8xf32>, tensor<2x2x8x8xf32>
 }
 
