@@ -276,3 +276,17 @@ def test_lengths_on_a_padded_batch(decay):
         assert (out.double() - want_out).abs().max() < 1e-2 * want_out.abs().max()
         assert (out[0] == 0).all() and (out[1, :, 17:] == 0).all()
         assert (state.double() - want_state).abs().max() < 1e-2 * want_state.abs().max()
+
+
+def test_split_workspaces_grow_with_the_packed_tokens():
+    # One long sequence among many short ones: the chunk states and cumulative decays of the split
+    # form follow the packed rows (T / C + S + 1 chunks, T + S C rows), not S x the longest.
+    lens = [4096] + [64] * 63
+    total, count, chunk = sum(lens), len(lens), 64
+    q = torch.empty(1, total, 4, 64, dtype=torch.bfloat16, device="meta")
+    g = torch.empty(1, total, 4, 64, device="meta")
+    cu = torch.empty(count + 1, dtype=torch.int32, device="meta")
+    layer = ae.linear_attention(decay="token_dim", layout="blhd")
+    bundle = tb.build_bundle(layer.mlir(q, q, q, g, cu_seqlens=cu, max_seqlen=4096), "cuda:90", None)
+    shapes = {w.role: list(w.shape) for w in bundle.workspace}
+    assert shapes == {"w0": [1, 4, total // chunk + count + 1, 64, 64], "w1": [1, 4, total + count * chunk, 64]}

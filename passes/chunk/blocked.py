@@ -57,16 +57,15 @@ class BlockedOutputKernel(OutputKernel):
 
     def cum(self, g_cum, start, col, width: int):
         """G of the block at `start`, columns [col, col + width) (col an index value or None)."""
-        return self.load_tile(g_cum, [self.pb, self.ph], start, self.l, SUB, width, offset_of(col),
-                              past_end=True)
+        return self.ws_load(g_cum, start, SUB, width, offset_of(col))
 
     def boundary(self, g_cum, start):
         """R_I [Dk]: the row of G just before the block at `start`."""
         from mlir.dialects import arith, tensor
 
-        before = arith.minsi(arith.subi(start, index(1)), index(self.l - 1))
+        before = self.ws_row(arith.minsi(arith.subi(start, index(1)), index(self.l - 1)))
         return self.generic([], tensor_type([self.dk]), lambda a: tensor.extract(
-            g_cum, [self.pb, self.ph, before, linalg_index(0)]), rank=1)
+            g_cum, self.ws_lead() + [before, linalg_index(0)]), rank=1)
 
     def decayed(self, x, hi, lo, scale: bool):
         """x * exp(min(hi - lo, 0)) (x * exp(hi) without `lo`), times the scale with `scale`."""

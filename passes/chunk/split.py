@@ -11,11 +11,18 @@ NC * Dk * Dv elements per head, far less than the sequential time it removes.
 Decays that need a cumulative sum ("token", "token_dim") get a third kernel first,
 `@<name>_decays` (grid [B, H, NC]), writing every chunk's G to workspace "w1", so the chunk-state
 loop loads G instead of summing it: the sums' reductions, inside the sequential loop, would set
-the time of every step. "head" needs none: G_t = min(t + 1, n) g_h in closed form."""
+the time of every step. "head" needs none: G_t = min(t + 1, n) g_h in closed form.
+
+For packed sequences (T rows in all, S sequences) the workspaces follow the packed rows, not the
+[S, H, L] view, so they grow with T rather than S x L (one long sequence among many short ones):
+sequence s's chunk i is chunk floor(lo_s / C) + i + s of h [1, H, T / C + S + 1, Dk, Dv], and its
+row t of G is row lo_s + s C + t of [1, H, T + S C(, Dk)]. Both spans of a sequence end before the
+next one's begin (its chunks cover at most ceil(len_s / C) C rows)."""
 from __future__ import annotations
 
 from ...core import abi
 from ..l1_builders import extract_slice, index, insert_slice, tensor_type
+from ..l1_ops import shape
 from .decay import ChunkDecay
 from .kernel import COL, ROW, TILE, linalg_index, offset_of, value_block
 from .step import ChunkStep
@@ -30,9 +37,42 @@ class SplitKernel(ChunkStep):
 
     def __init__(self, op, func, chunk: int, block_v: int):
         super().__init__(op, func, chunk, block_v)
-        self.h_type = tensor_type([self.b, self.h, self.chunks, self.dk, self.dv], self.dot_elt)
-        cum_shape = {"token": [self.b, self.h, self.l], "token_dim": [self.b, self.h, self.l, self.dk]}
+        if self.packed_out is None:
+            lead, chunks, rows = [self.b, self.h], self.chunks, self.l
+        else:
+            total = shape(self.packed_out)[2]
+            lead, chunks, rows = [1, self.h], total // chunk + self.b + 1, total + self.b * chunk
+        self.ws_rows = rows
+        self.h_type = tensor_type(lead + [chunks, self.dk, self.dv], self.dot_elt)
+        cum_shape = {"token": lead + [rows], "token_dim": lead + [rows, self.dk]}
         self.g_cum_type = tensor_type(cum_shape[self.decay]) if self.decay in cum_shape else None
+
+    # --- workspace coordinates (the view's, or the packed rows' for packed sequences) ---------
+    def ws_lead(self) -> list:
+        return [self.pb, self.ph] if self.packed_out is None else [index(0), self.ph]
+
+    def ws_chunk(self, it):
+        """The workspace chunk of the program's chunk `it`."""
+        from mlir.dialects import arith
+
+        if self.packed_out is None:
+            return it
+        return arith.addi(arith.addi(arith.divsi(self.lo, index(self.c)), it), self.pb)
+
+    def ws_row(self, t):
+        """The workspace row of the program's row `t`."""
+        from mlir.dialects import arith
+
+        if self.packed_out is None:
+            return t
+        return arith.addi(arith.addi(self.lo, arith.muli(self.pb, index(self.c))), t)
+
+    def ws_load(self, g_cum, t0, rows: int, width: int | None, col=0):
+        """Rows [t0, t0 + rows) of the program's G in the workspace (a load_tile)."""
+        from mlir.dialects import arith
+
+        stop = arith.minsi(self.ws_row(index(self.l)), index(self.ws_rows))
+        return self.load_tile(g_cum, self.ws_lead(), self.ws_row(t0), stop, rows, width, col, past_end=True)
 
     def arguments(self, loads_decays: bool, result: tuple) -> list[tuple]:
         """The (role, type) arguments after the L0 inputs: the cumulative-decay workspace when the
@@ -61,9 +101,9 @@ class CumulativeDecayKernel(SplitKernel):
             rows = self.rows_left(t0, self.l, self.c)
             if self.decay == "token":
                 piece = extract_slice(cum, [0], [rows], 1)
-                return [insert_slice(piece, values[0], [self.pb, self.ph, t0], [1, 1, rows])]
+                return [insert_slice(piece, values[0], self.ws_lead() + [self.ws_row(t0)], [1, 1, rows])]
             piece = extract_slice(cum, [0, 0], [rows, dk], 2)
-            return [insert_slice(piece, values[0], [self.pb, self.ph, t0, 0], [1, 1, rows, dk])]
+            return [insert_slice(piece, values[0], self.ws_lead() + [self.ws_row(t0), 0], [1, 1, rows, dk])]
 
         return self.if_holding_tokens(t0, [self.dests[DECAYS]], store)
 
@@ -96,7 +136,7 @@ class StateKernel(SplitKernel):
         def step(it, t0, values):
             state, h = values
             snapshot = self.operand(state)
-            h = insert_slice(snapshot, h, [self.pb, self.ph, it, offset_of(k0), offset_of(self.v0)],
+            h = insert_slice(snapshot, h, self.ws_lead() + [self.ws_chunk(it), offset_of(k0), offset_of(self.v0)],
                              [1, 1, 1, bk, bv])
             k, v = self.load("k", t0, k0, bk), self.load("v", t0, self.v0, bv)
             decay = self.loaded_decays(t0, k0, bk, g_cum) if loads_decays else self.decays(t0, k0, bk)
@@ -112,12 +152,12 @@ class StateKernel(SplitKernel):
         from mlir.dialects import arith, tensor
 
         c = self.c
-        last = arith.subi(arith.addi(t0, self.rows_left(t0, self.l, c)), index(1))
+        last = self.ws_row(arith.subi(arith.addi(t0, self.rows_left(t0, self.l, c)), index(1)))
         if self.decay == "token":
-            cum = self.load_tile(g_cum, [self.pb, self.ph], t0, self.l, c, None)
+            cum = self.ws_load(g_cum, t0, c, None)
 
             def end(a):
-                return tensor.extract(g_cum, [self.pb, self.ph, last])
+                return tensor.extract(g_cum, self.ws_lead() + [last])
 
             end_c = self.generic([], tensor_type([c]), end, rank=1)
             end_k = self.generic([], tensor_type([width]), end, rank=1)
@@ -127,9 +167,9 @@ class StateKernel(SplitKernel):
             d = linalg_index(0)
             if k_col is not None:
                 d = arith.addi(k_col, d)
-            return tensor.extract(g_cum, [self.pb, self.ph, last, d])
+            return tensor.extract(g_cum, self.ws_lead() + [last, d])
 
-        cum = self.load_tile(g_cum, [self.pb, self.ph], t0, self.l, c, width, offset_of(k_col))
+        cum = self.ws_load(g_cum, t0, c, width, offset_of(k_col))
         end_k = self.generic([], tensor_type([width]), end_row, rank=1)
         return ChunkDecay((cum, TILE), (end_k, COL), end_k)
 
@@ -151,7 +191,7 @@ class OutputKernel(SplitKernel):
         t0 = arith.muli(it, index(self.c))
 
         def store(values):
-            state = extract_slice(self.dests[STATES], [self.pb, self.ph, it, 0, offset_of(self.v0)],
+            state = extract_slice(self.dests[STATES], self.ws_lead() + [self.ws_chunk(it), 0, offset_of(self.v0)],
                                   [1, 1, 1, self.dk, self.bv], 2)
             return [self.chunk_output(t0, state, values[0], self.dests.get(DECAYS))]
 
