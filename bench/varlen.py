@@ -45,10 +45,6 @@ def _lengths(case: str) -> list[int]:
 CASES = ("equal8x2048", "equal2x8192", "mixed64to4096")
 
 
-def _bucket(n: int, least: int = 16) -> int:
-    return max(least, 1 << max(0, n - 1).bit_length())
-
-
 def _attention():
     import ae_mlir as ae
 
@@ -57,13 +53,15 @@ def _attention():
 
 def _offsets(lengths: list[int], device):
     """(cu_seqlens padded to the module's sequence-count bucket, each sequence's keys), as the
-    frontend passes them to the kernels."""
+    frontend passes them to the kernels (its `varlen.prepare`, which needs no MLIR)."""
     import torch
 
+    from ae_mlir.frontend import varlen
+
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
-    padded = _bucket(len(lengths), 1)
-    cu = torch.cat([cu, cu[-1:].expand(padded - len(lengths))])
-    return cu, (cu[1:] - cu[:-1]).contiguous()
+    rows = torch.empty(1, 1, sum(lengths), 1, device="meta")
+    sequences = varlen.prepare(rows, rows, cu, cu, None, None, False)
+    return sequences.cu_q, sequences.kv_len
 
 
 def build(out: str) -> None:
