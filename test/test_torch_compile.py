@@ -194,7 +194,8 @@ def test_constructing_inside_a_compiled_function_is_refused():
         torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
 
 
-def test_linear_attention_is_one_custom_op_under_torch_compile():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_linear_attention_is_one_custom_op_under_torch_compile(backend):
     # No graph break: one ae_mlir::linear_attention op, forward and gradients (q, k, v, g and
     # the initial state) as eager, for a plain batch and a packed one.
     table = torch.tensor([0.5, -0.25])
@@ -213,13 +214,47 @@ def test_linear_attention_is_one_custom_op_under_torch_compile():
     for packed in (False, True):
         explained = torch._dynamo.explain(loss)(q, g, s0, packed)
         assert explained.graph_break_count == 0
-        compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)(q, g, s0, packed)
+        compiled = torch.compile(loss, backend=backend, fullgraph=True)(q, g, s0, packed)
         got = torch.autograd.grad(compiled, (q, g, s0))
         eager = loss(q, g, s0, packed)
         want = torch.autograd.grad(eager, (q, g, s0))
         torch.testing.assert_close(compiled, eager)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
+
+
+def test_linear_attention_gradients_of_some_inputs_under_inductor():
+    # Heads-first layout (dk comes back strided from autograd), only some inputs requiring grad,
+    # and the state unused or used while only q requires grad (the state does not depend on q).
+    layer = ae.linear_attention(decay="token")
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=gen) for _ in range(3))
+    g = -torch.rand(1, 2, 24, generator=gen)
+
+    def loss(q, k, v, with_state):
+        out, state = layer(q, k, v, g, return_state=True)
+        return (out ** 2).sum() + (state.sum() if with_state else 0)
+
+    for wants in ((True, True, False), (True, False, False), (False, False, True)):
+        for with_state in (False, True):
+            leaves = [t.clone().requires_grad_(w) for t, w in zip((q, k, v), wants)]
+            targets = [t for t in leaves if t.requires_grad]
+            got = torch.autograd.grad(torch.compile(loss)(*leaves, with_state), targets)
+            want = torch.autograd.grad(loss(*leaves, with_state), targets)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b)
+
+
+def test_linear_attention_backward_refuses_rebound_closure_tensors_under_torch_compile():
+    # The backward reapplies the mods, which read their closure variables: one rebound between
+    # forward and backward would give the gradients of another function.
+    table = torch.tensor([0.5, -0.25])
+    layer = ae.linear_attention(k_mod=lambda x, b, h, t, d: x + table[h], layout="blhd")
+    q = torch.randn(1, 8, 2, 16, requires_grad=True)
+    out = torch.compile(lambda q: layer(q, q, q), backend="aot_eager", fullgraph=True)(q)
+    table = torch.tensor([2.0, 3.0])  # noqa: F841 (the mod's closure cell now holds this tensor)
+    with pytest.raises(RuntimeError, match="reads other closure tensors than it did in the forward"):
+        out.sum().backward()
 
 
 def test_closure_gradients_of_linear_attention_are_refused_under_torch_compile():

@@ -188,7 +188,9 @@ def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted) -> list:
                                             call.chunk_size)
         else:
             out, state = _packed_recurrence(call, *leaves)
-        pairs = [(o, d) for o, d in ((out, d_out), (state, d_state)) if d is not None]
+        # An output none of the wanted inputs reaches (the state when only q requires grad) has
+        # no graph to differentiate.
+        pairs = [(o, d) for o, d in ((out, d_out), (state, d_state)) if d is not None and o.requires_grad]
         targets = [t for t, w in zip(leaves + list(call.sources), wanted) if w and t is not None]
         if not pairs or not targets:
             return [None] * len(wanted)

@@ -65,46 +65,55 @@ def _linear_fake(key, backend, q, k, v, g, s0, captures, lengths, cu_seqlens, lo
 
 @torch.library.custom_op("ae_mlir::linear_attention_backward", mutates_args=())
 def linear_attention_backward_op(key: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, s0: Tensor | None,
-                                 lengths: Tensor | None, cu_seqlens: Tensor | None, longest: int,
-                                 d_out: Tensor, d_state: Tensor, wanted: list[bool]) -> list[Tensor]:
-    """[dq, dk, dv, dg, d(initial state)], zeros for those not wanted or absent (g, s0)."""
+                                 captures: list[Tensor], lengths: Tensor | None, cu_seqlens: Tensor | None,
+                                 longest: int, d_out: Tensor, d_state: Tensor, wanted: list[bool]) -> list[Tensor]:
+    """[dq, dk, dv, dg, d(initial state)] (contiguous), zeros for those not wanted or absent (g,
+    s0). `captures` are the closure tensors the forward read: the recomputation reapplies the
+    mods, which must still read the same values."""
     from .linear_backward import gradients
 
     layer = variant_registry.lookup(key)
+    current = layer._trace_mods()[1].sources
+    if len(current) != len(captures) or not all(a.shape == b.shape and torch.equal(a, b.to(a.device))
+                                                 for a, b in zip(current, captures)):
+        raise RuntimeError(f"ae_mlir linear attention {key!r}: a q/k/v mod reads other closure tensors than it did "
+                           "in the forward (a closure variable was rebound or changed before backward); its "
+                           "backward reapplies the mods, so keep the tensors they read until backward has run")
     sequences = None if cu_seqlens is None else (cu_seqlens, longest)
     call = layer._linear_call(q.shape[3], (), sequences)
     # A custom op runs below the autograd dispatch keys, and the recomputation differentiates
     # with autograd: those keys come back for its duration.
     with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.AutogradFunctionality, False):
         grads = gradients(call, (q, k, v, g, s0), (d_out, d_state), list(wanted) + [False] * (5 - len(wanted)))
-    return [_zeros_like(t, q) if grad is None else grad for grad, t in zip(grads, (q, k, v, g, s0))]
+    return [_zeros_like(t, q) if grad is None else grad.contiguous() for grad, t in zip(grads, (q, k, v, g, s0))]
 
 
 def _zeros_like(t, q):
-    return q.new_zeros(0) if t is None else torch.zeros_like(t)
+    return q.new_zeros(0) if t is None else q.new_zeros(t.shape, dtype=t.dtype)
 
 
 @linear_attention_backward_op.register_fake
-def _linear_backward_fake(key, q, k, v, g, s0, lengths, cu_seqlens, longest, d_out, d_state, wanted):
-    return [_zeros_like(t, q) for t in (q, k, v, g, s0)]
+def _linear_backward_fake(key, q, k, v, g, s0, captures, lengths, cu_seqlens, longest, d_out, d_state, wanted):
+    # Contiguous, as the real op returns them (q, k, v may be strided views).
+    return [q.new_empty(0) if t is None else q.new_empty(t.shape, dtype=t.dtype) for t in (q, k, v, g, s0)]
 
 
 def _setup_context(ctx, inputs, output):
     key, _, q, k, v, g, s0, captures, lengths, cu, longest = inputs
     ctx.key, ctx.longest, ctx.captures = key, longest, len(captures)
     ctx.layer = variant_registry.lookup(key)  # the graph holds it by key, the registry weakly
-    ctx.save_for_backward(q, k, v, g, s0, lengths, cu)
+    ctx.save_for_backward(q, k, v, g, s0, lengths, cu, *captures)
 
 
 def _backward(ctx, d_out, d_state):
-    q, k, v, g, s0, lengths, cu = ctx.saved_tensors
+    q, k, v, g, s0, lengths, cu, *captures = ctx.saved_tensors
     wanted = list(ctx.needs_input_grad[2:7])
     d_out = torch.zeros((*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device) if d_out is None else d_out
     if d_state is None:
         entries = q.shape[0] if lengths is None else lengths.shape[0]
         d_state = torch.zeros((entries, q.shape[1], q.shape[3], v.shape[3]), dtype=_state_dtype(q), device=q.device)
-    dq, dk, dv, dg, ds0 = linear_attention_backward_op(ctx.key, q, k, v, g, s0, lengths, cu, ctx.longest, d_out,
-                                                       d_state, wanted)
+    dq, dk, dv, dg, ds0 = linear_attention_backward_op(ctx.key, q, k, v, g, s0, captures, lengths, cu, ctx.longest,
+                                                       d_out, d_state, wanted)
     return (None, None, dq, dk, dv, dg if g is not None else None, ds0 if s0 is not None else None,
             [None] * ctx.captures, None, None, None)
 
