@@ -278,3 +278,11 @@ def test_linear_custom_op_passes_opcheck():
     packed = varlen.prepare(q, q, cu, cu, None, None, False)
     torch.library.opcheck(linear_torch_op.linear_attention_op, (layer._key, "cpu", q, *kv, g, None, [], packed.kv_len,
                                                                 packed.cu_q, packed.longest_q))
+
+
+def test_linear_attention_constructed_inside_torch_compile_is_refused():
+    def make_and_call(q):
+        return ae.linear_attention()(q, q, q)
+
+    with pytest.raises(Exception, match="cannot be constructed inside a torch.compile'd function"):
+        torch.compile(make_and_call, backend="aot_eager", fullgraph=True)(torch.randn(1, 2, 8, 16))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from . import checks, index_check
-from .api import _Captures, _as_float, _execute, _func, _mod_name, _sig, wants_grad
+from .api import _Captures, _as_float, _compiling, _execute, _func, _mod_name, _sig, wants_grad
 from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
 from .locations import user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
@@ -37,6 +37,12 @@ class linear_attention:
 
     def __init__(self, q_mod=None, k_mod=None, v_mod=None, decay=None, scale=None, normalize=False,
                  chunk_size=64, layout="bhld", check_indices=None):
+        if _compiling():
+            # As for attention: dynamo cannot trace the tracer, and a layer built per call would
+            # register a new one, and so recompile, on every call.
+            raise RuntimeError("ae_mlir.linear_attention cannot be constructed inside a torch.compile'd function; "
+                               "construct it outside the compiled function (e.g. in the module's __init__) and "
+                               "call it inside")
         for role, fn in (("q_mod", q_mod), ("k_mod", k_mod), ("v_mod", v_mod)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{role} must be callable or None, got {type(fn).__name__}")
@@ -285,8 +291,6 @@ class linear_attention:
             state = (initial_state[:entries].to(torch.float32).clone() if initial_state is not None
                      else torch.zeros(entries, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
             return (self._out(out), state) if return_state else self._out(out)
-        from .api import _compiling
-
         if _compiling():
             from .linear_torch_op import compiled_linear
 
