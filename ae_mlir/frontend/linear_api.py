@@ -101,22 +101,11 @@ class linear_attention:
             return None
         return [closure_sources.locate(self, t, "q_mod, k_mod or v_mod", i) for i, t in enumerate(caps.sources)]
 
-    def _inputs(self, layout, q, k, v, g):
-        """q, k, v and g as the kernel takes them ([B, H, L, ...]) from `layout`."""
-        q, k, v = (checks.to_bhld(t, layout) for t in (q, k, v))
-        if self.decay in ("token", "token_dim"):
-            g = checks.to_bhld(g, layout)
-            if self.decay == "token" and layout == "blhd" and g is not None and g.dim() == 3:
-                # A [B, H, T] view of [B, T, H] has stride H along T, which makes the CPU kernel load
-                # every tile element-wise; g is 1/Dk of q's size, so copying it is the cheaper way.
-                g = g.contiguous()
-        return q, k, v, g
-
     def _validate_as(self, layout, q, k, v, g, initial_state, entries=None):
         """Check the tensors in `layout`; `entries` is the initial state's first dimension when it
         is not the batch (the sequence count of a packed batch)."""
         given = g
-        q, k, v, g = self._inputs(layout, q, k, v, g)
+        q, k, v, g = _as_bhld(self.decay, layout, q, k, v, g)
         checks.check_common(q, k, v, checks.FORMS[layout], float64=True)
         checks.same("q", tuple(q.shape), "k", tuple(k.shape), "shape")
         checks.same("q", tuple(q.shape[:3]), "v", tuple(v.shape[:3]), "[B, H, L]")
@@ -130,7 +119,7 @@ class linear_attention:
             if not isinstance(g, torch.Tensor):
                 raise ValueError(f"decay={self.decay!r} needs g, a tensor of shape {expected}")
             if tuple(g.shape) != expected:
-                raise ValueError(self._g_shape_error(layout, expected, tuple(given.shape)))
+                raise ValueError(_g_shape_error(self.decay, layout, expected, tuple(given.shape)))
             if g.dtype != torch.float64:  # float64 runs on the reference backend only (`__call__`)
                 checks.check_float("g", g)
             checks.same("q", q.device, "g", g.device, "device")
@@ -142,19 +131,9 @@ class linear_attention:
             checks.same("q", q.device, "initial_state", initial_state.device, "device")
         return q, k, v, g
 
-    def _g_shape_error(self, layout: str, expected: tuple, given: tuple) -> str:
-        forms = checks.G_FORMS[layout]
-        message = (f"g for decay={self.decay!r} must have shape {_in_layout(expected, layout)} "
-                   f"({forms.get(self.decay, '[H]')} with layout={layout!r}), got {given}")
-        other = checks.other_layout(layout)
-        if self.decay in forms and given == _in_layout(expected, other):
-            message += (f", which looks like {checks.G_FORMS[other][self.decay]}: transpose it with "
-                        f"g.transpose(1, 2), or pass layout={other!r} with q/k/v as {checks.FORMS[other]}")
-        return message
-
     def _validate(self, q, k, v, g, initial_state, entries=None):
         checks.with_layout_hint(self._validate_as, self.layout, q, k, v, g, initial_state, entries)
-        return self._inputs(self.layout, q, k, v, g)
+        return _as_bhld(self.decay, self.layout, q, k, v, g)
 
     def _packed(self, q, k, v, g, initial_state, cu_seqlens, max_seqlen):
         """q, k, v, g in [B, H, L, ...] form, the initial state and the packed batch's
@@ -274,22 +253,9 @@ class linear_attention:
         fixed = [t for t in (g, initial_state) if t is not None]
         if sequences is not None:
             fixed += [sequences.kv_len, sequences.cu_q]
-        backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)]
-                                     + [(n, t) for n, t in (("g", g), ("initial_state", initial_state))
-                                        if t is not None])
-        for name, t in (("q", q), ("g", g), ("initial_state", initial_state)):
-            if t is not None and backend != "reference" and str(t.dtype) == "torch.float64":
-                raise ValueError(f"{name} must be float16, bfloat16 or float32 for backend={backend!r}, got "
-                                 "torch.float64; float64 inputs run with backend='reference' only")
+        backend = _backend(backend, q, k, v, g, initial_state)
         if q.numel() == 0 or v.numel() == 0:
-            # An empty batch, head set or sequence: no step runs, the state passes through.
-            import torch
-
-            b, h, l, dk = q.shape
-            entries = b if count is None else count
-            out = torch.zeros(b, h, l, v.shape[3], dtype=q.dtype, device=q.device)
-            state = (initial_state[:entries].to(torch.float32).clone() if initial_state is not None
-                     else torch.zeros(entries, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
+            out, state = _empty_call(q, v, initial_state, q.shape[0] if count is None else count)
             return (self._out(out), state) if return_state else self._out(out)
         if _compiling():
             from .linear_torch_op import compiled_linear
@@ -342,6 +308,52 @@ class linear_attention:
     def _out(self, out):
         """The output in the caller's layout (a view)."""
         return out.transpose(1, 2) if self.layout == "blhd" else out
+
+
+def _as_bhld(decay, layout, q, k, v, g):
+    """q, k, v and g as the kernel takes them ([B, H, L, ...]) from `layout`."""
+    q, k, v = (checks.to_bhld(t, layout) for t in (q, k, v))
+    if decay in ("token", "token_dim"):
+        g = checks.to_bhld(g, layout)
+        if decay == "token" and layout == "blhd" and g is not None and g.dim() == 3:
+            # A [B, H, T] view of [B, T, H] has stride H along T, which makes the CPU kernel load
+            # every tile element-wise; g is 1/Dk of q's size, so copying it is the cheaper way.
+            g = g.contiguous()
+    return q, k, v, g
+
+
+def _g_shape_error(decay, layout: str, expected: tuple, given: tuple) -> str:
+    forms = checks.G_FORMS[layout]
+    message = (f"g for decay={decay!r} must have shape {_in_layout(expected, layout)} "
+               f"({forms.get(decay, '[H]')} with layout={layout!r}), got {given}")
+    other = checks.other_layout(layout)
+    if decay in forms and given == _in_layout(expected, other):
+        message += (f", which looks like {checks.G_FORMS[other][decay]}: transpose it with "
+                    f"g.transpose(1, 2), or pass layout={other!r} with q/k/v as {checks.FORMS[other]}")
+    return message
+
+
+def _backend(backend: str | None, q, k, v, g, initial_state) -> str:
+    """The backend a call runs on (checks.backend_for), float64 inputs on the reference only."""
+    backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)]
+                                 + [(n, t) for n, t in (("g", g), ("initial_state", initial_state)) if t is not None])
+    for name, t in (("q", q), ("g", g), ("initial_state", initial_state)):
+        if t is not None and backend != "reference" and str(t.dtype) == "torch.float64":
+            raise ValueError(f"{name} must be float16, bfloat16 or float32 for backend={backend!r}, got "
+                             "torch.float64; float64 inputs run with backend='reference' only")
+    return backend
+
+
+def _empty_call(q, v, initial_state, entries: int):
+    """(out, state) of an empty batch, head set or sequence: no step runs, the state passes
+    through."""
+    import torch
+
+    b, h, l, dk = q.shape
+    out = torch.zeros(b, h, l, v.shape[3], dtype=q.dtype, device=q.device)
+    state = (initial_state[:entries].to(torch.float32).clone() if initial_state is not None
+             else torch.zeros(entries, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
+    return out, state
 
 
 def _unpacked_operands(sequences, operands: list, types: list, params: list, body: list, call: str):
