@@ -215,7 +215,8 @@ class linear_attention:
             operands.append("%s0")
             types.append(ts0)
         if sequences is not None:
-            operands, types = _unpacked_operands(sequences, operands, types, params, body, call)
+            tensors = [t for t in (q, k, v, g, initial_state) if t is not None]
+            operands, types = _unpacked_operands(sequences, operands, types, tensors, params, body, call)
         exprs, caps = self._trace_mods()
         cap_types = caps.types()
         cap_names = [f"%c{i}" for i in range(len(cap_types))]
@@ -356,32 +357,26 @@ def _empty_call(q, v, initial_state, entries: int):
     return out, state
 
 
-def _unpacked_operands(sequences, operands: list, types: list, params: list, body: list, call: str):
-    """The recurrence's operands for a packed batch: views of q, k, v (and a per-token g) through
-    attn.unpack_sequences, the initial state as it is, then the sequences' lengths; the lengths
-    and offsets become parameters after the others."""
+def _unpacked_operands(sequences, operands: list, types: list, tensors: list, params: list, body: list,
+                       call: str):
+    """The recurrence's operands for a packed batch: views of q, k, v (and a per-token g; the
+    operands' `tensors`) through attn.unpack_sequences, the initial state as it is, then the
+    sequences' lengths; the lengths and offsets become parameters after the others."""
     count = sequences.kv_len.shape[0]
     t_cu = tensor_type(sequences.cu_q.shape, "i32")
     t_len = tensor_type((count,), "i32")
     params += [f"%len: {t_len}", f"%cu: {t_cu}"]
     viewed, view_types = [], []
-    for name, ty in zip(operands, types):
-        dims, elt = _dims(ty)
-        if name in ("%s0",) or len(dims) == 1:  # the state and a per-head g are not per token
+    for name, ty, t in zip(operands, types, tensors):
+        if name == "%s0" or t.dim() == 1:  # the state and a per-head g are not per token
             viewed.append(name)
             view_types.append(ty)
             continue
-        view = tensor_type((count, dims[1], sequences.longest_q, *dims[3:]), elt)
+        view = tensor_type((count, t.shape[1], sequences.longest_q, *t.shape[3:]), mlir_elt(t.dtype))
         body.append(f'{name}_seq = "attn.unpack_sequences"({name}, %cu) : ({ty}, {t_cu}) -> {view}{call}')
         viewed.append(f"{name}_seq")
         view_types.append(view)
     return viewed + ["%len"], view_types + [t_len]
-
-
-def _dims(ty: str) -> tuple[list[int], str]:
-    """(shape, element type) of a `tensor<AxBxf32>` type string."""
-    *dims, elt = ty[len("tensor<"):-1].split("x")
-    return [int(d) for d in dims], elt
 
 
 def _views(q, k, v, sequences) -> dict:

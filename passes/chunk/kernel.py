@@ -14,6 +14,7 @@ from ...core import abi
 from ..l1_builders import (KernelBuilder, convert, element_type, extract_slice, f32, for_loop, index,
                            index_value, insert_slice, matmul, program_id, tensor_type, zeros)
 from ..l1_ops import fail, shape
+from ..kv_len import entry_length
 from ..tile_varlen import sequences_source, span
 
 DECAYS = ("none", "head", "token", "token_dim")
@@ -127,14 +128,11 @@ class ChunkKernel(KernelBuilder):
 
     def read_extent(self) -> None:
         """`end` (and `lo` for packed sequences): the program's entry's tokens, read once."""
-        from mlir import ir
-        from mlir.dialects import arith, tensor
+        from mlir.dialects import arith
 
         if self.lengths is None:
             return
-        raw = tensor.extract(self.kernel_arg(self.lengths, "lengths"), [self.pb])
-        n = arith.index_cast(ir.IndexType.get(), raw)
-        self.end = arith.minsi(arith.maxsi(n, index(0)), index(self.l))
+        self.end = entry_length(self.kernel_arg(self.lengths, "lengths"), self.pb, self.l)
         source = sequences_source(self.q)
         if source is not None:
             self.lo, hi = span(self, source, self.pb, self.l)

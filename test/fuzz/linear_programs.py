@@ -52,10 +52,12 @@ class LinearProgram:
         return ae.linear_attention(**{role: self.mod(role) for role in ROLES}, decay=self.decay,
                                    normalize=self.normalize, chunk_size=self.chunk)
 
-    def inputs(self):
-        """q, k, v, then g and the initial state where the program has them."""
+    def inputs(self, lengths: list | None = None):
+        """q, k, v, then g and the initial state where the program has them; with `lengths`, for
+        a packed batch of those sequences (q, k, v [1, H, T, D], the state [S, H, Dk, Dv])."""
         gen = torch.Generator().manual_seed(self.seed)
-        b, h, l = self.batch, self.heads, self.seq
+        b, h, l = (self.batch, self.heads, self.seq) if lengths is None else (1, self.heads, sum(lengths))
+        entries = b if lengths is None else len(lengths)
         q, k = (torch.randn(b, h, l, self.dim_k, generator=gen) for _ in range(2))
         v = torch.randn(b, h, l, self.dim_v, generator=gen)
         if self.normalize:
@@ -64,7 +66,7 @@ class LinearProgram:
         shape = {None: None, "head": (h,), "token": (b, h, l), "token_dim": (b, h, l, self.dim_k)}[self.decay]
         # log(sigmoid(x)), the gate GLA and Mamba-2 use, scaled to the drawn strength.
         g = None if shape is None else self.strength * torch.nn.functional.logsigmoid(torch.randn(*shape, generator=gen) + 2.0)
-        s0 = torch.randn(b, h, self.dim_k, self.dim_v, generator=gen) if self.initial_state else None
+        s0 = torch.randn(entries, h, self.dim_k, self.dim_v, generator=gen) if self.initial_state else None
         return [t.to(self.dtype) for t in (q, k, v)] + [None if t is None else t.to(self.dtype) for t in (g, s0)]
 
     def __str__(self):

@@ -88,21 +88,6 @@ def packed_linear_programs(draw):
     return p, lengths
 
 
-def packed_inputs(p: LinearProgram, lengths: list):
-    """q, k, v [1, H, T, D], g and the initial state ([S, H, Dk, Dv]) where the program has them."""
-    gen = torch.Generator().manual_seed(p.seed)
-    h, t, s = p.heads, sum(lengths), len(lengths)
-    q, k = (torch.randn(1, h, t, p.dim_k, generator=gen) for _ in range(2))
-    v = torch.randn(1, h, t, p.dim_v, generator=gen)
-    if p.normalize:
-        q = q if p.trees["q_mod"] else q.abs()
-        k = k if p.trees["k_mod"] else k.abs()
-    shape = {None: None, "head": (h,), "token": (1, h, t), "token_dim": (1, h, t, p.dim_k)}[p.decay]
-    g = None if shape is None else p.strength * torch.nn.functional.logsigmoid(torch.randn(*shape, generator=gen) + 2.0)
-    s0 = torch.randn(s, h, p.dim_k, p.dim_v, generator=gen) if p.initial_state else None
-    return [x.to(p.dtype) for x in (q, k, v)] + [None if x is None else x.to(p.dtype) for x in (g, s0)]
-
-
 def check_packed_linear(p: LinearProgram, lengths: list, target: str):
     """The packed program's Triton bundle for `target` at its default config, interpreted, and its
     CPU run against the reference executor (which the per-sequence oracle of
@@ -112,7 +97,7 @@ def check_packed_linear(p: LinearProgram, lengths: list, target: str):
     from ae_mlir.backends import triton as tb
 
     lin = p.attention()
-    q, k, v, g, s0 = packed_inputs(p, lengths)
+    q, k, v, g, s0 = p.inputs(lengths)
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     want = lin(q, k, v, g, initial_state=s0, cu_seqlens=cu, return_state=True, backend="reference")
     qb, kb, vb, gb, s0b, sequences = lin._packed(q, k, v, g, s0, cu, None)
