@@ -3,6 +3,7 @@ backward and SDPA's (flash, cuDNN) in the same process, bf16, B=8 H=16 L=2048.
 
     python bench/backward.py build --out bench/bundles/backward      # here: needs the MLIR bindings
     python bench/backward.py run --bundles bench/bundles/backward --out DIR   # on the GPU: torch + triton
+        [--baseline DIR]   # also time DIR's bundles (built by another version) in the same process
     python bench/backward.py sweep --bundles bench/bundles/backward --out DIR # each kernel alone, per config
 
 `build` writes, per case, the forward bundle and the backward bundle at the preset's config, and
@@ -33,7 +34,8 @@ BATCH, HEADS, SEQ = 8, 16, 2048
 # (block_m, block_n, num_warps, num_stages): each kernel of the backward timed alone under each
 # (the `sweep` mode), for full and causal attention.
 SWEEP = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2), (128, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 3),
-         (32, 128, 4, 3), (64, 128, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3), (128, 128, 8, 2)]
+         (32, 128, 4, 3), (64, 128, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3), (128, 128, 8, 2), (32, 128, 8, 2),
+         (32, 128, 8, 3), (64, 128, 8, 3), (128, 128, 8, 3)]
 SWEEP_CASES = [("full", 128), ("causal", 128), ("causal", 64)]
 
 
@@ -130,7 +132,9 @@ def _error(got, want) -> float:
     return max(float((g[:1].float() - w).abs().max() / w.abs().max()) for g, w in zip(got, want))
 
 
-def run(bundles: str, out_dir: str) -> None:
+def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
+    """`baselines`: directories of bundles built by other versions of the compiler, whose backward
+    is timed beside this one's in the same process (results labelled by directory name)."""
     import torch
     import triton
 
@@ -164,9 +168,11 @@ def run(bundles: str, out_dir: str) -> None:
             return runtime.launch(fwd, q, k, v, *captures)
 
         out, lse = ae_forward()
-        configs = [f"{name}.bwd.json"]
-        for file in configs:
-            bwd = runtime.Bundle.load(os.path.join(bundles, file))
+        configs = [("bwd", os.path.join(bundles, f"{name}.bwd.json"))]
+        configs += [("bwd@" + os.path.basename(os.path.normpath(d)), os.path.join(d, f"{name}.bwd.json"))
+                    for d in baselines]
+        for label, file in configs:
+            bwd = runtime.Bundle.load(file)
 
             def ae_backward(bwd=bwd, out=out, lse=lse):
                 tensors = {"q": q, "k": k, "v": v, "out": out, "do": d_out, "lse": lse,
@@ -178,11 +184,11 @@ def run(bundles: str, out_dir: str) -> None:
                 grads = ae_backward()
                 err = _error([grads["dq"], grads["dk"], grads["dv"]], ref)
                 ms = _bench(ae_backward)
-                rec["results"][file.removeprefix(name + ".").removesuffix(".json")] = {
+                rec["results"][label] = {
                     "backward_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "max_rel_err": err,
                     "config": bwd.meta.get("config")}
             except Exception as exc:  # a config that does not fit is a result too
-                rec["results"][file] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         fwd_ms = _bench(ae_forward)
         rec["results"]["ae_mlir_forward"] = {"ms": fwd_ms, "tflops": flops / 2.5 / (fwd_ms * 1e-3) / 1e12}
         peers = {}
@@ -222,13 +228,15 @@ def main(argv=None) -> int:
     parser.add_argument("mode", choices=("build", "run", "sweep"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "backward"))
+    parser.add_argument("--baseline", action="append", default=[],
+                        help="run: also time this directory's backward bundles (another compiler version)")
     args = parser.parse_args(argv)
     if args.mode == "build":
         build(args.out)
     elif args.mode == "sweep":
         sweep(args.bundles, args.out)
     else:
-        run(args.bundles, args.out)
+        run(args.bundles, args.out, tuple(args.baseline))
     return 0
 
 

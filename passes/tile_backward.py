@@ -14,9 +14,11 @@ attn.score_mod_grad) and replaces both with
 each naming its arguments' roles in `attn.arg_roles`. `out` and `lse` are the forward's output
 and logsumexp, `do` and `dlse` their gradients (dlse zeros where the caller has none). The dQ
 kernel also writes delta = rowsum(dO * O) - dlse per query row (FlashAttention's preprocess, done
-where the program has its dO rows loaded), which the dK/dV kernel reads. Both kernels recompute the scores of a tile, P = exp(score_mod(s) - lse),
-dP = dO V^T and dS = score_mod_grad(s, P (dP - delta)); dV += P^T dO, dK += dS^T Q, dQ += dS K,
-with the softmax scale applied to dK and dQ once at the end. Recomputing P and dP in the dQ
+where the program has its dO rows loaded), which the dK/dV kernel reads. Both kernels recompute
+the scores of a tile, P = exp(score_mod(s) - lse), dP = dO V^T and dS = score_mod_grad(s,
+P (dP - delta)); dQ += dS K; the dK/dV kernel computes the tile transposed, P^T from K Q^T and
+dS^T from V dO^T, for dV += P^T dO and dK += dS^T Q; the softmax scale is applied to dK and dQ
+once at the end. Recomputing P and dP in the dQ
 kernel costs two more tile products than an atomic dQ would; in exchange every gradient is a
 plain sum in a fixed order, the same bits on every run and on the CPU, whose programs run on
 threads that cannot share an accumulator.
@@ -45,6 +47,7 @@ from .tile_tables import classify_blocks, table_constants
 from .tile_varlen import sequences_source
 
 ROW, TILE = (0,), (0, 1)
+LOG2E = 1.4426950408889634
 
 
 def _ragged_partial(partial: list[list[int]], full: list[list[int]], lq: int, lk: int, bm: int, bn: int):
@@ -149,17 +152,31 @@ class _Backward(KernelBuilder):
         return q_rows, k_rows
 
     # --- shared tile math ----------------------------------------------------------------------
-    def tile_gradients(self, q_tile, k_trans, v_trans, do_tile, lse_row, delta_row, pb, h, m0, n0, masked: bool):
-        """(P, dS) of one [block_m, block_n] tile, f32; dS is with respect to the scaled scores."""
+    def log2_offsets(self, lse_row):
+        """-lse log2(e) per query row, what the tiles' exp2 adds. A row whose every score is -inf
+        (a score_mod that hides it) has lse = -inf, and exp(-inf - -inf) is NaN: with lse taken
+        as 0 there its probabilities are exp(-inf) = 0."""
+        from mlir.dialects import arith
+
+        return self.generic(
+            [(lse_row, ROW)], tensor_type(list(lse_row.type.shape)),
+            lambda a: arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, a[0], f32(-float("inf"))), f32(0.0),
+                                   arith.mulf(a[0], f32(-LOG2E))), rank=1)
+
+    def tile_gradients(self, qk, dp, neg_lse2, delta_row, pb, h, m0, n0, masked: bool, keys_first: bool = False):
+        """(P, dS) of one tile from its products qk = QK^T and dp = dO V^T and its rows'
+        `log2_offsets`, f32; dS is with respect to the scaled scores. The tile is [block_m, block_n], or with `keys_first` the transposed
+        [block_n, block_m] (qk = K Q^T, dp = V dO^T), whose P^T and dS^T are the left operands of
+        dV += P^T dO and dK += dS^T Q as they are: on GPUs the products' accumulator then feeds the
+        next product from registers, where a transposed P would go through shared memory."""
         from mlir.dialects import arith, linalg, math
 
-        bm, bn = self.bm, self.bn
-        tile_t = tensor_type([bm, bn])
-        qk = matmul(q_tile, k_trans, zeros([bm, bn]))
-        dp = matmul(do_tile, v_trans, zeros([bm, bn]))
+        q_axis, k_axis = (1, 0) if keys_first else (0, 1)
+        stats = (q_axis,)
+        tile_t = tensor_type(list(qk.type.shape))
 
         def positions():
-            i, j = linalg.IndexOp(0).result, linalg.IndexOp(1).result
+            i, j = linalg.IndexOp(q_axis).result, linalg.IndexOp(k_axis).result
             qi, kj = arith.addi(m0, i), arith.addi(n0, j)
             # Padded rows and columns read the last valid index, as in the forward.
             return qi, kj, arith.minsi(qi, index(self.lq - 1)), arith.minsi(kj, index(self.lk - 1))
@@ -172,18 +189,19 @@ class _Backward(KernelBuilder):
             return inside
 
         def probs(a):
-            x = arith.mulf(a[0], f32(self.scale))
+            # exp2 in the log2 domain, as the forward computes it: exp(x - lse) is
+            # exp2(x log2(e) - lse log2(e)), with the softmax scale folded into log2(e) when no
+            # score_mod comes between (one multiply-add and the GPUs' native exp2 per element).
             qi, kj, qc, kc = positions()
-            if self.score_mod is not None:
-                x = self.inline(self.score_mod, [x, pb, h, qc, kc])
-            # A row whose every score is -inf (a score_mod that hides it) has lse = -inf, and
-            # exp(-inf - -inf) is NaN: with lse taken as 0 there its probabilities are exp(-inf) = 0.
-            ninf = arith.cmpf(arith.CmpFPredicate.OEQ, a[1], f32(-float("inf")))
-            lse = arith.select(ninf, f32(0.0), a[1])
-            p = math.exp(arith.subf(x, lse))
+            if self.score_mod is None:
+                x2 = arith.mulf(a[0], f32(self.scale * LOG2E))
+            else:
+                x = self.inline(self.score_mod, [arith.mulf(a[0], f32(self.scale)), pb, h, qc, kc])
+                x2 = arith.mulf(x, f32(LOG2E))
+            p = math.exp2(arith.addf(x2, a[1]))
             return arith.select(keep(qi, kj, qc, kc), p, f32(0.0)) if masked else p
 
-        p = self.generic([(qk, TILE), (lse_row, ROW)], tile_t, probs)
+        p = self.generic([(qk, TILE), (neg_lse2, stats)], tile_t, probs)
 
         def d_scores(a):
             d_mod = arith.mulf(a[1], arith.subf(a[2], a[3]))
@@ -195,7 +213,7 @@ class _Backward(KernelBuilder):
             # A masked pair's local derivative may be inf or NaN: select, do not multiply.
             return arith.select(keep(qi, kj, qc, kc), ds, f32(0.0)) if masked else ds
 
-        ds = self.generic([(qk, TILE), (p, TILE), (dp, TILE), (delta_row, ROW)], tile_t, d_scores)
+        ds = self.generic([(qk, TILE), (p, TILE), (dp, TILE), (delta_row, stats)], tile_t, d_scores)
         return p, ds
 
     def to_input_type(self, tile):
@@ -281,7 +299,6 @@ class _Backward(KernelBuilder):
             n0 = arith.muli(pn, index(bn))
             k_tile = k_rows.load(k, phk, n0, bn, self.dk)
             v_tile = k_rows.load(v, phk, n0, bn, self.dv)
-            k_trans, v_trans = transpose(k_tile), transpose(v_tile)
             reach = None
             if q_rows.dynamic or k_rows.dynamic:
                 # A KV block past the entry's keys visits no query block; the others, those below
@@ -296,12 +313,14 @@ class _Backward(KernelBuilder):
                     m0 = arith.muli(mb, index(bm))
                     q_tile = q_rows.load(q, h, m0, bm, self.dk)
                     do_tile = q_rows.load(d_out, h, m0, bm, self.dv)
-                    lse_row = q_rows.load(lse, h, m0, bm, None)
+                    neg_lse2 = self.log2_offsets(q_rows.load(lse, h, m0, bm, None))
                     delta_row = q_rows.load(delta, h, m0, bm, None)
-                    p, ds = self.tile_gradients(q_tile, k_trans, v_trans, do_tile, lse_row, delta_row, pb, h,
-                                                m0, n0, masked)
-                    dv_acc = matmul(transpose(self.to_input_type(p)), do_tile, acc[1])
-                    dk_acc = matmul(transpose(self.to_input_type(ds)), q_tile, acc[0])
+                    qk_t = matmul(k_tile, transpose(q_tile), zeros([bn, bm]))
+                    dp_t = matmul(v_tile, transpose(do_tile), zeros([bn, bm]))
+                    p_t, ds_t = self.tile_gradients(qk_t, dp_t, neg_lse2, delta_row, pb, h, m0, n0, masked,
+                                                    keys_first=True)
+                    dv_acc = matmul(self.to_input_type(p_t), do_tile, acc[1])
+                    dk_acc = matmul(self.to_input_type(ds_t), q_tile, acc[0])
                     return [dk_acc, dv_acc]
 
                 return self.walk(lists, pn, state, step, reach)
@@ -338,7 +357,7 @@ class _Backward(KernelBuilder):
             m0 = arith.muli(pm, index(bm))
             q_tile = q_rows.load(q, ph, m0, bm, self.dk)
             d_out_tile = q_rows.load(d_out, ph, m0, bm, self.dv)
-            lse_row = q_rows.load(lse, ph, m0, bm, None)
+            neg_lse2 = self.log2_offsets(q_rows.load(lse, ph, m0, bm, None))
             # FlashAttention's preprocess, here where this program's dO rows are loaded anyway:
             # delta = rowsum(dO * O) - dlse, which the dK/dV kernel reads back.
             o_tile = q_rows.load(out, ph, m0, bm, self.dv)
@@ -357,8 +376,9 @@ class _Backward(KernelBuilder):
                 n0 = arith.muli(nb, index(bn))
                 k_tile = k_rows.load(k, hk, n0, bn, self.dk)
                 v_tile = k_rows.load(v, hk, n0, bn, self.dv)
-                _, ds = self.tile_gradients(q_tile, transpose(k_tile), transpose(v_tile), do_tile, lse_row,
-                                            delta_row, pb, ph, m0, n0, masked)
+                qk = matmul(q_tile, transpose(k_tile), zeros([bm, bn]))
+                dp = matmul(do_tile, transpose(v_tile), zeros([bm, bn]))
+                _, ds = self.tile_gradients(qk, dp, neg_lse2, delta_row, pb, ph, m0, n0, masked)
                 return [matmul(self.to_input_type(ds), k_tile, acc[0])]
 
             (acc,) = self.walk((partial, full), pm, [zeros([bm, self.dk])], step, reach)

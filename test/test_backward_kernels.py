@@ -58,9 +58,12 @@ def _relative_error(got, want) -> float:
     return float((got.double() - want).abs().max() / want.abs().max().clamp(min=1e-2))
 
 
-def check_l1(attn, q, k, v, block_m=16, block_n=16, seed=0, tol=1e-10, with_dlse=False):
+def check_l1(attn, q, k, v, block_m=16, block_n=16, seed=0, tol=1e-6, with_dlse=False):
     """The backward kernels in the L1 interpreter (float64, in module order, by argument role)
-    against float64 autograd on the reference backend; with_dlse: the loss reads lse too."""
+    against float64 autograd on the reference backend; with_dlse: the loss reads lse too. The
+    kernels' exp2 takes its arguments times log2(e) (and the scale), constants the L1 module holds
+    as f32: relative errors of about 1e-7 of the exponent, so the float64 run agrees to 1e-6, not
+    to rounding; a wrong term costs far more."""
     gen = torch.Generator().manual_seed(seed)
     d_out = torch.randn(*q.shape[:3], v.shape[3], generator=gen, dtype=torch.float64)
     d_lse = torch.randn(*q.shape[:3], generator=gen, dtype=torch.float64) if with_dlse else None

@@ -6,7 +6,7 @@
 //   @f_bwd_dkdv: one program per (b, KV head, KV block); K and V tiles loaded once, then loops over
 //                the query blocks that see the block (the forward's tile tables, transposed),
 //                accumulating dV += P^T dO and dK += dS^T Q; GQA heads of the group looped inside.
-// Both recompute P = exp(scale * QK^T - lse) and dS = P * (dO V^T - delta) per tile; partial tiles
+// Both recompute P = exp2(scale log2(e) QK^T - lse log2(e)) and dS = P * (dO V^T - delta) per tile; partial tiles
 // (the mask, ragged edges) select, full tiles do not; dK and dQ take the scale once at the end.
 // The forward and @f_grad are gone afterwards (the implicit check-nots). The errors are checked
 // with --verify-diagnostics; split-file gives each part its own pipeline.
@@ -38,6 +38,11 @@
 // CHECK: tensor.extract_slice %[[DO]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
 // CHECK: %[[DOT:.*]] = tensor.pad
 // CHECK: tensor.extract_slice %[[LSE]][%[[PB]], %[[PH]], %{{.*}}] [1, 1, %{{.*}}]
+// CHECK: %[[L:.*]] = linalg.generic {{.*}} ins(%{{.*}} : tensor<32xf32>)
+// CHECK: arith.cmpf oeq
+// CHECK: arith.constant -1.44269502 : f32
+// CHECK: arith.mulf
+// CHECK: arith.select
 // delta = rowsum(dO * O) - dlse, in f32.
 // CHECK: tensor.extract_slice %[[O]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
 // CHECK: linalg.generic {{.*}} ins(%[[DOT]], %{{.*}} : tensor<32x16xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<32x16xf32>)
@@ -58,10 +63,13 @@
 // CHECK: %[[KT:.*]] = tensor.pad
 // CHECK: %[[S:.*]] = linalg.matmul ins(%[[QT]], %{{.*}} : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
 // CHECK: %[[DP:.*]] = linalg.matmul ins(%[[DOT]], %{{.*}} : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
-// P = exp(scale * s - lse), selected by the mask (q < Lq, kv < Lk, q >= kv).
-// CHECK: %[[PROBS:.*]] = linalg.generic {{.*}} ins(%[[S]], %{{.*}} : tensor<32x32xf32>, tensor<32xf32>)
-// CHECK: arith.constant 2.500000e-01 : f32
-// CHECK: math.exp
+// P = exp2(s * scale log2(e) + L), selected by the mask (q < Lq, kv < Lk, q >= kv), where
+// L = -lse log2(e) per row, 0 where lse = -inf (computed once, before the loop).
+// CHECK: %[[PROBS:.*]] = linalg.generic {{.*}} ins(%[[S]], %[[L]] : tensor<32x32xf32>, tensor<32xf32>)
+// CHECK: arith.constant 0.360673755 : f32
+// CHECK: arith.mulf
+// CHECK: arith.addf
+// CHECK: math.exp2
 // CHECK: arith.cmpi slt
 // CHECK: arith.cmpi slt
 // CHECK: arith.cmpi sge
@@ -76,7 +84,7 @@
 // CHECK: arith.constant dense<[0, 1, 2, 0]> : tensor<4xi32>
 // CHECK: arith.constant dense<{{\[}}[0, 0], [0, 0], [0, 1], [0, 0]]> : tensor<4x2xi32>
 // CHECK: scf.for {{.*}} iter_args(%{{.*}} = %[[P]])
-// CHECK: math.exp
+// CHECK: math.exp2
 // CHECK-NOT: arith.cmpi
 // CHECK: scf.yield
 // dQ takes the scale; the valid rows of dQ and delta are stored.
@@ -97,11 +105,13 @@
 // CHECK-DAG: %[[PB:.*]] = "attn.program_id"() {axis = 0 : i64}
 // CHECK-DAG: %[[PH:.*]] = "attn.program_id"() {axis = 1 : i64}
 // CHECK-DAG: %[[PN:.*]] = "attn.program_id"() {axis = 2 : i64}
-// The program's K and V tiles, loaded once and transposed for QK^T and dO V^T.
-// CHECK: tensor.extract_slice %[[K]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// The program's K and V tiles, loaded once. Its tiles are computed transposed, [KV, query]:
+// S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T are the left operands of dV += P^T dO and
+// dK += dS^T Q as they come (no transpose of a computed tile).
+// CHECK: %[[KTILE:.*]] = tensor.pad
 // CHECK: tensor.extract_slice %[[V]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
-// CHECK: %[[KT:.*]] = linalg.transpose
-// CHECK: %[[VT:.*]] = linalg.transpose
+// CHECK: %[[VTILE:.*]] = tensor.pad
+// CHECK-NOT: linalg.transpose
 // Partial query blocks, from the transposed table.
 // CHECK: %[[PCOUNT:.*]] = arith.constant dense<[2, 2, 2, 1]> : tensor<4xi32>
 // CHECK: %[[PINDEX:.*]] = arith.constant dense<{{\[}}[0, 3], [1, 3], [2, 3], [3, 0]]> : tensor<4x2xi32>
@@ -111,32 +121,38 @@
 // CHECK: %[[QT:.*]] = tensor.pad
 // CHECK: %[[DOT:.*]] = tensor.pad
 // CHECK: tensor.extract_slice %[[LSE]]
+// CHECK: %[[L:.*]] = linalg.generic {{.*}} ins(%{{.*}} : tensor<32xf32>)
 // CHECK: tensor.extract_slice %[[DELTA]]
-// CHECK: %[[S:.*]] = linalg.matmul ins(%[[QT]], %[[KT]] : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
-// CHECK: %[[DP:.*]] = linalg.matmul ins(%[[DOT]], %[[VT]] : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
-// CHECK: %[[PROBS:.*]] = linalg.generic {{.*}} ins(%[[S]], %{{.*}} : tensor<32x32xf32>, tensor<32xf32>)
-// CHECK: arith.constant 2.500000e-01 : f32
-// CHECK: math.exp
+// CHECK: %[[QTT:.*]] = linalg.transpose ins(%[[QT]]
+// CHECK: %[[S:.*]] = linalg.matmul ins(%[[KTILE]], %[[QTT]] : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
+// CHECK: %[[DOTT:.*]] = linalg.transpose ins(%[[DOT]]
+// CHECK: %[[DP:.*]] = linalg.matmul ins(%[[VTILE]], %[[DOTT]] : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
+// lse and delta are indexed by the column (the query row), the keys by the row.
+// CHECK: %[[PROBS:.*]] = linalg.generic {indexing_maps = [#[[TILE:map[0-9]*]], #[[COL:map[0-9]*]], #[[TILE]]], {{.*}} ins(%[[S]], %[[L]] : tensor<32x32xf32>, tensor<32xf32>)
+// CHECK: %[[QI:.*]] = linalg.index 1 : index
+// CHECK: %[[KJ:.*]] = linalg.index 0 : index
+// CHECK: arith.constant 0.360673755 : f32
+// CHECK: math.exp2
 // CHECK: arith.cmpi slt
 // CHECK: arith.cmpi slt
 // CHECK: arith.cmpi sge
 // CHECK: arith.select
-// CHECK: %[[DS:.*]] = linalg.generic {{.*}} ins(%[[S]], %[[PROBS]], %[[DP]], %{{.*}} :
+// CHECK: %[[DS:.*]] = linalg.generic {indexing_maps = [#[[TILE]], #[[TILE]], #[[TILE]], #[[COL]], #[[TILE]]], {{.*}} ins(%[[S]], %[[PROBS]], %[[DP]], %{{.*}} :
 // CHECK: arith.subf
 // CHECK: arith.mulf
-// P and dS go to bf16 for the products with dO and Q: dV += P^T dO, dK += dS^T Q.
+// P^T and dS^T go to bf16 for the products with dO and Q.
 // CHECK: arith.truncf {{.*}} : f32 to bf16
-// CHECK: linalg.transpose
+// CHECK-NOT: linalg.transpose
 // CHECK: linalg.matmul ins(%{{.*}}, %[[DOT]] : tensor<32x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<32x16xf32>)
 // CHECK: arith.truncf {{.*}} : f32 to bf16
-// CHECK: linalg.transpose
+// CHECK-NOT: linalg.transpose
 // CHECK: linalg.matmul ins(%{{.*}}, %[[QT]] : tensor<32x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<32x16xf32>)
 // CHECK: scf.yield
 // Full query blocks: no mask.
 // CHECK: arith.constant dense<[2, 1, 0, 0]> : tensor<4xi32>
 // CHECK: arith.constant dense<{{\[}}[1, 2], [2, 0], [0, 0], [0, 0]]> : tensor<4x2xi32>
 // CHECK: %[[F:.*]]:2 = scf.for {{.*}} iter_args(%{{.*}} = %[[P]]#0, %{{.*}} = %[[P]]#1)
-// CHECK: math.exp
+// CHECK: math.exp2
 // CHECK-NOT: arith.cmpi
 // CHECK: scf.yield
 // dK takes the scale, dV does not; the valid rows are stored.
@@ -190,7 +206,7 @@ func.func @causal(%q: tensor<1x2x100x16xbf16>, %k: tensor<1x2x100x16xbf16>, %v: 
 // CHECK: arith.constant dense<{{\[}}[0, 0], [0, 1]]> : tensor<2x2xi32>
 // CHECK: scf.for
 // CHECK: tensor.extract_slice %[[Q]][%[[PB]], %[[H]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
-// CHECK: math.exp
+// CHECK: math.exp2
 // CHECK: arith.select
 // CHECK: linalg.matmul {{.*}} -> tensor<32x8xf32>
 // CHECK: linalg.matmul {{.*}} -> tensor<32x16xf32>
