@@ -26,8 +26,8 @@ _TARGET = re.compile(r"cuda:\d+|hip:gfx[0-9a-z]+|host")
 class EmitOptions:
     target: str | None
     generic: bool
-    # (num_warps, num_stages) of a preset's kernels, as the runtime launches them.
-    launch: tuple[int, int] | None = None
+    # A preset's (num_warps, num_stages) by kernel name, as the runtime launches them.
+    launch: Callable[[str], tuple[int, int]] | None = None
     debug_info: bool = False  # print each op's location (--mlir-print-debuginfo)
 
 
@@ -165,16 +165,15 @@ class _Pipeline:
     target: str | None = None
     overrides: tuple = ()
 
-    def resolve(self, module) -> tuple[str, tuple[int, int] | None]:
-        """(pipeline text, the kernels' launch options or None) for `module` (None: no input)."""
+    def resolve(self, module):
+        """(pipeline text, the preset's options or None) for `module` (None: no input)."""
         if self.preset is None:
             return self.text, None
         from . import presets
 
         problem = presets.read_problem(module) if module is not None else None
         options = presets.options_for(self.preset, problem, self.target, **dict(self.overrides))
-        launch = (options.num_warps, options.num_stages) if self.preset == "triton" else None
-        return presets.pipeline_text(self.preset, options), launch
+        return presets.pipeline_text(self.preset, options), options if self.preset == "triton" else None
 
     def add_to(self, pm, text: str) -> None:
         from . import passes
@@ -338,11 +337,12 @@ def _process(chunk: str, line_offset: int, job: _Job) -> tuple[str | None, list[
         errors = verify_module(module)
         if errors:
             raise CompileError("invalid attn IR", errors)
-        text, launch = job.pipeline.resolve(module)
+        text, options = job.pipeline.resolve(module)
+        launch = None if options is None else options.kernel_launch
         if job.dump_pass_pipeline:
             print(text, file=sys.stderr)
-            if launch is not None:
-                print(f"// launch: num-warps={launch[0]} num-stages={launch[1]}", file=sys.stderr)
+            if options is not None:
+                print(f"// launch: {options.launch_text()}", file=sys.stderr)
         with ctx:
             pm = passmanager.PassManager("builtin.module")
             job.pipeline.add_to(pm, text)

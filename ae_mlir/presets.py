@@ -118,21 +118,31 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
 
 
 # The backward kernels (attn-tile-backward) hold more tiles live than the forward (Q, dO, K, V,
-# dK and dV accumulators, P and dS), so smaller blocks. Both kernels share one config. At D = 128
-# 64x64 with 4 warps and 2 stages was within 7% of the fastest of eleven configs for either
-# kernel on an H200, and 8 warps at 64x64 twice as slow: bench/results/h200-backward-sweep-*.json.
-_CUDA_BWD_16BIT = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)}
-_CUDA_BWD_FP32 = {64: (32, 32, 4, 2), 128: (32, 32, 4, 2), 256: (16, 16, 4, 1)}
-_HIP_BWD_16BIT = {64: (64, 64, 4, 1), 128: (64, 32, 4, 1), 256: (32, 32, 4, 1)}
-_HIP_BWD_FP32 = {64: (32, 32, 4, 1), 128: (32, 32, 4, 1), 256: (16, 16, 4, 1)}
+# dK and dV accumulators, P and dS), so smaller blocks; each kernel has its own config,
+# (block_m, block_n, num_warps, num_stages) for dQ, then for dK/dV (block_m query rows a step,
+# block_n keys resident). On an H200 (bf16, B8 H16 L2048, each kernel timed alone under 15 configs,
+# bench/results/h200-backward-sweep-2026-12-01-transposed.json) dQ was fastest or within 5% at
+# 64x64 with 4 warps; dK/dV, which computes its tiles transposed, at 64 query rows on 128 keys
+# with 8 warps and 3 stages at D = 128 (causal 0.63 ms against 0.92 at 64x64, full level) and at
+# 32x64 with 3 stages at D = 64. Other head dims, fp32 and MI300 keep one unmeasured config.
+_CUDA_BWD_16BIT = {64: ((64, 64, 4, 2), (32, 64, 4, 3)), 128: ((64, 64, 4, 2), (64, 128, 8, 3)),
+                   256: ((32, 32, 4, 1),) * 2}
+_CUDA_BWD_FP32 = {64: ((32, 32, 4, 2),) * 2, 128: ((32, 32, 4, 2),) * 2, 256: ((16, 16, 4, 1),) * 2}
+_HIP_BWD_16BIT = {64: ((64, 64, 4, 1),) * 2, 128: ((64, 32, 4, 1),) * 2, 256: ((32, 32, 4, 1),) * 2}
+_HIP_BWD_FP32 = {64: ((32, 32, 4, 1),) * 2, 128: ((32, 32, 4, 1),) * 2, 256: ((16, 16, 4, 1),) * 2}
 
 
 def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) -> dict:
     """Block sizes and launch options of the backward kernels for one problem shape."""
     d, table = _table(dk, dv, dtype, target, (_CUDA_BWD_16BIT, _CUDA_BWD_FP32, _HIP_BWD_16BIT, _HIP_BWD_FP32))
-    block_m, block_n, warps, stages = table.get(d, (16, 16, 4, 1))
-    return {"block_m": min(block_m, _pow2(lq)), "block_n": min(block_n, _pow2(lk)), "num_warps": warps,
-            "num_stages": stages}
+    dq, dkdv = table.get(d, ((16, 16, 4, 1),) * 2)
+    config = {"block_m": min(dq[0], _pow2(lq)), "block_n": min(dq[1], _pow2(lk)), "num_warps": dq[2],
+              "num_stages": dq[3], "dkdv_block_m": min(dkdv[0], _pow2(lq)), "dkdv_block_n": min(dkdv[1], _pow2(lk)),
+              "dkdv_num_warps": dkdv[2], "dkdv_num_stages": dkdv[3]}
+    # 8 warps are for the 64x128 dK/dV tiles; a short sequence's smaller tiles take 4.
+    if config["dkdv_block_m"] * config["dkdv_block_n"] < 64 * 128:
+        config["dkdv_num_warps"] = min(config["dkdv_num_warps"], 4)
+    return config
 
 
 # Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
@@ -254,6 +264,23 @@ class PresetOptions:
     backward: bool = False         # attn-differentiate + attn-tile-backward: the backward kernels
     dkdv_block_m: int = 0          # attn-tile-backward: the dK/dV kernel's blocks (0: block_m/n)
     dkdv_block_n: int = 0
+    dkdv_num_warps: int = 0        # the dK/dV kernel's Triton launch (0: num_warps/num_stages)
+    dkdv_num_stages: int = 0
+
+    def kernel_launch(self, kernel_name: str) -> tuple[int, int]:
+        """(num_warps, num_stages) the kernel of this name launches with: the backward's dK/dV
+        kernel has its own."""
+        if self.backward and abi.backward_part(kernel_name) == "dkdv":
+            return self.dkdv_num_warps or self.num_warps, self.dkdv_num_stages or self.num_stages
+        return self.num_warps, self.num_stages
+
+    def launch_text(self) -> str:
+        """The launch options as `--dump-pass-pipeline` prints them."""
+        text = f"num-warps={self.num_warps} num-stages={self.num_stages}"
+        if self.backward:
+            warps, stages = self.kernel_launch(abi.backward_kernel_name("", "dkdv"))
+            text += f" dkdv-num-warps={warps} dkdv-num-stages={stages}"
+        return text
 
     def launch_config(self) -> dict:
         """The compile options a Triton bundle records (`meta["config"]`, its cache key)."""
@@ -264,7 +291,8 @@ class PresetOptions:
         if self.pack_gqa:
             config["pack_gqa"] = True
         if self.backward:
-            config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n)
+            config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
+                          dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
         if self.linear:
             config.update(block_v=self.block_v, block_k=self.block_k)
         return config

@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import sys
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -58,7 +59,8 @@ def build(out: str) -> None:
         tb.build_backward_bundle(text, "cuda:90").save(os.path.join(out, f"{name}.bwd.json"))
         if (variant, dim) in SWEEP_CASES:
             for bm, bn, warps, stages in SWEEP:
-                config = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
+                config = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages,
+                          "dkdv_block_m": bm, "dkdv_block_n": bn, "dkdv_num_warps": warps, "dkdv_num_stages": stages}
                 tb.build_backward_bundle(text, "cuda:90", config).save(
                     os.path.join(out, f"{name}.sweep_{bm}x{bn}w{warps}s{stages}.json"))
         print("built", name, flush=True)
@@ -91,6 +93,8 @@ def sweep(bundles: str, out_dir: str) -> None:
     torch.manual_seed(0)
     for variant, dim in SWEEP_CASES:
         name = f"{variant}_d{dim}"
+        if not os.path.exists(os.path.join(bundles, f"{name}.fwd.json")):
+            continue
         attn, shape = suite.softmax_problem(_case(variant, dim), device)
         q, k, v = suite.softmax_inputs(shape, "bfloat16", device)
         d_out = torch.randn(*q.shape[:3], v.shape[3], dtype=q.dtype, device=device)
@@ -107,7 +111,9 @@ def sweep(bundles: str, out_dir: str) -> None:
                     runtime.launch_roles(alone, tensors)
                     rec[part + "_ms"][label] = _bench(lambda: runtime.launch_roles(alone, tensors))
                 except Exception as exc:
-                    rec[part + "_ms"][label] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    frame = traceback.extract_tb(exc.__traceback__)[-1]
+                    rec[part + "_ms"][label] = (f"{type(exc).__name__}: {str(exc)[:200]} "
+                                                f"({os.path.basename(frame.filename)}:{frame.lineno})")
         doc["cases"].append(rec)
         print(json.dumps(rec), flush=True)
         with open(os.path.join(out_dir, "backward-sweep.json"), "w") as f:

@@ -86,6 +86,26 @@ def test_ptx_uses_the_launch_options_of_the_bundle(tmp_path):
     assert ".reqntid 256" in ae_opt(path, "--pipeline=triton", "--emit=ptx")
 
 
+def test_backward_kernels_launch_with_their_own_options(tmp_path):
+    """bf16 at D = 128: the dQ kernel on 4 warps over 64x64 tiles, the dK/dV kernel on 8 warps
+    (256 threads) over 64 query rows and 128 keys; the bundle, the PTX and the dump agree."""
+    text = _softmax(ae.attention(mask_mod=lambda b, h, i, j: i >= j), lq=256, dk=128, dtype=torch.bfloat16)
+    path = _write(tmp_path, text)
+    bundle = tb.build_backward_bundle(text, "cuda:90")
+    assert (bundle.stages[0].num_warps, bundle.stages[0].num_stages) == (4, 2)
+    assert (bundle.num_warps, bundle.num_stages) == (8, 3)
+    assert bundle.meta["config"]["dkdv_block_n"] == 128 and bundle.meta["config"]["dkdv_block_m"] == 64
+    ptx = ae_opt(path, "--pipeline=triton{backward=true}", "--emit=ptx").split(".entry")
+    assert [".reqntid 128" in p for p in ptx[1:]] == [True, False]
+    assert [".reqntid 256" in p for p in ptx[1:]] == [False, True]
+    result = subprocess.run([sys.executable, "-m", "ae_mlir.cli", str(path), "--pipeline=triton{backward=true}",
+                             "--dump-pass-pipeline"], capture_output=True, text=True, timeout=600)
+    assert result.stderr.splitlines()[1] == "// launch: num-warps=4 num-stages=2 dkdv-num-warps=8 dkdv-num-stages=3"
+    # A short sequence's smaller dK/dV tiles take 4 warps.
+    short = presets.backward_config(32, 32, 128, 128, "bf16", "cuda:90")
+    assert (short["dkdv_block_m"], short["dkdv_block_n"], short["dkdv_num_warps"]) == (32, 32, 4)
+
+
 def test_dump_pass_pipeline_prints_the_presets_text(tmp_path):
     text = MODULES["causal-bf16"]
     options = presets.options_for("triton", presets.read_problem(parse_module(text, new_context())), "cuda:90")

@@ -181,14 +181,15 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
                     for aligned in (True, False)]
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
     stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
-                            options.num_warps, options.num_stages, facts["tables"])
+                            *options.kernel_launch(facts["name"]), facts["tables"])
               for aligned, generic, facts in kernels[:-1]]
     aligned, generic, facts = kernels[-1]
+    warps, n_stages = options.kernel_launch(facts["name"])
     meta = {"input_precision": input_precision, "config": options.launch_config(), "backward": True}
     return runtime.Bundle(
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
         variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
-        num_warps=options.num_warps, num_stages=options.num_stages, block_m=options.block_m,
+        num_warps=warps, num_stages=n_stages, block_m=options.block_m,
         block_n=options.block_n, target=target, meta=meta, stages=stages, workspace=workspace)
 
 
@@ -281,11 +282,11 @@ _TRITON_WARPS = 4
 _TRITON_STAGES = {"cuda": 3, "hip": 2}
 
 
-def emit(kind: str, module, target: str | None, launch: tuple[int, int] | None = None) -> str:
+def emit(kind: str, module, target: str | None, launch=None) -> str:
     """The lowered module's kernels as Triton IR, each a module of its own as the bundle holds
     them (between `// -----` lines, in launch order), or compiled to PTX (cuda) / AMDGCN (hip)
-    for `target` with `launch` = (num_warps, num_stages): the preset's, as the runtime launches
-    them, else Triton's defaults."""
+    for `target` with `launch(kernel name)` = (num_warps, num_stages): the preset's, as the
+    runtime launches them, else Triton's defaults."""
     from ..passes.lower_to_triton import triton_text
 
     kernels = kernel_ops(module)
@@ -297,9 +298,10 @@ def emit(kind: str, module, target: str | None, launch: tuple[int, int] | None =
     family = default.split(":")[0]
     if target.split(":")[0] != family:
         raise CompileError(f"--emit={kind} needs a {family} target, got --target={target}")
-    warps, stages = launch or (_TRITON_WARPS, _TRITON_STAGES[family])
     assembly = []
-    for text in texts:
+    for kernel, text in zip(kernels, texts):
+        name = kernel.attributes["sym_name"].value
+        warps, stages = launch(name) if launch else (_TRITON_WARPS, _TRITON_STAGES[family])
         try:
             compiled = runtime.compile_ttir(text, target, warps, stages)
         except Exception as err:

@@ -72,6 +72,14 @@ def backward_kernel_name(forward: str, part: str) -> str:
     return f"{forward}_bwd_{part}"
 
 
+def backward_part(kernel_name: str) -> str | None:
+    """The backward kernel part ("dq" or "dkdv") a kernel named by `backward_kernel_name` is, else None."""
+    for part, _, _ in BACKWARD_KERNELS:
+        if kernel_name.endswith(backward_kernel_name("", part)):
+            return part
+    return None
+
+
 def input_roles(n_inputs: int) -> list[str]:
     """q, k, v and the closure tensors of an L0 function with `n_inputs` arguments."""
     return list(INPUTS) + [capture(i) for i in range(n_inputs - len(INPUTS))]
