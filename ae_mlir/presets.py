@@ -167,6 +167,16 @@ def linear_config(chunk: int, decay: str, target: str = "cuda:90") -> dict:
     return config
 
 
+# Whether attn-tile and attn-tile-backward load the tiles of sequences that are a multiple of the
+# block as static slices, without padding (row masks in Triton, bounds checks on the CPU). On the
+# 2-core AVX2 CPU the causal demo (fp32 B1 H4 L1024 D64) ran 0.79x torch SDPA's speed with them
+# against 0.69x without (medians of ratios over five alternating runs each, 2026-12-01); on an H200
+# (bf16 B8 H16 L2048) the causal forward at D = 128 ran 363 TFLOP/s with them against 371-372
+# without, and the backward within run-to-run noise (bench/results/h200-backward-2026-12-01-*), so
+# the Triton preset keeps the masks.
+WHOLE_TILES = {"cpu": True, "triton": False}
+
+
 # --- CPU defaults --------------------------------------------------------------------------------
 
 # Rows per program and keys per KV tile: a 64x64 f32 score tile (16 KiB) and the K, V and
@@ -250,6 +260,7 @@ class PresetOptions:
     call_time_tables: bool = True  # attn-tile: closure-reading masks classified per call
     kv_splits: int = 1             # attn-tile: programs per query block over its KV tiles (decoding)
     pack_gqa: bool = False         # attn-tile: a KV head's query heads in one tile (decoding)
+    whole_tiles: bool = True       # attn-tile(-backward): whole tiles as static slices (see WHOLE_TILES)
     split: bool = False            # attn-chunk-recurrence: the split (multi-kernel) recurrence
     block_v: int = 64              # attn-chunk-recurrence: V columns per program
     block_k: int = 64              # attn-chunk-recurrence: state rows per chunk-state program
@@ -290,6 +301,8 @@ class PresetOptions:
             config["kv_splits"] = self.kv_splits
         if self.pack_gqa:
             config["pack_gqa"] = True
+        if self.whole_tiles:  # the Triton preset's default is False
+            config["whole_tiles"] = True
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
@@ -308,7 +321,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         raise CompileError(f"pipeline '{preset}' compiles for "
                            f"{'--target=host' if preset == 'cpu' else 'a cuda or hip target'}, got '{target}'")
     typed = _typed(overrides)
-    values: dict = {"split": preset == "triton"}
+    values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset]}
     if preset == "cpu":
         from .backends.cpu_cache import host_vector_bits
 
@@ -373,14 +386,14 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
     if o.backward:
         to_l1 = ["attn-verify", "attn-differentiate",
                  f"attn-tile-backward{{block-m={o.block_m} block-n={o.block_n} dkdv-block-m={o.dkdv_block_m} "
-                 f"dkdv-block-n={o.dkdv_block_n}}}"]
+                 f"dkdv-block-n={o.dkdv_block_n} whole-tiles={_flag(o.whole_tiles)}}}"]
     else:
         to_l1 = [
             "attn-verify",
             "attn-fuse-online-softmax",
             f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
             f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)} "
-            f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)}}}",
+            f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)} whole-tiles={_flag(o.whole_tiles)}}}",
         ]
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),

@@ -5,6 +5,7 @@ backward and SDPA's (flash, cuDNN) in the same process, bf16, B=8 H=16 L=2048.
     python bench/backward.py run --bundles bench/bundles/backward --out DIR   # on the GPU: torch + triton
         [--baseline DIR]   # also time DIR's bundles (built by another version) in the same process
     python bench/backward.py sweep --bundles bench/bundles/backward --out DIR # each kernel alone, per config
+    python bench/backward.py cpu --out DIR     # the CPU backward beside torch SDPA's, on this machine
 
 `build` writes, per case, the forward bundle and the backward bundle at the preset's config, and
 for the SWEEP_CASES one backward bundle per SWEEP config, which `sweep` times kernel by kernel. `run` times, per case and implementation,
@@ -30,7 +31,8 @@ sys.path.insert(0, HERE)
 
 import suite  # noqa: E402
 
-CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64)]
+CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64),
+         ("sigmoid", 128), ("relu", 128)]
 BATCH, HEADS, SEQ = 8, 16, 2048
 # (block_m, block_n, num_warps, num_stages): each kernel of the backward timed alone under each
 # (the `sweep` mode), for full and causal attention.
@@ -173,16 +175,20 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
         def ae_forward(q=q, k=k, v=v):
             return runtime.launch(fwd, q, k, v, *captures)
 
-        out, lse = ae_forward()
+        results = ae_forward()
+        out, lse = results[0], (results[1] if len(results) > 1 else None)
         configs = [("bwd", os.path.join(bundles, f"{name}.bwd.json"))]
         configs += [("bwd@" + os.path.basename(os.path.normpath(d)), os.path.join(d, f"{name}.bwd.json"))
                     for d in baselines]
         for label, file in configs:
+            if not os.path.exists(file):  # a baseline built before this case existed
+                continue
             bwd = runtime.Bundle.load(file)
 
             def ae_backward(bwd=bwd, out=out, lse=lse):
-                tensors = {"q": q, "k": k, "v": v, "out": out, "do": d_out, "lse": lse,
-                           "dlse": torch.zeros_like(lse)}
+                tensors = {"q": q, "k": k, "v": v, "do": d_out}
+                if lse is not None:  # softmax's kernels read the forward's output and logsumexp
+                    tensors.update(out=out, lse=lse, dlse=torch.zeros_like(lse))
                 tensors.update({f"c{i}": t for i, t in enumerate(captures)})
                 return runtime.launch_roles(bwd, tensors)
 
@@ -195,12 +201,17 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
                     "config": bwd.meta.get("config")}
             except Exception as exc:  # a config that does not fit is a result too
                 rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        fwd_ms = _bench(ae_forward)
-        rec["results"]["ae_mlir_forward"] = {"ms": fwd_ms, "tflops": flops / 2.5 / (fwd_ms * 1e-3) / 1e12}
+        forwards = [("ae_mlir_forward", fwd)]
+        forwards += [("ae_mlir_forward@" + os.path.basename(os.path.normpath(d)),
+                      runtime.Bundle.load(os.path.join(d, f"{name}.fwd.json")))
+                     for d in baselines if os.path.exists(os.path.join(d, f"{name}.fwd.json"))]
+        for label, bundle in forwards:
+            fwd_ms = _bench(lambda bundle=bundle: runtime.launch(bundle, q, k, v, *captures))
+            rec["results"][label] = {"ms": fwd_ms, "tflops": flops / 2.5 / (fwd_ms * 1e-3) / 1e12}
         peers = {}
         try:
-            flex = suite.flex_callable(attn, shape, device)
-            peers["flex_attention"] = flex
+            if attn.normalize == "softmax":  # FlexAttention normalizes by softmax only
+                peers["flex_attention"] = suite.flex_callable(attn, shape, device)
         except Exception as exc:
             rec["results"]["flex_attention"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         causal = suite.SDPA_EQUIVALENT.get(variant)
@@ -229,9 +240,41 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
             json.dump(doc, f, indent=1)
 
 
+def cpu(out_dir: str) -> None:
+    """Forward + backward of causal fp32 attention on the CPU (B=1 H=4 L=1024 D=64): ae-mlir's
+    kernels (`attn(q, k, v, backend="cpu").sum().backward()`) against torch SDPA's, alternating,
+    median of 7 each after a warm-up, fresh inputs per repetition."""
+    import platform
+    import statistics
+    import time
+
+    import torch
+
+    import ae_mlir as ae
+
+    attn = ae.attention(mask_mod=lambda b, h, i, j: i >= j)
+    impls = {"ae_mlir": lambda q, k, v: attn(q, k, v, backend="cpu"),
+             "torch_sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    times = {name: [] for name in impls}
+    for rep in range(8):
+        for name, fn in impls.items():
+            q, k, v = (torch.randn(1, 4, 1024, 64, requires_grad=True) for _ in range(3))
+            start = time.perf_counter()
+            fn(q, k, v).sum().backward()
+            if rep:  # the first round compiles and warms up
+                times[name].append((time.perf_counter() - start) * 1e3)
+    doc = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
+           "date": datetime.date.today().isoformat(), "method": cpu.__doc__,
+           "median_ms": {name: statistics.median(t) for name, t in times.items()}, "ms": times}
+    print(json.dumps(doc["median_ms"]))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "backward-cpu.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("build", "run", "sweep"))
+    parser.add_argument("mode", choices=("build", "run", "sweep", "cpu"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "backward"))
     parser.add_argument("--baseline", action="append", default=[],
@@ -241,6 +284,8 @@ def main(argv=None) -> int:
         build(args.out)
     elif args.mode == "sweep":
         sweep(args.bundles, args.out)
+    elif args.mode == "cpu":
+        cpu(args.out)
     else:
         run(args.bundles, args.out, tuple(args.baseline))
     return 0

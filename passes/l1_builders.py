@@ -277,15 +277,23 @@ class KernelBuilder:
         return arith.maxsi(valid, index(0)) if past_end else valid
 
     def load_tile(self, src, coords: list, start, length, rows: int, width: int | None, col=0,
-                  past_end: bool = False):
+                  past_end: bool = False, aligned: bool = False):
         """Rows [start, start + rows) of src[coords..., :, col:col + width] (or of the 1-D
         src[coords..., :] when `width` is None), zero-padded past row `length` (an int or an index
         value); `past_end` allows
-        a start at or beyond `length` (an all-zero tile). `col` is an int or an index value."""
+        a start at or beyond `length` (an all-zero tile). `col` is an int or an index value.
+        `aligned`: start is a multiple of `rows` below `length` (a block's first row); then with
+        a static length that is a multiple of `rows` every tile is whole, and the load is a plain
+        static slice: the lowerings read it without row masks (Triton) or bounds checks (CPU)."""
         from mlir import ir
         from mlir.dialects import arith, tensor
 
         elt = element_type(src)
+        if aligned and not past_end and isinstance(length, int) and length % rows == 0:
+            ones = [1] * len(coords)
+            if width is None:
+                return extract_slice(src, list(coords) + [start], ones + [rows], 1)
+            return extract_slice(src, list(coords) + [start, col], ones + [rows, width], 2)
         dynamic = ir.ShapedType.get_dynamic_size()
         valid = self.rows_left(start, length, rows, past_end)
         if past_end:

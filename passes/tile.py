@@ -44,10 +44,11 @@ ROW, TILE = (0,), (0, 1)  # indexing-map dims of a row vector and of a whole til
 class _Kernel(RowSources, KernelBuilder):
     """Builds one L1 kernel function with the bindings' builders, at the fused op's location."""
 
-    def __init__(self, op, func, block_m: int, block_n: int):
+    def __init__(self, op, func, block_m: int, block_n: int, whole_tiles: bool = True):
         super().__init__(op, func)
         self.bm = block_m
         self.bn = block_n
+        self.whole_tiles = whole_tiles
         q, k, v = op.operands[0], op.operands[1], op.operands[2]
         self.b, self.h, self.lq, self.dk = shape(q)
         _, self.hkv, self.lk, _ = shape(k)
@@ -366,6 +367,8 @@ class AttnTile(ModulePass):
                                    "of its query heads as one tile, reading K and V once per KV head "
                                    "(when block-m is a multiple of the group; masks classified at call "
                                    "time are not packed)")
+    whole_tiles: bool = option(True, "load a tile whose rows all exist (L a multiple of the block) as a static "
+                                     "slice, without padding: no row masks or bounds checks in the lowerings")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
@@ -380,7 +383,7 @@ class AttnTile(ModulePass):
 
     def _tile(self, op) -> None:
         func = kernel_function(op, "tiled", views=TILE_VIEWS)
-        kernel = _Kernel(op, func, self.block_m, self.block_n)
+        kernel = _Kernel(op, func, self.block_m, self.block_n, self.whole_tiles)
         # The tile loops bound per-entry lengths with compile-time lists only.
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables and kernel.kv_len is None)

@@ -1,5 +1,5 @@
-"""`attn-tile-backward`: the backward of a softmax attention as two L1 kernels, FlashAttention-2's
-split: one program per (batch, KV head, KV block) accumulates dK and dV over the query blocks
+"""`attn-tile-backward`: the backward of a softmax attention, or of one whose normalizer acts
+element by element (sigmoid, relu, none), as two L1 kernels, FlashAttention-2's split: one program per (batch, KV head, KV block) accumulates dK and dV over the query blocks
 that see its keys, one program per (batch, head, query block) accumulates dQ over its KV blocks.
 
 It runs after `attn-differentiate`, and takes the forward function @f (shapes, scale, the
@@ -10,6 +10,9 @@ attn.score_mod_grad) and replaces both with
                                                     grid [B, H, ceil(Lq / block_m)], launched first
     @f_bwd_dkdv(q, k, v, c0.., do, lse, delta, dk, dv) -> (dk, dv)
                                                     grid [B, Hkv, ceil(Lk / block_n)]
+
+(the element-wise normalizers' kernels take neither out, lse, dlse nor delta: abi's
+ELEMENTWISE_BACKWARD_KERNELS; their P = f(s) and dS = f'(s) dP need no row statistic)
 
 each naming its arguments' roles in `attn.arg_roles`. `out` and `lse` are the forward's output
 and logsumexp, `do` and `dlse` their gradients (dlse zeros where the caller has none). The dQ
@@ -38,16 +41,15 @@ from ..core import abi
 from . import ModulePass, option
 from .differentiate import CLOSURE_ARGS, GRAD_SUFFIX
 from .kv_len import bound_table, consecutive, constant_table, entry_length, trip_count
-from .l1_builders import (KernelBuilder, convert, f32, index, index_value, matmul, program_id, tensor_type, transpose,
+from .l1_builders import (convert, f32, index, index_value, matmul, program_id, tensor_type, transpose,
                           zeros)
 from .l1_ops import fail, ops_named, shape
 from .tile_backward_rows import Rows
+from .tile_backward_tiles import ROW, TILE, TileGradients
 from .tile_paged import paged_source
 from .tile_tables import classify_blocks, table_constants
 from .tile_varlen import sequences_source
 
-ROW, TILE = (0,), (0, 1)
-LOG2E = 1.4426950408889634
 
 
 def _ragged_partial(partial: list[list[int]], full: list[list[int]], lq: int, lk: int, bm: int, bn: int):
@@ -71,11 +73,12 @@ def _transposed(lists: list[list[int]], nn: int) -> list[list[int]]:
     return out
 
 
-class _Backward(KernelBuilder):
+class _Backward(TileGradients):
     """Builds both kernels of one forward/grad function pair."""
 
-    def __init__(self, forward, grad, aggregate, block_m: int, block_n: int):
+    def __init__(self, forward, grad, aggregate, block_m: int, block_n: int, whole_tiles: bool = True):
         super().__init__(aggregate, forward)
+        self.whole_tiles = whole_tiles
         self.grad = grad
         self.grad_block = grad.regions[0].blocks[0]
         # The grad function's closure parameters stand for these forward arguments.
@@ -99,12 +102,15 @@ class _Backward(KernelBuilder):
         self.inputs = [a.type for a in self.func_block.arguments]
         self.n_closures = len(self.inputs) - 3
         self.score_mod = self.mask = self.score_mod_grad = self.kv_len = None
+        self.kind = "softmax"
         for op in grad.regions[0].blocks[0].operations:
             name = op.operation.name
             if name == "attn.normalize_grad":
-                kind = op.operation.attributes["kind"].value
-                if kind != "softmax":
-                    raise fail(op.operation, f"has no backward kernels for normalize '{kind}' yet (softmax only)")
+                self.kind = op.operation.attributes["kind"].value
+                # Softmax's P comes from the saved logsumexp, the others' P = f(s) element by element.
+                if self.kind not in abi.BACKWARD_NORMALIZERS:
+                    raise fail(op.operation, f"has no backward kernels for normalize '{self.kind}' yet "
+                                             f"({', '.join(abi.BACKWARD_NORMALIZERS)} only)")
             elif name == "attn.score_mod_grad":
                 self.score_mod_grad = op.operation.regions[0]
         for op in forward.regions[0].blocks[0].operations:
@@ -152,70 +158,6 @@ class _Backward(KernelBuilder):
         return q_rows, k_rows
 
     # --- shared tile math ----------------------------------------------------------------------
-    def log2_offsets(self, lse_row):
-        """-lse log2(e) per query row, what the tiles' exp2 adds. A row whose every score is -inf
-        (a score_mod that hides it) has lse = -inf, and exp(-inf - -inf) is NaN: with lse taken
-        as 0 there its probabilities are exp(-inf) = 0."""
-        from mlir.dialects import arith
-
-        return self.generic(
-            [(lse_row, ROW)], tensor_type(list(lse_row.type.shape)),
-            lambda a: arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, a[0], f32(-float("inf"))), f32(0.0),
-                                   arith.mulf(a[0], f32(-LOG2E))), rank=1)
-
-    def tile_gradients(self, qk, dp, neg_lse2, delta_row, pb, h, m0, n0, masked: bool, keys_first: bool = False):
-        """(P, dS) of one tile from its products qk = QK^T and dp = dO V^T and its rows'
-        `log2_offsets`, f32; dS is with respect to the scaled scores. The tile is [block_m, block_n], or with `keys_first` the transposed
-        [block_n, block_m] (qk = K Q^T, dp = V dO^T), whose P^T and dS^T are the left operands of
-        dV += P^T dO and dK += dS^T Q as they are: on GPUs the products' accumulator then feeds the
-        next product from registers, where a transposed P would go through shared memory."""
-        from mlir.dialects import arith, linalg, math
-
-        q_axis, k_axis = (1, 0) if keys_first else (0, 1)
-        stats = (q_axis,)
-        tile_t = tensor_type(list(qk.type.shape))
-
-        def positions():
-            i, j = linalg.IndexOp(q_axis).result, linalg.IndexOp(k_axis).result
-            qi, kj = arith.addi(m0, i), arith.addi(n0, j)
-            # Padded rows and columns read the last valid index, as in the forward.
-            return qi, kj, arith.minsi(qi, index(self.lq - 1)), arith.minsi(kj, index(self.lk - 1))
-
-        def keep(qi, kj, qc, kc):
-            inside = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, qi, index_value(self.len_q)),
-                                arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.len_k)))
-            if self.mask is not None:
-                inside = arith.andi(inside, self.inline(self.mask, [pb, h, qc, kc]))
-            return inside
-
-        def probs(a):
-            # exp2 in the log2 domain, as the forward computes it: exp(x - lse) is
-            # exp2(x log2(e) - lse log2(e)), with the softmax scale folded into log2(e) when no
-            # score_mod comes between (one multiply-add and the GPUs' native exp2 per element).
-            qi, kj, qc, kc = positions()
-            if self.score_mod is None:
-                x2 = arith.mulf(a[0], f32(self.scale * LOG2E))
-            else:
-                x = self.inline(self.score_mod, [arith.mulf(a[0], f32(self.scale)), pb, h, qc, kc])
-                x2 = arith.mulf(x, f32(LOG2E))
-            p = math.exp2(arith.addf(x2, a[1]))
-            return arith.select(keep(qi, kj, qc, kc), p, f32(0.0)) if masked else p
-
-        p = self.generic([(qk, TILE), (neg_lse2, stats)], tile_t, probs)
-
-        def d_scores(a):
-            d_mod = arith.mulf(a[1], arith.subf(a[2], a[3]))
-            if self.score_mod_grad is None:
-                return d_mod
-            qi, kj, qc, kc = positions()
-            x = arith.mulf(a[0], f32(self.scale))
-            ds = self.inline(self.score_mod_grad, [x, d_mod, pb, h, qc, kc])
-            # A masked pair's local derivative may be inf or NaN: select, do not multiply.
-            return arith.select(keep(qi, kj, qc, kc), ds, f32(0.0)) if masked else ds
-
-        ds = self.generic([(qk, TILE), (p, TILE), (dp, TILE), (delta_row, stats)], tile_t, d_scores)
-        return p, ds
-
     def to_input_type(self, tile):
         if self.elt == tile.type.element_type:
             return tile
@@ -274,7 +216,7 @@ class _Backward(KernelBuilder):
                  "dk": tensor_type([bk, self.hkv, lk, self.dk], self.elt),
                  "dv": tensor_type([bk, self.hkv, lk, self.dv], self.elt)}
         types["do"] = types["out"]
-        ins, outs = abi.backward_roles(part)
+        ins, outs = abi.backward_roles(part, self.row_statistic)
         roles = abi.input_roles(len(self.inputs)) + list(ins) + list(outs)
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
                       abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn),
@@ -290,7 +232,7 @@ class _Backward(KernelBuilder):
         bm, bn = self.bm, self.bn
         nn = -(-self.lk // bn)
         entry, args = self.signature(name, "dkdv", [self.b, self.hkv, nn])
-        d_out, lse, delta, dk_dest, dv_dest = (args[r] for r in ("do", "lse", "delta", "dk", "dv"))
+        d_out, lse, delta, dk_dest, dv_dest = (args.get(r) for r in ("do", "lse", "delta", "dk", "dv"))
         q, k, v = (self.packed_arg(i) for i in range(3))
         lists = (_transposed(partial, nn), _transposed(full, nn))
         with ir.InsertionPoint(entry):
@@ -313,8 +255,10 @@ class _Backward(KernelBuilder):
                     m0 = arith.muli(mb, index(bm))
                     q_tile = q_rows.load(q, h, m0, bm, self.dk)
                     do_tile = q_rows.load(d_out, h, m0, bm, self.dv)
-                    neg_lse2 = self.log2_offsets(q_rows.load(lse, h, m0, bm, None))
-                    delta_row = q_rows.load(delta, h, m0, bm, None)
+                    neg_lse2 = delta_row = None
+                    if self.row_statistic:
+                        neg_lse2 = self.log2_offsets(q_rows.load(lse, h, m0, bm, None))
+                        delta_row = q_rows.load(delta, h, m0, bm, None)
                     qk_t = matmul(k_tile, transpose(q_tile), zeros([bn, bm]))
                     dp_t = matmul(v_tile, transpose(do_tile), zeros([bn, bm]))
                     p_t, ds_t = self.tile_gradients(qk_t, dp_t, neg_lse2, delta_row, pb, h, m0, n0, masked,
@@ -345,7 +289,8 @@ class _Backward(KernelBuilder):
         nm = -(-self.lq // bm)
         f32_type = ir.F32Type.get()
         entry, args = self.signature(name, "dq", [self.b, self.h, nm])
-        out, d_out, lse, d_lse, dq_dest, delta_dest = (args[r] for r in ("out", "do", "lse", "dlse", "dq", "delta"))
+        out, d_out, lse, d_lse, dq_dest, delta_dest = (args.get(r) for r in ("out", "do", "lse", "dlse", "dq",
+                                                                               "delta"))
         q, k, v = (self.packed_arg(i) for i in range(3))
         with ir.InsertionPoint(entry):
             pb, ph, last_first = (program_id(axis) for axis in range(3))
@@ -356,17 +301,18 @@ class _Backward(KernelBuilder):
             hk = arith.divui(ph, index(self.group)) if self.group > 1 else ph
             m0 = arith.muli(pm, index(bm))
             q_tile = q_rows.load(q, ph, m0, bm, self.dk)
-            d_out_tile = q_rows.load(d_out, ph, m0, bm, self.dv)
-            neg_lse2 = self.log2_offsets(q_rows.load(lse, ph, m0, bm, None))
-            # FlashAttention's preprocess, here where this program's dO rows are loaded anyway:
-            # delta = rowsum(dO * O) - dlse, which the dK/dV kernel reads back.
-            o_tile = q_rows.load(out, ph, m0, bm, self.dv)
-            products = self.generic([(d_out_tile, TILE), (o_tile, TILE)], tensor_type([bm, self.dv]),
-                                    lambda a: arith.mulf(convert(a[0], f32_type), convert(a[1], f32_type)))
-            d_lse_row = q_rows.load(d_lse, ph, m0, bm, None)
-            delta_row = self.generic([(self.row_sum(products), ROW), (d_lse_row, ROW)], tensor_type([bm]),
-                                     lambda a: arith.subf(a[0], a[1]), rank=1)
-            do_tile = d_out_tile
+            do_tile = q_rows.load(d_out, ph, m0, bm, self.dv)
+            neg_lse2 = delta_row = None
+            if self.row_statistic:
+                neg_lse2 = self.log2_offsets(q_rows.load(lse, ph, m0, bm, None))
+                # FlashAttention's preprocess, here where this program's dO rows are loaded
+                # anyway: delta = rowsum(dO * O) - dlse, which the dK/dV kernel reads back.
+                o_tile = q_rows.load(out, ph, m0, bm, self.dv)
+                products = self.generic([(do_tile, TILE), (o_tile, TILE)], tensor_type([bm, self.dv]),
+                                        lambda a: arith.mulf(convert(a[0], f32_type), convert(a[1], f32_type)))
+                d_lse_row = q_rows.load(d_lse, ph, m0, bm, None)
+                delta_row = self.generic([(self.row_sum(products), ROW), (d_lse_row, ROW)], tensor_type([bm]),
+                                         lambda a: arith.subf(a[0], a[1]), rank=1)
             reach = None
             if q_rows.dynamic or k_rows.dynamic:
                 inside = arith.cmpi(arith.CmpIPredicate.slt, m0, index_value(q_rows.length))
@@ -382,20 +328,25 @@ class _Backward(KernelBuilder):
                 return [matmul(self.to_input_type(ds), k_tile, acc[0])]
 
             (acc,) = self.walk((partial, full), pm, [zeros([bm, self.dk])], step, reach)
-            func.ReturnOp([q_rows.store(self.scaled(acc, self.scale), dq_dest, ph, m0, bm),
-                           q_rows.store(delta_row, delta_dest, ph, m0, bm)])
+            results = [q_rows.store(self.scaled(acc, self.scale), dq_dest, ph, m0, bm)]
+            if self.row_statistic:
+                results.append(q_rows.store(delta_row, delta_dest, ph, m0, bm))
+            func.ReturnOp(results)
 
 
 @dataclass(frozen=True)
 class AttnTileBackward(ModulePass):
     name: ClassVar[str] = "attn-tile-backward"
-    summary: ClassVar[str] = ("Tile the backward of a softmax attention (after attn-differentiate) into two "
+    summary: ClassVar[str] = ("Tile the backward of a softmax or element-wise-normalized attention (after "
+                              "attn-differentiate) into two "
                               "L1 kernels: dK/dV per KV block, dQ per query block")
 
     block_m: int = option(64, "query rows per tile of the dQ kernel")
     block_n: int = option(64, "keys per tile of the dQ kernel")
     dkdv_block_m: int = option(0, "query rows per tile of the dK/dV kernel (0: block-m)")
     dkdv_block_n: int = option(0, "keys per tile of the dK/dV kernel (0: block-n)")
+    whole_tiles: bool = option(True, "load a tile whose rows all exist (L a multiple of the block) as a static "
+                                     "slice, without padding: no row masks or bounds checks in the lowerings")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n),
@@ -414,8 +365,8 @@ class AttnTileBackward(ModulePass):
                 raise fail(aggregate, f"has no derivative @{name}{GRAD_SUFFIX}: run attn-differentiate first")
             grad = grads[0]
             dkdv = _Backward(forward, grad, aggregate, self.dkdv_block_m or self.block_m,
-                             self.dkdv_block_n or self.block_n)
-            dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n)
+                             self.dkdv_block_n or self.block_n, self.whole_tiles)
+            dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n, self.whole_tiles)
             with aggregate.location:
                 dq.build_dq(abi.backward_kernel_name(name, "dq"), *dq.lists())
                 dkdv.build_dkdv(abi.backward_kernel_name(name, "dkdv"), *dkdv.lists())

@@ -49,7 +49,8 @@ class Rows:
         from mlir.dialects import arith
 
         if not self.packed:
-            return self.kernel.load_tile(src, [self.batch, head], r0, self.length, rows, width, past_end=self.dynamic)
+            return self.kernel.load_tile(src, [self.batch, head], r0, self.length, rows, width, past_end=self.dynamic,
+                                         aligned=self.kernel.whole_tiles)
         return self.kernel.load_tile(src, [self.batch, head], self.origin(r0), arith.addi(self.start, self.length),
                                      rows, width, past_end=True)
 

@@ -1,7 +1,7 @@
 """Where an `attn-tile` program's rows come from and how many it stores: q, k and v as
 [B, H, L, D] tensors, K and V through a paged cache's table (tile_paged), or a packed sequence's
 rows (tile_varlen). A mixin of tile._Kernel, which sets the fields these read (op, pb, ph, m0,
-lq, lk, bm, bn, rows, keys, packed, q_seq, packing, spans)."""
+lq, lk, bm, bn, rows, keys, packed, q_seq, packing, spans, whole_tiles)."""
 from __future__ import annotations
 
 from .l1_builders import index, index_value
@@ -43,7 +43,7 @@ class RowSources:
             return self.load_tile(packed, [index(0), self.ph], arith.addi(lo, self.m0), hi, self.bm, width,
                                   past_end=True)
         if not self.packed:
-            return self.load_tile(src, lead + [self.ph], self.m0, self.lq, self.bm, width)
+            return self.load_tile(src, lead + [self.ph], self.m0, self.lq, self.bm, width, aligned=self.whole_tiles)
         return load_head_rows(self, src, lead, width)
 
     def load_kv(self, which: int, hk, n0, width: int):
@@ -62,4 +62,5 @@ class RowSources:
             # Keys past the sequence read as the view's zero rows (kv_len masks them as well).
             end = arith.minsi(hi, arith.addi(lo, index_value(self.keys)))
             return self.load_tile(packed, [index(0), hk], arith.addi(lo, n0), end, self.bn, width, past_end=True)
-        return self.load_tile(self.kernel_arg(value, "k and v"), [self.pb, hk], n0, self.keys, self.bn, width)
+        return self.load_tile(self.kernel_arg(value, "k and v"), [self.pb, hk], n0, self.keys, self.bn, width,
+                              aligned=self.whole_tiles)

@@ -1,4 +1,4 @@
-"""The softmax backward as kernels: `attn-tile-backward`'s dK/dV and dQ kernels, checked in the L1
+"""The softmax backward as kernels (the element-wise normalizers': test_backward_elementwise): `attn-tile-backward`'s dK/dV and dQ kernels, checked in the L1
 interpreter (float64, against autograd on the reference backend), on the CPU backend end to end
 through autograd (float32 and bfloat16), the path autograd takes (kernels or the torch fallback),
 and the errors of the pass.
@@ -348,19 +348,6 @@ def test_learnable_closure_tensor_falls_back_to_torch(monkeypatch):
         assert _relative_error(g, w) < 1e-4, name
 
 
-def test_sigmoid_falls_back_to_torch(monkeypatch):
-    monkeypatch.setattr(backends, "run_backward", _refuse)
-    attn, shape = variants.build("sigmoid", variants.Shape(1, 2, 32, 32, 16, 16))
-    q, k, v = variants.inputs(shape, seed=9)
-    d_out = torch.randn(*q.shape[:3], v.shape[3], generator=torch.Generator().manual_seed(9))
-    leaves64 = _leaves(q, k, v)
-    want = torch.autograd.grad(attn(*leaves64, backend="reference"), leaves64, d_out.double())
-    leaves = _leaves(q, k, v, dtype=torch.float32)
-    got = torch.autograd.grad(attn(*leaves, backend="cpu"), leaves, d_out)
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert _relative_error(g, w) < 1e-4, name
-
-
 def test_uses_kernels_decision():
     def call(attn, backend):
         q, k, v = variants.inputs(variants.Shape(1, 2, 8, 8, 4, 4))
@@ -371,6 +358,7 @@ def test_uses_kernels_decision():
     causal, _ = variants.build("causal", CPU_SHAPE)
     alibi, _ = variants.build("alibi", variants.Shape(1, 2, 8, 8, 4, 4))
     sigmoid, _ = variants.build("sigmoid", CPU_SHAPE)
+    retnet, _ = variants.build("retnet", CPU_SHAPE)
     for backend, expected in (("cpu", True), ("triton", True), ("reference", False)):
         c, _ = call(causal, backend)
         assert c.uses_kernels(()) is expected and c.uses_kernels(None) is expected
@@ -378,6 +366,8 @@ def test_uses_kernels_decision():
     assert len(captures) == 1
     assert c.uses_kernels((False,)) and not c.uses_kernels((True,)) and not c.uses_kernels(None)
     c, _ = call(sigmoid, "cpu")
+    assert c.uses_kernels(())
+    c, _ = call(retnet, "cpu")  # a user normalizer
     assert not c.uses_kernels(())
     # A float closure tensor that only the mask reads has no gradient: the kernels still apply.
     w = torch.rand(2)
@@ -408,27 +398,25 @@ def test_tile_backward_without_differentiate_is_a_located_error():
         build_pass_manager("builtin.module(attn-tile-backward)", ctx).run(module.operation)
 
 
-def test_tile_backward_of_sigmoid_names_softmax():
+def test_tile_backward_of_a_user_normalizer_names_the_kernels_normalizers():
     from mlir import ir
 
     from ae_mlir.backends import cpu
 
-    text = _module_text(variants.build("sigmoid", CPU_SHAPE)[0])
-    with pytest.raises(ir.MLIRError, match=r"no backward kernels for normalize 'sigmoid' yet \(softmax only\)"):
+    supported = r"\(softmax, sigmoid, relu, none only\)"
+    text = _module_text(variants.build("retnet", CPU_SHAPE)[0])
+    with pytest.raises(ir.MLIRError, match=r"no backward kernels for normalize 'online' yet " + supported):
         backward_module(text, 16, 16)
     ctx = new_context()
     module = parse_module(text, ctx)
     with ctx:
         create_pass("attn-differentiate").apply(module.operation)
-        with pytest.raises(CompileError, match="softmax only"):
+        with pytest.raises(CompileError, match=supported):
             create_pass("attn-tile-backward").apply(module.operation)
     # The CPU backend's entry point says so too, before compiling anything.
     q, k, v = variants.inputs(variants.Shape(1, 2, 40, 40, 16, 16))
-    rows = torch.zeros(1, 2, 40)
-    tensors = {"q": q, "k": k, "v": v, "out": torch.zeros_like(v), "do": torch.zeros_like(v), "lse": rows,
-               "dlse": rows}
-    with pytest.raises(CompileError, match=r"'sigmoid' yet \(softmax only\)"):
-        cpu.run_backward(text, tensors)
+    with pytest.raises(CompileError, match=r"'online' yet " + supported):
+        cpu.run_backward(text, {"q": q, "k": k, "v": v, "do": torch.zeros_like(v)})
 
 
 @pytest.mark.parametrize("option", ["block-m=24", "block-n=0"])

@@ -12,7 +12,7 @@ import torch
 import ae_mlir as ae
 from ae_mlir import presets, variants
 from ae_mlir.backends import triton as tb
-from bundle_interp import interpret_roles
+from bundle_interp import interpret, interpret_roles
 
 
 def _problem(attn, b, h, hkv, lq, lk, dk, dv, closures=(), seed=0):
@@ -75,3 +75,30 @@ def test_cli_prints_the_backward_bundles_triton_ir(tmp_path):
                              "--emit=ttir", "--target=cuda:90"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip("\n") == expected.rstrip("\n")
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_whole_tiles_as_static_slices(target):
+    """whole-tiles=true (the CPU preset's; the Triton preset keeps row masks, see presets.WHOLE_TILES):
+    with L a multiple of the blocks, the forward and backward kernels load every tile with no mask
+    and compute what the masked ones do."""
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s - 0.01 * (i - j), mask_mod=lambda b, h, i, j: i >= j)
+    (q, k, v), out, d_out, lse, d_lse, want = _problem(attn, 1, 4, 2, 128, 128, 32, 32)
+    as_input = (lambda t: t.detach().float())
+    text = attn.mlir(as_input(q), as_input(k), as_input(v))
+    config = {"block_m": 32, "block_n": 32, "whole_tiles": True}
+    forward = tb.compile_bundle(attn, as_input(q), as_input(k), as_input(v), target=target, config=config)
+    backward = tb.build_backward_bundle(text, target, config)
+    for bundle in (forward, backward):
+        assert bundle.meta["config"]["whole_tiles"] is True
+        for kernel in [bundle] + list(bundle.stages):
+            loads = [line for line in kernel.variants["aligned"].ttir.splitlines() if '"tt.load"' in line]
+            assert loads and all("array<i32: 1, 0, 0>" in line for line in loads)
+    (got_out, got_lse), _ = interpret(forward, as_input(q), as_input(k), as_input(v))
+    torch.testing.assert_close(got_out.double(), out.detach(), atol=1e-5, rtol=0)
+    tensors = {"q": as_input(q), "k": as_input(k), "v": as_input(v), "out": as_input(out), "do": as_input(d_out),
+               "lse": lse.detach().float(), "dlse": d_lse.float()}
+    got = interpret_roles(backward, tensors)
+    for role, reference in zip(("dq", "dk", "dv"), want):
+        scale = reference.abs().max()
+        torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=1e-5, rtol=0, msg=role)

@@ -310,13 +310,13 @@ def run_module_text(module_text: str, inputs: list, out_dtype) -> list:
 
 
 def run_backward(module_text: str, tensors: dict) -> dict:
-    """dq, dk and dv of the softmax attention `module_text` from its backward kernels
-    (attn-tile-backward), run in order; `tensors` holds q, k, v, the closure tensors c0, c1, ...,
-    out, do, lse and dlse by role. Returns the three gradients by role, in q's, k's and v's dtypes."""
+    """dq, dk and dv of the attention `module_text` from its backward kernels (attn-tile-backward),
+    run in order; `tensors` holds q, k, v, the closure tensors c0, c1, ..., do, and for softmax
+    out, lse and dlse, by role. Returns the three gradients by role, in q's, k's and v's dtypes."""
     tensors = dict(tensors)
     n_closures = sum(1 for r in tensors if r.startswith("c") and r[1:].isdigit())
     first = abi.input_roles(3 + n_closures)
-    for part, reads, writes in abi.BACKWARD_KERNELS:
+    for part, reads, writes in abi.backward_kernels(row_statistic="lse" in tensors):
         inputs = [tensors[r] for r in first + list(reads)]
         unit = all(_unit_inner_stride(t) for t in inputs)
         kernel = compile_module(module_text, unit_inner_stride=unit, backward=part)

@@ -36,6 +36,11 @@ LINEAR_OUTPUTS = ("out", "state")
 # and delta = rowsum(dO * O) - dlse per query row, which the dQ kernel writes for the dK/dV one.
 BACKWARD_KERNELS = (("dq", ("out", "do", "lse", "dlse"), ("dq", "delta")),
                     ("dkdv", ("do", "lse", "delta"), ("dk", "dv")))
+# The same for normalizers applied element by element (sigmoid, relu, none): no row statistic, so
+# neither the forward's output nor its logsumexp enters the gradients.
+ELEMENTWISE_BACKWARD_KERNELS = (("dq", ("do",), ("dq",)), ("dkdv", ("do",), ("dk", "dv")))
+# The normalize kinds that have backward kernels: softmax, and those applied element by element.
+BACKWARD_NORMALIZERS = ("softmax", "sigmoid", "relu", "none")
 # What a caller of the backward gives (after q, k, v and the closure tensors) and gets back.
 BACKWARD_INPUTS = ("out", "do", "lse", "dlse")
 BACKWARD_OUTPUTS = ("dq", "dk", "dv")
@@ -59,9 +64,15 @@ def is_workspace(role: str) -> bool:
     return role.startswith("w")
 
 
-def backward_roles(part: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def backward_kernels(row_statistic: bool = True) -> tuple:
+    """(part, reads, writes) of the backward kernels in launch order: softmax's, which read the
+    forward's logsumexp (`row_statistic`), or the element-wise normalizers'."""
+    return BACKWARD_KERNELS if row_statistic else ELEMENTWISE_BACKWARD_KERNELS
+
+
+def backward_roles(part: str, row_statistic: bool = True) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the roles it reads, the roles it writes) of backward kernel `part` ("dq" or "dkdv")."""
-    for name, reads, writes in BACKWARD_KERNELS:
+    for name, reads, writes in backward_kernels(row_statistic):
         if name == part:
             return reads, writes
     raise KeyError(part)

@@ -1,8 +1,8 @@
 """Autograd for `ae_mlir.attention`: a call whose forward is the compiled kernel and whose
-backward is, for softmax on the CPU and Triton backends, the two kernels `attn-tile-backward`
-builds from the same L0 module, and otherwise (other normalizers, gradients of closure tensors,
-the reference backend) torch evaluating the derivative regions `attn-differentiate` compiles
-(`backward.py`).
+backward is, for softmax and the element-wise normalizers (sigmoid, relu, none) on the CPU and
+Triton backends, the two kernels `attn-tile-backward` builds from the same L0 module, and
+otherwise (user normalizers, gradients of closure tensors, the reference backend) torch
+evaluating the derivative regions `attn-differentiate` compiles (`backward.py`).
 
 The forward runs with its logsumexp result (softmax), which the backward uses to recompute the
 probabilities a block of query rows at a time instead of saving them.
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from . import checks
+from ..core import abi
 from .backward import Derivative, attention_backward
 
 
@@ -47,21 +48,24 @@ class CompiledCall:
         return results[0], (results[1] if self.with_lse else None)
 
     def uses_kernels(self, closures_wanted) -> bool:
-        """Whether the backward runs as compiled kernels (attn-tile-backward): softmax on the CPU
-        or Triton backend, with no gradient wanted for a closure tensor the scores depend on
-        (those need a scatter the kernels do not do yet; None: every one is wanted)."""
-        if self.backend not in ("cpu", "triton") or self.derivative.kind != "softmax":
+        """Whether the backward runs as compiled kernels (attn-tile-backward): a built-in
+        normalizer on the CPU or Triton backend, with no gradient wanted for a closure tensor the
+        scores depend on (those need a scatter the kernels do not do yet; None: every one is
+        wanted)."""
+        if self.backend not in ("cpu", "triton") or self.derivative.kind not in abi.BACKWARD_NORMALIZERS:
             return False
         positions = [p for p, _ in self.derivative.closure_grads]
         return not positions or (closures_wanted is not None and not any(closures_wanted[p] for p in positions))
 
     def backward(self, q, k, v, captures: list, lse, d_out, d_lse, closures_wanted=None, out=None):
-        if out is not None and self.uses_kernels(closures_wanted):
+        # Softmax's kernels read the forward's output, which is saved only when they run.
+        if self.uses_kernels(closures_wanted) and (out is not None or not self.with_lse):
             return self.kernel_backward(q, k, v, captures, lse, out, d_out, d_lse)
         if "attn.unpack_sequences" in self.text:
             # The torch evaluation of the derivative sees [B, H, L, D] tensors, not packed rows.
             raise ValueError("this gradient of a packed variable-length call (cu_seqlens) needs the backward "
-                             "kernels: softmax on the 'cpu' or 'triton' backend, no closure-tensor gradients")
+                             "kernels: softmax, sigmoid, relu or none on the 'cpu' or 'triton' backend, no "
+                             "closure-tensor gradients")
         if self.lengths is not None:
             # Keys past an entry's length are masked, but 0 * NaN is NaN: a cache's unfilled rows
             # must not reach dQ = dS K.
@@ -74,10 +78,11 @@ class CompiledCall:
         from .. import backends
 
         work = q.dtype if self.backward_text == self.text else torch.float32
-        d_lse = torch.zeros_like(lse, dtype=torch.float32) if d_lse is None else d_lse.float()
         tensors = {"q": q.detach().to(work), "k": k.detach().to(work), "v": v.detach().to(work),
-                   "out": out.detach().to(work), "do": d_out.to(work).contiguous(),
-                   "lse": lse.detach().float().contiguous(), "dlse": d_lse.contiguous()}
+                   "do": d_out.to(work).contiguous()}
+        if self.with_lse:
+            d_lse = torch.zeros_like(lse, dtype=torch.float32) if d_lse is None else d_lse.float()
+            tensors.update(out=out.detach().to(work), lse=lse.detach().float().contiguous(), dlse=d_lse.contiguous())
         tensors.update({f"c{i}": t.detach() for i, t in enumerate(captures)})
         grads = backends.run_backward(self.backward_text, tensors, self.backend)
         return grads["dq"].to(q.dtype), grads["dk"].to(k.dtype), grads["dv"].to(v.dtype), [None] * len(captures)
@@ -127,9 +132,9 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, call: CompiledCall, q, k, v, *captures):
         out, lse = call.forward(q, k, v, list(captures))
         ctx.call = call
-        # The output only feeds the backward kernels; saving it otherwise would make an in-place
-        # change of the output an autograd error for nothing.
-        kernels = call.uses_kernels(ctx.needs_input_grad[4:])
+        # The output only feeds softmax's backward kernels; saving it otherwise would make an
+        # in-place change of the output an autograd error for nothing.
+        kernels = call.with_lse and call.uses_kernels(ctx.needs_input_grad[4:])
         ctx.save_for_backward(q, k, v, lse, out if kernels else None, *captures)
         return (out, lse) if call.with_lse else out
 

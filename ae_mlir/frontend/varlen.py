@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core import abi
 from . import checks
 
 
@@ -118,11 +119,13 @@ def packed_views(q, k, v, layout: str):
 
 def check_trainable(attn, backend: str, captures: list) -> None:
     """Gradients of a packed batch come from the backward kernels alone (the torch evaluation of
-    the derivative knows no packing): softmax, the CPU or Triton backend, no closure gradients."""
-    if backend not in ("cpu", "triton") or attn.normalize != "softmax":
+    the derivative knows no packing): a built-in normalizer, the CPU or Triton backend, no closure
+    gradients."""
+    kinds = abi.BACKWARD_NORMALIZERS
+    if backend not in ("cpu", "triton") or not isinstance(attn.normalize, str) or attn.normalize not in kinds:
         raise ValueError("gradients of packed variable-length calls (cu_seqlens) run as backward kernels: "
-                         f"normalize='softmax' on the 'cpu' or 'triton' backend, not normalize={attn.normalize!r} "
-                         f"on {backend!r}")
+                         f"normalize={' or '.join(repr(k) for k in kinds)} on the 'cpu' or 'triton' backend, "
+                         f"not normalize={attn.normalize!r} on {backend!r}")
     if any(t.requires_grad for t in captures):
         raise ValueError("gradients of the closure tensors a mod reads are not computed for packed variable-length "
                          "calls (cu_seqlens) yet; detach them or call under torch.no_grad()")

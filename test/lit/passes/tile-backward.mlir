@@ -8,13 +8,14 @@
 //                accumulating dV += P^T dO and dK += dS^T Q; GQA heads of the group looped inside.
 // Both recompute P = exp2(scale log2(e) QK^T - lse log2(e)) and dS = P * (dO V^T - delta) per tile; partial tiles
 // (the mask, ragged edges) select, full tiles do not; dK and dQ take the scale once at the end.
-// The forward and @f_grad are gone afterwards (the implicit check-nots). The errors are checked
+// Element-wise normalizers (the sigmoid case) get the same kernels without lse and delta. The
+// forward and @f_grad are gone afterwards (the implicit check-nots). The errors are checked
 // with --verify-diagnostics; split-file gives each part its own pipeline.
 // RUN: split-file %s %t
-// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %t/kernels.mlir --implicit-check-not=_grad --implicit-check-not='@causal(' --implicit-check-not='@gqa(' --implicit-check-not=attn.score --implicit-check-not=attn.aggregate
+// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %t/kernels.mlir --implicit-check-not=_grad --implicit-check-not='@causal(' --implicit-check-not='@gqa(' --implicit-check-not='@sigmoid(' --implicit-check-not=attn.score --implicit-check-not=attn.aggregate
 // RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' | mlir-opt --split-input-file --irdl-file=%attn_irdl > /dev/null
 // RUN: ae-opt %t/no-derivative.mlir --pass-pipeline='builtin.module(attn-tile-backward)' --verify-diagnostics
-// RUN: ae-opt %t/sigmoid.mlir --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward)' --verify-diagnostics
+// RUN: ae-opt %t/online.mlir --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward)' --verify-diagnostics
 
 //--- kernels.mlir
 
@@ -179,6 +180,8 @@ func.func @causal(%q: tensor<1x2x100x16xbf16>, %k: tensor<1x2x100x16xbf16>, %v: 
 // GQA, 4 query heads on 2 KV heads, Lq = 64, Lk = 48 (ragged: KV block 1 is always partial), Dk =
 // 16, Dv = 8, no mask. The dQ kernel reads KV head h / 2. The dK/dV grid has one program per KV
 // head; inside, a loop over the 2 heads of the group (h = hkv * 2 + g) walks the query blocks.
+// Lq = 64 holds whole 32-row blocks: q-side tiles are static slices, with no padding; the keys'
+// last block is ragged, so K and V tiles are padded slices.
 // CHECK-LABEL: func.func @gqa_bwd_dq(
 // CHECK-SAME: %{{[a-z0-9]+}}: tensor<1x4x64x16xf32>, %[[K:[a-z0-9]+]]: tensor<1x2x48x16xf32>
 // CHECK-SAME: -> (tensor<1x4x64x16xf32>, tensor<1x4x64xf32>)
@@ -205,7 +208,9 @@ func.func @causal(%q: tensor<1x2x100x16xbf16>, %k: tensor<1x2x100x16xbf16>, %v: 
 // CHECK: arith.constant dense<[0, 2]> : tensor<2xi32>
 // CHECK: arith.constant dense<{{\[}}[0, 0], [0, 1]]> : tensor<2x2xi32>
 // CHECK: scf.for
-// CHECK: tensor.extract_slice %[[Q]][%[[PB]], %[[H]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// CHECK: tensor.extract_slice %[[Q]][%[[PB]], %[[H]], %{{.*}}, 0] [1, 1, 32, 16] [1, 1, 1, 1] : tensor<1x4x64x16xf32> to tensor<32x16xf32>
+// CHECK-NOT: tensor.pad
+// CHECK: linalg.transpose
 // CHECK: math.exp2
 // CHECK: arith.select
 // CHECK: linalg.matmul {{.*}} -> tensor<32x8xf32>
@@ -230,6 +235,47 @@ func.func @gqa(%q: tensor<1x4x64x16xf32>, %k: tensor<1x2x48x16xf32>, %v: tensor<
   return %o, %lse : tensor<1x4x64x8xf32>, tensor<1x4x64xf32>
 }
 
+// -----
+
+// Sigmoid, causal, L = 64, 32x32 tiles: an element-wise normalizer, P = sigmoid(scale s), whose
+// derivative needs no row statistic. Neither kernel takes the forward's output, lse or delta, and
+// the dQ kernel writes dQ alone; dS = dP P (1 - P), zero where the mask made P zero.
+// CHECK-LABEL: func.func @sigmoid_bwd_dq(
+// CHECK-SAME: -> tensor<1x1x64x16xf32>
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "do", "dq"]
+// CHECK: %[[S:.*]] = linalg.matmul
+// CHECK: %[[DP:.*]] = linalg.matmul
+// CHECK: %[[PROBS:.*]] = linalg.generic {{.*}} ins(%[[S]] : tensor<32x32xf32>)
+// CHECK: arith.constant 2.500000e-01 : f32
+// CHECK: arith.negf
+// CHECK: math.exp
+// CHECK: arith.addf
+// CHECK: arith.divf
+// CHECK: arith.cmpi sge
+// CHECK: arith.select
+// CHECK: linalg.generic {{.*}} ins(%[[S]], %[[PROBS]], %[[DP]] : tensor<32x32xf32>, tensor<32x32xf32>, tensor<32x32xf32>)
+// CHECK: %[[ONE_MINUS_P:.*]] = arith.subf %{{.*}}, %[[P:.*]] : f32
+// CHECK: %[[PP:.*]] = arith.mulf %[[P]], %[[ONE_MINUS_P]] : f32
+// CHECK: arith.mulf %{{.*}}, %[[PP]] : f32
+// CHECK: linalg.matmul
+// CHECK: return %{{.*}} : tensor<1x1x64x16xf32>
+// CHECK-LABEL: func.func @sigmoid_bwd_dkdv(
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "do", "dk", "dv"]
+// CHECK-NOT: tensor<1x1x64xf32>
+// CHECK: math.exp
+// CHECK: return
+func.func @sigmoid(%q: tensor<1x1x64x16xf32>, %k: tensor<1x1x64x16xf32>, %v: tensor<1x1x64x16xf32>) -> tensor<1x1x64x16xf32> {
+  %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x1x64x16xf32>, tensor<1x1x64x16xf32>) -> tensor<1x1x64x64xf32>
+  %m = "attn.mask"() ({
+  ^bb0(%b: index, %h: index, %i: index, %j: index):
+    %c = arith.cmpi sge, %i, %j : index
+    "gpu.yield"(%c) : (i1) -> ()
+  }) : () -> tensor<1x1x64x64xi1>
+  %p = "attn.normalize"(%s, %m) ({}, {}, {}) {kind = "sigmoid", operandSegmentSizes = array<i32: 1, 1>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x64x64xf32>, tensor<1x1x64x64xi1>) -> tensor<1x1x64x64xf32>
+  %o = "attn.aggregate"(%p, %v) : (tensor<1x1x64x64xf32>, tensor<1x1x64x16xf32>) -> tensor<1x1x64x16xf32>
+  return %o : tensor<1x1x64x16xf32>
+}
+
 //--- no-derivative.mlir
 
 // Without attn-differentiate first there is no @plain_grad to take the chain rule from.
@@ -241,13 +287,24 @@ func.func @plain(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x
   return %o, %lse : tensor<1x1x8x8xf32>, tensor<1x1x8xf32>
 }
 
-//--- sigmoid.mlir
+//--- online.mlir
 
-// Only softmax has backward kernels; the error points at the normalizer.
-func.func @sigmoid(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32> {
+// Softmax and the element-wise normalizers have backward kernels; a user normalizer (here
+// RetNet's abs-sum division) does not, and the error points at the normalizer.
+func.func @online(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32> {
   %s = "attn.score"(%q, %k) {scale = 0.125 : f32} : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
-  // expected-error @+1 {{has no backward kernels for normalize 'sigmoid' yet (softmax only)}}
-  %p = "attn.normalize"(%s) ({}, {}, {}) {kind = "sigmoid", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
+  // expected-error @+1 {{has no backward kernels for normalize 'online' yet (softmax, sigmoid, relu, none only)}}
+  %p = "attn.normalize"(%s) ({
+  ^bb0(%x: f32, %m: f32):
+    "gpu.yield"(%x) : (f32) -> ()
+  }, {}, {
+  ^bb0(%acc: f32, %l: f32):
+    %a = math.absf %l : f32
+    %one = arith.constant 1.0 : f32
+    %d = arith.maximumf %a, %one : f32
+    %r = arith.divf %acc, %d : f32
+    "gpu.yield"(%r) : (f32) -> ()
+  }) {kind = "online", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
   %o = "attn.aggregate"(%p, %v) : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
   return %o : tensor<1x1x8x8xf32>
 }

@@ -2,6 +2,7 @@
 // the Q tile loaded once, then two scf.for loops over KV tiles carrying (row max, row sum, acc):
 // partial tiles evaluate the mask, full tiles do not, and tiles the mask hides are never visited.
 // RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %s
+// RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=32 block-n=32 whole-tiles=false},cse)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=PADDED
 
 // Causal, L = 100, 32x32 tiles: query block i sees KV blocks 0..i; block i itself is partial
 // (the diagonal), blocks below it are full, blocks above are skipped. The last KV block (rows
@@ -59,11 +60,23 @@ func.func @causal(%q: tensor<1x2x100x16xbf16>, %k: tensor<1x2x100x16xbf16>, %v: 
 // -----
 
 // No mask and L a multiple of the block: every tile is full, so there is a single loop, with
-// log2(e) folded into the scale (0.25 * 1.4427 = 0.3607).
+// log2(e) folded into the scale (0.25 * 1.4427 = 0.3607), and every tile whole: Q, K and V tiles
+// are static slices, never padded (the lowerings read them without row masks).
+// With whole-tiles=false (the Triton preset's) they are padded slices like the ragged ones.
 // CHECK-LABEL: func.func @full
 // CHECK-SAME: attn.grid = array<i64: 2, 4, 2>
+// PADDED-LABEL: func.func @full
+// PADDED: tensor.extract_slice %arg0[%{{.*}}, %{{.*}}, %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// PADDED: tensor.pad
+// PADDED: scf.for
+// PADDED: tensor.extract_slice %arg1[%{{.*}}, %{{.*}}, %{{.*}}, 0] [1, 1, %{{.*}}, 16]
+// PADDED: tensor.pad
+// CHECK: tensor.extract_slice %arg0[%{{.*}}, %{{.*}}, %{{.*}}, 0] [1, 1, 32, 16] [1, 1, 1, 1] : tensor<2x4x64x16xf32> to tensor<32x16xf32>
+// CHECK-NOT: tensor.pad
 // CHECK: dense<{{\[}}[0, 1], [0, 1]]> : tensor<2x2xi32>
 // CHECK: scf.for
+// CHECK: tensor.extract_slice %arg1[%{{.*}}, %{{.*}}, %{{.*}}, 0] [1, 1, 32, 16] [1, 1, 1, 1] : tensor<2x4x64x16xf32> to tensor<32x16xf32>
+// CHECK: tensor.extract_slice %arg2[%{{.*}}, %{{.*}}, %{{.*}}, 0] [1, 1, 32, 16] [1, 1, 1, 1] : tensor<2x4x64x16xf32> to tensor<32x16xf32>
 // CHECK-NOT: arith.cmpi slt
 // CHECK: arith.constant 0.360673755 : f32
 // CHECK-NOT: scf.for

@@ -1,0 +1,121 @@
+"""The math of one backward tile, shared by `attn-tile-backward`'s two kernels: P and dS from the
+tile's products QK^T and dO V^T, the mask and the mods inlined, for softmax (P from the saved
+logsumexp, in the log2 domain as the forward computes it) and the element-wise normalizers."""
+from __future__ import annotations
+
+from .l1_builders import KernelBuilder, f32, index, index_value, tensor_type
+
+ROW, TILE = (0,), (0, 1)
+LOG2E = 1.4426950408889634
+
+
+def _elementwise_prob(kind: str, x):
+    """P = f(x) of an element-wise normalizer, as the forward's kinds define it (ae_mlir.normalizers)."""
+    from mlir.dialects import arith, math
+
+    if kind == "sigmoid":
+        return arith.divf(f32(1.0), arith.addf(f32(1.0), math.exp(arith.negf(x))))
+    if kind == "relu":
+        return arith.maximumf(x, f32(0.0))
+    return x
+
+
+def _d_prob(kind: str, p, dp, delta):
+    """The gradient of the scores after the score_mod from P and dP = dO V^T: softmax's
+    P (dP - delta); sigmoid's dP P (1 - P); relu's dP where P > 0 (0 at 0, as torch's); dP."""
+    from mlir.dialects import arith
+
+    if kind == "softmax":
+        return arith.mulf(p, arith.subf(dp, delta))
+    if kind == "sigmoid":
+        return arith.mulf(dp, arith.mulf(p, arith.subf(f32(1.0), p)))
+    if kind == "relu":
+        return arith.select(arith.cmpf(arith.CmpFPredicate.OGT, p, f32(0.0)), dp, f32(0.0))
+    return dp
+
+
+class TileGradients(KernelBuilder):
+    """Needs from the kernel builder: kind (the normalize kind), scale, score_mod,
+    score_mod_grad and mask (regions or None), lq, lk and len_q, len_k (static or per program)."""
+
+    @property
+    def row_statistic(self) -> bool:
+        """Whether the kernels read the forward's logsumexp and delta (softmax)."""
+        return self.kind == "softmax"
+
+    def log2_offsets(self, lse_row):
+        """-lse log2(e) per query row, what the tiles' exp2 adds. A row whose every score is -inf
+        (a score_mod that hides it) has lse = -inf, and exp(-inf - -inf) is NaN: with lse taken
+        as 0 there its probabilities are exp(-inf) = 0."""
+        from mlir.dialects import arith
+
+        return self.generic(
+            [(lse_row, ROW)], tensor_type(list(lse_row.type.shape)),
+            lambda a: arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, a[0], f32(-float("inf"))), f32(0.0),
+                                   arith.mulf(a[0], f32(-LOG2E))), rank=1)
+
+    def tile_gradients(self, qk, dp, neg_lse2, delta_row, pb, h, m0, n0, masked: bool, keys_first: bool = False):
+        """(P, dS) of one tile from its products qk = QK^T and dp = dO V^T and its rows'
+        `log2_offsets` and delta (softmax; None otherwise), f32; dS is with respect to the scaled
+        scores. The tile is [block_m, block_n], or with `keys_first` the transposed
+        [block_n, block_m] (qk = K Q^T, dp = V dO^T), whose P^T and dS^T are the left operands of
+        dV += P^T dO and dK += dS^T Q as they are: on GPUs the products' accumulator then feeds the
+        next product from registers, where a transposed P would go through shared memory."""
+        from mlir.dialects import arith, linalg, math
+
+        q_axis, k_axis = (1, 0) if keys_first else (0, 1)
+        stats = (q_axis,)
+        tile_t = tensor_type(list(qk.type.shape))
+
+        def positions():
+            i, j = linalg.IndexOp(q_axis).result, linalg.IndexOp(k_axis).result
+            qi, kj = arith.addi(m0, i), arith.addi(n0, j)
+            # Padded rows and columns read the last valid index, as in the forward.
+            return qi, kj, arith.minsi(qi, index(self.lq - 1)), arith.minsi(kj, index(self.lk - 1))
+
+        def keep(qi, kj, qc, kc):
+            inside = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, qi, index_value(self.len_q)),
+                                arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.len_k)))
+            if self.mask is not None:
+                inside = arith.andi(inside, self.inline(self.mask, [pb, h, qc, kc]))
+            return inside
+
+        def probs(a):
+            qi, kj, qc, kc = positions()
+            if self.kind == "softmax":
+                # exp2 in the log2 domain, as the forward computes it: exp(x - lse) is
+                # exp2(x log2(e) - lse log2(e)), with the softmax scale folded into log2(e) when
+                # no score_mod comes between (one multiply-add and the GPUs' native exp2).
+                if self.score_mod is None:
+                    x2 = arith.mulf(a[0], f32(self.scale * LOG2E))
+                else:
+                    x = self.inline(self.score_mod, [arith.mulf(a[0], f32(self.scale)), pb, h, qc, kc])
+                    x2 = arith.mulf(x, f32(LOG2E))
+                p = math.exp2(arith.addf(x2, a[1]))
+            else:
+                x = arith.mulf(a[0], f32(self.scale))
+                if self.score_mod is not None:
+                    x = self.inline(self.score_mod, [x, pb, h, qc, kc])
+                p = _elementwise_prob(self.kind, x)
+            return arith.select(keep(qi, kj, qc, kc), p, f32(0.0)) if masked else p
+
+        rows = [(neg_lse2, stats)] if self.kind == "softmax" else []
+        p = self.generic([(qk, TILE)] + rows, tile_t, probs)
+
+        def d_scores(a):
+            ds = _d_prob(self.kind, a[1], a[2], a[3] if self.kind == "softmax" else None)
+            # P = 0 at a masked pair zeroes the normalizers' derivatives, but not the identity's.
+            select = masked and (self.score_mod_grad is not None or self.kind == "none")
+            if self.score_mod_grad is None and not select:
+                return ds
+            qi, kj, qc, kc = positions()
+            if self.score_mod_grad is not None:
+                x = arith.mulf(a[0], f32(self.scale))
+                ds = self.inline(self.score_mod_grad, [x, ds, pb, h, qc, kc])
+            # A masked pair's local derivative may be inf or NaN: select, do not multiply.
+            return arith.select(keep(qi, kj, qc, kc), ds, f32(0.0)) if select else ds
+
+        rows = [(delta_row, stats)] if self.kind == "softmax" else []
+        ds = self.generic([(qk, TILE), (p, TILE), (dp, TILE)] + rows, tile_t, d_scores)
+        return p, ds
+
