@@ -139,10 +139,31 @@ def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str)
     config = {"block_m": min(dq[0], _pow2(lq)), "block_n": min(dq[1], _pow2(lk)), "num_warps": dq[2],
               "num_stages": dq[3], "dkdv_block_m": min(dkdv[0], _pow2(lq)), "dkdv_block_n": min(dkdv[1], _pow2(lk)),
               "dkdv_num_warps": dkdv[2], "dkdv_num_stages": dkdv[3]}
-    # 8 warps are for the 64x128 dK/dV tiles; a short sequence's smaller tiles take 4.
-    if config["dkdv_block_m"] * config["dkdv_block_n"] < 64 * 128:
-        config["dkdv_num_warps"] = min(config["dkdv_num_warps"], 4)
+    _fit_dkdv_warps(config)
     return config
+
+
+def _fit_dkdv_warps(config: dict) -> None:
+    """8 dK/dV warps are for its 64x128 tiles; smaller ones (a short sequence's, or a user's) take 4."""
+    rows, keys = config["dkdv_block_m"] or config["block_m"], config["dkdv_block_n"] or config["block_n"]
+    if rows * keys < 64 * 128:
+        config["dkdv_num_warps"] = min(config["dkdv_num_warps"], 4)
+
+
+_SHARED = {"block_m": "dkdv_block_m", "block_n": "dkdv_block_n", "num_warps": "dkdv_num_warps",
+           "num_stages": "dkdv_num_stages"}
+
+
+def _backward_overrides(values: dict, typed: dict) -> None:
+    """Apply a user's overrides to the backward's two configs: an override of a shared option
+    (block_m, num_warps, ...) sets both kernels' unless the dK/dV kernel's own is given too (0:
+    it follows the dQ kernel's); given no warps, smaller dK/dV tiles take 4 (_fit_dkdv_warps)."""
+    values.update(typed)
+    for shared, own in _SHARED.items():
+        if shared in typed and own not in typed:
+            values[own] = 0
+    if not {"num_warps", "dkdv_num_warps"} & typed.keys():
+        _fit_dkdv_warps(values)
 
 
 # Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
@@ -336,7 +357,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         else:
             values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
                                          problem.batch_heads, problem.group, problem.uneven_keys))
-    values.update(typed)
+    if "dkdv_num_warps" in values:  # the Triton backward's two configs
+        _backward_overrides(values, typed)
+    else:
+        values.update(typed)
     return PresetOptions(target=target, **values)
 
 

@@ -6,7 +6,7 @@ L1 is target-neutral and made of upstream dialects plus one `attn.program_id` op
   present) and returns them updated; `attn.grid = [B, H, ceil(Lq / block_m)]` says how many
   programs run it, each reading its coordinates with `attn.program_id`.
 * A program loads its Q tile once (`tensor.extract_slice` + `tensor.pad` with zeros at the ragged
-  edge), then walks KV tiles in two `scf.for` loops carrying the row state (max, sum, accumulator):
+  edge; a static slice alone when every tile is whole and `whole-tiles` is on), then walks KV tiles in two `scf.for` loops carrying the row state (max, sum, accumulator):
   first the partial tiles, which evaluate the mask, then the full tiles, which do not. Which tiles
   are partial, full or skipped entirely is decided here at compile time for positional masks and
   recorded in per-query-block tables (`arith.constant` tensors), as FlexAttention's BlockMask does.

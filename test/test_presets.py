@@ -104,6 +104,17 @@ def test_backward_kernels_launch_with_their_own_options(tmp_path):
     # A short sequence's smaller dK/dV tiles take 4 warps.
     short = presets.backward_config(32, 32, 128, 128, "bf16", "cuda:90")
     assert (short["dkdv_block_m"], short["dkdv_block_n"], short["dkdv_num_warps"]) == (32, 32, 4)
+    # An override of a shared option sets both kernels' unless the dK/dV kernel's own is given.
+    problem = presets.read_problem(parse_module(text, new_context()))
+
+    def dkdv(**overrides):
+        o = presets.options_for("triton", problem, "cuda:90", backward="true", **overrides)
+        return (o.dkdv_block_m or o.block_m, o.dkdv_block_n or o.block_n, *o.kernel_launch("f_bwd_dkdv"))
+
+    assert dkdv() == (64, 128, 8, 3)
+    assert dkdv(block_m="32", block_n="32", num_warps="8") == (32, 32, 8, 3)
+    assert dkdv(dkdv_block_n="64") == (64, 64, 4, 3)
+    assert dkdv(block_m="32", dkdv_block_m="16") == (16, 128, 4, 3)
 
 
 def test_dump_pass_pipeline_prints_the_presets_text(tmp_path):

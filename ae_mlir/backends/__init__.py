@@ -24,8 +24,9 @@ def run(module_text: str, inputs: list, backend: str, out_dtype) -> list:
 
 
 def run_backward(module_text: str, tensors: dict, backend: str) -> dict:
-    """dq, dk and dv (by role) of the softmax attention `module_text` from its backward kernels;
-    `tensors` holds q, k, v, the closure tensors c<i>, out, do, lse and dlse by role."""
+    """dq, dk and dv (by role) of the attention `module_text` (softmax or an element-wise
+    normalizer) from its backward kernels; `tensors` holds q, k, v, the closure tensors c<i>, do,
+    and for softmax out, lse and dlse, by role."""
     if backend == "cpu":
         from .cpu import run_backward as run_cpu
 

@@ -316,7 +316,11 @@ def run_backward(module_text: str, tensors: dict) -> dict:
     tensors = dict(tensors)
     n_closures = sum(1 for r in tensors if r.startswith("c") and r[1:].isdigit())
     first = abi.input_roles(3 + n_closures)
-    for part, reads, writes in abi.backward_kernels(row_statistic="lse" in tensors):
+    kernels = abi.backward_kernels(row_statistic="lse" in tensors)
+    missing = sorted({r for _, reads, _ in kernels for r in reads} - set(tensors) - {w for *_, ws in kernels for w in ws})
+    if missing:
+        raise ValueError(f"the backward kernels need the tensors {', '.join(missing)}")
+    for part, reads, writes in kernels:
         inputs = [tensors[r] for r in first + list(reads)]
         unit = all(_unit_inner_stride(t) for t in inputs)
         kernel = compile_module(module_text, unit_inner_stride=unit, backward=part)

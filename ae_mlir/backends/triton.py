@@ -156,9 +156,10 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
 
 def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
                           input_precision: str = "ieee") -> runtime.Bundle:
-    """The backward kernels of a softmax L0 module (attn-tile-backward) as one bundle: the dQ
-    kernel (which also writes delta, the bundle's workspace) as its stage, the dK/dV kernel as its
-    own; `runtime.launch_roles` runs it."""
+    """The backward kernels of an L0 module (attn-tile-backward: softmax or an element-wise
+    normalizer) as one bundle: the dQ kernel (for softmax it also writes delta, the bundle's
+    workspace) as its stage, the dK/dV kernel as its own, each with its own launch options;
+    `runtime.launch_roles` runs it."""
     from .. import presets
 
     with progress.Compile(f"the backward for {target}", "L0 -> L1 -> Triton IR") as report:
@@ -262,8 +263,8 @@ def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee"
 
 
 def run_backward(module_text: str, tensors: dict) -> dict:
-    """dq, dk and dv (by role) of a softmax L0 module from its backward kernels, on CUDA/ROCm
-    tensors given by role (q, k, v, c<i>, out, do, lse, dlse)."""
+    """dq, dk and dv (by role) of an L0 module from its backward kernels, on CUDA/ROCm tensors
+    given by role (q, k, v, c<i>, do, and for softmax out, lse, dlse)."""
     bundle = get_backward_bundle(module_text, runtime.current_target())
     return runtime.launch_roles(bundle, tensors)
 

@@ -41,7 +41,8 @@ BACKWARD_KERNELS = (("dq", ("out", "do", "lse", "dlse"), ("dq", "delta")),
 ELEMENTWISE_BACKWARD_KERNELS = (("dq", ("do",), ("dq",)), ("dkdv", ("do",), ("dk", "dv")))
 # The normalize kinds that have backward kernels: softmax, and those applied element by element.
 BACKWARD_NORMALIZERS = ("softmax", "sigmoid", "relu", "none")
-# What a caller of the backward gives (after q, k, v and the closure tensors) and gets back.
+# What a caller of softmax's backward gives (after q, k, v, the closure tensors and, for every
+# normalizer, do) and gets back.
 BACKWARD_INPUTS = ("out", "do", "lse", "dlse")
 BACKWARD_OUTPUTS = ("dq", "dk", "dv")
 # Per-row statistics [B, H, L]: their row stride is L, which need not be a multiple of 16.

@@ -114,7 +114,7 @@ def _setup_context(ctx, inputs, output):
     # The graph holds the variant by key only, and the registry holds it weakly: without this the
     # backward would fail once the model that owns the attention is gone.
     ctx.attention = variant_registry.lookup(key)
-    # The output only feeds the backward kernels (softmax on a compiled backend); saving it
+    # The output only feeds softmax's backward kernels (on a compiled backend); saving it
     # otherwise would make an in-place change of the output an autograd error for nothing.
     kernels = backend in ("cpu", "triton") and ctx.attention.normalize == "softmax"
     ctx.save_for_backward(q, k, v, output[1], output[0] if kernels else None, kv_len, cu_q, cu_k, *captures)

@@ -125,7 +125,7 @@ def check_trainable(attn, backend: str, captures: list) -> None:
     if backend not in ("cpu", "triton") or not isinstance(attn.normalize, str) or attn.normalize not in kinds:
         raise ValueError("gradients of packed variable-length calls (cu_seqlens) run as backward kernels: "
                          f"normalize={' or '.join(repr(k) for k in kinds)} on the 'cpu' or 'triton' backend, "
-                         f"not normalize={attn.normalize!r} on {backend!r}")
+                         f"not normalize={getattr(attn.normalize, 'name', attn.normalize)!r} on {backend!r}")
     if any(t.requires_grad for t in captures):
         raise ValueError("gradients of the closure tensors a mod reads are not computed for packed variable-length "
                          "calls (cu_seqlens) yet; detach them or call under torch.no_grad()")
