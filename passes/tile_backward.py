@@ -1,6 +1,7 @@
 """`attn-tile-backward`: the backward of a softmax attention, or of one whose normalizer acts
-element by element (sigmoid, relu, none), as two L1 kernels, FlashAttention-2's split: one program per (batch, KV head, KV block) accumulates dK and dV over the query blocks
-that see its keys, one program per (batch, head, query block) accumulates dQ over its KV blocks.
+element by element (sigmoid, relu, none), as two L1 kernels, FlashAttention-2's split: one
+program per (batch, KV head, KV block) accumulates dK and dV over the query blocks that see its
+keys, one program per (batch, head, query block) accumulates dQ over its KV blocks.
 
 It runs after `attn-differentiate`, and takes the forward function @f (shapes, scale, the
 score_mod and mask regions) and @f_grad (the chain rule through the score_mod,
@@ -21,10 +22,9 @@ where the program has its dO rows loaded), which the dK/dV kernel reads. Both ke
 the scores of a tile, P = exp(score_mod(s) - lse), dP = dO V^T and dS = score_mod_grad(s,
 P (dP - delta)); dQ += dS K; the dK/dV kernel computes the tile transposed, P^T from K Q^T and
 dS^T from V dO^T, for dV += P^T dO and dK += dS^T Q; the softmax scale is applied to dK and dQ
-once at the end. Recomputing P and dP in the dQ
-kernel costs two more tile products than an atomic dQ would; in exchange every gradient is a
-plain sum in a fixed order, the same bits on every run and on the CPU, whose programs run on
-threads that cannot share an accumulator.
+once at the end. Recomputing P and dP in the dQ kernel costs two more tile products than an
+atomic dQ would; in exchange every gradient is a plain sum in a fixed order, the same bits on
+every run and on the CPU, whose programs run on threads that cannot share an accumulator.
 
 Tiles are classified as in `attn-tile` (positional masks at compile time, tables as constants;
 the dK/dV kernel reads the transposed lists), with the tiles on a ragged edge of either sequence
@@ -49,7 +49,6 @@ from .tile_backward_tiles import ROW, TILE, TileGradients
 from .tile_paged import paged_source
 from .tile_tables import classify_blocks, table_constants
 from .tile_varlen import sequences_source
-
 
 
 def _ragged_partial(partial: list[list[int]], full: list[list[int]], lq: int, lk: int, bm: int, bn: int):
@@ -157,7 +156,7 @@ class _Backward(TileGradients):
         self.len_q, self.len_k = q_rows.length, k_rows.length
         return q_rows, k_rows
 
-    # --- shared tile math ----------------------------------------------------------------------
+    # --- helpers of both kernels (the tile math: tile_backward_tiles) ---------------------------
     def to_input_type(self, tile):
         if self.elt == tile.type.element_type:
             return tile
