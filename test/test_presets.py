@@ -163,7 +163,8 @@ def test_cpu_stages_and_overrides():
     assert [s.name for s in presets.stages("cpu", options)] == ["l1", "llvm"]
     assert (presets.pipeline_text("cpu", options, "llvm")
             == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false vector-bits=256})")
-    assert "attn-tile{block-m=64 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false}" in presets.pipeline_text("cpu", options, "l1")
+    tile = "attn-tile{block-m=64 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true}"
+    assert tile in presets.pipeline_text("cpu", options, "l1")
     assert "canonicalize" not in presets.pipeline_text(
         "triton", presets.options_for("triton", _problem("plain-f32"), canonicalize=False))
 
