@@ -14,8 +14,6 @@ the GPU machine, which has no MLIR bindings, finds them there. `run` times
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import sys
@@ -24,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import harness  # noqa: E402
 import suite  # noqa: E402
 
 CASES = ["retention", "simple_gla", "gla"]
@@ -60,10 +59,7 @@ def run(bundles: str, out_dir: str) -> None:
 
     runtime.CACHE.clear_memory()
     device = torch.device("cuda")
-    os.makedirs(out_dir, exist_ok=True)
-    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "date": datetime.date.today().isoformat(), "shape": {"B": BATCH, "T": SEQ, "H": HEADS, "D": DIM},
-           "dtype": "bfloat16", "method": __doc__, "cases": []}
+    doc = harness.results_doc(out_dir, __doc__, shape={"B": BATCH, "T": SEQ, "H": HEADS, "D": DIM}, dtype="bfloat16")
     for variant in CASES:
         case = _case(variant)
         tensors = suite.linear_inputs(case, device)
@@ -95,21 +91,11 @@ def run(bundles: str, out_dir: str) -> None:
             rec["max_rel_diff_vs_fla"] = {n: _relative_error(a, b) for n, a, b in zip(names, *grads.values())}
         doc["cases"].append(rec)
         print(json.dumps(rec), flush=True)
-        with open(os.path.join(out_dir, "linear-backward.json"), "w") as f:
-            json.dump(doc, f, indent=1)
+        harness.save(doc, out_dir, "linear-backward.json")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("build", "run"))
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "linear_backward"))
-    args = parser.parse_args(argv)
-    if args.mode == "build":
-        build(args.out)
-    else:
-        run(args.bundles, args.out)
-    return 0
+    return harness.main(__doc__, build, run, "linear_backward", argv)
 
 
 if __name__ == "__main__":
