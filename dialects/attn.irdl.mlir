@@ -246,4 +246,18 @@ irdl.dialect @attn {
     irdl.results(id: %i)
     irdl.attributes {"axis" = %axis}
   }
+
+  // dest[indices_0[i, j], ..., indices_{r-1}[i, j]] += values[i, j] for every element of the
+  // tile, on a destination argument of rank r (f32) that the kernel accumulates into: several
+  // programs add into one element, so the lowerings add atomically (GPUs) or into a private copy
+  // per thread (CPU). An index outside the destination adds nothing. The result is the updated
+  // destination. attn-tile-backward scatters the gradients of closure tensors with it.
+  irdl.operation @scatter_add {
+    %d = irdl.base "!builtin.tensor"
+    %x = irdl.base "!builtin.tensor"
+    %i = irdl.base "!builtin.tensor"
+    %out = irdl.base "!builtin.tensor"
+    irdl.operands(dest: %d, values: %x, indices: variadic %i)
+    irdl.results(result: %out)
+  }
 }

@@ -137,6 +137,15 @@ def insert_slice(piece, dest, offsets: list, sizes: list):
                                 [1] * len(sizes)).result
 
 
+def scatter_add(dest, values, indices: list):
+    """dest with each element of the tile `values` added at the positions the index tiles
+    `indices` (i32, one per dimension of dest) give (attn.scatter_add)."""
+    from mlir import ir
+
+    return ir.Operation.create("attn.scatter_add", results=[dest.type],
+                               operands=[dest, values, *indices]).result
+
+
 def for_loop(count, carried: list, step) -> list:
     """scf.for over [0, count) (an int or an index value) carrying `carried`; `step(iv, values)`
     builds one iteration in the loop body and returns the new values. Returns the loop's results."""
@@ -192,9 +201,9 @@ class KernelBuilder:
             return self.kernel_args[ir.BlockArgument(value).arg_number]
         raise fail(self.op, f"{what} must be an argument of the enclosing function")
 
-    def inline(self, region, args: list, constants_first: bool = False):
+    def inline(self, region, args: list, constants_first: bool = False, result: int = 0):
         """Clone the ops of a one-block mod region at the insertion point, its block arguments
-        bound to `args`; returns the image of the value it yields. Of the outer values it reads,
+        bound to `args`; returns the image of the value it yields (of its `result`-th one). Of the outer values it reads,
         the replaced function's arguments become the kernel's and constants are cloned here:
         where first read, or with `constants_first` all before the region's ops, in the order
         they are first read."""
@@ -221,7 +230,7 @@ class KernelBuilder:
         for op in block.operations:
             operation = op.operation
             if operation.name == "gpu.yield":
-                return image(operation.operands[0])
+                return image(operation.operands[result])
             operands = [image(v) for v in operation.operands]
             clone = operation.clone()
             for i, value in enumerate(operands):

@@ -29,8 +29,15 @@ every run and on the CPU, whose programs run on threads that cannot share an acc
 Tiles are classified as in `attn-tile` (positional masks at compile time, tables as constants;
 the dK/dV kernel reads the transposed lists), with the tiles on a ragged edge of either sequence
 partial: their masked form also drops padded query rows. Masks that read closure tensors or the
-batch/head visit every tile with the mask. Gradients of closure tensors are not computed here
-(attn.closure_grad needs a scatter): the caller computes those.
+batch/head visit every tile with the mask.
+
+The gradients of the float closure tensors the score_mod reads (attn.closure_grad: learnable bias
+tables, ALiBi slopes) are sums over every score that reads an element. The dQ kernel, which visits
+each score once, adds each tile's contributions into them with attn.scatter_add: one more
+destination dc<i> per closure tensor c<i>, after dq and delta, starting at zero. Programs add
+into the same elements, so the sums are atomic on GPUs and their order varies from run to run
+(FlexAttention's captured-buffer gradients are atomic too); the lowerings reduce what a tile adds
+to one element first where the index does not depend on the row or column.
 """
 from __future__ import annotations
 
@@ -102,6 +109,8 @@ class _Backward(TileGradients):
         self.n_closures = len(self.inputs) - 3
         self.score_mod = self.mask = self.score_mod_grad = self.kv_len = None
         self.kind = "softmax"
+        # (region, rank, groups) per closure gradient, and the closure tensors' positions c<i>.
+        self.closure_grads, self.closure_roles = [], []
         for op in grad.regions[0].blocks[0].operations:
             name = op.operation.name
             if name == "attn.normalize_grad":
@@ -112,6 +121,8 @@ class _Backward(TileGradients):
                                              f"({', '.join(abi.BACKWARD_NORMALIZERS)} only)")
             elif name == "attn.score_mod_grad":
                 self.score_mod_grad = op.operation.regions[0]
+            elif name == "attn.closure_grad":
+                self.closure_grads.append(self._closure_grad(op.operation))
         for op in forward.regions[0].blocks[0].operations:
             name = op.operation.name
             if name == "attn.score":
@@ -122,6 +133,16 @@ class _Backward(TileGradients):
                 self.mask = op.operation.regions[0]
                 # Per-entry key lengths, read once per program as attn-tile does.
                 self.kv_len = op.operation.operands[0] if len(op.operation.operands) else None
+
+    def _closure_grad(self, op):
+        """(region, rank, groups) of an attn.closure_grad; records its gradient's role."""
+        from mlir import ir
+
+        param = ir.BlockArgument(op.operands[2]).arg_number
+        self.closure_roles.append(abi.closure_grad(self.closure_args[param - 2] - len(abi.INPUTS)))
+        rank = len(op.results[0].type.shape)
+        terminator = list(op.regions[0].blocks[0].operations)[-1].operation
+        return op.regions[0], rank, len(terminator.operands) // (rank + 1)
 
     def kernel_arg(self, value, what: str):
         from mlir import ir
@@ -216,6 +237,10 @@ class _Backward(TileGradients):
                  "dv": tensor_type([bk, self.hkv, lk, self.dv], self.elt)}
         types["do"] = types["out"]
         ins, outs = abi.backward_roles(part, self.row_statistic)
+        if part == "dq":
+            outs = outs + tuple(self.closure_roles)
+            types.update({role: tensor_type(list(self.inputs[int(role[2:]) + 3].shape))
+                          for role in self.closure_roles})
         roles = abi.input_roles(len(self.inputs)) + list(ins) + list(outs)
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
                       abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn),
@@ -323,14 +348,22 @@ class _Backward(TileGradients):
                 v_tile = k_rows.load(v, hk, n0, bn, self.dv)
                 qk = matmul(q_tile, transpose(k_tile), zeros([bm, bn]))
                 dp = matmul(do_tile, transpose(v_tile), zeros([bm, bn]))
-                _, ds = self.tile_gradients(qk, dp, neg_lse2, delta_row, pb, ph, m0, n0, masked)
-                return [matmul(self.to_input_type(ds), k_tile, acc[0])]
+                if not self.closure_grads:
+                    _, ds = self.tile_gradients(qk, dp, neg_lse2, delta_row, pb, ph, m0, n0, masked)
+                    return [matmul(self.to_input_type(ds), k_tile, acc[0])]
+                # Every score is visited by exactly one dQ program, so this kernel scatters the
+                # closure tensors' gradients (the dK/dV one does not).
+                _, ds, dm = self.tile_gradients(qk, dp, neg_lse2, delta_row, pb, ph, m0, n0, masked,
+                                                with_modded=True)
+                closures = self.scatter_closure_grads(qk, dm, acc[1:], pb, ph, m0, n0, masked)
+                return [matmul(self.to_input_type(ds), k_tile, acc[0])] + closures
 
-            (acc,) = self.walk((partial, full), pm, [zeros([bm, self.dk])], step, reach)
+            closure_dests = [args[role] for role in self.closure_roles]
+            acc, *closures = self.walk((partial, full), pm, [zeros([bm, self.dk])] + closure_dests, step, reach)
             results = [q_rows.store(self.scaled(acc, self.scale), dq_dest, ph, m0, bm)]
             if self.row_statistic:
                 results.append(q_rows.store(delta_row, delta_dest, ph, m0, bm))
-            func.ReturnOp(results)
+            func.ReturnOp(results + closures)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ def _d_prob(kind: str, p, dp, delta):
 
 class TileGradients(KernelBuilder):
     """Needs from the kernel builder: kind (the normalize kind), scale, score_mod,
-    score_mod_grad and mask (regions or None), lq, lk and len_q, len_k (static or per program)."""
+    score_mod_grad and mask (regions or None), lq, lk and len_q, len_k (static or per program),
+    and closure_grads ((region, closure rank, groups) per closure gradient the dQ kernel writes)."""
 
     @property
     def row_statistic(self) -> bool:
@@ -54,31 +55,47 @@ class TileGradients(KernelBuilder):
             lambda a: arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, a[0], f32(-float("inf"))), f32(0.0),
                                    arith.mulf(a[0], f32(-LOG2E))), rank=1)
 
-    def tile_gradients(self, qk, dp, neg_lse2, delta_row, pb, h, m0, n0, masked: bool, keys_first: bool = False):
+    def positions(self, m0, n0, keys_first: bool = False):
+        """(q_idx, kv_idx, and the two clamped into the sequences) of the element a
+        linalg.generic over a tile is at; padded rows and columns read the last valid index, as
+        in the forward."""
+        from mlir.dialects import arith, linalg
+
+        q_axis, k_axis = (1, 0) if keys_first else (0, 1)
+        i, j = linalg.IndexOp(q_axis).result, linalg.IndexOp(k_axis).result
+        qi, kj = arith.addi(m0, i), arith.addi(n0, j)
+        return qi, kj, arith.minsi(qi, index(self.lq - 1)), arith.minsi(kj, index(self.lk - 1))
+
+    def keep(self, pb, h, qi, kj, qc, kc):
+        """Whether the pair is inside both sequences and the mask shows it."""
+        from mlir.dialects import arith
+
+        inside = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, qi, index_value(self.len_q)),
+                            arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.len_k)))
+        if self.mask is not None:
+            inside = arith.andi(inside, self.inline(self.mask, [pb, h, qc, kc]))
+        return inside
+
+    def tile_gradients(self, qk, dp, neg_lse2, delta_row, pb, h, m0, n0, masked: bool, keys_first: bool = False,
+                       with_modded: bool = False):
         """(P, dS) of one tile from its products qk = QK^T and dp = dO V^T and its rows'
         `log2_offsets` and delta (softmax; None otherwise), f32; dS is with respect to the scaled
         scores. The tile is [block_m, block_n], or with `keys_first` the transposed
         [block_n, block_m] (qk = K Q^T, dp = V dO^T), whose P^T and dS^T are the left operands of
         dV += P^T dO and dK += dS^T Q as they are: on GPUs the products' accumulator then feeds the
-        next product from registers, where a transposed P would go through shared memory."""
-        from mlir.dialects import arith, linalg, math
+        next product from registers, where a transposed P would go through shared memory.
+        `with_modded` adds a third result, the gradient with respect to the score_mod's output
+        (0 at masked pairs), which the closure tensors' gradients start from."""
+        from mlir.dialects import arith, math
 
-        q_axis, k_axis = (1, 0) if keys_first else (0, 1)
-        stats = (q_axis,)
+        stats = ((1,) if keys_first else (0,))
         tile_t = tensor_type(list(qk.type.shape))
 
         def positions():
-            i, j = linalg.IndexOp(q_axis).result, linalg.IndexOp(k_axis).result
-            qi, kj = arith.addi(m0, i), arith.addi(n0, j)
-            # Padded rows and columns read the last valid index, as in the forward.
-            return qi, kj, arith.minsi(qi, index(self.lq - 1)), arith.minsi(kj, index(self.lk - 1))
+            return self.positions(m0, n0, keys_first)
 
         def keep(qi, kj, qc, kc):
-            inside = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, qi, index_value(self.len_q)),
-                                arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.len_k)))
-            if self.mask is not None:
-                inside = arith.andi(inside, self.inline(self.mask, [pb, h, qc, kc]))
-            return inside
+            return self.keep(pb, h, qi, kj, qc, kc)
 
         def probs(a):
             qi, kj, qc, kc = positions()
@@ -101,6 +118,21 @@ class TileGradients(KernelBuilder):
 
         rows = [(neg_lse2, stats)] if self.kind == "softmax" else []
         p = self.generic([(qk, TILE)] + rows, tile_t, probs)
+        rows = [(delta_row, stats)] if self.kind == "softmax" else []
+
+        if with_modded:
+            def d_modded(a):
+                dm = _d_prob(self.kind, a[0], a[1], a[2] if self.kind == "softmax" else None)
+                return arith.select(keep(*positions()), dm, f32(0.0)) if masked else dm
+
+            dm = self.generic([(p, TILE), (dp, TILE)] + rows, tile_t, d_modded)
+
+            def through_score_mod(a):
+                qi, kj, qc, kc = positions()
+                ds = self.inline(self.score_mod_grad, [arith.mulf(a[0], f32(self.scale)), a[1], pb, h, qc, kc])
+                return arith.select(keep(qi, kj, qc, kc), ds, f32(0.0)) if masked else ds
+
+            return p, self.generic([(qk, TILE), (dm, TILE)], tile_t, through_score_mod), dm
 
         def d_scores(a):
             ds = _d_prob(self.kind, a[1], a[2], a[3] if self.kind == "softmax" else None)
@@ -115,7 +147,37 @@ class TileGradients(KernelBuilder):
             # A masked pair's local derivative may be inf or NaN: select, do not multiply.
             return arith.select(keep(qi, kj, qc, kc), ds, f32(0.0)) if select else ds
 
-        rows = [(delta_row, stats)] if self.kind == "softmax" else []
         ds = self.generic([(qk, TILE), (p, TILE), (dp, TILE)] + rows, tile_t, d_scores)
         return p, ds
 
+    def scatter_closure_grads(self, qk, dm, dests: list, pb, h, m0, n0, masked: bool) -> list:
+        """The closure gradients `dests` (one per `self.closure_grads` entry: its region, the
+        closure's rank) with this [block_m, block_n] tile's contributions added: each read of
+        the closure tensor in the score_mod yields (value, index_0, .., index_{r-1}) per pair,
+        from the scaled score and `dm`, the gradient with respect to the score_mod's output; a
+        masked pair adds 0 (its local derivative may be inf or NaN)."""
+        from mlir import ir
+        from mlir.dialects import arith
+
+        from .l1_builders import scatter_add
+
+        tile = list(qk.type.shape)
+        i32 = ir.IntegerType.get_signless(32)
+        out = []
+        for (region, rank, groups), dest in zip(self.closure_grads, dests):
+            for g in range(groups):
+                def component(k, a):
+                    qi, kj, qc, kc = self.positions(m0, n0)
+                    args = [arith.mulf(a[0], f32(self.scale)), a[1], pb, h, qc, kc]
+                    value = self.inline(region, args, result=g * (rank + 1) + k)
+                    if k:
+                        return arith.index_cast(i32, value)
+                    return arith.select(self.keep(pb, h, qi, kj, qc, kc), value, f32(0.0)) if masked else value
+
+                ins = [(qk, TILE), (dm, TILE)]
+                values = self.generic(ins, tensor_type(tile), lambda a: component(0, a))
+                indices = [self.generic(ins, tensor_type(tile, i32), lambda a, k=k: component(k, a))
+                           for k in range(1, rank + 1)]
+                dest = scatter_add(dest, values, indices)
+            out.append(dest)
+        return out

@@ -17,7 +17,7 @@ Value model
   the output element (%out) carrying the accumulator. `linalg.reduce` likewise walks its reduced
   dimension.
 
-The interpreter supports the ops L1 kernels use (attn.program_id, arith, math, tensor.empty /
+The interpreter supports the ops L1 kernels use (attn.program_id, attn.scatter_add, arith, math, tensor.empty /
 extract / extract_slice / insert_slice / pad, linalg.fill / matmul / transpose / generic / reduce /
 index, scf.for) and raises NotImplementedError naming any other op.
 """
@@ -207,6 +207,15 @@ class _Interpreter:
 
     def op_attn_program_id(self, op, vals, env):
         return [torch.tensor(self.pid[int(op.attributes["axis"].value)], dtype=torch.int64)]
+
+    def op_attn_scatter_add(self, op, vals, env):
+        """dest[indices...] += values, elementwise over the tile; indices outside dest add nothing."""
+        dest, values, indices = vals[0].clone(), vals[1], vals[2:]
+        keep = torch.ones(values.shape, dtype=torch.bool)
+        for axis, i in enumerate(indices):
+            keep &= (i >= 0) & (i < dest.shape[axis])
+        dest.index_put_(tuple(i[keep] for i in indices), values[keep].to(dest.dtype), accumulate=True)
+        return [dest]
 
     def op_tensor_empty(self, op, vals, env):
         return [torch.zeros(_shape(op.results[0].type), dtype=self.dtype_of(_elt(op.results[0])))]

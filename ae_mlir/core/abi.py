@@ -39,6 +39,8 @@ BACKWARD_KERNELS = (("dq", ("out", "do", "lse", "dlse"), ("dq", "delta")),
 # The same for normalizers applied element by element (sigmoid, relu, none): no row statistic, so
 # neither the forward's output nor its logsumexp enters the gradients.
 ELEMENTWISE_BACKWARD_KERNELS = (("dq", ("do",), ("dq",)), ("dkdv", ("do",), ("dk", "dv")))
+# The dQ kernel also writes, after its own roles, one closure_grad(i) per closure tensor c<i> whose
+# gradient the score_mod reaches, summed over every score that reads it (f32, c<i>'s shape).
 # The normalize kinds that have backward kernels: softmax, and those applied element by element.
 BACKWARD_NORMALIZERS = ("softmax", "sigmoid", "relu", "none")
 # What a caller of softmax's backward gives (after q, k, v, the closure tensors and, for every
@@ -55,6 +57,17 @@ CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_i
 
 def capture(i: int) -> str:
     return f"c{i}"
+
+
+def closure_grad(i: int) -> str:
+    """The role of the gradient of closure tensor c<i>, which the dQ backward kernel writes."""
+    return f"d{capture(i)}"
+
+
+def is_closure_grad(role: str) -> bool:
+    """Whether a destination is a closure tensor's gradient: the kernel adds into it
+    (attn.scatter_add), so it must start at zero and programs may add to one element together."""
+    return role.startswith("dc") and role[2:].isdigit()
 
 
 def workspace(i: int) -> str:
