@@ -27,6 +27,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .core import abi
 from .disk_cache import atomic_write, cache_dir, compiler_fingerprint
 from .kernel_args import aligned_ok, argument_values  # noqa: F401  (part of the runtime's API)
 
@@ -392,7 +393,7 @@ def _launch_all(bundle: Bundle, tensors: dict, device) -> None:
 
 def launch_roles(bundle: Bundle, given: dict) -> dict:
     """Run a bundle whose kernels name their arguments' roles (the backward's: q, k, v, c<i>, out,
-    do, lse, dlse in; dq, dk, dv out) on GPU tensors given by role; returns its outputs by role."""
+    do, lse, dlse in; dq, dk, dv and the closure gradients dc<i> out) on GPU tensors given by role; returns its outputs by role."""
     import torch
 
     device = given["q"].device
@@ -404,7 +405,9 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
             raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)}, got {got}")
         tensors[spec.role] = t.to(device).view(torch.uint8) if t.dtype == torch.bool else t.to(device)
     for spec in bundle.outputs + bundle.workspace:
-        tensors[spec.role] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+        # The closure tensors' gradients are sums the kernel adds into.
+        allocate = torch.zeros if abi.is_closure_grad(spec.role) else torch.empty
+        tensors[spec.role] = allocate(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
     _launch_all(bundle, tensors, device)
     return {spec.role: tensors[spec.role] for spec in bundle.outputs}
 

@@ -121,6 +121,21 @@ irdl.dialect @tt {
     irdl.attributes {"cache" = %cache, "evict" = %evict}
   }
 
+  // An atomic read-modify-write of each (unmasked) lane's element; returns the old values.
+  // atomic_rmw_op 5 = fadd; sem 1 = relaxed; scope 1 = gpu.
+  irdl.operation @atomic_rmw {
+    %ptr = irdl.any
+    %value = irdl.any
+    %mask = irdl.any
+    %old = irdl.any
+    %rmw = irdl.base "#builtin.integer"
+    %sem = irdl.base "#builtin.integer"
+    %scope = irdl.base "#builtin.integer"
+    irdl.operands(ptr: %ptr, value: %value, mask: optional %mask)
+    irdl.results(old: %old)
+    irdl.attributes {"atomic_rmw_op" = %rmw, "sem" = %sem, "scope" = %scope}
+  }
+
   // d = a @ b + c. inputPrecision (for f32 inputs): 0 = tf32, 1 = tf32x3, 2 = ieee.
   irdl.operation @dot {
     %a = irdl.base "!builtin.tensor"

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from ae_mlir import runtime
+from ae_mlir.core import abi
 from tt_interp import run_ttir
 
 
@@ -43,7 +44,10 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
     interpreter the way `runtime.launch_roles` runs it; returns its outputs by role (float32)."""
     tensors = dict(given)
     for spec in bundle.outputs + bundle.workspace:
-        tensors[spec.role] = torch.full(spec.shape, float("nan"), dtype=runtime.torch_dtype(spec.dtype))
+        # NaN where the kernels must write every element; the closure gradients start at zero,
+        # as the runtime allocates them, since the kernels add into them.
+        fill = 0.0 if abi.is_closure_grad(spec.role) else float("nan")
+        tensors[spec.role] = torch.full(spec.shape, fill, dtype=runtime.torch_dtype(spec.dtype))
     aligned = variant == "aligned" if variant else runtime.aligned_ok(bundle, tensors)
     arrays = _run_kernels(bundle, tensors, aligned)
     results = {}

@@ -439,6 +439,30 @@ def _op_store(f, op):
     return run
 
 
+def _op_atomic_rmw(f, op):
+    """tt.atomic_rmw fadd (atomic_rmw_op 5): each active lane adds its value to its element, lanes
+    on one element all counting (np.add.at); the result is what the elements held before."""
+    if int(op.attributes["atomic_rmw_op"].value) != 5:
+        raise NotImplementedError("tt.atomic_rmw: only fadd (atomic_rmw_op = 5) is interpreted")
+    opnds = _memory_operands(op, ("ptr", "value", "mask"))
+    ptr, value = f.slot(opnds["ptr"]), f.slot(opnds["value"])
+    mask = f.slot(opnds["mask"]) if opnds["mask"] is not None else None
+    ty = _Type.of(op.results[0].type)
+    out = f.slot(op.results[0])
+    program, where = f.program, f"tt.atomic_rmw at {op.location}"
+
+    def run(env):
+        addr = np.asarray(env[ptr])
+        vals = np.broadcast_to(env[value], addr.shape)
+        active = np.broadcast_to(env[mask], addr.shape) if mask is not None else np.ones(addr.shape, bool)
+        old = np.zeros(addr.shape, ty.dtype)
+        for buf, sel, idx in program.resolve(addr, active, ty.elem, where):
+            old[sel] = buf[idx]
+            np.add.at(buf, idx, vals[sel])
+        env[out] = old
+    return run
+
+
 def _op_dot(f, op):
     a, b, c = (f.slot(v) for v in op.operands[:3])
     out = f.slot(op.results[0])
@@ -588,6 +612,7 @@ _HANDLERS = {
     "tt.addptr": _op_addptr,
     "tt.load": _op_load,
     "tt.store": _op_store,
+    "tt.atomic_rmw": _op_atomic_rmw,
     "tt.dot": _op_dot,
     "tt.reduce": _op_reduce,
     "tt.scan": _op_scan,

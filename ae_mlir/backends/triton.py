@@ -158,7 +158,7 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
                           input_precision: str = "ieee") -> runtime.Bundle:
     """The backward kernels of an L0 module (attn-tile-backward: softmax or an element-wise
     normalizer) as one bundle: the dQ kernel (for softmax it also writes delta, the bundle's
-    workspace) as its stage, the dK/dV kernel as its own, each with its own launch options;
+    workspace, and the closure tensors' gradients dc<i>, outputs) as its stage, the dK/dV kernel as its own, each with its own launch options;
     `runtime.launch_roles` runs it."""
     from .. import presets
 
@@ -174,8 +174,9 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         written = []
         for kernel in abi.kernels(module):
             written += _specs(abi.result_types(kernel), abi.arg_roles(kernel)[-len(abi.result_types(kernel)):])
-        outputs = [spec for spec in written if spec.role in abi.BACKWARD_OUTPUTS]
-        workspace = [spec for spec in written if spec.role not in abi.BACKWARD_OUTPUTS]
+        returned = [spec.role in abi.BACKWARD_OUTPUTS or abi.is_closure_grad(spec.role) for spec in written]
+        outputs = [spec for spec, out in zip(written, returned) if out]
+        workspace = [spec for spec, out in zip(written, returned) if not out]
         l1_text = module.operation.get_asm(enable_debug_info=True)
         report.stage("L1 -> Triton IR (aligned and general variants)")
         variants = [_lower_l1(l1_text, dataclasses.replace(options, assume_aligned=aligned))

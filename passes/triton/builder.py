@@ -20,6 +20,8 @@ class TileBuilder:
         self.cache: dict = {}
         # The padded iteration domain while a linalg.generic body is lowered, else None.
         self.generic_shape: tuple | None = None
+        # Generic results as computed, before the broadcast to their tile shape (`lazy_value`).
+        self.lazy: dict = {}
 
     def lower_op(self, op) -> None:
         """Lower one L1 op (the kernel dispatches on its name)."""
@@ -37,6 +39,13 @@ class TileBuilder:
         if value not in self.values:
             raise fail(user, "reads a value the Triton lowering has not seen (unsupported L1 structure)")
         return self.values[value]
+
+    def lazy_value(self, value, user) -> Value:
+        """A tile as its generic computed it: [M, 1], [1, N] or a scalar where it varies along
+        fewer axes; other tiles as they are."""
+        if value in self.lazy:
+            return self.lazy[value]
+        return self.tile(value, user)
 
     def scalar(self, value, user) -> Value:
         v = self.get(value, user)

@@ -60,6 +60,7 @@ class Kernel(TensorOps, LinalgOps):
 _HANDLERS = {
     "arith.constant": Kernel.constant,
     "attn.program_id": Kernel.program_id,
+    "attn.scatter_add": Kernel.scatter_add,
     "tensor.empty": Kernel.empty,
     "tensor.extract_slice": Kernel.extract_slice,
     "tensor.pad": Kernel.pad,

@@ -119,6 +119,10 @@ class LinalgOps(TileBuilder):
             result = self.op(combiner.name, self.to_shape(result, init.shape), init)
         if result.elt != element_type(out_type):
             raise fail(op, f"yields {result.elt} for a {element_type(out_type)} tensor")
+        if result.shape != tuple(padded_size(n) for n in logical) and not any(iters):
+            # What the tile is before broadcasting ([M, 1] for a value of the row alone): an
+            # atomic add uses it to add once per row (attn.scatter_add).
+            self.lazy[op.results[0]] = result
         result = self.to_shape(result, tuple(padded_size(n) for n in logical))
         self.values[op.results[0]] = replace(result, logical=logical, zero_pad=False, const=False)
 

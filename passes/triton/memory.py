@@ -124,3 +124,49 @@ class Memory(TileBuilder):
         if arg.bool_bytes:
             value = self.cmpi("ne", value, self.const(0, "i8"))
         return value
+
+    def scatter_add(self, op) -> None:
+        """attn.scatter_add: one relaxed atomic f32 add per lane into the destination argument,
+        lanes whose indices fall outside it masked off. Where every index is the same along a
+        tile axis (it depends on the head, say, not on the row), the values are summed along it
+        first: one atomic per row, column or tile instead of one per element, which matters
+        because atomics on one address serialize."""
+        dest = self.destination(self.get(op.operands[0], op))
+        if dest is None:
+            raise fail(op, "adds into a destination argument only")
+        arg = dest.arg
+        if arg.elt != "f32":
+            raise fail(op, f"adds into a {arg.elt} tensor; atomic adds are f32 here")
+        indices = [self.lazy_value(v, op) for v in op.operands[2:]]
+        if len(indices) != len(arg.shape):
+            raise fail(op, f"indexes a rank-{len(arg.shape)} tensor with {len(indices)} index tiles")
+        values = self.tile(op.operands[1], op)
+        if values.elt != "f32" or len(values.shape) != 2:
+            raise fail(op, "adds a 2-D f32 tile")
+        for axis in range(2):
+            if values.logical[axis] != values.shape[axis]:
+                values = self.zero_beyond(values, axis)
+        shapes = [i.shape for i in indices if i.shape]
+        for axis in reversed(range(2)):
+            if all(s[axis] == 1 for s in shapes):
+                values = self.tt_reduce(values, axis, "arith.addf")
+                if shapes:
+                    values = self.expand(values, axis)
+        offset, mask = None, None
+        for d, idx in enumerate(indices):
+            term = self.cast_int(idx, "i64")
+            if arg.strides[d] != 1:
+                term = self.op("arith.muli", term, self.cast_int(arg.strides[d], "i64"))
+            offset = term if offset is None else self.op("arith.addi", offset, term)
+            ok = self.op("arith.andi", self.cmpi("sge", idx, self.const(0, idx.elt)),
+                         self.cmpi("slt", idx, self.const(arg.shape[d], idx.elt)))
+            mask = ok if mask is None else self.op("arith.andi", mask, ok)
+        if offset is None:
+            offset, mask = self.const(0, "i64"), self.const(1, "i1")
+        shape = self.join([values, offset, mask])
+        ptrs = self.addptr(self.to_shape(arg.ptr, shape), self.to_shape(offset, shape))
+        operands = [ptrs, self.to_shape(values, shape), self.to_shape(mask, shape)]
+        types = ", ".join(o.type for o in operands)
+        self.em(f'"tt.atomic_rmw"({", ".join(o.name for o in operands)}) '
+                f"{{atomic_rmw_op = 5 : i32, scope = 1 : i32, sem = 1 : i32}} : ({types}) -> {operands[1].type}")
+        self.values[op.results[0]] = dest
