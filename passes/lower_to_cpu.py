@@ -4,7 +4,8 @@ A pipeline, so that `attn-tile,attn-lower-to-cpu` (or `attn-chunk-recurrence,att
 ends in the llvm dialect, ready for the JIT, while `--mlir-print-ir-after-all` shows every stage
 and a pipeline of the first few stages stops wherever one wants to look. In order:
 
-1. `attn-cpu-grid-loops`: one loop over a range of each kernel's programs (two index arguments),
+1. `attn-cpu-lower-scatter` (the scatter-adds of closure gradients to element loops), then
+   `attn-cpu-grid-loops`: one loop over a range of each kernel's programs (two index arguments),
    carrying the destination tensors; then `canonicalize,cse` and `attn-cpu-split-empty-tensors`.
 2. `attn-cpu-vectorize`: matmuls to register tiles, elementwise ops and row reductions to row
    blocks, then every linalg op to vector ops; a tile load becomes a masked transfer.
@@ -21,7 +22,7 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
 Hand-written, because no upstream pass or transform op does it (each says why): `lower_grid` and
 `widen_bool_arguments` (cpu_grid_loops), `split_empty_tensors`, `carry_loop_state_in_place` (with
 `mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers` (cpu_lower_vectors),
-`align_vector_views`, `expand_erf`, `expand_expm1`, `expand_exponentials` and
+`lower_scatter` (cpu_lower_scatter), `align_vector_views`, `expand_erf`, `expand_expm1`, `expand_exponentials` and
 `flatten_math_vectors` (cpu_legalize_for_llvm),
 and `define_bf16_truncation`.
 """
@@ -90,6 +91,7 @@ class LowerToCpu(PassPipeline):
     def elements(self) -> list[str]:
         pinned_strides = ["attn-cpu-pin-unit-inner-stride"] if self.unit_inner_stride else []
         return [
+            "attn-cpu-lower-scatter",
             "attn-cpu-grid-loops",
             *TENSOR_PIPELINE,
             "attn-cpu-split-empty-tensors",

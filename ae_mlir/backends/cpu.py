@@ -87,6 +87,7 @@ class _Lowered:
     block_n: int
     mask_program: str | None  # JSON, for a kernel that takes call-time tile tables
     programs: int             # the grid's size; the last two arguments take a range of [0, programs)
+    accumulated: dict[int, str]  # output -> role: the closure gradients the kernel adds into (attn.scatter_add)
 
 
 def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
@@ -104,6 +105,7 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         raise CompileError(f"the CPU backend runs a module with exactly one function, found {len(funcs)}")
     inputs = [_spec(t) for t in abi.input_types(funcs[0])]
     outputs = [_spec(t) for t in abi.result_types(funcs[0])]
+    accumulated = {}
     name = report.name = abi.name(funcs[0])
     overrides = {key: value for key, value in (("block_m", block_m), ("block_n", block_n)) if value}
     options = presets.options_for("cpu", presets.read_problem(module), "host",
@@ -117,12 +119,13 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         n_results = len(abi.result_types(kernel))
         inputs = [_spec(t) for t in abi.input_types(kernel)[:-n_results]]
         outputs = [_spec(t) for t in abi.result_types(kernel)]
+        accumulated = {i: role for i, role in enumerate(abi.arg_roles(kernel)[-n_results:]) if abi.is_closure_grad(role)}
         name = report.name = abi.name(kernel)
     # A mask that reads closure tensors is classified per call (block_mask); its four tile
     # tables follow the inputs.
     inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
     lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n, abi.mask_program(kernel),
-                       math.prod(abi.grid(kernel)))
+                       math.prod(abi.grid(kernel)), accumulated)
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
     return lowered
@@ -176,6 +179,7 @@ class CompiledKernel:
         self.mask_program = record["mask_program"]
         self.unit_inner_stride = bool(record["unit_inner_stride"])
         self.programs = int(record["programs"])
+        self.accumulated = {int(i): role for i, role in record.get("accumulated", {}).items()}
         self._owner = owner  # the JIT engine or the loaded library: keeps the code mapped
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
 
@@ -193,24 +197,55 @@ class CompiledKernel:
             if self.unit_inner_stride and not _unit_inner_stride(t):
                 raise ValueError(f"argument {i} of the CPU kernel needs unit stride in its last dimension "
                                  "(this kernel was compiled with unit-inner-stride)")
-        outputs = [torch.empty(spec.shape, dtype=spec.torch_dtype()) for spec in self.outputs]
-        cpu_threads.run(_Launch(self._entry, list(inputs) + outputs), self.programs)
+        outputs = [(torch.zeros if i in self.accumulated else torch.empty)(spec.shape, dtype=spec.torch_dtype())
+                   for i, spec in enumerate(self.outputs)]
+        launch = _Launch(self._entry, list(inputs) + outputs, [len(inputs) + i for i in self.accumulated])
+        cpu_threads.run(launch, self.programs)
+        launch.sum_private_copies()
         return outputs
 
 
 class _Launch:
     """One call's arguments, run a range of programs at a time. A range running on a pool thread
-    holds it, and so the tensors its descriptors point into."""
+    holds it, and so the tensors its descriptors point into.
 
-    def __init__(self, entry, tensors: list):
+    Programs add into the `accumulated` tensors (closure gradients) at elements other programs
+    add into too, with plain loads and stores: each thread adds into a zeroed copy of its own,
+    and `sum_private_copies` adds the copies into the tensors after the call (in the order the
+    threads first ran, so the sum's rounding may vary between calls with several threads)."""
+
+    def __init__(self, entry, tensors: list, accumulated: list[int] | None = None):
         self.entry = entry
         self.tensors = tensors
         self.pointers = [ctypes.pointer(_descriptor(t)) for t in tensors]
+        self.accumulated = accumulated or []
+        self.private: dict[int, tuple[list, list]] = {}  # thread -> (copies, pointers)
+        self.lock = threading.Lock()
+
+    def _pointers(self) -> list:
+        if not self.accumulated:
+            return self.pointers
+        import torch
+
+        thread = threading.get_ident()
+        with self.lock:
+            if thread not in self.private:
+                copies = [torch.zeros_like(self.tensors[i]) for i in self.accumulated]
+                pointers = list(self.pointers)
+                for i, copy in zip(self.accumulated, copies):
+                    pointers[i] = ctypes.pointer(_descriptor(copy))
+                self.private[thread] = (copies, pointers)
+            return self.private[thread][1]
 
     def __call__(self, first: int, last: int) -> None:
         bounds = (ctypes.c_int64(first), ctypes.c_int64(last))
-        addresses = [ctypes.addressof(p) for p in (*self.pointers, *bounds)]
+        addresses = [ctypes.addressof(p) for p in (*self._pointers(), *bounds)]
         self.entry((ctypes.c_void_p * len(addresses))(*addresses))
+
+    def sum_private_copies(self) -> None:
+        for copies, _ in self.private.values():
+            for i, copy in zip(self.accumulated, copies):
+                self.tensors[i] += copy
 
 
 def _unit_inner_stride(t) -> bool:
@@ -238,7 +273,8 @@ def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inne
         record = {"name": lowered.name, "inputs": [a.to_dict() for a in lowered.inputs],
                   "outputs": [a.to_dict() for a in lowered.outputs], "block_m": lowered.block_m,
                   "block_n": lowered.block_n, "mask_program": lowered.mask_program,
-                  "unit_inner_stride": unit_inner_stride, "programs": lowered.programs}
+                  "unit_inner_stride": unit_inner_stride, "programs": lowered.programs,
+                  "accumulated": {str(i): role for i, role in lowered.accumulated.items()}}
         report.stage("LLVM -> native code (JIT, -O3)")
         try:
             engine = ExecutionEngine(lowered.module, opt_level=3)
@@ -312,7 +348,8 @@ def run_module_text(module_text: str, inputs: list, out_dtype) -> list:
 def run_backward(module_text: str, tensors: dict) -> dict:
     """dq, dk and dv of the attention `module_text` from its backward kernels (attn-tile-backward),
     run in order; `tensors` holds q, k, v, the closure tensors c0, c1, ..., do, and for softmax
-    out, lse and dlse, by role. Returns the three gradients by role, in q's, k's and v's dtypes."""
+    out, lse and dlse, by role. Returns the three gradients by role, in q's, k's and v's dtypes,
+    and the gradients dc<i> (float32) of the closure tensors the score_mod reads."""
     tensors = dict(tensors)
     n_closures = sum(1 for r in tensors if r.startswith("c") and r[1:].isdigit())
     first = abi.input_roles(3 + n_closures)
@@ -324,5 +361,8 @@ def run_backward(module_text: str, tensors: dict) -> dict:
         inputs = [tensors[r] for r in first + list(reads)]
         unit = all(_unit_inner_stride(t) for t in inputs)
         kernel = compile_module(module_text, unit_inner_stride=unit, backward=part)
-        tensors.update(zip(writes, kernel(inputs)))
-    return {role: tensors[role] for role in abi.BACKWARD_OUTPUTS}
+        n_writes = len(writes)
+        results = kernel(inputs)
+        tensors.update(zip(writes, results[:n_writes]))
+        tensors.update((kernel.accumulated[i], t) for i, t in enumerate(results) if i in kernel.accumulated)
+    return {role: t for role, t in tensors.items() if role in abi.BACKWARD_OUTPUTS or abi.is_closure_grad(role)}

@@ -1,8 +1,9 @@
 """Autograd for `ae_mlir.attention`: a call whose forward is the compiled kernel and whose
 backward is, for softmax and the element-wise normalizers (sigmoid, relu, none) on the CPU and
-Triton backends, the two kernels `attn-tile-backward` builds from the same L0 module, and
-otherwise (user normalizers, gradients of closure tensors, the reference backend) torch
-evaluating the derivative regions `attn-differentiate` compiles (`backward.py`).
+Triton backends, the two kernels `attn-tile-backward` builds from the same L0 module (with the
+gradients of the closure tensors the score_mod reads), and otherwise (user normalizers, the
+reference backend) torch evaluating the derivative regions `attn-differentiate` compiles
+(`backward.py`).
 
 The forward runs with its logsumexp result (softmax), which the backward uses to recompute the
 probabilities a block of query rows at a time instead of saving them.
@@ -47,25 +48,20 @@ class CompiledCall:
         results = _execute(self.text, tensors, self.backend, out_dtype=q.dtype)
         return results[0], (results[1] if self.with_lse else None)
 
-    def uses_kernels(self, closures_wanted) -> bool:
+    @property
+    def uses_kernels(self) -> bool:
         """Whether the backward runs as compiled kernels (attn-tile-backward): a built-in
-        normalizer on the CPU or Triton backend, with no gradient wanted for a closure tensor the
-        scores depend on (those need a scatter the kernels do not do yet; None: every one is
-        wanted)."""
-        if self.backend not in ("cpu", "triton") or self.derivative.kind not in abi.BACKWARD_NORMALIZERS:
-            return False
-        positions = [p for p, _ in self.derivative.closure_grads]
-        return not positions or (closures_wanted is not None and not any(closures_wanted[p] for p in positions))
+        normalizer on the CPU or Triton backend."""
+        return self.backend in ("cpu", "triton") and self.derivative.kind in abi.BACKWARD_NORMALIZERS
 
     def backward(self, q, k, v, captures: list, lse, d_out, d_lse, closures_wanted=None, out=None):
         # Softmax's kernels read the forward's output, which is saved only when they run.
-        if self.uses_kernels(closures_wanted) and (out is not None or not self.with_lse):
-            return self.kernel_backward(q, k, v, captures, lse, out, d_out, d_lse)
+        if self.uses_kernels and (out is not None or not self.with_lse):
+            return self.kernel_backward(q, k, v, captures, lse, out, d_out, d_lse, closures_wanted)
         if "attn.unpack_sequences" in self.text:
             # The torch evaluation of the derivative sees [B, H, L, D] tensors, not packed rows.
             raise ValueError("this gradient of a packed variable-length call (cu_seqlens) needs the backward "
-                             "kernels: softmax, sigmoid, relu or none on the 'cpu' or 'triton' backend, no "
-                             "closure-tensor gradients")
+                             "kernels: softmax, sigmoid, relu or none on the 'cpu' or 'triton' backend")
         if self.lengths is not None:
             # Keys past an entry's length are masked, but 0 * NaN is NaN: a cache's unfilled rows
             # must not reach dQ = dS K.
@@ -73,8 +69,9 @@ class CompiledCall:
         return attention_backward(self.derivative, self.scale, q, k, v, captures, lse, d_out, d_lse,
                                   closures_wanted)
 
-    def kernel_backward(self, q, k, v, captures: list, lse, out, d_out, d_lse):
-        """dq, dk, dv from the backward kernels, and no closure gradients."""
+    def kernel_backward(self, q, k, v, captures: list, lse, out, d_out, d_lse, closures_wanted=None):
+        """dq, dk, dv and the closure tensors' gradients (those wanted; None: all) from the
+        backward kernels."""
         from .. import backends
 
         work = q.dtype if self.backward_text == self.text else torch.float32
@@ -85,7 +82,10 @@ class CompiledCall:
             tensors.update(out=out.detach().to(work), lse=lse.detach().float().contiguous(), dlse=d_lse.contiguous())
         tensors.update({f"c{i}": t.detach() for i, t in enumerate(captures)})
         grads = backends.run_backward(self.backward_text, tensors, self.backend)
-        return grads["dq"].to(q.dtype), grads["dk"].to(k.dtype), grads["dv"].to(v.dtype), [None] * len(captures)
+        d_captures = [grads.get(abi.closure_grad(i)) if closures_wanted is None or closures_wanted[i] else None
+                      for i in range(len(captures))]
+        d_captures = [None if g is None else g.to(t.device, t.dtype) for g, t in zip(d_captures, captures)]
+        return grads["dq"].to(q.dtype), grads["dk"].to(k.dtype), grads["dv"].to(v.dtype), d_captures
 
 
 def compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> CompiledCall:
@@ -134,7 +134,7 @@ class _Attention(torch.autograd.Function):
         ctx.call = call
         # The output only feeds softmax's backward kernels; saving it otherwise would make an
         # in-place change of the output an autograd error for nothing.
-        kernels = call.with_lse and call.uses_kernels(ctx.needs_input_grad[4:])
+        kernels = call.with_lse and call.uses_kernels
         ctx.save_for_backward(q, k, v, lse, out if kernels else None, *captures)
         return (out, lse) if call.with_lse else out
 

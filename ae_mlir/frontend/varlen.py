@@ -117,18 +117,14 @@ def packed_views(q, k, v, layout: str):
     return tuple(checks.to_bhld(t.unsqueeze(0), layout) for t in (q, k, v))
 
 
-def check_trainable(attn, backend: str, captures: list) -> None:
+def check_trainable(attn, backend: str) -> None:
     """Gradients of a packed batch come from the backward kernels alone (the torch evaluation of
-    the derivative knows no packing): a built-in normalizer, the CPU or Triton backend, no closure
-    gradients."""
+    the derivative knows no packing): a built-in normalizer, the CPU or Triton backend."""
     kinds = abi.BACKWARD_NORMALIZERS
     if backend not in ("cpu", "triton") or not isinstance(attn.normalize, str) or attn.normalize not in kinds:
         raise ValueError("gradients of packed variable-length calls (cu_seqlens) run as backward kernels: "
                          f"normalize={' or '.join(repr(k) for k in kinds)} on the 'cpu' or 'triton' backend, "
                          f"not normalize={getattr(attn.normalize, 'name', attn.normalize)!r} on {backend!r}")
-    if any(t.requires_grad for t in captures):
-        raise ValueError("gradients of the closure tensors a mod reads are not computed for packed variable-length "
-                         "calls (cu_seqlens) yet; detach them or call under torch.no_grad()")
 
 
 def packed_module_lines(body: list, caps, sequences: Sequences, q, k, v, ret_vals: list, ret_types: list,
@@ -177,14 +173,14 @@ def call_packed(attn, q, k, v, return_lse, backend, cu_q, cu_k, max_q, max_k):
 
         captures = closure_sources.fetch(attn, attn._sources) if attn._sources is not None else []
         if wants_grad([q, k, v] + captures):
-            check_trainable(attn, backend, captures)
+            check_trainable(attn, backend)
         out, *lse = compiled_attention(attn, q, k, v, backend, sequences=sequences)
     else:
         text, captures = attn._prepare(q, k, v, sequences=sequences)
         if wants_grad([q, k, v] + captures):
             from .autograd import compiled_call, differentiable_call
 
-            check_trainable(attn, backend, captures)
+            check_trainable(attn, backend)
             call = compiled_call(attn, text, q, k, v, backend, sequences=sequences)
             out, *lse = differentiable_call(call, q, k, v, captures)
         else:
