@@ -330,8 +330,7 @@ def test_cpu_softmax_backward_runs_the_kernels(monkeypatch):
         attn(*leaves, backend="reference").sum().backward()
 
 
-def test_learnable_closure_tensor_falls_back_to_torch(monkeypatch):
-    monkeypatch.setattr(backends, "run_backward", _refuse)
+def test_learnable_closure_tensor_takes_the_kernels():
     _, (q, k, v) = _catalogue("alibi")
     slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / 4) for i in range(4)])
 
@@ -342,7 +341,8 @@ def test_learnable_closure_tensor_falls_back_to_torch(monkeypatch):
         return torch.autograd.grad(out, leaves + [slopes], d_out.to(out.dtype))
 
     d_out = torch.randn(*q.shape[:3], v.shape[3], generator=torch.Generator().manual_seed(8))
-    got = grads(slopes.clone().requires_grad_(), _leaves(q, k, v, dtype=torch.float32), "cpu")
+    with kernels_only():
+        got = grads(slopes.clone().requires_grad_(), _leaves(q, k, v, dtype=torch.float32), "cpu")
     want = grads(slopes.double().requires_grad_(), _leaves(q, k, v), "reference")
     for name, g, w in zip(("dq", "dk", "dv", "dslopes"), got, want):
         assert _relative_error(g, w) < 1e-4, name
@@ -361,18 +361,14 @@ def test_uses_kernels_decision():
     retnet, _ = variants.build("retnet", CPU_SHAPE)
     for backend, expected in (("cpu", True), ("triton", True), ("reference", False)):
         c, _ = call(causal, backend)
-        assert c.uses_kernels(()) is expected and c.uses_kernels(None) is expected
+        assert c.uses_kernels is expected
+    # The kernels also give the gradients of closure tensors the scores read.
     c, captures = call(alibi, "cpu")
-    assert len(captures) == 1
-    assert c.uses_kernels((False,)) and not c.uses_kernels((True,)) and not c.uses_kernels(None)
+    assert len(captures) == 1 and c.uses_kernels
     c, _ = call(sigmoid, "cpu")
-    assert c.uses_kernels(())
+    assert c.uses_kernels
     c, _ = call(retnet, "cpu")  # a user normalizer
-    assert not c.uses_kernels(())
-    # A float closure tensor that only the mask reads has no gradient: the kernels still apply.
-    w = torch.rand(2)
-    c, captures = call(ae.attention(mask_mod=lambda b, h, i, j: (i >= j) & (w[h] > 0.1)), "cpu")
-    assert len(captures) == 1 and c.uses_kernels((True,)) and c.uses_kernels(None)
+    assert not c.uses_kernels
 
 
 # --- d. errors ------------------------------------------------------------------------------------------

@@ -211,16 +211,21 @@ def test_packed_training_under_torch_compile():
                       fullgraph=True)(q)
 
 
-def test_closure_gradients_of_packed_calls_are_refused_under_torch_compile():
-    # The torch evaluation of the derivative knows no packing: under compile as in eager, a
-    # closure tensor that wants a gradient is refused rather than given a wrong one.
+def test_closure_gradients_of_packed_calls_under_torch_compile():
+    # The backward kernels scatter the closure gradient, under compile as in eager.
     bias = torch.tensor([0.1, -0.2, 0.3, 0.05], requires_grad=True)
     attn = ae.attention(score_mod=lambda s, b, h, i, j: s + bias[h] * (i - j), layout="blhd")
     q, k, v, cq, ck = _batch([3, 5], [3, 5])
-    step = torch.compile(lambda q: attn(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=5,
-                                        max_seqlen_k=5).sum(), backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception, match="closure tensors a mod reads"):
-        step(q)
+
+    def step(q):
+        return attn(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=5, max_seqlen_k=5).square().sum()
+
+    step(q).backward()
+    eager = bias.grad.clone()
+    bias.grad = None
+    torch.compile(step, backend="aot_eager", fullgraph=True)(q).backward()
+    assert torch.count_nonzero(eager) == 4
+    torch.testing.assert_close(bias.grad, eager)
 
 
 def test_checked_mode_checks_each_sequences_own_positions():
