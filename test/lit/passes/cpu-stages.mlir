@@ -54,7 +54,8 @@
 // CHECK: llvm.func @_mlir_ciface_running_max(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64)
 // CHECK: llvm.func @__truncsfbf2(
 
-// ORDER: IR Dump After GridLoops (attn-cpu-grid-loops)
+// ORDER: IR Dump After LowerScatter (attn-cpu-lower-scatter)
+// ORDER-NEXT: IR Dump After GridLoops (attn-cpu-grid-loops)
 // ORDER-NEXT: IR Dump After Canonicalizer (canonicalize)
 // ORDER-NEXT: IR Dump After CSE (cse)
 // ORDER-NEXT: IR Dump After SplitEmptyTensors (attn-cpu-split-empty-tensors)

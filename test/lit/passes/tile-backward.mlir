@@ -12,7 +12,7 @@
 // forward and @f_grad are gone afterwards (the implicit check-nots). The errors are checked
 // with --verify-diagnostics; split-file gives each part its own pipeline.
 // RUN: split-file %s %t
-// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %t/kernels.mlir --implicit-check-not=_grad --implicit-check-not='@causal(' --implicit-check-not='@gqa(' --implicit-check-not='@sigmoid(' --implicit-check-not=attn.score --implicit-check-not=attn.aggregate
+// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %t/kernels.mlir --implicit-check-not=_grad --implicit-check-not='@causal(' --implicit-check-not='@gqa(' --implicit-check-not='@sigmoid(' --implicit-check-not='@bias(' --implicit-check-not=attn.score --implicit-check-not=attn.aggregate
 // RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' | mlir-opt --split-input-file --irdl-file=%attn_irdl > /dev/null
 // RUN: ae-opt %t/no-derivative.mlir --pass-pipeline='builtin.module(attn-tile-backward)' --verify-diagnostics
 // RUN: ae-opt %t/online.mlir --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward)' --verify-diagnostics
@@ -274,6 +274,58 @@ func.func @sigmoid(%q: tensor<1x1x64x16xf32>, %k: tensor<1x1x64x16xf32>, %v: ten
   %p = "attn.normalize"(%s, %m) ({}, {}, {}) {kind = "sigmoid", operandSegmentSizes = array<i32: 1, 1>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x64x64xf32>, tensor<1x1x64x64xi1>) -> tensor<1x1x64x64xf32>
   %o = "attn.aggregate"(%p, %v) : (tensor<1x1x64x64xf32>, tensor<1x1x64x16xf32>) -> tensor<1x1x64x16xf32>
   return %o : tensor<1x1x64x16xf32>
+}
+
+// -----
+
+// Learnable closure tensors: table[h, i - j + 63] * slopes[h]. The dQ kernel, which visits every
+// score once, writes their gradients dc0 and dc1 (starting at zero, the caller's): per tile, the
+// gradient with respect to the score_mod's output (dm) times the chain rule of each read, added at
+// the read's indices (i32 tiles) with attn.scatter_add, the destinations carried through the KV
+// loop. The dK/dV kernel is unchanged.
+// CHECK-LABEL: func.func @bias_bwd_dq(
+// CHECK-SAME: %[[TABLE:[a-z0-9]+]]: tensor<2x127xf32>, %[[SLOPES:[a-z0-9]+]]: tensor<2xf32>,
+// CHECK-SAME: %[[DTABLE:[a-z0-9]+]]: tensor<2x127xf32>, %[[DSLOPES:[a-z0-9]+]]: tensor<2xf32>)
+// CHECK-SAME: -> (tensor<1x2x64x16xf32>, tensor<1x2x64xf32>, tensor<2x127xf32>, tensor<2xf32>)
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "c0", "c1", "out", "do", "lse", "dlse", "dq", "delta", "dc0", "dc1"]
+// CHECK: %[[PH:.*]] = "attn.program_id"() {axis = 1 : i64}
+// CHECK: scf.for {{.*}} iter_args(%{{.*}} = %{{.*}}, %[[T:.*]] = %[[DTABLE]], %[[M:.*]] = %[[DSLOPES]]) -> (tensor<32x16xf32>, tensor<2x127xf32>, tensor<2xf32>)
+// CHECK: %[[P:.*]] = linalg.generic {{.*}} ins(%{{.*}}, %{{.*}} : tensor<32x32xf32>, tensor<32xf32>)
+// CHECK: %[[DM:.*]] = linalg.generic {{.*}} ins(%[[P]], %{{.*}}, %{{.*}} : tensor<32x32xf32>, tensor<32x32xf32>, tensor<32xf32>)
+// CHECK: %[[DS:.*]] = linalg.generic {{.*}} ins(%{{.*}}, %[[DM]] : tensor<32x32xf32>, tensor<32x32xf32>)
+// CHECK: %[[VT:.*]] = linalg.generic {{.*}} ins(%{{.*}}, %[[DM]] : tensor<32x32xf32>, tensor<32x32xf32>) outs(%{{.*}} : tensor<32x32xf32>)
+// CHECK: %[[S:.*]] = tensor.extract %[[SLOPES]][%[[PH]]]
+// CHECK: arith.mulf %{{.*}}, %[[S]] : f32
+// CHECK: %[[HT:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<32x32xi32>)
+// CHECK: arith.index_cast %[[PH]] : index to i32
+// CHECK: %[[AT:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<32x32xi32>)
+// CHECK: %[[NEWT:.*]] = "attn.scatter_add"(%[[T]], %[[VT]], %[[HT]], %[[AT]]) : (tensor<2x127xf32>, tensor<32x32xf32>, tensor<32x32xi32>, tensor<32x32xi32>) -> tensor<2x127xf32>
+// CHECK: %[[VM:.*]] = linalg.generic
+// CHECK: tensor.extract %[[TABLE]]
+// CHECK: %[[HM:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<32x32xi32>)
+// CHECK: %[[NEWM:.*]] = "attn.scatter_add"(%[[M]], %[[VM]], %[[HM]]) : (tensor<2xf32>, tensor<32x32xf32>, tensor<32x32xi32>) -> tensor<2xf32>
+// CHECK: %[[DQ:.*]] = linalg.matmul ins(%[[DS]],
+// CHECK: scf.yield %[[DQ]], %[[NEWT]], %[[NEWM]]
+// CHECK-LABEL: func.func @bias_bwd_dkdv(
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "c0", "c1", "do", "lse", "delta", "dk", "dv"]
+// CHECK-NOT: attn.scatter_add
+// CHECK: return
+func.func @bias(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor<1x2x64x16xf32>, %table: tensor<2x127xf32>, %slopes: tensor<2xf32>) -> (tensor<1x2x64x16xf32>, tensor<1x2x64xf32>) {
+  %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>) -> tensor<1x2x64x64xf32>
+  %modded = "attn.score_mod"(%s) ({
+  ^bb0(%x: f32, %b: index, %h: index, %i: index, %j: index):
+    %d = arith.subi %i, %j : index
+    %c63 = arith.constant 63 : index
+    %at = arith.addi %d, %c63 : index
+    %t = tensor.extract %table[%h, %at] : tensor<2x127xf32>
+    %m = tensor.extract %slopes[%h] : tensor<2xf32>
+    %tm = arith.mulf %t, %m : f32
+    %y = arith.addf %x, %tm : f32
+    "gpu.yield"(%y) : (f32) -> ()
+  }) : (tensor<1x2x64x64xf32>) -> tensor<1x2x64x64xf32>
+  %p, %lse = "attn.normalize"(%modded) ({}, {}, {}) {kind = "softmax", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 1>} : (tensor<1x2x64x64xf32>) -> (tensor<1x2x64x64xf32>, tensor<1x2x64xf32>)
+  %o = "attn.aggregate"(%p, %v) : (tensor<1x2x64x64xf32>, tensor<1x2x64x16xf32>) -> tensor<1x2x64x16xf32>
+  return %o, %lse : tensor<1x2x64x16xf32>, tensor<1x2x64xf32>
 }
 
 //--- no-derivative.mlir
