@@ -298,6 +298,7 @@ class PresetOptions:
     dkdv_block_n: int = 0
     dkdv_num_warps: int = 0        # the dK/dV kernel's Triton launch (0: num_warps/num_stages)
     dkdv_num_stages: int = 0
+    closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
 
     def kernel_launch(self, kernel_name: str) -> tuple[int, int]:
         """(num_warps, num_stages) the kernel of this name launches with: the backward's dK/dV
@@ -327,6 +328,8 @@ class PresetOptions:
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
+            if not self.closure_grads:
+                config["closure_grads"] = False
         if self.linear:
             config.update(block_v=self.block_v, block_k=self.block_k)
         return config
@@ -410,7 +413,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
     if o.backward:
         to_l1 = ["attn-verify", "attn-differentiate",
                  f"attn-tile-backward{{block-m={o.block_m} block-n={o.block_n} dkdv-block-m={o.dkdv_block_m} "
-                 f"dkdv-block-n={o.dkdv_block_n} whole-tiles={_flag(o.whole_tiles)}}}"]
+                 f"dkdv-block-n={o.dkdv_block_n} whole-tiles={_flag(o.whole_tiles)} "
+                 f"closure-grads={_flag(o.closure_grads)}}}"]
     else:
         to_l1 = [
             "attn-verify",

@@ -34,7 +34,8 @@ batch/head visit every tile with the mask.
 The gradients of the float closure tensors the score_mod reads (attn.closure_grad: learnable bias
 tables, ALiBi slopes) are sums over every score that reads an element. The dQ kernel, which visits
 each score once, adds each tile's contributions into them with attn.scatter_add: one more
-destination dc<i> per closure tensor c<i>, after dq and delta, starting at zero. Programs add
+destination dc<i> per closure tensor c<i>, after dq and delta, starting at zero (option
+`closure-grads`; without it, when no gradient of a closure tensor is wanted, no dc<i>). Programs add
 into the same elements, so the sums are atomic on GPUs and their order varies from run to run
 (FlexAttention's captured-buffer gradients are atomic too); the lowerings reduce what a tile adds
 to one element first where the index does not depend on the row or column.
@@ -82,9 +83,11 @@ def _transposed(lists: list[list[int]], nn: int) -> list[list[int]]:
 class _Backward(TileGradients):
     """Builds both kernels of one forward/grad function pair."""
 
-    def __init__(self, forward, grad, aggregate, block_m: int, block_n: int, whole_tiles: bool = True):
+    def __init__(self, forward, grad, aggregate, block_m: int, block_n: int, whole_tiles: bool = True,
+                 closure_grads: bool = False):
         super().__init__(aggregate, forward)
         self.whole_tiles = whole_tiles
+        self.with_closure_grads = closure_grads
         self.grad = grad
         self.grad_block = grad.regions[0].blocks[0]
         # The grad function's closure parameters stand for these forward arguments.
@@ -121,7 +124,7 @@ class _Backward(TileGradients):
                                              f"({', '.join(abi.BACKWARD_NORMALIZERS)} only)")
             elif name == "attn.score_mod_grad":
                 self.score_mod_grad = op.operation.regions[0]
-            elif name == "attn.closure_grad":
+            elif name == "attn.closure_grad" and self.with_closure_grads:
                 self.closure_grads.append(self._closure_grad(op.operation))
         for op in forward.regions[0].blocks[0].operations:
             name = op.operation.name
@@ -379,6 +382,8 @@ class AttnTileBackward(ModulePass):
     dkdv_block_n: int = option(0, "keys per tile of the dK/dV kernel (0: block-n)")
     whole_tiles: bool = option(True, "load a tile whose rows all exist (L a multiple of the block) as a static "
                                      "slice, without padding: no row masks or bounds checks in the lowerings")
+    closure_grads: bool = option(True, "the dQ kernel also writes the gradients of the float closure tensors the "
+                                       "score_mod reads (dc<i>); false leaves them out (none is wanted)")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n),
@@ -398,7 +403,8 @@ class AttnTileBackward(ModulePass):
             grad = grads[0]
             dkdv = _Backward(forward, grad, aggregate, self.dkdv_block_m or self.block_m,
                              self.dkdv_block_n or self.block_n, self.whole_tiles)
-            dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n, self.whole_tiles)
+            dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n, self.whole_tiles,
+                           self.closure_grads)
             with aggregate.location:
                 dq.build_dq(abi.backward_kernel_name(name, "dq"), *dq.lists())
                 dkdv.build_dkdv(abi.backward_kernel_name(name, "dkdv"), *dkdv.lists())

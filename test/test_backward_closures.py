@@ -237,3 +237,34 @@ def test_triton_bundles_at_the_default_config(name, target, dtype, tol):
     # Relaxed f32 atomics on both targets.
     text = bundle.stages[0].variants["aligned"].ttir
     assert '"tt.atomic_rmw"' in text and "atomic_rmw_op = 5 : i32" in text
+
+
+def test_closure_gradients_only_when_wanted(monkeypatch):
+    # A closure tensor that wants no gradient (the catalogue's constant ALiBi slopes) costs no
+    # scatter: the kernels are built without dc<i>.
+    from ae_mlir import backends
+
+    calls = []
+    run_backward = backends.run_backward
+
+    def recording(text, tensors, backend, closure_grads=True):
+        calls.append(closure_grads)
+        return run_backward(text, tensors, backend, closure_grads)
+
+    monkeypatch.setattr(backends, "run_backward", recording)
+    attn = VARIANTS["alibi"](CPU_SHAPE)
+    (q, k, v), captures, d_out, want = _problem(attn, CPU_SHAPE, seed=9)
+    leaves = _leaves(q, k, v, dtype=torch.float32)
+    for wanted in (False, True):
+        captures[0].requires_grad_(wanted)
+        with kernels_only():
+            got = torch.autograd.grad(attn(*leaves, backend="cpu"), leaves, d_out.float())
+        _assert_close(got, want, 1e-4, ["dq", "dk", "dv"])
+    assert calls == [False, True]
+    text = attn.mlir(q.float(), k.float(), v.float())
+    without = tb.build_backward_bundle(text, "cuda:90", {"closure_grads": False})
+    assert [spec.role for spec in without.outputs] == ["dq", "dk", "dv"]
+    assert "atomic_rmw" not in without.stages[0].variants["aligned"].ttir
+    assert without.meta["config"]["closure_grads"] is False
+    with_grads = tb.get_backward_bundle(text, "cuda:90")
+    assert [spec.role for spec in with_grads.outputs] == ["dq", "dc0", "dk", "dv"]

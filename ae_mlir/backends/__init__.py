@@ -23,16 +23,17 @@ def run(module_text: str, inputs: list, backend: str, out_dtype) -> list:
     )
 
 
-def run_backward(module_text: str, tensors: dict, backend: str) -> dict:
+def run_backward(module_text: str, tensors: dict, backend: str, closure_grads: bool = True) -> dict:
     """dq, dk and dv (by role) of the attention `module_text` (softmax or an element-wise
-    normalizer) from its backward kernels; `tensors` holds q, k, v, the closure tensors c<i>, do,
+    normalizer) from its backward kernels, and with `closure_grads` the gradients dc<i> of the
+    closure tensors the score_mod reads; `tensors` holds q, k, v, the closure tensors c<i>, do,
     and for softmax out, lse and dlse, by role."""
     if backend == "cpu":
         from .cpu import run_backward as run_cpu
 
-        return run_cpu(module_text, tensors)
+        return run_cpu(module_text, tensors, closure_grads)
     if backend == "triton":
         from .triton import run_backward as run_triton
 
-        return run_triton(module_text, tensors)
+        return run_triton(module_text, tensors, closure_grads)
     raise NotImplementedError(f"backend '{backend}' has no backward kernels")

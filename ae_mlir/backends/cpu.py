@@ -92,7 +92,7 @@ class _Lowered:
 
 def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
            unit_inner_stride: bool, report: progress.Compile | progress.Silent | None = None,
-           backward: str | None = None) -> _Lowered:
+           backward: str | None = None, closure_grads: bool = True) -> _Lowered:
     from .. import presets
     from ..core.context import parse_module
     from ..core.verifier import check_module
@@ -108,8 +108,10 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
     accumulated = {}
     name = report.name = abi.name(funcs[0])
     overrides = {key: value for key, value in (("block_m", block_m), ("block_n", block_n)) if value}
+    if backward is not None:
+        overrides.update(backward=True, closure_grads=closure_grads)
     options = presets.options_for("cpu", presets.read_problem(module), "host",
-                                  unit_inner_stride=unit_inner_stride, backward=backward is not None, **overrides)
+                                  unit_inner_stride=unit_inner_stride, **overrides)
     report.stage("L0 -> L1: fuse, tile" if backward is None else "L0 -> L1: differentiate, tile the backward")
     _run(presets.pipeline_text("cpu", options, "l1"), module)
     kernel = abi.functions(module)[0]
@@ -260,7 +262,7 @@ def _spec(mlir_type) -> _ArgSpec:
 
 
 def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inner_stride: bool,
-           key: str, backward: str | None = None) -> CompiledKernel:
+           key: str, backward: str | None = None, closure_grads: bool = True) -> CompiledKernel:
     """JIT-compile the kernel and store it in the disk cache; the stored library runs it where it
     loads (the same machine code), else the JIT's."""
     from mlir.execution_engine import ExecutionEngine
@@ -269,7 +271,7 @@ def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inne
 
     with progress.Compile("for the CPU", "L0 -> L1 -> LLVM -> native code") as report:
         context = new_context()
-        lowered = _lower(module_text, context, block_m, block_n, unit_inner_stride, report, backward)
+        lowered = _lower(module_text, context, block_m, block_n, unit_inner_stride, report, backward, closure_grads)
         record = {"name": lowered.name, "inputs": [a.to_dict() for a in lowered.inputs],
                   "outputs": [a.to_dict() for a in lowered.outputs], "block_m": lowered.block_m,
                   "block_n": lowered.block_n, "mask_program": lowered.mask_program,
@@ -296,7 +298,8 @@ _CACHE_LOCK = threading.Lock()
 
 
 def compile_module(module_text: str, block_m: int | None = None, block_n: int | None = None,
-                   unit_inner_stride: bool = True, backward: str | None = None) -> CompiledKernel:
+                   unit_inner_stride: bool = True, backward: str | None = None,
+                   closure_grads: bool = True) -> CompiledKernel:
     """The compiled kernel for an L0 module: from the in-memory cache, else the disk cache
     (`cpu_cache`, no MLIR needed), else compiled and stored in both.
 
@@ -309,17 +312,19 @@ def compile_module(module_text: str, block_m: int | None = None, block_n: int | 
     # Source locations (the traced call site's among them) change no code: the same attention
     # called from two lines is one kernel. The compile still sees them, for its diagnostics.
     bare = strip_locations(module_text)
-    memory_key = (bare, block_m, block_n, unit_inner_stride, backward)
+    memory_key = (bare, block_m, block_n, unit_inner_stride, backward, closure_grads)
     with _CACHE_LOCK:
         kernel = _CACHE.get(memory_key)
         if kernel is None:
             options = {"block_m": block_m, "block_n": block_n, "unit_inner_stride": unit_inner_stride}
             if backward is not None:
                 options["backward"] = backward
+                if not closure_grads:
+                    options["closure_grads"] = False
             key = cpu_cache.key(bare, options)
             loaded = cpu_cache.load(key)
             kernel = CompiledKernel(*loaded) if loaded else _build(module_text, block_m, block_n,
-                                                                   unit_inner_stride, key, backward)
+                                                                   unit_inner_stride, key, backward, closure_grads)
             _CACHE[memory_key] = kernel
     return kernel
 
@@ -345,7 +350,7 @@ def run_module_text(module_text: str, inputs: list, out_dtype) -> list:
     return [results[0].to(out_dtype)] + results[1:]
 
 
-def run_backward(module_text: str, tensors: dict) -> dict:
+def run_backward(module_text: str, tensors: dict, closure_grads: bool = True) -> dict:
     """dq, dk and dv of the attention `module_text` from its backward kernels (attn-tile-backward),
     run in order; `tensors` holds q, k, v, the closure tensors c0, c1, ..., do, and for softmax
     out, lse and dlse, by role. Returns the three gradients by role, in q's, k's and v's dtypes,
@@ -360,7 +365,7 @@ def run_backward(module_text: str, tensors: dict) -> dict:
     for part, reads, writes in kernels:
         inputs = [tensors[r] for r in first + list(reads)]
         unit = all(_unit_inner_stride(t) for t in inputs)
-        kernel = compile_module(module_text, unit_inner_stride=unit, backward=part)
+        kernel = compile_module(module_text, unit_inner_stride=unit, backward=part, closure_grads=closure_grads)
         n_writes = len(writes)
         results = kernel(inputs)
         tensors.update(zip(writes, results[:n_writes]))

@@ -251,22 +251,26 @@ def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runt
     return bundle
 
 
-def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runtime.Bundle:
-    """The backward bundle of an L0 module for `target`: from the cache, or compiled and cached."""
-    key = _key(l0_text, target, {"backward": True}, input_precision)
+def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee",
+                        closure_grads: bool = True) -> runtime.Bundle:
+    """The backward bundle of an L0 module for `target` (with the closure tensors' gradients, or
+    without): from the cache, or compiled and cached."""
+    config = None if closure_grads else {"closure_grads": False}
+    key = _key(l0_text, target, dict(config or {}, backward=True), input_precision)
     bundle = runtime.CACHE.get(key)
     if bundle is None:
         _need_mlir()
-        bundle = build_backward_bundle(l0_text, target, None, input_precision)
+        bundle = build_backward_bundle(l0_text, target, config, input_precision)
         bundle.key = key
         runtime.CACHE.put(key, bundle)
     return bundle
 
 
-def run_backward(module_text: str, tensors: dict) -> dict:
+def run_backward(module_text: str, tensors: dict, closure_grads: bool = True) -> dict:
     """dq, dk and dv (by role) of an L0 module from its backward kernels, on CUDA/ROCm tensors
-    given by role (q, k, v, c<i>, do, and for softmax out, lse, dlse)."""
-    bundle = get_backward_bundle(module_text, runtime.current_target())
+    given by role (q, k, v, c<i>, do, and for softmax out, lse, dlse), and with `closure_grads`
+    the closure tensors' gradients dc<i>."""
+    bundle = get_backward_bundle(module_text, runtime.current_target(), closure_grads=closure_grads)
     return runtime.launch_roles(bundle, tensors)
 
 

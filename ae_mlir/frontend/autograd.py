@@ -81,7 +81,8 @@ class CompiledCall:
             d_lse = torch.zeros_like(lse, dtype=torch.float32) if d_lse is None else d_lse.float()
             tensors.update(out=out.detach().to(work), lse=lse.detach().float().contiguous(), dlse=d_lse.contiguous())
         tensors.update({f"c{i}": t.detach() for i, t in enumerate(captures)})
-        grads = backends.run_backward(self.backward_text, tensors, self.backend)
+        wanted = closures_wanted is None or any(closures_wanted[p] for p, _ in self.derivative.closure_grads)
+        grads = backends.run_backward(self.backward_text, tensors, self.backend, closure_grads=wanted)
         d_captures = [grads.get(abi.closure_grad(i)) if closures_wanted is None or closures_wanted[i] else None
                       for i in range(len(captures))]
         d_captures = [None if g is None else g.to(t.device, t.dtype) for g, t in zip(d_captures, captures)]
