@@ -1,0 +1,140 @@
+"""Gradients of learnable closure tensors on the GPU: ae-mlir's backward kernels (the dQ kernel adds
+each tile's share into dc<i> with atomic adds) beside FlexAttention's backward with the same
+tensor requiring grad, bf16, B=8 H=16 L=2048 D=128, in the same process.
+
+    python bench/closure_backward.py build --out bench/bundles/closure_backward   # here (MLIR)
+    python bench/closure_backward.py run --bundles bench/bundles/closure_backward --out DIR   # GPU
+
+Cases (the catalogue's entries, their tensors made learnable): alibi (slopes [H], causal: one
+atomic add per tile), relative_bias (table [H, 2L - 1], no mask: one per score), t5_bias (bias
+[H, 32] by log bucket, no mask: one per score into 32 elements per head). For each, the backward
+alone in ms and TFLOP/s (2.5x the forward's FLOPs), with the tensor's gradient and without it
+(ae-mlir: the bundle built with closure_grads=False; FlexAttention: the tensor not requiring
+grad), so the cost of the gradient shows. ae-mlir's backward is timed alone (both kernels, from
+the forward's output and logsumexp); FlexAttention's as forward + backward minus forward
+(triton.testing.do_bench medians). Gradients are checked against float32 autograd through the
+materialized attention (bench/suite.py): dq, dk, dv on batch 0, the closure tensor's over the
+whole batch, for ae-mlir and FlexAttention alike.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
+import suite  # noqa: E402
+
+CASES = ["alibi", "relative_bias", "t5_bias"]
+BATCH, HEADS, SEQ, DIM = 8, 16, 2048, 128
+
+
+def _case(variant: str) -> suite.Case:
+    return suite.Case(part="backward", variant=variant, dtype="bfloat16", batch=BATCH, heads=HEADS, seq=SEQ, dim=DIM)
+
+
+def build(out: str) -> None:
+    from ae_mlir.backends import triton as tb
+
+    os.makedirs(out, exist_ok=True)
+    for variant in CASES:
+        attn, shape = suite.softmax_problem(_case(variant), "cpu")
+        q, k, v = suite.meta_like(shape, "bfloat16")
+        text = attn.mlir(q, k, v)
+        tb.compile_bundle(attn, q, k, v, target="cuda:90").save(os.path.join(out, f"{variant}.fwd.json"))
+        tb.build_backward_bundle(text, "cuda:90").save(os.path.join(out, f"{variant}.bwd.json"))
+        tb.build_backward_bundle(text, "cuda:90", {"closure_grads": False}).save(
+            os.path.join(out, f"{variant}.bwd_without.json"))
+        print("built", variant, flush=True)
+
+
+def _reference(attn, table, q, k, v, d_out):
+    """float32 autograd through the materialized attention: (dq, dk, dv) of batch 0 and the
+    table's gradient over the whole batch."""
+    import torch
+
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    rows = torch.arange(q.shape[2], device=q.device)
+    out = suite.attention_reference(attn, *leaves, rows)
+    grads = torch.autograd.grad(out, leaves + [table], d_out.float())
+    return [g[:1] for g in grads[:3]], grads[3]
+
+
+def _error(got, want) -> float:
+    return float((got.float() - want).abs().max() / want.abs().max())
+
+
+def run(bundles: str, out_dir: str) -> None:
+    import torch
+
+    from ae_mlir import runtime
+
+    device = torch.device("cuda")
+    doc = harness.results_doc(out_dir, __doc__, shape={"B": BATCH, "H": HEADS, "L": SEQ, "D": DIM}, dtype="bfloat16")
+    torch.manual_seed(0)
+    for variant in CASES:
+        attn, shape = suite.softmax_problem(_case(variant), device)
+        q, k, v = suite.softmax_inputs(shape, "bfloat16", device)
+        d_out = torch.randn(*q.shape[:3], v.shape[3], dtype=q.dtype, device=device)
+        captures = attn._build(q, k, v)[1]
+        (table,) = captures  # each case reads one float tensor
+        kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device)
+        flops = 2.5 * suite.softmax_flops(shape, kept)
+        rec = {"case": variant, "table_shape": list(table.shape), "kept_fraction": kept, "backward_flops": flops,
+               "results": {}}
+        table.requires_grad_(True)
+        want_qkv, want_table = _reference(attn, table, q, k, v, d_out)
+        fwd = runtime.Bundle.load(os.path.join(bundles, f"{variant}.fwd.json"))
+        out, lse = runtime.launch(fwd, q, k, v, table.detach())
+        tensors = {"q": q, "k": k, "v": v, "do": d_out, "out": out, "lse": lse, "dlse": torch.zeros_like(lse),
+                   "c0": table.detach()}
+        for label, file in (("ae_mlir", "bwd"), ("ae_mlir_without_table_grad", "bwd_without")):
+            bwd = runtime.Bundle.load(os.path.join(bundles, f"{variant}.{file}.json"))
+
+            def backward(bwd=bwd):
+                return runtime.launch_roles(bwd, tensors)
+
+            try:
+                grads = backward()
+                errors = {"qkv": max(_error(grads[r][:1], w) for r, w in zip(("dq", "dk", "dv"), want_qkv))}
+                if "dc0" in grads:
+                    errors["table"] = _error(grads["dc0"], want_table)
+                ms = _bench(backward)
+                rec["results"][label] = {"backward_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12,
+                                         "max_rel_err": errors, "config": bwd.meta.get("config")}
+            except Exception as exc:
+                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        for label, learnable in (("flex_attention", True), ("flex_attention_without_table_grad", False)):
+            try:
+                table.requires_grad_(learnable)
+                fn = suite.flex_callable(attn, shape, device)
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                wrt = leaves + ([table] if learnable else [])
+                grads = torch.autograd.grad(fn(*leaves), wrt, d_out)
+                errors = {"qkv": max(_error(g[:1], w) for g, w in zip(grads[:3], want_qkv))}
+                if learnable:
+                    errors["table"] = _error(grads[3], want_table)
+                fwd_only = _bench(lambda: fn(*leaves))
+                both = _bench(lambda: torch.autograd.grad(fn(*leaves), wrt, d_out))
+                ms = both - fwd_only
+                rec["results"][label] = {"forward_ms": fwd_only, "forward_backward_ms": both, "backward_ms": ms,
+                                         "tflops": flops / (ms * 1e-3) / 1e12, "max_rel_err": errors}
+            except Exception as exc:
+                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        table.requires_grad_(False)
+        doc["cases"].append(rec)
+        print(rec, flush=True)
+        harness.save(doc, out_dir, "closure-backward.json")
+
+
+def _bench(fn) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(__doc__, build, run, "closure_backward"))
