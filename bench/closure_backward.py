@@ -4,6 +4,7 @@ tensor requiring grad, bf16, B=8 H=16 L=2048 D=128, in the same process.
 
     python bench/closure_backward.py build --out bench/bundles/closure_backward   # here (MLIR)
     python bench/closure_backward.py run --bundles bench/bundles/closure_backward --out DIR   # GPU
+    python bench/closure_backward.py cpu --out DIR     # the CPU kernels beside eager torch, here
 
 Cases (the catalogue's entries, their tensors made learnable): alibi (slopes [H], causal: one
 atomic add per tile), relative_bias (table [H, 2L - 1], no mask: one per score), t5_bias (bias
@@ -136,5 +137,57 @@ def _bench(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def cpu(out_dir: str) -> None:
+    """Forward + backward with a learnable relative-bias table [H, 2L - 1] and a causal mask on the
+    CPU (fp32, B=1 H=4 L=1024 D=64): ae-mlir's kernels (`attn(q, k, v, backend="cpu")`, then
+    backward) beside eager torch autograd through the materialized scores (scores + table gather,
+    masked softmax, P V), alternating, median of 7 after a warm-up, fresh inputs per repetition."""
+    import platform
+    import statistics
+    import time
+
+    import torch
+
+    import ae_mlir as ae
+
+    heads, length, dim = 4, 1024, 64
+    table = torch.randn(heads, 2 * length - 1, requires_grad=True)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + table[h, i - j + length - 1],
+                        mask_mod=lambda b, h, i, j: i >= j)
+    rows = torch.arange(length)
+    offsets = (rows.view(-1, 1) - rows.view(1, -1) + length - 1).view(1, 1, length, length)
+    causal = rows.view(-1, 1) >= rows.view(1, -1)
+
+    def eager(q, k, v):
+        bias = table.gather(1, offsets.view(1, -1).expand(heads, -1)).view(1, heads, length, length)
+        s = (q @ k.transpose(-1, -2)) * dim ** -0.5 + bias
+        return torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ v
+
+    impls = {"ae_mlir": lambda q, k, v: attn(q, k, v, backend="cpu"), "torch_eager": eager}
+    times = {name: [] for name in impls}
+    for rep in range(8):
+        for name, fn in impls.items():
+            q, k, v = (torch.randn(1, heads, length, dim, requires_grad=True) for _ in range(3))
+            table.grad = None
+            start = time.perf_counter()
+            fn(q, k, v).sum().backward()
+            if rep:  # the first round compiles and warms up
+                times[name].append((time.perf_counter() - start) * 1e3)
+    doc = {"machine": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)),
+           "torch": torch.__version__, "method": cpu.__doc__,
+           "median_ms": {name: statistics.median(t) for name, t in times.items()}, "ms": times}
+    print(doc["median_ms"])
+    os.makedirs(out_dir, exist_ok=True)
+    harness.save(doc, out_dir, "closure-backward-cpu.json")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["cpu"]:
+        import argparse
+
+        parser = argparse.ArgumentParser(description=cpu.__doc__.splitlines()[0])
+        parser.add_argument("mode", choices=("cpu",))
+        parser.add_argument("--out", required=True)
+        cpu(parser.parse_args().out)
+        sys.exit(0)
     sys.exit(harness.main(__doc__, build, run, "closure_backward"))

@@ -21,6 +21,10 @@ op by op into tt/arith/math/scf ops on tensors:
   (negf, tanh, log1p, expm1, powf, floordivsi) are expanded into ones it can. A generic with
   reduction iterators whose body ends in `out + value` (a contraction that is not a matmul) is
   computed over its whole iteration domain and then `tt.reduce`d.
+* `attn.scatter_add` (the backward's closure gradients) is a relaxed `tt.atomic_rmw` fadd per
+  lane into its destination argument, masked where an index falls outside it; where every index
+  tile is constant along a tile axis (it depends on the head, or on the row alone) the values are
+  `tt.reduce`d along that axis first, so fewer atomics contend for one address.
 * `scf.for` stays `scf.for` with an i32 induction variable; `index` values become i32 (positions
   and their arithmetic in mods are 32-bit on the GPU). A destination threaded through a loop and
   stored inside it is memory, not an iter_arg.

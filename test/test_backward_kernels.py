@@ -316,14 +316,14 @@ def test_cpu_softmax_backward_runs_the_kernels(monkeypatch):
     calls = []
     run_backward = backends.run_backward
 
-    def counting(text, tensors, backend):
-        calls.append((backend, sorted(tensors)))
-        return run_backward(text, tensors, backend)
+    def counting(text, tensors, backend, closure_grads=True):
+        calls.append((backend, sorted(tensors), closure_grads))
+        return run_backward(text, tensors, backend, closure_grads)
 
     monkeypatch.setattr(backends, "run_backward", counting)
     attn, (q, k, v) = _catalogue("alibi")  # a closure tensor that wants no gradient
     check_cpu(attn, q, k, v)
-    assert calls == [("cpu", sorted(abi.input_roles(4) + list(abi.BACKWARD_INPUTS)))]
+    assert calls == [("cpu", sorted(abi.input_roles(4) + list(abi.BACKWARD_INPUTS)), False)]
     # kernels_only() does refuse the torch backward (the reference backend has no kernels).
     leaves = _leaves(q, k, v)
     with kernels_only(), pytest.raises(AssertionError, match="this path must not run"):

@@ -74,14 +74,24 @@ class CompiledCall:
         backward kernels."""
         from .. import backends
 
+        from .api import _execute
+
         work = q.dtype if self.backward_text == self.text else torch.float32
         tensors = {"q": q.detach().to(work), "k": k.detach().to(work), "v": v.detach().to(work),
                    "do": d_out.to(work).contiguous()}
+        tensors.update({f"c{i}": t.detach() for i, t in enumerate(captures)})
+        wanted = bool(self.derivative.closure_grads) and (
+            closures_wanted is None or any(closures_wanted[p] for p, _ in self.derivative.closure_grads))
         if self.with_lse:
+            if wanted and work != q.dtype:
+                # A closure tensor's gradient sums dS over many scores; a row of dS sums to zero
+                # only if delta = rowsum(dO O) uses the O its probabilities give. A 16-bit O's
+                # rounding, times each score's weight (j - i for ALiBi's slopes), adds up to
+                # percents: the float32 backward takes the float32 forward's O and lse.
+                out, lse = _execute(self.backward_text, [tensors[r] for r in ("q", "k", "v")] + list(captures),
+                                    self.backend, out_dtype=work)
             d_lse = torch.zeros_like(lse, dtype=torch.float32) if d_lse is None else d_lse.float()
             tensors.update(out=out.detach().to(work), lse=lse.detach().float().contiguous(), dlse=d_lse.contiguous())
-        tensors.update({f"c{i}": t.detach() for i, t in enumerate(captures)})
-        wanted = closures_wanted is None or any(closures_wanted[p] for p, _ in self.derivative.closure_grads)
         grads = backends.run_backward(self.backward_text, tensors, self.backend, closure_grads=wanted)
         d_captures = [grads.get(abi.closure_grad(i)) if closures_wanted is None or closures_wanted[i] else None
                       for i in range(len(captures))]
