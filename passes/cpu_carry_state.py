@@ -52,12 +52,33 @@ def carry_loop_state_in_place(module_op) -> None:
 
 
 def _stored_into(value, arg) -> bool:
-    """Whether `value` is `arg` with slices inserted (tensor.insert_slice / tensor.insert chains)."""
+    """Whether `value` is `arg` updated in place: through tensor.insert_slice / tensor.insert
+    chains, and the loops and branches around them that carry it (attn-cpu-lower-scatter's)."""
+    base = _in_place_base(value)
+    return base is not None and base == arg
+
+
+def _in_place_base(value):
+    """The tensor an in-place update chain ending in `value` starts from (`value` itself where it
+    is not such an update), or None where the chain's branches or loop disagree."""
     from mlir import ir
 
-    while value != arg:
-        owner = value.owner
-        if not isinstance(owner, ir.OpView) or owner.operation.name not in ("tensor.insert_slice", "tensor.insert"):
-            return False
-        value = owner.operation.operands[1]
-    return True
+    owner = value.owner
+    if not isinstance(owner, ir.OpView):
+        return value
+    op = owner.operation
+    if op.name in ("tensor.insert_slice", "tensor.insert"):
+        return _in_place_base(op.operands[1])
+    if op.name not in ("scf.for", "scf.if"):
+        return value
+    n = ir.OpResult(value).result_number
+    if op.name == "scf.for":
+        body = op.regions[0].blocks[0]
+        inner = _in_place_base(ops(body)[-1].operands[n])
+        if inner is None or inner != body.arguments[n + 1]:
+            return None
+        return _in_place_base(op.operands[3 + n])
+    bases = [_in_place_base(ops(region.blocks[0])[-1].operands[n]) for region in op.regions]
+    if any(b is None for b in bases) or any(b != bases[0] for b in bases):
+        return None
+    return bases[0]
