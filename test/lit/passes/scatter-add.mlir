@@ -4,7 +4,9 @@
 // Triton: one relaxed f32 atomic add (atomic_rmw_op 5, sem 1, scope 1) per lane, masked where an
 // index falls outside the destination; where every index is constant along a tile axis the values
 // are summed along it first (tt.reduce), so the row-indexed destination gets [32, 1] atomics and
-// the head-indexed one a single scalar atomic per tile.
+// the head-indexed one a single scalar atomic per tile. The bucket-indexed one, whose varying index
+// reaches 8 elements, is summed per element in a loop of 8, one scalar atomic each where the sum
+// is not zero.
 // CPU (attn-cpu-lower-scatter): a loop nest over the tile that reads each value and index and adds
 // in place (tensor.extract / tensor.insert) under a bounds check; the whole CPU pipeline then
 // reaches the llvm dialect.
@@ -22,10 +24,20 @@
 // TRITON: %[[ALL:.*]] = "tt.reduce"
 // TRITON: {axis = 0 : i32} : (tensor<32xf32>) -> f32
 // TRITON: "tt.atomic_rmw"(%{{.*}}, %[[ALL]], %{{.*}}) {atomic_rmw_op = 5 : i32, scope = 1 : i32, sem = 1 : i32} : (!tt.ptr<f32>, f32, i1) -> f32
-// TRITON: attn.kernel_args = ["q", {{.*}}, "dc0", "dc0.stride0", "dc0.stride1", "dc1", "dc1.stride0", "dc1.stride1", "dc2", "dc2.stride0"]
+// TRITON: "scf.for"(%{{.*}}, %[[EIGHT:.*]], %{{.*}}) ({
+// TRITON-NEXT: ^bb0(%[[E:.*]]: i32):
+// TRITON: %[[AT_E:.*]] = "tt.splat"(%[[E]])
+// TRITON: "arith.cmpi"(%{{.*}}, %[[AT_E]]) <{predicate = 0 : i64}> : (tensor<32x32xi32>, tensor<32x32xi32>) -> tensor<32x32xi1>
+// TRITON: "arith.select"
+// TRITON: "tt.reduce"
+// TRITON: "tt.reduce"
+// TRITON: "arith.remsi"(%[[E]], %{{.*}})
+// TRITON: "arith.cmpf"(%{{.*}}, %{{.*}}) <{fastmath = #arith.fastmath<none>, predicate = 13 : i64}> : (f32, f32) -> i1
+// TRITON: "tt.atomic_rmw"({{.*}}) {atomic_rmw_op = 5 : i32, scope = 1 : i32, sem = 1 : i32} : (!tt.ptr<f32>, f32, i1) -> f32
+// TRITON: attn.kernel_args = ["q", {{.*}}, "dc0", "dc0.stride0", "dc0.stride1", "dc1", "dc1.stride0", "dc1.stride1", "dc2", "dc2.stride0", "dc3", "dc3.stride0", "dc3.stride1"]
 
 // LOOPS-LABEL: func.func @scatter(
-// LOOPS-SAME: %[[DTABLE:[a-z0-9]+]]: tensor<2x127xf32>, %{{.*}}: tensor<2x64xf32>, %{{.*}}: tensor<2xf32>)
+// LOOPS-SAME: %[[DTABLE:[a-z0-9]+]]: tensor<2x127xf32>, %{{.*}}: tensor<2x64xf32>, %{{.*}}: tensor<2xf32>, %{{.*}}: tensor<2x8xf32>)
 // LOOPS: %[[VALUES:.*]] = linalg.generic
 // LOOPS: %[[HEADS:.*]] = linalg.generic
 // LOOPS: %[[ROWS:.*]] = linalg.generic
@@ -44,11 +56,11 @@
 // LOOPS: tensor.insert %[[NEW]] into %[[B]][%[[HI]], %[[OI]]]
 // LOOPS: } else {
 // LOOPS: scf.yield %[[B]]
-// LOOPS: return %[[T]], %{{.*}}, %{{.*}} : tensor<2x127xf32>, tensor<2x64xf32>, tensor<2xf32>
+// LOOPS: return %[[T]], %{{.*}}, %{{.*}}, %{{.*}} : tensor<2x127xf32>, tensor<2x64xf32>, tensor<2xf32>, tensor<2x8xf32>
 
 // LLVM: sym_name = "scatter"
 #tile = affine_map<(d0, d1) -> (d0, d1)>
-func.func @scatter(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor<1x2x64x16xf32>, %dtable: tensor<2x127xf32>, %drows: tensor<2x64xf32>, %dslopes: tensor<2xf32>) -> (tensor<2x127xf32>, tensor<2x64xf32>, tensor<2xf32>) attributes {attn.arg_roles = ["q", "k", "v", "dc0", "dc1", "dc2"], attn.grid = array<i64: 1, 2, 2>} {
+func.func @scatter(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor<1x2x64x16xf32>, %dtable: tensor<2x127xf32>, %drows: tensor<2x64xf32>, %dslopes: tensor<2xf32>, %dbuckets: tensor<2x8xf32>) -> (tensor<2x127xf32>, tensor<2x64xf32>, tensor<2xf32>, tensor<2x8xf32>) attributes {attn.arg_roles = ["q", "k", "v", "dc0", "dc1", "dc2", "dc3"], attn.grid = array<i64: 1, 2, 2>} {
   %h = "attn.program_id"() {axis = 1 : i64} : () -> index
   %pm = "attn.program_id"() {axis = 2 : i64} : () -> index
   %c32 = arith.constant 32 : index
@@ -90,5 +102,16 @@ func.func @scatter(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: ten
   %t = "attn.scatter_add"(%dtable, %values, %heads, %offsets) : (tensor<2x127xf32>, tensor<32x32xf32>, tensor<32x32xi32>, tensor<32x32xi32>) -> tensor<2x127xf32>
   %r = "attn.scatter_add"(%drows, %values, %heads, %rows) : (tensor<2x64xf32>, tensor<32x32xf32>, tensor<32x32xi32>, tensor<32x32xi32>) -> tensor<2x64xf32>
   %s = "attn.scatter_add"(%dslopes, %values, %heads) : (tensor<2xf32>, tensor<32x32xf32>, tensor<32x32xi32>) -> tensor<2xf32>
-  return %t, %r, %s : tensor<2x127xf32>, tensor<2x64xf32>, tensor<2xf32>
+  %buckets = linalg.generic {indexing_maps = [#tile], iterator_types = ["parallel", "parallel"]} outs(%ei : tensor<32x32xi32>) {
+  ^bb0(%out: i32):
+    %i = linalg.index 0 : index
+    %j = linalg.index 1 : index
+    %ij = arith.addi %i, %j : index
+    %c8 = arith.constant 8 : index
+    %bucket = arith.remsi %ij, %c8 : index
+    %x = arith.index_cast %bucket : index to i32
+    linalg.yield %x : i32
+  } -> tensor<32x32xi32>
+  %u = "attn.scatter_add"(%dbuckets, %values, %heads, %buckets) : (tensor<2x8xf32>, tensor<32x32xf32>, tensor<32x32xi32>, tensor<32x32xi32>) -> tensor<2x8xf32>
+  return %t, %r, %s, %u : tensor<2x127xf32>, tensor<2x64xf32>, tensor<2xf32>, tensor<2x8xf32>
 }
