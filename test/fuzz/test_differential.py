@@ -188,3 +188,60 @@ def test_generator_covers_the_space():
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _backward_case(p: Program, target: str):
+    """(got, want, names): the backward bundle's gradients at the target's default config, in the
+    interpreter, and float64 autograd's on the reference backend, of q, k, v and the float closure
+    tensors the score_mod reads (bias [H], table [H, 7]), all learnable."""
+    from bundle_interp import interpret_roles
+
+    from ae_mlir.backends import triton as tb
+    from ae_mlir.core import abi
+
+    attn = _attention(p)
+    q, k, v = p.inputs()
+    text, captures = attn._build(q, k, v)
+    gen = torch.Generator().manual_seed(p.seed + 1)
+    d_out = torch.randn(*q.shape[:3], v.shape[3], generator=gen, dtype=torch.float64)
+    learnable = [c for c in p.captures if c.dtype.is_floating_point]
+    for c in learnable:
+        c.requires_grad_()
+    try:
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        out = attn(*leaves, backend="reference", return_lse=p.normalize == "softmax")
+        out, lse = out if isinstance(out, tuple) else (out, None)
+        want = torch.autograd.grad(out, leaves + learnable, d_out, allow_unused=True)
+    finally:
+        for c in learnable:
+            c.requires_grad_(False)
+    tensors = {"q": q, "k": k, "v": v, "do": d_out.float()}
+    if lse is not None:
+        tensors.update(out=out.detach().float(), lse=lse.detach().float(), dlse=torch.zeros_like(lse, dtype=torch.float32))
+    tensors.update({abi.capture(i): c for i, c in enumerate(captures)})
+    got = interpret_roles(tb.build_backward_bundle(text, target), tensors)
+    positions = {id(c): i for i, c in enumerate(captures)}
+    # A tensor the score_mod does not read is no closure tensor of the module.
+    names = ["dq", "dk", "dv"] + [abi.closure_grad(positions[id(c)]) if id(c) in positions else "unread"
+                                  for c in learnable]
+    return [got.get(n) for n in names], list(want), names
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_backward_with_learnable_closures_at_default_configs(target):
+    # The backward kernels (softmax and the element-wise normalizers), with the gradients of the
+    # closure tensors the random score_mods read scattered by the dQ kernel, in float32 against
+    # float64 autograd.
+    @seed(SEED + 5)
+    @settings(FUZZ, max_examples=max(5, EXAMPLES // 5))
+    @given(programs(max_seq=MAX_SEQ[target], dtypes=(torch.float32,)))
+    def run(p: Program):
+        got, want, names = _backward_case(p, target)
+        for g, w, name in zip(got, want, names):
+            if w is None:  # the score_mod does not read this tensor
+                assert g is None or not g.any(), f"{name}: a gradient where none reaches\n{p}"
+                continue
+            assert g is not None, f"{name}: missing\n{p}"
+            _assert_close(p, g, w, f"{name} of the backward for {target} (interpreted)")
+
+    run()
