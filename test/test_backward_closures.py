@@ -136,11 +136,12 @@ def test_cpu_autograd_takes_closure_gradients_from_the_kernels(name):
 
 
 def test_cpu_threads_each_add_into_their_own_copy(monkeypatch):
-    # With one thread and with several, the same sums (up to the order of the additions).
+    # With one thread and with several, the same sums up to the order of the additions; with
+    # several, the same bits on every call (a copy per range of programs, summed in range order).
     attn = VARIANTS["alibi"](CPU_SHAPE)
     (q, k, v), captures, d_out, want = _problem(attn, CPU_SHAPE, seed=4)
     results = []
-    for threads in ("1", "3"):
+    for threads in ("1", "3", "3"):
         monkeypatch.setenv("AE_MLIR_CPU_THREADS", threads)
         leaves = _leaves(q, k, v, dtype=torch.float32)
         with kernels_only():
@@ -148,6 +149,7 @@ def test_cpu_threads_each_add_into_their_own_copy(monkeypatch):
     for got in results:
         _assert_close(got, want, 1e-4, _grad_names(captures))
     torch.testing.assert_close(results[0][3], results[1][3], rtol=1e-5, atol=0)
+    assert torch.equal(results[1][3], results[2][3])
 
 
 def test_cpu_bfloat16_closure_gradients():

@@ -171,7 +171,7 @@ def test_programs_run_alone_in_any_order(monkeypatch):
     monkeypatch.setenv(THREADS, "1")
     whole = attn(q, k, v, return_lse=True, backend="cpu")
 
-    def one_at_a_time(call, programs):
+    def one_at_a_time(call, programs, per_thread=cpu_threads.PIECES_PER_THREAD):
         order = list(range(programs))
         random.Random(0).shuffle(order)
         for p in order:

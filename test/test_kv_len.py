@@ -230,9 +230,9 @@ def test_backward_bundles_with_lengths_in_the_ttir_interpreter(target):
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_the_torch_evaluated_backward_ignores_an_unfilled_cache(backend):
-    # Closure-tensor gradients (and the reference backend) take the torch evaluation of the
-    # derivative: a NaN past kv_len must not reach dQ = dS K through a zero dS.
+def test_closure_gradients_ignore_an_unfilled_cache(backend):
+    # The reference backend's torch evaluation of the derivative and the CPU's kernels (which
+    # scatter the slopes' gradient): a NaN past kv_len must not reach dQ = dS K through a zero dS.
     slopes = torch.tensor([0.5, 0.25], dtype=torch.float64, requires_grad=True)
     attn = ae.attention(score_mod=lambda s, b, h, i, j: s - slopes[h] * (i - j))
     q, k, v = _inputs(2, 2, 2, 4, 20, 8)

@@ -201,8 +201,10 @@ class CompiledKernel:
                                  "(this kernel was compiled with unit-inner-stride)")
         outputs = [(torch.zeros if i in self.accumulated else torch.empty)(spec.shape, dtype=spec.torch_dtype())
                    for i, spec in enumerate(self.outputs)]
-        launch = _Launch(self._entry, list(inputs) + outputs, [len(inputs) + i for i in self.accumulated])
-        cpu_threads.run(launch, self.programs)
+        launch = _Launch(self._entry, list(inputs) + outputs, [len(inputs) + i for i in self.accumulated],
+                         self.programs)
+        # A copy per piece: one piece per thread keeps the copies few.
+        cpu_threads.run(launch, self.programs, 1 if self.accumulated else cpu_threads.PIECES_PER_THREAD)
         launch.sum_private_copies()
         return outputs
 
@@ -212,41 +214,43 @@ class _Launch:
     holds it, and so the tensors its descriptors point into.
 
     Programs add into the `accumulated` tensors (closure gradients) at elements other programs
-    add into too, with plain loads and stores: each thread adds into a zeroed copy of its own,
-    and `sum_private_copies` adds the copies into the tensors after the call (in the order the
-    threads first ran, so the sum's rounding may vary between calls with several threads)."""
+    add into too, with plain loads and stores: each range of programs adds into a zeroed copy of
+    its own, and `sum_private_copies` adds the copies into the tensors after the call in the
+    order of the ranges, so a call gives the same bits whichever thread ran which range (the
+    ranges, and so the rounding, depend on the thread count). One range alone adds in place."""
 
-    def __init__(self, entry, tensors: list, accumulated: list[int] | None = None):
+    def __init__(self, entry, tensors: list, accumulated: list[int] | None = None, programs: int = 0):
         self.entry = entry
         self.tensors = tensors
         self.pointers = [ctypes.pointer(_descriptor(t)) for t in tensors]
         self.accumulated = accumulated or []
-        self.private: dict[int, tuple[list, list]] = {}  # thread -> (copies, pointers)
+        self.total = programs
+        self.private: dict[int, list] = {}  # first program of a range -> its copies
         self.lock = threading.Lock()
 
-    def _pointers(self) -> list:
-        if not self.accumulated:
+    def _pointers(self, first: int, last: int) -> list:
+        if not self.accumulated or (first == 0 and last == self.total):
             return self.pointers
         import torch
 
-        thread = threading.get_ident()
+        copies = [torch.zeros_like(self.tensors[i]) for i in self.accumulated]
         with self.lock:
-            if thread not in self.private:
-                copies = [torch.zeros_like(self.tensors[i]) for i in self.accumulated]
-                pointers = list(self.pointers)
-                for i, copy in zip(self.accumulated, copies):
-                    pointers[i] = ctypes.pointer(_descriptor(copy))
-                self.private[thread] = (copies, pointers)
-            return self.private[thread][1]
+            self.private[first] = copies
+        pointers = list(self.pointers)
+        for i, copy in zip(self.accumulated, copies):
+            pointers[i] = ctypes.pointer(_descriptor(copy))
+        return pointers
 
     def __call__(self, first: int, last: int) -> None:
         bounds = (ctypes.c_int64(first), ctypes.c_int64(last))
-        addresses = [ctypes.addressof(p) for p in (*self._pointers(), *bounds)]
+        # Held until the call returns: the addresses point into these objects.
+        pointers = self._pointers(first, last)
+        addresses = [ctypes.addressof(p) for p in (*pointers, *bounds)]
         self.entry((ctypes.c_void_p * len(addresses))(*addresses))
 
     def sum_private_copies(self) -> None:
-        for copies, _ in self.private.values():
-            for i, copy in zip(self.accumulated, copies):
+        for first in sorted(self.private):
+            for i, copy in zip(self.accumulated, self.private[first]):
                 self.tensors[i] += copy
 
 

@@ -8,6 +8,8 @@ grid with fewer heads than threads are unbalanced) and a thread the OS deschedul
 hold the rest back. ctypes releases the GIL around a foreign call, so the pieces run in parallel;
 they share no memory they write: each program writes only its own slices of the outputs and each
 call allocates its own scratch buffers. Which thread runs a program changes nothing it computes.
+(Programs that add into one output, the closure gradients, add into a copy per piece: see
+`ae_mlir.backends.cpu`.)
 
 Threads: as many as the process may run on (`os.sched_getaffinity`), or `AE_MLIR_CPU_THREADS`;
 1 runs every program on the calling thread.
@@ -51,22 +53,23 @@ def _usable_cores() -> int:
 PIECES_PER_THREAD = 4
 
 
-def pieces(programs: int, threads: int) -> list[tuple[int, int]]:
+def pieces(programs: int, threads: int, per_thread: int = PIECES_PER_THREAD) -> list[tuple[int, int]]:
     """[0, programs) as contiguous ranges of one length (the last may be shorter), about
-    PIECES_PER_THREAD per thread; one range with a single thread or program."""
+    `per_thread` per thread; one range with a single thread or program."""
     if threads <= 1 or programs <= 1:
         return [(0, programs)]
-    size = -(-programs // (threads * PIECES_PER_THREAD))
+    size = -(-programs // (threads * per_thread))
     return [(first, min(first + size, programs)) for first in range(0, programs, size)]
 
 
-def run(call: Callable[[int, int], None], programs: int) -> None:
-    """`call(first, last)` over every program, on up to `thread_count()` threads."""
+def run(call: Callable[[int, int], None], programs: int, per_thread: int = PIECES_PER_THREAD) -> None:
+    """`call(first, last)` over every program, on up to `thread_count()` threads, in about
+    `per_thread` pieces per thread."""
     threads = min(thread_count(), programs)
     if threads <= 1:
         call(0, programs)
         return
-    todo = iter(pieces(programs, threads))
+    todo = iter(pieces(programs, threads, per_thread))
     lock = threading.Lock()
 
     def work() -> None:

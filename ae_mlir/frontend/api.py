@@ -74,8 +74,8 @@ class attention:
 
     The output is differentiable when q, k, v or a closure tensor requires grad: the backward is
     the compiler's derivative (`attn-differentiate`), run as generated kernels (softmax and the
-    element-wise normalizers on the cpu and triton backends, no closure-tensor gradients) or
-    evaluated by torch otherwise. float64 inputs run on backend="reference" only, for
+    element-wise normalizers on the cpu and triton backends, the closure tensors' gradients
+    included) or evaluated by torch otherwise. float64 inputs run on backend="reference" only, for
     torch.autograd.gradcheck. Under torch.compile a call is one custom op, `ae_mlir::attention`
     (no graph break, no MLIR while tracing) that reads the closure tensors' current values from
     where the mods find them (a closure variable, a global, or one attribute of either, such as

@@ -1,6 +1,6 @@
 """The backward of attention as torch evaluating the derivative regions that `attn-differentiate`
 compiles from the forward L0 module: what autograd runs when the backward kernels do not apply
-(closure-tensor gradients, user normalizers, the reference backend; frontend/autograd.py).
+(user normalizers, the reference backend; frontend/autograd.py).
 
 `Derivative.of(text)` runs the pass on the forward module and reads its `<name>_grad` function
 into scalar programs (the score_mod and mask, the normalizer's derivative, the chain rule through
