@@ -142,6 +142,7 @@ def cpu(out_dir: str) -> None:
     CPU (fp32, B=1 H=4 L=1024 D=64): ae-mlir's kernels (`attn(q, k, v, backend="cpu")`, then
     backward) beside eager torch autograd through the materialized scores (scores + table gather,
     masked softmax, P V), alternating, median of 7 after a warm-up, fresh inputs per repetition."""
+    import datetime
     import platform
     import statistics
     import time
@@ -174,7 +175,7 @@ def cpu(out_dir: str) -> None:
             if rep:  # the first round compiles and warms up
                 times[name].append((time.perf_counter() - start) * 1e3)
     doc = {"machine": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)),
-           "torch": torch.__version__, "method": cpu.__doc__,
+           "torch": torch.__version__, "date": datetime.date.today().isoformat(), "method": cpu.__doc__,
            "median_ms": {name: statistics.median(t) for name, t in times.items()}, "ms": times}
     print(doc["median_ms"])
     os.makedirs(out_dir, exist_ok=True)
