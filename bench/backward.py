@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import harness  # noqa: E402
 import suite  # noqa: E402
 
 CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64),
@@ -114,7 +115,7 @@ def sweep(bundles: str, out_dir: str) -> None:
                 alone = _kernel_alone(bundle, part)
                 try:
                     runtime.launch_roles(alone, tensors)
-                    rec[part + "_ms"][label] = _bench(lambda: runtime.launch_roles(alone, tensors))
+                    rec[part + "_ms"][label] = harness.bench_ms(lambda: runtime.launch_roles(alone, tensors))
                 except Exception as exc:
                     frame = traceback.extract_tb(exc.__traceback__)[-1]
                     rec[part + "_ms"][label] = (f"{type(exc).__name__}: {str(exc)[:200]} "
@@ -125,10 +126,6 @@ def sweep(bundles: str, out_dir: str) -> None:
             json.dump(doc, f, indent=1)
 
 
-def _bench(fn) -> float:
-    import triton
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def _grads(fn, q, k, v, d_out):
@@ -198,7 +195,7 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
             try:
                 grads = ae_backward()
                 err = _error([grads["dq"], grads["dk"], grads["dv"]], ref)
-                ms = _bench(ae_backward)
+                ms = harness.bench_ms(ae_backward)
                 rec["results"][label] = {
                     "backward_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "max_rel_err": err,
                     "config": bwd.meta.get("config")}
@@ -209,7 +206,7 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
                       runtime.Bundle.load(os.path.join(d, f"{name}.fwd.json")))
                      for d in baselines if os.path.exists(os.path.join(d, f"{name}.fwd.json"))]
         for label, bundle in forwards:
-            fwd_ms = _bench(lambda bundle=bundle: runtime.launch(bundle, q, k, v, *captures))
+            fwd_ms = harness.bench_ms(lambda bundle=bundle: runtime.launch(bundle, q, k, v, *captures))
             rec["results"][label] = {"ms": fwd_ms, "tflops": flops / 2.5 / (fwd_ms * 1e-3) / 1e12}
         peers = {}
         try:
@@ -230,11 +227,7 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
             try:
                 err = _error(_grads(fn, q, k, v, d_out), ref)
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-                fwd_only = _bench(lambda: fn(*leaves))
-                both = _bench(lambda: torch.autograd.grad(fn(*leaves), leaves, d_out))
-                ms = both - fwd_only
-                rec["results"][label] = {"forward_ms": fwd_only, "forward_backward_ms": both, "backward_ms": ms,
-                                         "tflops": flops / (ms * 1e-3) / 1e12, "max_rel_err": err}
+                rec["results"][label] = dict(harness.peer_backward(fn, leaves, leaves, d_out, flops), max_rel_err=err)
             except Exception as exc:
                 rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         records.append(rec)

@@ -103,7 +103,7 @@ def run(bundles: str, out_dir: str) -> None:
                 errors = {"qkv": max(_error(grads[r][:1], w) for r, w in zip(("dq", "dk", "dv"), want_qkv))}
                 if "dc0" in grads:
                     errors["table"] = _error(grads["dc0"], want_table)
-                ms = _bench(backward)
+                ms = harness.bench_ms(backward)
                 rec["results"][label] = {"backward_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12,
                                          "max_rel_err": errors, "config": bwd.meta.get("config")}
             except Exception as exc:
@@ -118,23 +118,14 @@ def run(bundles: str, out_dir: str) -> None:
                 errors = {"qkv": max(_error(g[:1], w) for g, w in zip(grads[:3], want_qkv))}
                 if learnable:
                     errors["table"] = _error(grads[3], want_table)
-                fwd_only = _bench(lambda: fn(*leaves))
-                both = _bench(lambda: torch.autograd.grad(fn(*leaves), wrt, d_out))
-                ms = both - fwd_only
-                rec["results"][label] = {"forward_ms": fwd_only, "forward_backward_ms": both, "backward_ms": ms,
-                                         "tflops": flops / (ms * 1e-3) / 1e12, "max_rel_err": errors}
+                rec["results"][label] = dict(harness.peer_backward(fn, leaves, wrt, d_out, flops),
+                                             max_rel_err=errors)
             except Exception as exc:
                 rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         table.requires_grad_(False)
         doc["cases"].append(rec)
         print(rec, flush=True)
         harness.save(doc, out_dir, "closure-backward.json")
-
-
-def _bench(fn) -> float:
-    import triton
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def cpu(out_dir: str) -> None:

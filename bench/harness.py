@@ -12,14 +12,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def measure(fn, error_of) -> dict:
     """{"ms": median of triton.testing.do_bench, "max_abs_err": error_of(fn())}, or {"error": ...}
     when the implementation fails: a peer that cannot run a case is recorded, not fatal."""
-    import triton
-
     try:
         err = error_of(fn())
-        ms = float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-        return {"ms": ms, "max_abs_err": err}
+        return {"ms": bench_ms(fn), "max_abs_err": err}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
+def bench_ms(fn) -> float:
+    """Median milliseconds of triton.testing.do_bench (25 warm-up, 100 ms of repetitions)."""
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def peer_backward(fn, leaves: list, wrt: list, d_out, flops: float) -> dict:
+    """A peer's backward timed as its forward + backward (gradients of `wrt`) less its forward:
+    the ms of each, and TFLOP/s of `flops` over the difference."""
+    import torch
+
+    fwd_only = bench_ms(lambda: fn(*leaves))
+    both = bench_ms(lambda: torch.autograd.grad(fn(*leaves), wrt, d_out))
+    ms = both - fwd_only
+    return {"forward_ms": fwd_only, "forward_backward_ms": both, "backward_ms": ms,
+            "tflops": flops / (ms * 1e-3) / 1e12}
 
 
 def save(doc: dict, out_dir: str, name: str) -> None:

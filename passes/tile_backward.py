@@ -113,7 +113,7 @@ class _Backward(TileGradients):
         self.score_mod = self.mask = self.score_mod_grad = self.kv_len = None
         self.kind = "softmax"
         # (region, rank, groups) per closure gradient, and the closure tensors' positions c<i>.
-        self.closure_grads, self.closure_roles = [], []
+        self.closure_grads, self.closure_positions = [], []
         for op in grad.regions[0].blocks[0].operations:
             name = op.operation.name
             if name == "attn.normalize_grad":
@@ -138,14 +138,19 @@ class _Backward(TileGradients):
                 self.kv_len = op.operation.operands[0] if len(op.operation.operands) else None
 
     def _closure_grad(self, op):
-        """(region, rank, groups) of an attn.closure_grad; records its gradient's role."""
+        """(region, rank, groups) of an attn.closure_grad; records which closure tensor it differentiates."""
         from mlir import ir
 
         param = ir.BlockArgument(op.operands[2]).arg_number
-        self.closure_roles.append(abi.closure_grad(self.closure_args[param - 2] - len(abi.INPUTS)))
+        self.closure_positions.append(self.closure_args[param - 2] - len(abi.INPUTS))
         rank = len(op.results[0].type.shape)
         terminator = list(op.regions[0].blocks[0].operations)[-1].operation
         return op.regions[0], rank, len(terminator.operands) // (rank + 1)
+
+    @property
+    def closure_roles(self) -> list[str]:
+        """The dQ kernel's closure-gradient destinations, dc<i>, in the order it writes them."""
+        return [abi.closure_grad(i) for i in self.closure_positions]
 
     def kernel_arg(self, value, what: str):
         from mlir import ir
@@ -242,8 +247,8 @@ class _Backward(TileGradients):
         ins, outs = abi.backward_roles(part, self.row_statistic)
         if part == "dq":
             outs = outs + tuple(self.closure_roles)
-            types.update({role: tensor_type(list(self.inputs[int(role[2:]) + 3].shape))
-                          for role in self.closure_roles})
+            types.update({abi.closure_grad(i): tensor_type(list(self.inputs[len(abi.INPUTS) + i].shape))
+                          for i in self.closure_positions})
         roles = abi.input_roles(len(self.inputs)) + list(ins) + list(outs)
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
                       abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn),

@@ -114,18 +114,8 @@ class Memory(TileBuilder):
         """arg[indices...] for index values of any (lazily broadcast) shape; out of range reads 0."""
         if len(indices) != len(arg.shape):
             raise fail(user, f"indexes a rank-{len(arg.shape)} tensor with {len(indices)} indices")
-        offset, mask = None, None
-        for d, idx in enumerate(indices):
-            i64 = self.cast_int(idx, "i64")
-            stride = arg.strides[d]
-            term = i64 if stride == 1 else self.op("arith.muli", i64, self.cast_int(stride, "i64"))
-            offset = term if offset is None else self.op("arith.addi", offset, term)
-            ok = self.op("arith.andi", self.cmpi("sge", idx, self.const(0, idx.elt)),
-                         self.cmpi("slt", idx, self.const(arg.shape[d], idx.elt)))
-            mask = ok if mask is None else self.op("arith.andi", mask, ok)
-        if offset is None:
-            # A 0-d closure tensor (e.g. `bias[0]` taken in Python) is one scalar at offset 0.
-            offset, mask = self.const(0, "i64"), self.const(1, "i1")
+        # A 0-d closure tensor (e.g. `bias[0]` taken in Python) is one scalar at offset 0.
+        offset, mask = self._offset(arg, indices, range(len(indices)))
         shape = self.join([offset, mask])
         value = self.load(self.addptr(self.to_shape(arg.ptr, shape), offset), mask, arg.elt)
         if arg.bool_bytes:
@@ -172,17 +162,20 @@ class Memory(TileBuilder):
         self.values[op.results[0]] = dest
 
     def _offset(self, arg: Arg, indices: list, dims) -> tuple[Value, Value]:
-        """(i64 offset, in-bounds mask) of arg[indices...] over the dimensions `dims`."""
-        offset, mask = self.const(0, "i64"), self.const(1, "i1")
+        """(i64 offset, in-bounds mask) of arg[indices...] over the dimensions `dims` (0 and
+        true over none)."""
+        offset, mask = None, None
         for d in dims:
             idx = indices[d]
             term = self.cast_int(idx, "i64")
             if arg.strides[d] != 1:
                 term = self.op("arith.muli", term, self.cast_int(arg.strides[d], "i64"))
-            offset = self.op("arith.addi", offset, term)
+            offset = term if offset is None else self.op("arith.addi", offset, term)
             ok = self.op("arith.andi", self.cmpi("sge", idx, self.const(0, idx.elt)),
                          self.cmpi("slt", idx, self.const(arg.shape[d], idx.elt)))
-            mask = self.op("arith.andi", mask, ok)
+            mask = ok if mask is None else self.op("arith.andi", mask, ok)
+        if offset is None:
+            return self.const(0, "i64"), self.const(1, "i1")
         return offset, mask
 
     def _add_per_element(self, arg: Arg, values: Value, indices: list, varying: list[int]) -> None:
