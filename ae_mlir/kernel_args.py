@@ -7,6 +7,30 @@ from __future__ import annotations
 from .core import abi
 
 
+class ReversedRows:
+    """A GPU tensor read (or written) with its sequence dimension (2, of [B, H, L, D]) in reverse
+    order, as a kernel argument: the pointer at its last row and that dimension's stride negated.
+
+    torch has no negative strides, so this stands in for the view where only the kernels touch it:
+    it has what binding and argument lists read (shape, dtype, device, strides, the data pointer),
+    nothing else. The Triton kernels take any strides; tile origins and row offsets are signed."""
+
+    def __init__(self, t, dim: int = 2):
+        self.base, self.dim_reversed = t, dim
+        self.shape, self.dtype, self.device = t.shape, t.dtype, t.device
+
+    def dim(self) -> int:
+        return self.base.dim()
+
+    def stride(self, d: int | None = None):
+        strides = tuple(-s if i == self.dim_reversed else s for i, s in enumerate(self.base.stride()))
+        return strides if d is None else strides[d]
+
+    def data_ptr(self) -> int:
+        t = self.base
+        return t.data_ptr() + (t.shape[self.dim_reversed] - 1) * t.stride(self.dim_reversed) * t.element_size()
+
+
 def _padded(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
@@ -54,7 +78,7 @@ def _aligned(bundle, tensors: dict, roles: tuple) -> bool:
                 return False
             # Strides travel as i32; tile origins are computed in i64, so only offsets inside a
             # tile (rows along the sequence dimension) must stay below 2^31.
-            limit = stride * reach if d == t.dim() - 2 else stride
+            limit = abs(stride) * reach if d == t.dim() - 2 else abs(stride)
             if limit >= 2**31:
                 return False
     return True

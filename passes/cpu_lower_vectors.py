@@ -48,7 +48,43 @@ class LowerVectors(ModulePass):
 
     def apply(self, module_op) -> None:
         run_transform(module_op, VECTOR_LOWERING_SCRIPT)
+        store_padded_rows(module_op)
         lower_gathers(module_op)
+
+
+def store_padded_rows(module_op) -> None:
+    """Store a vector whose rows are not a power of two long into a staging buffer one row at a time.
+
+    `split_transfer_full_partial` stages a partial tile (the last chunk of a linear recurrence,
+    Dk = 5 or 12) by storing the whole vector through a `vector.type_cast` of the buffer; LLVM pads
+    a row of 5 floats to 8 in memory, so that store would overrun the buffer. Upstream's split has
+    no per-row form, so the stores of such views are rewritten here into one `vector.store` per
+    row; the buffer keeps its scalar layout, which the tile's later row loads read.
+    """
+    import itertools
+
+    from mlir import ir
+    from mlir.dialects import arith, vector
+
+    for op in walk(module_op, "vector.type_cast"):
+        view = ir.MemRefType(op.results[0].type)
+        rows = ir.VectorType(view.element_type) if isinstance(view.element_type, ir.VectorType) else None
+        if rows is None or rows.rank < 2 or not rows.shape[-1] & (rows.shape[-1] - 1):
+            continue
+        users = [use.owner for use in op.results[0].uses]
+        if not all(u.name == "memref.store" and u.operands[1] == op.results[0] and len(u.operands) == 2
+                   for u in users):
+            continue  # attn-cpu-legalize-for-llvm reports a view used otherwise
+        buffer = op.operands[0]
+        index = ir.IndexType.get(op.context)
+        for store in users:
+            with op.context, store.location, ir.InsertionPoint(store):
+                zero = arith.constant(index, 0)
+                for position in itertools.product(*(range(n) for n in rows.shape[:-1])):
+                    row = vector.extract(store.operands[0], [], list(position))
+                    vector.store(row, buffer, [arith.constant(index, i) for i in position] + [zero])
+            store.erase()
+        op.erase()
 
 
 def lower_gathers(module_op) -> None:

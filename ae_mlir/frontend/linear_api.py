@@ -29,10 +29,12 @@ class linear_attention:
     state is [S, H, Dk, Dv]. The mods see the sequence as b and positions within it as t.
 
     Outputs (the output and the final state) are differentiable in q, k, v, g, initial_state and
-    the floating closure tensors the mods read: the forward is the compiled kernel, the backward
-    recomputes the recurrence in chunks with torch in float32 (float64 for float64 inputs),
-    reapplying the mods as Python functions (`linear_backward`), so a mod's closure tensors must
-    still be the ones it read when backward runs.
+    the floating closure tensors the mods read: the forward is the compiled kernel. With a scalar
+    decay (None, "head", "token") and normalize=False the backward is three more runs of the
+    compiled recurrence on the gradients (`linear_kernel_backward`); otherwise (and for packed
+    batches and the reference backend) it recomputes the recurrence in chunks with torch in
+    float32 (float64 for float64 inputs) (`linear_backward`). Both reapply the mods as Python
+    functions, so a mod's closure tensors must still be the ones it read when backward runs.
     """
 
     def __init__(self, q_mod=None, k_mod=None, v_mod=None, decay=None, scale=None, normalize=False,
@@ -188,12 +190,14 @@ class linear_attention:
         caps.add(states)
         return exprs, caps
 
-    def _build(self, q, k, v, g, initial_state, clamp: bool = True, sequences=None) -> tuple[str, list]:
-        text, caps = self._build_with_captures(q, k, v, g, initial_state, clamp, sequences)
+    def _build(self, q, k, v, g, initial_state, clamp: bool = True, sequences=None, out_dtype=None) -> tuple[str, list]:
+        text, caps = self._build_with_captures(q, k, v, g, initial_state, clamp, sequences, out_dtype)
         return text, caps.tensors
 
-    def _build_with_captures(self, q, k, v, g, initial_state, clamp: bool = True,
-                             sequences=None) -> tuple[str, _Captures]:
+    def _build_with_captures(self, q, k, v, g, initial_state, clamp: bool = True, sequences=None,
+                             out_dtype=None) -> tuple[str, _Captures]:
+        """The L0 module and the captures; the output is of q's dtype, or `out_dtype` (the
+        backward's float32 gradients of 16-bit inputs)."""
         dk = q.shape[3]
         dv = v.shape[3]
         scale = checks.default_scale(self.scale, dk)
@@ -230,6 +234,7 @@ class linear_attention:
         params += [f"%c{i}: {t}" for i, t in enumerate(cap_types)]
         b, h, l = (q.shape[0], q.shape[1], q.shape[2]) if sequences is None else \
             (sequences.kv_len.shape[0], q.shape[1], sequences.longest_q)
+        elt = mlir_elt(out_dtype or q.dtype)
         to = tensor_type((b, h, l, dv), elt)
         tst = tensor_type((b, h, dk, dv), "f32")
         seg = f"1, 1, 1, {int(g is not None)}, {int(initial_state is not None)}, {int(sequences is not None)}"
@@ -293,18 +298,18 @@ class linear_attention:
         detached = [t.detach() for t in inputs]
         call = self._linear_call(q.shape[3], sources,
                                  None if sequences is None else (sequences.cu_q, sequences.longest_q),
-                                 run=lambda: _execute(text, detached, backend, out_dtype=q.dtype),
+                                 backend, run=lambda: _execute(text, detached, backend, out_dtype=q.dtype),
                                  current_sources=lambda: self._trace_mods()[1].sources)
         return differentiable_call(call, q, k, v, g, initial_state)
 
-    def _linear_call(self, dk: int, sources, packing, run=None, current_sources=None):
+    def _linear_call(self, dk: int, sources, packing, backend: str, run=None, current_sources=None):
         """What the backward recomputes (linear_backward.LinearCall)."""
         from .linear_backward import LinearCall
 
         return LinearCall(mods=tuple((self.mods[role], self.arities.get(role, 1)) for role in _ROLES),
                           decay=self.decay, scale=_as_f32(checks.default_scale(self.scale, dk)),
                           normalize=self.normalize, chunk_size=self.chunk_size, sources=tuple(sources),
-                          packing=packing, run=run, current_sources=current_sources)
+                          packing=packing, backend=backend, run=run, current_sources=current_sources)
 
     def _out(self, out):
         """The output in the caller's layout (a view)."""

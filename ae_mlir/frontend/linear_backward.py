@@ -1,7 +1,9 @@
-"""Autograd for `ae_mlir.linear_attention`: the forward is the compiled kernel, the backward is
-torch differentiating a chunked recomputation of the same recurrence.
+"""Autograd for `ae_mlir.linear_attention`: the forward is the compiled kernel. With a scalar
+decay and no normalization the backward is more runs of the compiled recurrence
+(`linear_kernel_backward`); otherwise it is torch differentiating a chunked recomputation of the
+same recurrence, as follows.
 
-The backward recomputes, under `torch.enable_grad()`, in float32 (float64 for float64 inputs):
+The recomputation runs, under `torch.enable_grad()`, in float32 (float64 for float64 inputs):
 the user's q/k/v mods applied with torch (the same Python functions the tracer captured, called
 on real tensors and index grids), then the recurrence of DESIGN.md section 3 in chunks of the
 call's chunk size, as `attn-chunk-recurrence` evaluates it. Per chunk of C tokens, G the
@@ -44,6 +46,7 @@ class LinearCall:
     sources: tuple  # the closure tensors the mods read, as they read them
     current_sources: Callable  # () -> the closure tensors the mods read now (traced again)
     packing: tuple | None = None  # packed sequences: (offsets int32 [S + 1], the longest sequence)
+    backend: str = "reference"  # where the forward ran; the kernel backward runs there too
 
 
 def apply_mod(fn, arity: int, x, grid: list | None = None):
@@ -154,14 +157,14 @@ class _LinearAttention(torch.autograd.Function):
     def forward(ctx, call: LinearCall, q, k, v, g, s0, *sources):
         out, state = call.run()
         ctx.call = call
-        ctx.save_for_backward(q, k, v, g, s0, *sources)  # saved for torch's in-place checks
+        ctx.save_for_backward(q, k, v, g, s0, state, *sources)  # saved for torch's in-place checks
         ctx.set_materialize_grads(False)
         return out, state
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, d_state):
-        q, k, v, g, s0, *_ = ctx.saved_tensors
+        q, k, v, g, s0, state, *_ = ctx.saved_tensors
         call = ctx.call
         current = call.current_sources()
         if len(current) != len(call.sources) or any(a is not b for a, b in zip(current, call.sources)):
@@ -171,13 +174,19 @@ class _LinearAttention(torch.autograd.Function):
         wanted = ctx.needs_input_grad[1:]
         if (d_out is None and d_state is None) or not any(wanted):
             return (None,) * (len(wanted) + 1)
-        return (None, *gradients(call, (q, k, v, g, s0), (d_out, d_state), wanted))
+        return (None, *gradients(call, (q, k, v, g, s0), (d_out, d_state), wanted, state))
 
 
-def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted) -> list:
+def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted, final_state=None) -> list:
     """The gradients of q, k, v, g, the initial state (`tensors`, g and s0 None where absent)
     and the call's closure tensors from those of (out, final state) (`grads`, None where none),
-    where `wanted`; None elsewhere. Recomputes the recurrence under autograd (module docstring)."""
+    where `wanted`; None elsewhere. Scalar decays run the forward kernels on the gradients
+    (`linear_kernel_backward`, which reads the forward's `final_state`); the others recompute the
+    recurrence under autograd (module docstring)."""
+    from . import linear_kernel_backward
+
+    if linear_kernel_backward.applies(call, tensors[0]):
+        return linear_kernel_backward.gradients(call, tensors, grads, wanted, final_state)
     d_out, d_state = grads
     work = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
     with torch.enable_grad():

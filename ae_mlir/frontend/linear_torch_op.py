@@ -4,10 +4,10 @@ As `torch_op` does for attention, a call under torch.compile records one op (dyn
 the tracer or MLIR): the op names the layer by its registry key and takes q, k, v ([B, H, L, D]
 views), g, the initial state, the closure tensors the mods read, and a packed batch's lengths and
 offsets. Its fake implementation gives the shapes; its backward, the op
-`ae_mlir::linear_attention_backward`, is the eager backward's torch recomputation
-(`linear_backward.gradients`). That recomputation reapplies the mods as Python functions, which
-read their closure tensors themselves, not the op's inputs, so gradients of closure tensors are
-refused under torch.compile (eager calls compute them).
+`ae_mlir::linear_attention_backward`, is the eager backward (`linear_backward.gradients`: forward
+kernels on the gradients for scalar decays, a torch recomputation otherwise). That backward
+reapplies the mods as Python functions, which read their closure tensors themselves, not the op's
+inputs, so gradients of closure tensors are refused under torch.compile (eager calls compute them).
 """
 from __future__ import annotations
 
@@ -64,12 +64,13 @@ def _linear_fake(key, backend, q, k, v, g, s0, captures, lengths, cu_seqlens, lo
 
 
 @torch.library.custom_op("ae_mlir::linear_attention_backward", mutates_args=())
-def linear_attention_backward_op(key: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, s0: Tensor | None,
-                                 captures: list[Tensor], lengths: Tensor | None, cu_seqlens: Tensor | None,
-                                 longest: int, d_out: Tensor, d_state: Tensor, wanted: list[bool]) -> list[Tensor]:
+def linear_attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
+                                 s0: Tensor | None, captures: list[Tensor], lengths: Tensor | None,
+                                 cu_seqlens: Tensor | None, longest: int, state: Tensor, d_out: Tensor,
+                                 d_state: Tensor, wanted: list[bool]) -> list[Tensor]:
     """[dq, dk, dv, dg, d(initial state)] (contiguous), zeros for those not wanted or absent (g,
-    s0). `captures` are the closure tensors the forward read: the recomputation reapplies the
-    mods, which must still read the same values."""
+    s0); `state` is the forward's final state. `captures` are the closure tensors the forward
+    read: the backward reapplies the mods, which must still read the same values."""
     from .linear_backward import gradients
 
     layer = variant_registry.lookup(key)
@@ -80,11 +81,12 @@ def linear_attention_backward_op(key: str, q: Tensor, k: Tensor, v: Tensor, g: T
                            "in the forward (a closure variable was rebound or changed before backward); its "
                            "backward reapplies the mods, so keep the tensors they read until backward has run")
     sequences = None if cu_seqlens is None else (cu_seqlens, longest)
-    call = layer._linear_call(q.shape[3], (), sequences)
-    # A custom op runs below the autograd dispatch keys, and the recomputation differentiates
+    call = layer._linear_call(q.shape[3], (), sequences, backend)
+    # A custom op runs below the autograd dispatch keys, and the mods' backward differentiates
     # with autograd: those keys come back for its duration.
     with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.AutogradFunctionality, False):
-        grads = gradients(call, (q, k, v, g, s0), (d_out, d_state), list(wanted) + [False] * (5 - len(wanted)))
+        grads = gradients(call, (q, k, v, g, s0), (d_out, d_state), list(wanted) + [False] * (5 - len(wanted)),
+                          state)
     return [_zeros_like(t, q) if grad is None else grad.contiguous() for grad, t in zip(grads, (q, k, v, g, s0))]
 
 
@@ -93,27 +95,28 @@ def _zeros_like(t, q):
 
 
 @linear_attention_backward_op.register_fake
-def _linear_backward_fake(key, q, k, v, g, s0, captures, lengths, cu_seqlens, longest, d_out, d_state, wanted):
+def _linear_backward_fake(key, backend, q, k, v, g, s0, captures, lengths, cu_seqlens, longest, state, d_out, d_state,
+                          wanted):
     # Contiguous, as the real op returns them (q, k, v may be strided views).
     return [q.new_empty(0) if t is None else q.new_empty(t.shape, dtype=t.dtype) for t in (q, k, v, g, s0)]
 
 
 def _setup_context(ctx, inputs, output):
-    key, _, q, k, v, g, s0, captures, lengths, cu, longest = inputs
-    ctx.key, ctx.longest, ctx.captures = key, longest, len(captures)
+    key, backend, q, k, v, g, s0, captures, lengths, cu, longest = inputs
+    ctx.key, ctx.backend, ctx.longest, ctx.captures = key, backend, longest, len(captures)
     ctx.layer = variant_registry.lookup(key)  # the graph holds it by key, the registry weakly
-    ctx.save_for_backward(q, k, v, g, s0, lengths, cu, *captures)
+    ctx.save_for_backward(q, k, v, g, s0, lengths, cu, output[1], *captures)
 
 
 def _backward(ctx, d_out, d_state):
-    q, k, v, g, s0, lengths, cu, *captures = ctx.saved_tensors
+    q, k, v, g, s0, lengths, cu, state, *captures = ctx.saved_tensors
     wanted = list(ctx.needs_input_grad[2:7])
     d_out = torch.zeros((*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device) if d_out is None else d_out
     if d_state is None:
         entries = q.shape[0] if lengths is None else lengths.shape[0]
         d_state = torch.zeros((entries, q.shape[1], q.shape[3], v.shape[3]), dtype=_state_dtype(q), device=q.device)
-    dq, dk, dv, dg, ds0 = linear_attention_backward_op(ctx.key, q, k, v, g, s0, captures, lengths, cu, ctx.longest,
-                                                       d_out, d_state, wanted)
+    dq, dk, dv, dg, ds0 = linear_attention_backward_op(ctx.key, ctx.backend, q, k, v, g, s0, captures, lengths, cu,
+                                                       ctx.longest, state, d_out, d_state, wanted)
     return (None, None, dq, dk, dv, dg if g is not None else None, ds0 if s0 is not None else None,
             [None] * ctx.captures, None, None, None)
 

@@ -1,0 +1,200 @@
+"""The backward of linear attention with a scalar decay (None, "head", "token"; not normalized)
+as three more runs of the compiled forward recurrence: its gradients are linear attention too.
+
+With G_t = g_0 + ... + g_t and the state unscaled, the forward is
+
+    o_t = scale * (sum_{s<=t} (q_t . k_s) e^{G_t - G_s} v_s + e^{G_t} q_t S0)
+    S_L = sum_s e^{G_L - G_s} k_s v_s^T + e^{G_L} S0            (L the last token)
+
+so, with dO and dS_L the incoming gradients,
+
+    dq_t = scale * (sum_{s<=t} (dO_t . v_s) e^{G_t - G_s} k_s + e^{G_t} dO_t S0^T)
+    dk_s = scale * (sum_{t>=s} (v_s . dO_t) e^{G_t - G_s} q_t + e^{G_L - G_s} v_s (dS_L / scale)^T)
+    dv_s = scale * (sum_{t>=s} (k_s . q_t) e^{G_t - G_s} dO_t + e^{G_L - G_s} k_s (dS_L / scale))
+
+dq is the forward on (q, k, v, S0) = (dO, v, k, S0^T) with the same decay. dk and dv are the
+forward in reversed time: token w of the run is token L - w, and the decay of step w is
+g'_w = g_{L-w+1} (g'_0 = 0), so the run's e^{G'} factors are the e^{G_t - G_s} above and its
+initial state enters as e^{G_L - G_s}: dk on (v, dO, q, dS_L^T / scale), dv on (k, q, dO,
+dS_L / scale), both flipped along L. The dv run's final state is sum_t e^{G_t - g_0} q_t dO_t^T
++ e^{G_L - g_0} dS_L / scale, so d(S0) = scale * e^{g_0} times it. Every exponent the runs take is
+one the forward takes (sums of g <= 0 over later tokens), so nothing overflows that did not there.
+
+The decay's gradient follows from G: the output at t grows with G_t through q_t, a key s shrinks
+with G_s, and the final state grows with G_L, so dL/dG_t = q_t . dq_t - k_t . dk_t (+ dS_L . S_L at
+t = L), and dg_u = sum_{t >= u} dL/dG_t (computed in float32 from the runs' outputs).
+
+The q/k/v mods are element-wise: they are applied with torch in float32 (rounded to the inputs'
+dtype, as the kernel rounds them) and differentiated by autograd, which also gives the gradients
+of the closure tensors they read. Per-dimension decay ("token_dim") decays the output side of dq
+and dk, which the forward recurrence does not express, and `normalize` divides by a key sum: both
+keep the torch recomputation of `linear_backward`, as do packed batches and the reference backend.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .linear_backward import LinearCall, apply_mod
+
+
+def applies(call: LinearCall, q) -> bool:
+    """Whether `call`'s backward runs as forward kernels (module docstring)."""
+    return (call.decay in (None, "head", "token") and not call.normalize and call.packing is None
+            and call.backend != "reference" and q.dtype != torch.float64)
+
+
+@functools.lru_cache(maxsize=None)
+def _plain(decay: str | None, scale: float, chunk_size: int):
+    """The forward recurrence without mods that the gradients run on."""
+    from .linear_api import linear_attention
+
+    return linear_attention(decay=decay, scale=scale, chunk_size=chunk_size)
+
+
+def plain_module(decay, scale, chunk_size, q, k, v, g, s0, out_dtype) -> str:
+    """The L0 module of one run: the plain recurrence with its output in `out_dtype`."""
+    signature = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in (q, k, v, g, s0))
+    return _module_text(decay, scale, chunk_size, signature, out_dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _module_text(decay, scale, chunk_size, signature: tuple, out_dtype) -> str:
+    # Kept per signature: building and hashing the module took about 0.5 ms a run, more than a
+    # run of B8 H16 L2048 D128 takes on an H200.
+    tensors = [None if sig is None else torch.empty(sig[0], dtype=sig[1], device="meta") for sig in signature]
+    return _plain(decay, scale, chunk_size)._build(*tensors, out_dtype=out_dtype)[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _bundle(text: str, target: str):
+    from ..backends import triton as tb
+
+    return tb.get_bundle(text, target)
+
+
+def run_plain(backend: str, decay, scale, chunk_size, q, k, v, g, s0, out_dtype, reverse: bool = False):
+    """(out in `out_dtype`, final state) of the plain recurrence on `backend`; with `reverse`, of
+    q, k, v read from their last token to their first, the output written in their order (g and
+    the initial state as given). GPU kernels read and write the tensors backwards in place
+    (`kernel_args.ReversedRows`); the CPU runs on flipped copies."""
+    text = plain_module(decay, scale, chunk_size, q, k, v, g, s0, out_dtype)
+    rest = [t for t in (g, s0) if t is not None]
+    if backend != "triton":
+        from .api import _execute
+
+        if reverse:
+            q, k, v = (t.flip(2) for t in (q, k, v))
+        out, state = _execute(text, [q, k, v] + rest, backend, out_dtype)
+        return (out.flip(2) if reverse else out), state
+    from .. import runtime
+    from ..kernel_args import ReversedRows
+
+    def rows(t):
+        return ReversedRows(t) if reverse else t
+
+    out = torch.empty((*q.shape[:3], v.shape[3]), dtype=out_dtype, device=q.device)
+    _, state = runtime.launch(_bundle(text, runtime.current_target()), rows(q), rows(k), rows(v), *rest,
+                              out=rows(out))
+    return out, state
+
+
+def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted, final_state, run=None) -> list:
+    """As `linear_backward.gradients` (same arguments and result), from forward runs; `final_state`
+    is the forward's (read only with a state gradient and a decay gradient wanted); `run` replaces
+    `run_plain` without its first argument (tests interpret the Triton kernels with it)."""
+    q, k, v, g, s0 = tensors
+    d_out, d_state = grads
+    run = run or functools.partial(run_plain, call.backend)
+    sources = list(call.sources)
+    wanted = list(wanted)
+    with torch.enable_grad():
+        leaves, applied, modded = [], [], []
+        for (fn, arity), x, w in zip(call.mods, (q, k, v), wanted[:3]):
+            if fn is None:
+                leaves.append(None)
+                applied.append(None)
+                modded.append(x.detach())
+                continue
+            leaf = x.detach().float().requires_grad_(w)
+            y = apply_mod(fn, arity, leaf)
+            leaves.append(leaf)
+            applied.append(y)
+            modded.append(y.detach().to(x.dtype))
+    qm, km, vm = modded
+    d_modded = _recurrence_gradients(call, qm, km, vm, g, s0, d_out, d_state, final_state, wanted, run)
+    dqm, dkm, dvm, dg, ds0 = d_modded
+    result = [None] * len(wanted)
+    pairs = [(y, d) for y, d in zip(applied, (dqm, dkm, dvm)) if y is not None and y.requires_grad]
+    targets = [(i, t) for i, t in enumerate(leaves + [None, None] + sources) if t is not None and wanted[i]]
+    if pairs and targets:
+        found = torch.autograd.grad([y for y, _ in pairs], [t for _, t in targets],
+                                    [d.to(y.dtype) for y, d in pairs], allow_unused=True)
+        for (i, _), grad in zip(targets, found):
+            result[i] = grad
+    for i, (x, d) in enumerate(zip((q, k, v), (dqm, dkm, dvm))):
+        if leaves[i] is None and wanted[i]:
+            result[i] = d
+    result[3] = dg if wanted[3] else None
+    result[4] = ds0 if wanted[4] else None
+    originals = [q, k, v, g, s0] + sources
+    return [None if r is None else r.to(t.dtype) for r, t in zip(result, originals)]
+
+
+def _recurrence_gradients(call, q, k, v, g, s0, d_out, d_state, final_state, wanted, run):
+    """(dq, dk, dv, dg, d(initial state)) of the plain recurrence on mod-applied q, k, v, each None
+    where nothing needs it."""
+    b, h, length, _ = q.shape
+    mods_wanted = any(wanted[5:])
+    need_g = wanted[3] and g is not None
+    need = [wanted[i] or need_g or (mods_wanted and call.mods[i][0] is not None) for i in range(3)]
+    need_s0 = wanted[4] and s0 is not None
+    scale, chunk = call.scale, call.chunk_size
+    d_out = torch.zeros((b, h, length, v.shape[3]), dtype=q.dtype, device=q.device) if d_out is None \
+        else d_out.to(q.dtype)
+    # g's gradient sums q . dq - k . dk over up to L tokens, where 16-bit dq and dk would cancel
+    # to a few percent of it: those two are then kept in float32.
+    wide = torch.float32 if need_g else q.dtype
+    dq = dk = dv = ds0 = None
+    if need[0]:
+        st = None if s0 is None else s0.transpose(-1, -2).contiguous()
+        dq, _ = run(call.decay, scale, chunk, d_out, v, k, g, st, wide)
+    if need[1] or need[2] or need_s0:
+        g_rev = _reversed_decay(call.decay, g, b, length)
+        decay_rev = None if call.decay is None else "token"
+        carried = None if d_state is None else d_state.float() / scale
+        if need[1]:
+            st = None if carried is None else carried.transpose(-1, -2).contiguous()
+            dk, _ = run(decay_rev, scale, chunk, v, d_out, q, g_rev, st, wide, reverse=True)
+        if need[2] or need_s0:
+            dv, state = run(decay_rev, scale, chunk, k, q, d_out, g_rev, carried, q.dtype, reverse=True)
+            if need_s0:
+                ds0 = scale * state.float() * _first_decay(call.decay, g, b)
+    dg = None
+    if need_g:
+        rate = (q.float() * dq.float()).sum(-1) - (k.float() * dk.float()).sum(-1)  # dL/dG, [B, H, L]
+        dg = rate.flip(2).cumsum(2).flip(2)
+        if d_state is not None:
+            dg = dg + (d_state.float() * final_state.float()).sum((-1, -2)).unsqueeze(-1)
+        if call.decay == "head":
+            dg = dg.sum((0, 2))
+    return dq, dk, dv, dg, ds0
+
+
+def _reversed_decay(decay, g, b: int, length: int):
+    """g' of the reversed runs, per token [B, H, L]: g'_w = g_{L-w+1}, g'_0 = 0 (None without a
+    decay)."""
+    if decay is None:
+        return None
+    per_token = g.view(1, -1, 1).expand(b, -1, length) if decay == "head" else g
+    first = torch.zeros_like(per_token[..., :1])
+    return torch.cat([first, per_token.flip(2)[..., :-1]], dim=2).contiguous()
+
+
+def _first_decay(decay, g, b: int):
+    """e^{g_0}, broadcastable to the state [B, H, Dk, Dv]."""
+    if decay is None:
+        return 1.0
+    first = g.float().view(1, -1) if decay == "head" else g[..., 0].float()
+    return torch.exp(first).view(first.shape[0], -1, 1, 1)

@@ -1,0 +1,115 @@
+"""The backward of scalar-decay linear attention as runs of the compiled forward recurrence
+(`frontend/linear_kernel_backward.py`): through the CPU kernels against float64 autograd of the
+quadratic formula, and through the Triton kernels (the TTIR interpreter) against the torch
+recomputation it replaces."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir.frontend import linear_backward, linear_kernel_backward
+from bundle_interp import interpret
+from test_linear_backward import _against_naive, _case, _mods_applied, naive
+
+SHAPE = dict(b=2, h=2, l=37, dk=5, dv=3)  # a ragged last chunk (16 + 16 + 5), Dk != Dv, odd widths
+
+
+@pytest.fixture
+def kernels_only(monkeypatch):
+    """Fail a test whose backward falls back to the torch recomputation."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backward recomputed the recurrence with torch")
+
+    monkeypatch.setattr(linear_backward, "chunked_recurrence", refuse)
+
+
+@pytest.mark.parametrize("decay", [None, "head", "token"])
+def test_float32_gradients_against_naive(decay, kernels_only):
+    """q, k, v, g, the initial state and both closure tensors, from a loss on the output and the
+    final state."""
+    _against_naive(decay, False, torch.float32, 1e-4, **SHAPE)
+
+
+@pytest.mark.parametrize("decay", ["head", "token"])
+def test_blhd_layout(decay, kernels_only):
+    _against_naive(decay, False, torch.float32, 1e-4, "blhd", b=1, h=3, l=40, dk=8, dv=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_gradients_against_naive(dtype, kernels_only):
+    """The runs round their operands to 16 bits as the forward does; g's gradient sums q . dq -
+    k . dk over the tokens after each one in float32."""
+    _against_naive("token", False, dtype, 2e-2, b=2, h=2, l=70, dk=16, dv=16)
+
+
+def test_the_other_forms_keep_the_torch_recomputation():
+    lin, (q, k, v, g, s0), _ = _case("token_dim", False, dtype=torch.float32)
+    call = lin._linear_call(q.shape[3], (), None, "cpu")
+    assert not linear_kernel_backward.applies(call, q)
+    head = dataclasses.replace(call, decay="head")
+    assert linear_kernel_backward.applies(head, q)
+    assert not linear_kernel_backward.applies(head, q.double())
+    for change in ({"normalize": True}, {"backend": "reference"}, {"packing": (None, 4)}):
+        assert not linear_kernel_backward.applies(dataclasses.replace(head, **change), q)
+
+
+def test_state_gradient_alone_and_no_output_gradient(kernels_only):
+    """A loss on the final state only: q gets no gradient, k, v, g and the initial state do, as
+    float64 autograd of the quadratic formula gives them."""
+    lin, inputs, _ = _case("token", False, dtype=torch.float32, **SHAPE)
+    for t in inputs:
+        t.requires_grad_()
+    _, state = lin(*inputs[:4], initial_state=inputs[4], return_state=True, backend="cpu")
+    weights = torch.randn(state.shape, generator=torch.Generator().manual_seed(2))
+    grads = torch.autograd.grad((state * weights).sum(), inputs, allow_unused=True)
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    q, k, v, g, s0 = ref_inputs
+    _, ref_state = naive(*_mods_applied(lin, q, k, v), g, s0, "token", q.shape[3] ** -0.5, False)
+    want = torch.autograd.grad((ref_state * weights.double()).sum(), ref_inputs, allow_unused=True)
+    assert grads[0] is None or not grads[0].any()
+    for got, ref in zip(grads[1:], want[1:]):
+        torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+def _interpreted(backend_target="cuda:90"):
+    """A `run` for `linear_kernel_backward.gradients` that builds each plain recurrence for the
+    GPU and runs its Triton IR in the interpreter."""
+    from ae_mlir.backends import triton as tb
+
+    def run(*args, reverse=False):
+        text = linear_kernel_backward.plain_module(*args)
+        bundle = tb.build_bundle(text, backend_target, {"num_warps": 4, "num_stages": 2})
+        q, k, v, g, s0, out_dtype = args[3:]
+        if reverse:  # the GPU reads them backwards in place (`kernel_args.ReversedRows`)
+            q, k, v = (t.flip(2) for t in (q, k, v))
+        (out, state), _ = interpret(bundle, q, k, v, *[t for t in (g, s0) if t is not None])
+        return (out.flip(2) if reverse else out).to(out_dtype), state
+
+    return run
+
+
+@pytest.mark.parametrize("decay", ["head", "token"])
+def test_triton_kernels_match_the_recomputation(decay):
+    """The backward's runs compiled for the GPU (in the TTIR interpreter) give the gradients of the
+    torch recomputation, closure tensors included."""
+    lin, inputs, closures = _case(decay, False, dtype=torch.float32, b=1, h=2, l=40, dk=16, dv=16)
+    q, k, v, g, s0 = inputs
+    for c in closures:
+        c.requires_grad_()
+    call = lin._linear_call(q.shape[3], tuple(closures), None, "triton")
+    gen = torch.Generator().manual_seed(5)
+    d_out = torch.randn(1, 2, 40, 16, generator=gen)
+    d_state = torch.randn(1, 2, 16, 16, generator=gen)
+    with torch.no_grad():
+        _, final = lin(q, k, v, g, initial_state=s0, return_state=True, backend="cpu")
+    wanted = [True] * (5 + len(closures))
+    got = linear_kernel_backward.gradients(call, (q, k, v, g, s0), (d_out, d_state), wanted, final,
+                                           run=_interpreted())
+    torch_call = dataclasses.replace(call, backend="reference")
+    want = linear_backward.gradients(torch_call, (q, k, v, g, s0), (d_out, d_state), wanted)
+    for name, a, b in zip(["q", "k", "v", "g", "s0", "w", "dt"], got, want):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4 * b.abs().max().item(), msg=name)
