@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import ae_mlir as ae
 from ae_mlir import variants
 from ae_mlir.backends import triton as tb
 from bundle_interp import interpret
@@ -38,6 +39,25 @@ def test_linear_entry_as_triton_ir(name):
     (out, state), _ = interpret(bundle, q, k, v, *[t for t in (g,) if t is not None], *captures)
     want, want_state = lin(q, k, v, g, return_state=True, backend="reference")
     torch.testing.assert_close(out, want, **TOL)
+    torch.testing.assert_close(state, want_state, **TOL)
+
+
+@pytest.mark.parametrize("dk,dv", [(3, 4), (5, 7), (12, 16), (6, 3)])
+@pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
+def test_head_dims_that_are_not_powers_of_two_on_cpu(decay, dk, dv):
+    """A ragged last chunk (37 = 16 + 16 + 5) whose rows (Dk or Dv wide) are not a power of two
+    long is staged row by row (`attn-cpu-lower-vectors`); whole-vector staging of a [16, 5] tile
+    failed to compile."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, 2, 37, dk, generator=gen) for _ in range(2))
+    v = torch.randn(1, 2, 37, dv, generator=gen)
+    g = {None: None, "head": (2,), "token": (1, 2, 37), "token_dim": (1, 2, 37, dk)}[decay]
+    g = None if g is None else -0.3 * torch.rand(g, generator=gen)
+    s0 = torch.randn(1, 2, dk, dv, generator=gen)
+    lin = ae.linear_attention(decay=decay, chunk_size=16)
+    want, want_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
+    got, state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="cpu")
+    torch.testing.assert_close(got, want, **TOL)
     torch.testing.assert_close(state, want_state, **TOL)
 
 
