@@ -46,8 +46,8 @@ def build(out: str) -> None:
 
     runtime.CACHE.clear_memory()
 
-    def build_only(*args, reverse=False):
-        tb.get_bundle(linear_kernel_backward.plain_module(*args), "cuda:90")
+    def build_only(*args, reverse=False, packing=None):
+        tb.get_bundle(linear_kernel_backward.plain_module(*args, packing), "cuda:90")
         q, v, out_dtype = args[3], args[5], args[-1]
         b, h, length, dk = q.shape
         return (torch.zeros(b, h, length, v.shape[3], dtype=out_dtype),

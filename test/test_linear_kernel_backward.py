@@ -46,14 +46,15 @@ def test_16bit_gradients_against_naive(dtype, kernels_only):
     _against_naive("token", False, dtype, 2e-2, b=2, h=2, l=70, dk=16, dv=16)
 
 
-def test_the_other_forms_keep_the_torch_recomputation():
+def test_gla_normalize_and_the_reference_backend_keep_the_torch_recomputation():
     lin, (q, k, v, g, s0), _ = _case("token_dim", False, dtype=torch.float32)
     call = lin._linear_call(q.shape[3], (), None, "cpu")
     assert not linear_kernel_backward.applies(call, q)
     head = dataclasses.replace(call, decay="head")
     assert linear_kernel_backward.applies(head, q)
     assert not linear_kernel_backward.applies(head, q.double())
-    for change in ({"normalize": True}, {"backend": "reference"}, {"packing": (None, 4)}):
+    assert linear_kernel_backward.applies(dataclasses.replace(head, packing=(None, 4)), q)
+    for change in ({"normalize": True}, {"backend": "reference"}):
         assert not linear_kernel_backward.applies(dataclasses.replace(head, **change), q)
 
 
@@ -80,13 +81,16 @@ def _interpreted(backend_target="cuda:90"):
     GPU and runs its Triton IR in the interpreter."""
     from ae_mlir.backends import triton as tb
 
-    def run(*args, reverse=False):
-        text = linear_kernel_backward.plain_module(*args)
+    def run(*args, reverse=False, packing=None):
+        text = linear_kernel_backward.plain_module(*args, packing)
         bundle = tb.build_bundle(text, backend_target, {"num_warps": 4, "num_stages": 2})
         q, k, v, g, s0, out_dtype = args[3:]
         if reverse:  # the GPU reads them backwards in place (`kernel_args.ReversedRows`)
             q, k, v = (t.flip(2) for t in (q, k, v))
-        (out, state), _ = interpret(bundle, q, k, v, *[t for t in (g, s0) if t is not None])
+        rest = [t for t in (g, s0) if t is not None]
+        if packing is not None:
+            rest += [(packing[0][1:] - packing[0][:-1]).contiguous(), packing[0]]
+        (out, state), _ = interpret(bundle, q, k, v, *rest)
         return (out.flip(2) if reverse else out).to(out_dtype), state
 
     return run
@@ -112,4 +116,44 @@ def test_triton_kernels_match_the_recomputation(decay):
     torch_call = dataclasses.replace(call, backend="reference")
     want = linear_backward.gradients(torch_call, (q, k, v, g, s0), (d_out, d_state), wanted)
     for name, a, b in zip(["q", "k", "v", "g", "s0", "w", "dt"], got, want):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4 * b.abs().max().item(), msg=name)
+
+
+@pytest.mark.parametrize("decay", [None, "head", "token"])
+def test_packed_batches_take_the_kernels(decay, kernels_only):
+    """Packed sequences (one of them empty): the reversed runs take the sequences in reverse order
+    (offsets T - flip(cu)), their decays shifted within each sequence; gradients against the
+    float64 oracle of test_linear_varlen, mods reading the sequence and position included."""
+    from test_linear_varlen import test_gradients_match_the_oracle
+
+    test_gradients_match_the_oracle(decay, False, "cpu")
+
+
+@pytest.mark.parametrize("decay", ["head", "token"])
+def test_packed_triton_kernels_match_the_recomputation(decay):
+    from ae_mlir.frontend import varlen
+    from test_linear_varlen import _layer, _offsets, _problem
+
+    lens = [5, 0, 17, 1, 9]
+    q, k, v, g, s0 = _problem(lens, decay, seed=4)
+    layer = _layer(decay, chunk_size=8)
+    q, k, v, g = (x if x is None or x.dim() < 3 else x.transpose(1, 2) for x in (q, k, v, g))
+    sequences = varlen.prepare(q, q, _offsets(lens), _offsets(lens), None, None, False)
+    padded = sequences.kv_len.shape[0]
+    s0 = torch.cat([s0, s0.new_zeros(padded - s0.shape[0], *s0.shape[1:])])
+    call = layer._linear_call(q.shape[3], (), (sequences.cu_q, sequences.longest_q), "triton")
+    gen = torch.Generator().manual_seed(6)
+    d_out = torch.randn(q.shape, generator=gen)
+    d_state = torch.randn(s0.shape, generator=gen)
+    with torch.no_grad():
+        _, final = layer(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                         g if g.dim() == 1 else g.transpose(1, 2), s0[:len(lens)], cu_seqlens=_offsets(lens),
+                         return_state=True, backend="cpu")
+    final = torch.cat([final, final.new_zeros(padded - len(lens), *final.shape[1:])])
+    wanted = [True] * 5
+    got = linear_kernel_backward.gradients(call, (q, k, v, g, s0), (d_out, d_state), wanted, final,
+                                           run=_interpreted())
+    want = linear_backward.gradients(dataclasses.replace(call, backend="reference"), (q, k, v, g, s0),
+                                     (d_out, d_state), wanted)
+    for name, a, b in zip(["q", "k", "v", "g", "s0"], got, want):
         torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4 * b.abs().max().item(), msg=name)

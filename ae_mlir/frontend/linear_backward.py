@@ -223,25 +223,34 @@ def _packed_recurrence(call: LinearCall, q, k, v, g, s0):
     pos = torch.arange(longest, device=q.device)
     valid = pos < lengths.unsqueeze(1)  # [S, L]
     rows = (cu[:-1].unsqueeze(1) + pos).clamp(max=max(q.shape[2] - 1, 0))
-    # Packed row r belongs to the sequence whose offsets bracket it.
-    r = torch.arange(q.shape[2], device=q.device)
-    seq = torch.searchsorted(cu[1:], r, right=True).clamp(max=lengths.shape[0] - 1)
-    at = (r - cu[seq]).clamp(0, longest - 1)
+    seq, at = packed_positions(cu, longest, q.shape[2])
 
     def unpack(t):  # [1, H, T(, D)] -> [S, H, L(, D)], zero past each sequence
         view = t[0][:, rows].transpose(0, 1)
         mask = valid.view(valid.shape[0], 1, longest, *([1] * (t.dim() - 3)))
         return torch.where(mask, view, torch.zeros((), dtype=t.dtype, device=t.device))
 
-    xs = []
-    for (fn, arity), x in zip(call.mods, (q, k, v)):
-        grid = [seq.view(1, 1, -1, 1), torch.arange(x.shape[1], device=x.device).view(1, -1, 1, 1),
-                at.view(1, 1, -1, 1), torch.arange(x.shape[3], device=x.device).view(1, 1, 1, -1)]
-        xs.append(unpack(apply_mod(fn, arity, x, grid)))
+    xs = [unpack(apply_mod(fn, arity, x, packed_grid(seq, at, x))) for (fn, arity), x in zip(call.mods, (q, k, v))]
     g_view = unpack(g) if g is not None and g.dim() > 1 else g
     out, state = chunked_recurrence(*xs, g_view, s0, call.decay, call.scale, call.normalize, call.chunk_size,
                                     lengths)
     return out[seq, :, at].transpose(0, 1).unsqueeze(0), state
+
+
+def packed_positions(cu, longest: int, rows: int):
+    """(sequence, position in it) of each of `rows` packed rows (int64 [rows] each), from offsets
+    `cu` (int64 [S + 1], possibly padded with empty sequences at the end)."""
+    r = torch.arange(rows, device=cu.device)
+    # Packed row r belongs to the sequence whose offsets bracket it.
+    seq = torch.searchsorted(cu[1:], r, right=True).clamp(max=cu.shape[0] - 2)
+    return seq, (r - cu[seq]).clamp(0, max(longest - 1, 0))
+
+
+def packed_grid(seq, at, x) -> list:
+    """The (b, h, t, d) index grids a five-argument mod sees on packed rows x [1, H, T, D]: the
+    sequence as b, the position in it as t."""
+    return [seq.view(1, 1, -1, 1), torch.arange(x.shape[1], device=x.device).view(1, -1, 1, 1),
+            at.view(1, 1, -1, 1), torch.arange(x.shape[3], device=x.device).view(1, 1, 1, -1)]
 
 
 def differentiable_call(call: LinearCall, q, k, v, g, s0):

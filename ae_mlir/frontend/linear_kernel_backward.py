@@ -24,11 +24,15 @@ The decay's gradient follows from G: the output at t grows with G_t through q_t,
 with G_s, and the final state grows with G_L, so dL/dG_t = q_t . dq_t - k_t . dk_t (+ dS_L . S_L at
 t = L), and dg_u = sum_{t >= u} dL/dG_t (computed in float32 from the runs' outputs).
 
+Packed sequences run packed: reversed, the sequences come in reverse order (offsets T - flip(cu)),
+each one's g' shifted within it, the initial and final states per sequence reordered to match, and
+g's sums end at each sequence's end.
+
 The q/k/v mods are element-wise: they are applied with torch in float32 (rounded to the inputs'
 dtype, as the kernel rounds them) and differentiated by autograd, which also gives the gradients
 of the closure tensors they read. Per-dimension decay ("token_dim") decays the output side of dq
 and dk, which the forward recurrence does not express, and `normalize` divides by a key sum: both
-keep the torch recomputation of `linear_backward`, as do packed batches and the reference backend.
+keep the torch recomputation of `linear_backward`, as does the reference backend.
 """
 from __future__ import annotations
 
@@ -41,8 +45,8 @@ from .linear_backward import LinearCall, apply_mod
 
 def applies(call: LinearCall, q) -> bool:
     """Whether `call`'s backward runs as forward kernels (module docstring)."""
-    return (call.decay in (None, "head", "token") and not call.normalize and call.packing is None
-            and call.backend != "reference" and q.dtype != torch.float64)
+    return (call.decay in (None, "head", "token") and not call.normalize and call.backend != "reference"
+            and q.dtype != torch.float64)
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,18 +57,26 @@ def _plain(decay: str | None, scale: float, chunk_size: int):
     return linear_attention(decay=decay, scale=scale, chunk_size=chunk_size)
 
 
-def plain_module(decay, scale, chunk_size, q, k, v, g, s0, out_dtype) -> str:
-    """The L0 module of one run: the plain recurrence with its output in `out_dtype`."""
+def plain_module(decay, scale, chunk_size, q, k, v, g, s0, out_dtype, packing=None) -> str:
+    """The L0 module of one run: the plain recurrence with its output in `out_dtype`, on packed
+    sequences where `packing` (offsets int32 [S + 1], the longest sequence's bucket) is given."""
     signature = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in (q, k, v, g, s0))
-    return _module_text(decay, scale, chunk_size, signature, out_dtype)
+    packed = None if packing is None else (packing[0].shape[0], packing[1])
+    return _module_text(decay, scale, chunk_size, signature, out_dtype, packed)
 
 
 @functools.lru_cache(maxsize=256)
-def _module_text(decay, scale, chunk_size, signature: tuple, out_dtype) -> str:
+def _module_text(decay, scale, chunk_size, signature: tuple, out_dtype, packed) -> str:
     # Kept per signature: building and hashing the module took about 0.5 ms a run, more than a
     # run of B8 H16 L2048 D128 takes on an H200.
+    from .varlen import Sequences
+
     tensors = [None if sig is None else torch.empty(sig[0], dtype=sig[1], device="meta") for sig in signature]
-    return _plain(decay, scale, chunk_size)._build(*tensors, out_dtype=out_dtype)[0]
+    sequences = None
+    if packed is not None:
+        cu = torch.empty(packed[0], dtype=torch.int32, device="meta")
+        sequences = Sequences(cu, cu, cu[1:], packed[1], packed[1])
+    return _plain(decay, scale, chunk_size)._build(*tensors, out_dtype=out_dtype, sequences=sequences)[0]
 
 
 @functools.lru_cache(maxsize=256)
@@ -74,13 +86,18 @@ def _bundle(text: str, target: str):
     return tb.get_bundle(text, target)
 
 
-def run_plain(backend: str, decay, scale, chunk_size, q, k, v, g, s0, out_dtype, reverse: bool = False):
+def run_plain(backend: str, decay, scale, chunk_size, q, k, v, g, s0, out_dtype, reverse: bool = False,
+              packing=None):
     """(out in `out_dtype`, final state) of the plain recurrence on `backend`; with `reverse`, of
-    q, k, v read from their last token to their first, the output written in their order (g and
-    the initial state as given). GPU kernels read and write the tensors backwards in place
-    (`kernel_args.ReversedRows`); the CPU runs on flipped copies."""
-    text = plain_module(decay, scale, chunk_size, q, k, v, g, s0, out_dtype)
+    q, k, v read from their last token to their first, the output written in their order (g, the
+    initial state and `packing`'s offsets as given, already in the run's order). GPU kernels read
+    and write the tensors backwards in place (`kernel_args.ReversedRows`); the CPU runs on flipped
+    copies."""
+    text = plain_module(decay, scale, chunk_size, q, k, v, g, s0, out_dtype, packing)
     rest = [t for t in (g, s0) if t is not None]
+    if packing is not None:
+        cu = packing[0]
+        rest += [(cu[1:] - cu[:-1]).contiguous(), cu]
     if backend != "triton":
         from .api import _execute
 
@@ -107,6 +124,7 @@ def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted, final_stat
     q, k, v, g, s0 = tensors
     d_out, d_state = grads
     run = run or functools.partial(run_plain, call.backend)
+    order = _Order(call.packing, q)
     sources = list(call.sources)
     wanted = list(wanted)
     with torch.enable_grad():
@@ -118,12 +136,12 @@ def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted, final_stat
                 modded.append(x.detach())
                 continue
             leaf = x.detach().float().requires_grad_(w)
-            y = apply_mod(fn, arity, leaf)
+            y = apply_mod(fn, arity, leaf, order.grid(leaf))
             leaves.append(leaf)
             applied.append(y)
             modded.append(y.detach().to(x.dtype))
     qm, km, vm = modded
-    d_modded = _recurrence_gradients(call, qm, km, vm, g, s0, d_out, d_state, final_state, wanted, run)
+    d_modded = _recurrence_gradients(call, order, qm, km, vm, g, s0, d_out, d_state, final_state, wanted, run)
     dqm, dkm, dvm, dg, ds0 = d_modded
     result = [None] * len(wanted)
     pairs = [(y, d) for y, d in zip(applied, (dqm, dkm, dvm)) if y is not None and y.requires_grad]
@@ -142,7 +160,7 @@ def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted, final_stat
     return [None if r is None else r.to(t.dtype) for r, t in zip(result, originals)]
 
 
-def _recurrence_gradients(call, q, k, v, g, s0, d_out, d_state, final_state, wanted, run):
+def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_state, wanted, run):
     """(dq, dk, dv, dg, d(initial state)) of the plain recurrence on mod-applied q, k, v, each None
     where nothing needs it."""
     b, h, length, _ = q.shape
@@ -159,42 +177,99 @@ def _recurrence_gradients(call, q, k, v, g, s0, d_out, d_state, final_state, wan
     dq = dk = dv = ds0 = None
     if need[0]:
         st = None if s0 is None else s0.transpose(-1, -2).contiguous()
-        dq, _ = run(call.decay, scale, chunk, d_out, v, k, g, st, wide)
+        dq, _ = run(call.decay, scale, chunk, d_out, v, k, g, st, wide, packing=order.packing)
     if need[1] or need[2] or need_s0:
-        g_rev = _reversed_decay(call.decay, g, b, length)
+        g_rev = None if call.decay is None else order.reversed_decay(call.decay, g)
         decay_rev = None if call.decay is None else "token"
-        carried = None if d_state is None else d_state.float() / scale
+        carried = None if d_state is None else order.reversed_states(d_state.float() / scale)
+        packing = order.reversed_packing
         if need[1]:
             st = None if carried is None else carried.transpose(-1, -2).contiguous()
-            dk, _ = run(decay_rev, scale, chunk, v, d_out, q, g_rev, st, wide, reverse=True)
+            dk, _ = run(decay_rev, scale, chunk, v, d_out, q, g_rev, st, wide, reverse=True, packing=packing)
         if need[2] or need_s0:
-            dv, state = run(decay_rev, scale, chunk, k, q, d_out, g_rev, carried, q.dtype, reverse=True)
+            dv, state = run(decay_rev, scale, chunk, k, q, d_out, g_rev, carried, q.dtype, reverse=True,
+                            packing=packing)
             if need_s0:
-                ds0 = scale * state.float() * _first_decay(call.decay, g, b)
+                ds0 = scale * order.reversed_states(state.float())
+                if call.decay is not None:
+                    ds0 = ds0 * order.first_decay(call.decay, g)
     dg = None
     if need_g:
         rate = (q.float() * dq.float()).sum(-1) - (k.float() * dk.float()).sum(-1)  # dL/dG, [B, H, L]
-        dg = rate.flip(2).cumsum(2).flip(2)
+        dg = order.sum_after(rate)
         if d_state is not None:
-            dg = dg + (d_state.float() * final_state.float()).sum((-1, -2)).unsqueeze(-1)
+            dg = dg + order.per_token((d_state.float() * final_state.float()).sum((-1, -2)))
         if call.decay == "head":
             dg = dg.sum((0, 2))
     return dq, dk, dv, dg, ds0
 
 
-def _reversed_decay(decay, g, b: int, length: int):
-    """g' of the reversed runs, per token [B, H, L]: g'_w = g_{L-w+1}, g'_0 = 0 (None without a
-    decay)."""
-    if decay is None:
-        return None
-    per_token = g.view(1, -1, 1).expand(b, -1, length) if decay == "head" else g
-    first = torch.zeros_like(per_token[..., :1])
-    return torch.cat([first, per_token.flip(2)[..., :-1]], dim=2).contiguous()
+class _Order:
+    """The tokens' order as the runs see it: each batch entry one sequence ([B, H, L] tokens,
+    states [B, ...]), or packed sequences ([1, H, T] tokens, states [S, ...], offsets `cu`).
+    Reversed, packed sequences come in reverse order too (offsets T - flip(cu))."""
 
+    def __init__(self, packing, q):
+        self.batch, self.tokens = q.shape[0], q.shape[2]
+        self.device = q.device
+        self.packing = self.reversed_packing = None
+        if packing is not None:
+            from .linear_backward import packed_positions
 
-def _first_decay(decay, g, b: int):
-    """e^{g_0}, broadcastable to the state [B, H, Dk, Dv]."""
-    if decay is None:
-        return 1.0
-    first = g.float().view(1, -1) if decay == "head" else g[..., 0].float()
-    return torch.exp(first).view(first.shape[0], -1, 1, 1)
+            cu, longest = packing
+            cu = cu.to(q.device)
+            self.packing = (cu, longest)
+            self.reversed_packing = ((self.tokens - cu.flip(0)).to(torch.int32).contiguous(), longest)
+            self.cu = cu.long()
+            self.seq, self.at = packed_positions(self.cu, longest, self.tokens)
+
+    def grid(self, x):
+        """The index grids a five-argument mod sees on x (None: each axis's positions)."""
+        if self.packing is None:
+            return None
+        from .linear_backward import packed_grid
+
+        return packed_grid(self.seq, self.at, x)
+
+    def per_token(self, x):
+        """x [B or S, H] per sequence, as [B, H, L] per token."""
+        if self.packing is None:
+            return x.unsqueeze(-1)
+        return x[self.seq].transpose(0, 1).unsqueeze(0)
+
+    def reversed_states(self, states):
+        return states if self.packing is None else states.flip(0)
+
+    def reversed_decay(self, decay, g):
+        """g' of the reversed runs, per token: the decay of the token after, in the original order,
+        within its sequence, and 0 at each sequence's last token (its first in reverse)."""
+        per_token = g.view(1, -1, 1).expand(self.batch, -1, self.tokens) if decay == "head" else g
+        shifted = torch.cat([torch.zeros_like(per_token[..., :1]), per_token.flip(2)[..., :-1]], dim=2)
+        if self.packing is None:
+            return shifted.contiguous()
+        starts = torch.zeros(self.tokens + 1, dtype=torch.bool, device=self.device)
+        starts[self.reversed_packing[0][:-1].long()] = True
+        zero = torch.zeros((), dtype=shifted.dtype, device=self.device)
+        return torch.where(starts[:-1], zero, shifted).contiguous()
+
+    def first_decay(self, decay, g):
+        """e^{g} at each sequence's first token (1 for an empty one), as [B or S, H, 1, 1]."""
+        if self.packing is None:
+            first = g.float().view(1, -1) if decay == "head" else g[..., 0].float()
+            return torch.exp(first).view(first.shape[0], -1, 1, 1)
+        lengths = self.cu[1:] - self.cu[:-1]
+        if decay == "head":
+            first = g.float().view(1, -1).expand(lengths.shape[0], -1)
+        else:
+            first = g[0, :, self.cu[:-1].clamp(max=self.tokens - 1)].float().transpose(0, 1)
+        factor = torch.where(lengths.view(-1, 1) > 0, torch.exp(first), torch.ones((), device=self.device))
+        return factor.view(lengths.shape[0], -1, 1, 1)
+
+    def sum_after(self, rate):
+        """sum over t >= u of rate[..., t] within u's sequence, for every token u."""
+        after = rate.flip(2).cumsum(2).flip(2)
+        if self.packing is None:
+            return after
+        ends = self.cu[self.seq + 1]  # where each token's sequence ends
+        padded = torch.cat([after, torch.zeros_like(after[..., :1])], dim=2)
+        return after - padded[..., ends]
