@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 import torch
 
-import ae_mlir as ae
 from ae_mlir.frontend import linear_backward, linear_kernel_backward
 from bundle_interp import interpret
 from test_linear_backward import _against_naive, _case, _mods_applied, naive
