@@ -33,19 +33,27 @@ def test_float32_gradients_against_naive(decay, kernels_only):
     _against_naive(decay, False, torch.float32, 1e-4, **SHAPE)
 
 
+@pytest.mark.parametrize("decay", [None, "head", "token"])
+def test_normalized_form_against_naive(decay, kernels_only):
+    """o = num / den from one more run with a column of ones after v; positive feature maps (a
+    one-argument and a five-argument mod reading a closure tensor) keep den away from 0."""
+    _against_naive(decay, True, torch.float32, 1e-4, **SHAPE)
+
+
 @pytest.mark.parametrize("decay", ["head", "token"])
 def test_blhd_layout(decay, kernels_only):
     _against_naive(decay, False, torch.float32, 1e-4, "blhd", b=1, h=3, l=40, dk=8, dv=16)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16bit_gradients_against_naive(dtype, kernels_only):
+@pytest.mark.parametrize("normalize", [False, True])
+def test_16bit_gradients_against_naive(dtype, normalize, kernels_only):
     """The runs round their operands to 16 bits as the forward does; g's gradient sums q . dq -
     k . dk over the tokens after each one in float32."""
-    _against_naive("token", False, dtype, 2e-2, b=2, h=2, l=70, dk=16, dv=16)
+    _against_naive("token", normalize, dtype, 2e-2, b=2, h=2, l=70, dk=16, dv=16)
 
 
-def test_gla_normalize_and_the_reference_backend_keep_the_torch_recomputation():
+def test_gla_and_the_reference_backend_keep_the_torch_recomputation():
     lin, (q, k, v, g, s0), _ = _case("token_dim", False, dtype=torch.float32)
     call = lin._linear_call(q.shape[3], (), None, "cpu")
     assert not linear_kernel_backward.applies(call, q)
@@ -53,8 +61,8 @@ def test_gla_normalize_and_the_reference_backend_keep_the_torch_recomputation():
     assert linear_kernel_backward.applies(head, q)
     assert not linear_kernel_backward.applies(head, q.double())
     assert linear_kernel_backward.applies(dataclasses.replace(head, packing=(None, 4)), q)
-    for change in ({"normalize": True}, {"backend": "reference"}):
-        assert not linear_kernel_backward.applies(dataclasses.replace(head, **change), q)
+    assert linear_kernel_backward.applies(dataclasses.replace(head, normalize=True), q)
+    assert not linear_kernel_backward.applies(dataclasses.replace(head, backend="reference"), q)
 
 
 def test_state_gradient_alone_and_no_output_gradient(kernels_only):
@@ -95,11 +103,11 @@ def _interpreted(backend_target="cuda:90"):
     return run
 
 
-@pytest.mark.parametrize("decay", ["head", "token"])
-def test_triton_kernels_match_the_recomputation(decay):
+@pytest.mark.parametrize("decay,normalize", [("head", False), ("token", False), ("token", True)])
+def test_triton_kernels_match_the_recomputation(decay, normalize):
     """The backward's runs compiled for the GPU (in the TTIR interpreter) give the gradients of the
     torch recomputation, closure tensors included."""
-    lin, inputs, closures = _case(decay, False, dtype=torch.float32, b=1, h=2, l=40, dk=16, dv=16)
+    lin, inputs, closures = _case(decay, normalize, dtype=torch.float32, b=1, h=2, l=40, dk=16, dv=16)
     q, k, v, g, s0 = inputs
     for c in closures:
         c.requires_grad_()
@@ -114,7 +122,7 @@ def test_triton_kernels_match_the_recomputation(decay):
                                            run=_interpreted())
     torch_call = dataclasses.replace(call, backend="reference")
     want = linear_backward.gradients(torch_call, (q, k, v, g, s0), (d_out, d_state), wanted)
-    for name, a, b in zip(["q", "k", "v", "g", "s0", "w", "dt"], got, want):
+    for name, a, b in zip(["q", "k", "v", "g", "s0"] + [f"closure {i}" for i in range(len(closures))], got, want):
         torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4 * b.abs().max().item(), msg=name)
 
 
@@ -126,6 +134,8 @@ def test_packed_batches_take_the_kernels(decay, kernels_only):
     from test_linear_varlen import test_gradients_match_the_oracle
 
     test_gradients_match_the_oracle(decay, False, "cpu")
+    if decay is None:
+        test_gradients_match_the_oracle(None, True, "cpu")
 
 
 @pytest.mark.parametrize("decay", ["head", "token"])

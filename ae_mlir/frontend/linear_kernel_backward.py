@@ -1,5 +1,5 @@
-"""The backward of linear attention with a scalar decay (None, "head", "token"; not normalized)
-as three more runs of the compiled forward recurrence: its gradients are linear attention too.
+"""The backward of linear attention with a scalar decay (None, "head", "token") as three more
+runs of the compiled forward recurrence: its gradients are linear attention too.
 
 With G_t = g_0 + ... + g_t and the state unscaled, the forward is
 
@@ -30,9 +30,10 @@ g's sums end at each sequence's end.
 
 The q/k/v mods are element-wise: they are applied with torch in float32 (rounded to the inputs'
 dtype, as the kernel rounds them) and differentiated by autograd, which also gives the gradients
-of the closure tensors they read. Per-dimension decay ("token_dim") decays the output side of dq
-and dk, which the forward recurrence does not express, and `normalize` divides by a key sum: both
-keep the torch recomputation of `linear_backward`, as does the reference backend.
+of the closure tensors they read. `normalize=True` runs once more to get the numerator and
+denominator (`_normalized_gradients`). Per-dimension decay ("token_dim") decays the output side
+of dq and dk, which the forward recurrence does not express: it keeps the torch recomputation of
+`linear_backward`, as does the reference backend.
 """
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ from .linear_backward import LinearCall, apply_mod
 
 def applies(call: LinearCall, q) -> bool:
     """Whether `call`'s backward runs as forward kernels (module docstring)."""
-    return (call.decay in (None, "head", "token") and not call.normalize and call.backend != "reference"
-            and q.dtype != torch.float64)
+    return call.decay in (None, "head", "token") and call.backend != "reference" and q.dtype != torch.float64
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,8 +141,11 @@ def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted, final_stat
             applied.append(y)
             modded.append(y.detach().to(x.dtype))
     qm, km, vm = modded
-    d_modded = _recurrence_gradients(call, order, qm, km, vm, g, s0, d_out, d_state, final_state, wanted, run)
-    dqm, dkm, dvm, dg, ds0 = d_modded
+    if call.normalize:
+        dqm, dkm, dvm, dg, ds0 = _normalized_gradients(call, order, qm, km, vm, g, s0, d_out, d_state, wanted, run)
+    else:
+        dqm, dkm, dvm, dg, ds0 = _recurrence_gradients(call, order, qm, km, vm, g, s0, d_out, d_state, final_state,
+                                                       wanted, run)
     result = [None] * len(wanted)
     pairs = [(y, d) for y, d in zip(applied, (dqm, dkm, dvm)) if y is not None and y.requires_grad]
     targets = [(i, t) for i, t in enumerate(leaves + [None, None] + sources) if t is not None and wanted[i]]
@@ -202,6 +205,27 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
         if call.decay == "head":
             dg = dg.sum((0, 2))
     return dq, dk, dv, dg, ds0
+
+
+def _normalized_gradients(call, order, q, k, v, g, s0, d_out, d_state, wanted, run):
+    """`_recurrence_gradients` of the normalized form o = num / den. With a column of ones after
+    v (and of zeros after the initial state: the key sum starts at 0), one unscaled run gives
+    [num, den] and its state [S, z]; the gradients are those of that run with dnum = dO / den and
+    dden = -(dO . o) / den, the ones' and zeros' own gradients dropped."""
+    import dataclasses
+
+    def widened(x, fill):
+        return None if x is None else torch.cat([x, torch.full_like(x[..., :1], fill)], dim=-1)
+
+    plain = dataclasses.replace(call, normalize=False, scale=1.0)
+    v1, s01 = widened(v, 1.0), widened(s0, 0.0)
+    both, state = run(call.decay, 1.0, call.chunk_size, q, k, v1, g, s01, torch.float32, packing=order.packing)
+    num, den = both[..., :-1], both[..., -1:]
+    d_out = torch.zeros_like(num) if d_out is None else d_out.float()
+    d_both = torch.cat([d_out / den, -(d_out * num).sum(-1, keepdim=True) / (den * den)], dim=-1)
+    dq, dk, dv, dg, ds0 = _recurrence_gradients(plain, order, q, k, v1, g, s01, d_both, widened(d_state, 0.0),
+                                                state, wanted, run)
+    return dq, dk, None if dv is None else dv[..., :-1], dg, None if ds0 is None else ds0[..., :-1]
 
 
 class _Order:
