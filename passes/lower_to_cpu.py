@@ -15,16 +15,17 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
 4. `attn-cpu-lower-vectors`: accumulators in registers, contractions as outer products,
    transfers as 1-D loads and stores. Buffers leave the loops and get their deallocations
    (`LOOPS_PIPELINE`); `attn-cpu-legalize-for-llvm` readies the IR for the LLVM conversion.
-5. Upstream conversions to the llvm dialect (`LLVM_PIPELINE`) and
-   `attn-cpu-define-bf16-truncation`; the kernel carries `llvm.emit_c_interface`, so a C caller
-   passes one memref descriptor per array, then the program range.
+5. Upstream conversions to the llvm dialect (`LLVM_PIPELINE`),
+   `attn-cpu-define-bf16-truncation` and `attn-cpu-no-avx512-bf16`; the kernel carries
+   `llvm.emit_c_interface`, so a C caller passes one memref descriptor per array, then the
+   program range.
 
 Hand-written, because no upstream pass or transform op does it (each says why): `lower_grid` and
 `widen_bool_arguments` (cpu_grid_loops), `split_empty_tensors`, `carry_loop_state_in_place` (with
-`mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers` (cpu_lower_vectors),
-`lower_scatter` (cpu_lower_scatter), `align_vector_views`, `expand_erf`, `expand_expm1`, `expand_exponentials` and
-`flatten_math_vectors` (cpu_legalize_for_llvm),
-and `define_bf16_truncation`.
+`mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers` and `store_padded_rows`
+(cpu_lower_vectors), `lower_scatter` (cpu_lower_scatter), `align_vector_views`, `expand_erf`,
+`expand_expm1`, `expand_exponentials` and `flatten_math_vectors` (cpu_legalize_for_llvm),
+`define_bf16_truncation`, and `attn-cpu-no-avx512-bf16`.
 """
 from __future__ import annotations
 
@@ -106,4 +107,5 @@ class LowerToCpu(PassPipeline):
             "attn-cpu-legalize-for-llvm",
             *LLVM_PIPELINE,
             "attn-cpu-define-bf16-truncation",
+            "attn-cpu-no-avx512-bf16",
         ]

@@ -139,6 +139,21 @@ def test_head_dims(d):
     close(ae.attention()(q, k, v, backend="cpu"), expected(q, k, v)[0])
 
 
+@pytest.mark.parametrize("d", [9, 17])
+def test_bf16_head_dims_one_past_a_power_of_two(d):
+    """On hosts with AVX512-BF16 LLVM's x86 backend aborted the process compiling these (rows of 9
+    and 17 bf16); `attn-cpu-no-avx512-bf16` compiles the kernels without those instructions."""
+    q, k, v = (t.to(torch.bfloat16) for t in qkv(lq=45, lk=70, dk=d))
+    out = ae.attention(mask_mod=causal)(q, k, v, backend="cpu")
+    want = ae.attention(mask_mod=causal)(q.float(), k.float(), v.float(), backend="reference")
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    lin = ae.linear_attention(decay="token", chunk_size=16)
+    g = -0.3 * torch.rand(*q.shape[:3])
+    got = lin(q, k[:, :, :45], v[:, :, :45], g, backend="cpu")
+    ref = lin(q.float(), k[:, :, :45].float(), v[:, :, :45].float(), g, backend="reference")
+    torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.parametrize("lq,lk", [(37, 100), (100, 37)])
 def test_lq_neq_lk_uses_absolute_positions(lq, lk):
     q, k, v = qkv(lq=lq, lk=lk)
