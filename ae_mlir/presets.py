@@ -290,6 +290,7 @@ class PresetOptions:
     input_precision: Literal["ieee", "tf32", "tf32x3"] = "ieee"   # attn-lower-to-triton
     unit_inner_stride: bool = True  # attn-lower-to-cpu
     vector_bits: int = 512         # attn-lower-to-cpu: register tiles for the host's vector width
+    no_avx512_bf16: bool = False   # attn-lower-to-cpu: the host has AVX512-BF16 (cpu_target_features)
     num_warps: int = 4             # Triton launch
     num_stages: int = 2            # Triton launch
     linear: bool = False           # the module is linear attention (its launch config has block_v/k)
@@ -347,9 +348,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     typed = _typed(overrides)
     values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset]}
     if preset == "cpu":
-        from .backends.cpu_cache import host_vector_bits
+        from .backends.cpu_cache import host_features, host_vector_bits
 
         values["vector_bits"] = host_vector_bits()
+        values["no_avx512_bf16"] = "avx512_bf16" in host_features().split()
     if problem is not None and preset == "cpu":
         values.update(cpu_config(problem.lq, problem.lk))
     elif problem is not None and problem.linear:
@@ -426,7 +428,7 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "
-                                      f"vector-bits={o.vector_bits}}}",))]
+                               f"vector-bits={o.vector_bits} no-avx512-bf16={_flag(o.no_avx512_bf16)}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

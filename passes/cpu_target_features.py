@@ -12,7 +12,10 @@ from .cpu_support import ops
 # legalizing some bf16 vectors ("Do not know how to soft promote this operator's operand" on a
 # `scalar_to_vector` of v8bf16: tiles whose rows are 9, 17 or 33 bf16 wide). The kernels compute in
 # f32 and convert bf16 by integer bit operations (`arith-expand{include-bf16}`), so they have no
-# use for those instructions; the function attribute takes them out of the host's feature set.
+# use for those instructions. A function's "target-features" replaces the JIT's host feature list:
+# the function gets the features its CPU model implies, less AVX512-BF16; a host that has those
+# instructions has that model's vector features too, which is why the cpu preset runs this pass
+# only on such hosts (`attn-lower-to-cpu{no-avx512-bf16}`) and nowhere else.
 FEATURES = '#llvm.target_features<["-avx512bf16"]>'
 
 

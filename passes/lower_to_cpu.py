@@ -16,7 +16,7 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
    transfers as 1-D loads and stores. Buffers leave the loops and get their deallocations
    (`LOOPS_PIPELINE`); `attn-cpu-legalize-for-llvm` readies the IR for the LLVM conversion.
 5. Upstream conversions to the llvm dialect (`LLVM_PIPELINE`),
-   `attn-cpu-define-bf16-truncation` and `attn-cpu-no-avx512-bf16`; the kernel carries
+   `attn-cpu-define-bf16-truncation` and, with `no-avx512-bf16`, `attn-cpu-no-avx512-bf16`; the kernel carries
    `llvm.emit_c_interface`, so a C caller passes one memref descriptor per array, then the
    program range.
 
@@ -88,6 +88,9 @@ class LowerToCpu(PassPipeline):
         True, "the caller passes arrays whose innermost dimension has unit stride (any other strides "
               "stay dynamic); false accepts any strides, at the cost of element-wise tile loads")
     vector_bits: int = option(512, "attn-cpu-vectorize's vector-bits: the target's vector register width")
+    no_avx512_bf16: bool = option(False, "end with attn-cpu-no-avx512-bf16 (the cpu preset sets it on hosts "
+                                         "with AVX512-BF16, whose bf16 vectors LLVM's x86 backend cannot all "
+                                         "legalize)")
 
     def elements(self) -> list[str]:
         pinned_strides = ["attn-cpu-pin-unit-inner-stride"] if self.unit_inner_stride else []
@@ -107,5 +110,5 @@ class LowerToCpu(PassPipeline):
             "attn-cpu-legalize-for-llvm",
             *LLVM_PIPELINE,
             "attn-cpu-define-bf16-truncation",
-            "attn-cpu-no-avx512-bf16",
+            *(["attn-cpu-no-avx512-bf16"] if self.no_avx512_bf16 else []),
         ]

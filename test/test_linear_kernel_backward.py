@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 
+import ae_mlir as ae
 from ae_mlir.frontend import linear_backward, linear_kernel_backward
 from bundle_interp import interpret
 from test_linear_backward import _against_naive, _case, _mods_applied, naive
@@ -166,3 +167,44 @@ def test_packed_triton_kernels_match_the_recomputation(decay):
                                      (d_out, d_state), wanted)
     for name, a, b in zip(["q", "k", "v", "g", "s0"], got, want):
         torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4 * b.abs().max().item(), msg=name)
+
+
+def _against_naive_plainly(lin, q, k, v, g, dtype, rel, wanted=(True, True, True, True)):
+    """Gradients of sum(out * r) (no initial state, no state gradient) for the inputs in `wanted`,
+    from the CPU kernels on `dtype` values, against float64 autograd of `naive` on the same values."""
+    inputs = [t.to(dtype) for t in (q, k, v)] + [g]
+    leaves = [t.clone().requires_grad_(w) for t, w in zip(inputs, wanted)]
+    out = lin(*leaves, backend="cpu")
+    r = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    targets = [t for t in leaves if t.requires_grad]
+    got = torch.autograd.grad((out.double() * r).sum(), targets)
+    ref = [t.detach().double().requires_grad_(w) for t, w in zip(inputs, wanted)]
+    want_out, _ = naive(*_mods_applied(lin, *ref[:3]), ref[3], None, lin.decay, q.shape[3] ** -0.5, lin.normalize)
+    want = torch.autograd.grad((want_out * r).sum(), [t for t in ref if t.requires_grad])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, rtol=rel, atol=rel * b.abs().max().item())
+
+
+@pytest.mark.parametrize("wanted", [(True, True, True, True), (False, False, False, True), (True, False, False, False)])
+def test_no_initial_state_output_loss_and_subsets_of_gradients(wanted, kernels_only):
+    """A q_mod without normalization, no initial state, no gradient of the final state, and only
+    some inputs wanting gradients (g alone; q alone)."""
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(2, 2, 37, 8, generator=gen) for _ in range(3))
+    g = -0.4 * torch.rand(2, 2, 37, generator=gen)
+    lin = ae.linear_attention(q_mod=lambda x, b, h, t, d: x * (1.0 + 0.25 * h) - 0.01 * t, decay="token",
+                              chunk_size=16)
+    _against_naive_plainly(lin, q, k, v, g, torch.float32, 1e-4, wanted)
+
+
+def test_16bit_normalized_with_values_far_from_zero(kernels_only):
+    """dnum_t . v_s and dden_t cancel in dq and dk when v is far from zero: the normalized runs are
+    float32, so bf16 inputs keep the forward's accuracy."""
+    gen = torch.Generator().manual_seed(13)
+    q, k = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(2))
+    v = 3.0 + torch.randn(1, 2, 40, 16, generator=gen)
+    g = -0.3 * torch.rand(1, 2, 40, generator=gen)
+    lin = ae.linear_attention(q_mod=lambda x: torch.nn.functional.elu(x) + 1,
+                              k_mod=lambda x: torch.nn.functional.elu(x) + 1, decay="token", normalize=True,
+                              chunk_size=16)
+    _against_naive_plainly(lin, q, k, v, g, torch.bfloat16, 1e-2)

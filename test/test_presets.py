@@ -159,10 +159,11 @@ def test_linear_and_hip_options():
 
 
 def test_cpu_stages_and_overrides():
-    options = presets.options_for("cpu", _problem("plain-f32"), unit_inner_stride="false", vector_bits="256")
+    options = presets.options_for("cpu", _problem("plain-f32"), unit_inner_stride="false", vector_bits="256",
+                                  no_avx512_bf16="true")
     assert [s.name for s in presets.stages("cpu", options)] == ["l1", "llvm"]
     assert (presets.pipeline_text("cpu", options, "llvm")
-            == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false vector-bits=256})")
+            == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false vector-bits=256 no-avx512-bf16=true})")
     tile = "attn-tile{block-m=64 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true}"
     assert tile in presets.pipeline_text("cpu", options, "l1")
     assert "canonicalize" not in presets.pipeline_text(

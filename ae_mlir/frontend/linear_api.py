@@ -30,10 +30,10 @@ class linear_attention:
 
     Outputs (the output and the final state) are differentiable in q, k, v, g, initial_state and
     the floating closure tensors the mods read: the forward is the compiled kernel. With a scalar
-    decay (None, "head", "token") and normalize=False the backward is three more runs of the
-    compiled recurrence on the gradients (`linear_kernel_backward`, packed batches included);
-    otherwise (and on the reference backend) it recomputes the recurrence in chunks with torch in
-    float32 (float64 for float64 inputs) (`linear_backward`). Both reapply the mods as Python
+    decay (None, "head", "token") the backward is more runs of the compiled recurrence on the
+    gradients (`linear_kernel_backward`, packed and normalized forms included); with "token_dim"
+    (and on the reference backend) it recomputes the recurrence in chunks with torch in float32
+    (float64 for float64 inputs) (`linear_backward`). Both reapply the mods as Python
     functions, so a mod's closure tensors must still be the ones it read when backward runs.
     """
 

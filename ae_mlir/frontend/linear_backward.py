@@ -1,7 +1,7 @@
 """Autograd for `ae_mlir.linear_attention`: the forward is the compiled kernel. With a scalar
-decay and no normalization the backward is more runs of the compiled recurrence
-(`linear_kernel_backward`); otherwise it is torch differentiating a chunked recomputation of the
-same recurrence, as follows.
+decay the backward is more runs of the compiled recurrence (`linear_kernel_backward`); with
+"token_dim" and on the reference backend it is torch differentiating a chunked recomputation of
+the same recurrence, as follows.
 
 The recomputation runs, under `torch.enable_grad()`, in float32 (float64 for float64 inputs):
 the user's q/k/v mods applied with torch (the same Python functions the tracer captured, called
@@ -157,7 +157,8 @@ class _LinearAttention(torch.autograd.Function):
     def forward(ctx, call: LinearCall, q, k, v, g, s0, *sources):
         out, state = call.run()
         ctx.call = call
-        ctx.save_for_backward(q, k, v, g, s0, state, *sources)  # saved for torch's in-place checks
+        # Saved for torch's in-place checks; the final state only where g's gradient reads it.
+        ctx.save_for_backward(q, k, v, g, s0, state if ctx.needs_input_grad[4] else None, *sources)
         ctx.set_materialize_grads(False)
         return out, state
 

@@ -18,7 +18,7 @@ g'_w = g_{L-w+1} (g'_0 = 0), so the run's e^{G'} factors are the e^{G_t - G_s} a
 initial state enters as e^{G_L - G_s}: dk on (v, dO, q, dS_L^T / scale), dv on (k, q, dO,
 dS_L / scale), both flipped along L. The dv run's final state is sum_t e^{G_t - g_0} q_t dO_t^T
 + e^{G_L - g_0} dS_L / scale, so d(S0) = scale * e^{g_0} times it. Every exponent the runs take is
-one the forward takes (sums of g <= 0 over later tokens), so nothing overflows that did not there.
+a sum of consecutive g <= 0, as in the forward, so nothing overflows.
 
 The decay's gradient follows from G: the output at t grows with G_t through q_t, a key s shrinks
 with G_s, and the final state grows with G_L, so dL/dG_t = q_t . dq_t - k_t . dk_t (+ dS_L . S_L at
@@ -46,7 +46,9 @@ from .linear_backward import LinearCall, apply_mod
 
 def applies(call: LinearCall, q) -> bool:
     """Whether `call`'s backward runs as forward kernels (module docstring)."""
-    return call.decay in (None, "head", "token") and call.backend != "reference" and q.dtype != torch.float64
+    # scale = 0 would divide the state's gradient by 0 on its way through the runs.
+    return (call.decay in (None, "head", "token") and call.backend != "reference" and q.dtype != torch.float64
+            and call.scale != 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,7 +156,7 @@ def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted, final_stat
                                     [d.to(y.dtype) for y, d in pairs], allow_unused=True)
         for (i, _), grad in zip(targets, found):
             result[i] = grad
-    for i, (x, d) in enumerate(zip((q, k, v), (dqm, dkm, dvm))):
+    for i, d in enumerate((dqm, dkm, dvm)):
         if leaves[i] is None and wanted[i]:
             result[i] = d
     result[3] = dg if wanted[3] else None
@@ -169,16 +171,20 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
     b, h, length, _ = q.shape
     mods_wanted = any(wanted[5:])
     need_g = wanted[3] and g is not None
-    need = [wanted[i] or need_g or (mods_wanted and call.mods[i][0] is not None) for i in range(3)]
+    # g's gradient reads dq and dk; a closure tensor's, the gradients of the inputs its mod maps.
+    need = [wanted[i] or (need_g and i < 2) or (mods_wanted and call.mods[i][0] is not None) for i in range(3)]
     need_s0 = wanted[4] and s0 is not None
     scale, chunk = call.scale, call.chunk_size
+    no_output_gradient = d_out is None
     d_out = torch.zeros((b, h, length, v.shape[3]), dtype=q.dtype, device=q.device) if d_out is None \
         else d_out.to(q.dtype)
     # g's gradient sums q . dq - k . dk over up to L tokens, where 16-bit dq and dk would cancel
     # to a few percent of it: those two are then kept in float32.
     wide = torch.float32 if need_g else q.dtype
     dq = dk = dv = ds0 = None
-    if need[0]:
+    if need[0] and no_output_gradient:
+        dq = torch.zeros(q.shape, dtype=wide, device=q.device)
+    elif need[0]:
         st = None if s0 is None else s0.transpose(-1, -2).contiguous()
         dq, _ = run(call.decay, scale, chunk, d_out, v, k, g, st, wide, packing=order.packing)
     if need[1] or need[2] or need_s0:
@@ -218,6 +224,9 @@ def _normalized_gradients(call, order, q, k, v, g, s0, d_out, d_state, wanted, r
         return None if x is None else torch.cat([x, torch.full_like(x[..., :1], fill)], dim=-1)
 
     plain = dataclasses.replace(call, normalize=False, scale=1.0)
+    # The runs take dnum and dden as operands, whose terms in dq cancel (dnum_t . v_s + dden_t):
+    # 16-bit operands would leave errors of |dO . o| / den in them, so these runs are float32.
+    q, k, v = (t.float() for t in (q, k, v))
     v1, s01 = widened(v, 1.0), widened(s0, 0.0)
     both, state = run(call.decay, 1.0, call.chunk_size, q, k, v1, g, s01, torch.float32, packing=order.packing)
     num, den = both[..., :-1], both[..., -1:]
@@ -291,9 +300,11 @@ class _Order:
 
     def sum_after(self, rate):
         """sum over t >= u of rate[..., t] within u's sequence, for every token u."""
-        after = rate.flip(2).cumsum(2).flip(2)
         if self.packing is None:
-            return after
+            return rate.flip(2).cumsum(2).flip(2)
+        # One sum over all the packed tokens, less the part past each sequence's end: in float64,
+        # so that the rounding does not grow with the other sequences' lengths.
+        after = rate.double().flip(2).cumsum(2).flip(2)
         ends = self.cu[self.seq + 1]  # where each token's sequence ends
         padded = torch.cat([after, torch.zeros_like(after[..., :1])], dim=2)
-        return after - padded[..., ends]
+        return (after - padded[..., ends]).to(rate.dtype)

@@ -66,11 +66,12 @@ def _linear_fake(key, backend, q, k, v, g, s0, captures, lengths, cu_seqlens, lo
 @torch.library.custom_op("ae_mlir::linear_attention_backward", mutates_args=())
 def linear_attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
                                  s0: Tensor | None, captures: list[Tensor], lengths: Tensor | None,
-                                 cu_seqlens: Tensor | None, longest: int, state: Tensor, d_out: Tensor,
+                                 cu_seqlens: Tensor | None, longest: int, state: Tensor | None, d_out: Tensor,
                                  d_state: Tensor, wanted: list[bool]) -> list[Tensor]:
     """[dq, dk, dv, dg, d(initial state)] (contiguous), zeros for those not wanted or absent (g,
-    s0); `state` is the forward's final state. `captures` are the closure tensors the forward
-    read: the backward reapplies the mods, which must still read the same values."""
+    s0); `state` is the forward's final state (None where g takes no gradient). `captures` are
+    the closure tensors the forward read: the backward reapplies the mods, which must still read
+    the same values."""
     from .linear_backward import gradients
 
     layer = variant_registry.lookup(key)
@@ -105,7 +106,8 @@ def _setup_context(ctx, inputs, output):
     key, backend, q, k, v, g, s0, captures, lengths, cu, longest = inputs
     ctx.key, ctx.backend, ctx.longest, ctx.captures = key, backend, longest, len(captures)
     ctx.layer = variant_registry.lookup(key)  # the graph holds it by key, the registry weakly
-    ctx.save_for_backward(q, k, v, g, s0, lengths, cu, output[1], *captures)
+    state = output[1] if ctx.needs_input_grad[5] else None  # g's gradient reads it
+    ctx.save_for_backward(q, k, v, g, s0, lengths, cu, state, *captures)
 
 
 def _backward(ctx, d_out, d_state):

@@ -75,7 +75,6 @@
 // ORDER: (reconcile-unrealized-casts)
 // ORDER-NEXT: IR Dump After Canonicalizer (canonicalize)
 // ORDER-NEXT: IR Dump After DefineBf16Truncation (attn-cpu-define-bf16-truncation)
-// ORDER-NEXT: IR Dump After NoAvx512Bf16 (attn-cpu-no-avx512-bf16)
 // ORDER-NOT: IR Dump
 
 #id = affine_map<(d0) -> (d0)>
