@@ -348,10 +348,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     typed = _typed(overrides)
     values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset]}
     if preset == "cpu":
-        from .backends.cpu_cache import host_features, host_vector_bits
+        from .backends.cpu_cache import host_has_avx512_bf16, host_vector_bits
 
         values["vector_bits"] = host_vector_bits()
-        values["no_avx512_bf16"] = "avx512_bf16" in host_features().split()
+        values["no_avx512_bf16"] = host_has_avx512_bf16()
     if problem is not None and preset == "cpu":
         values.update(cpu_config(problem.lq, problem.lk))
     elif problem is not None and problem.linear:

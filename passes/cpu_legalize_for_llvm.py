@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from . import ModulePass
-from .cpu_support import fail, walk
+from .cpu_support import fail, rows_padded_in_memory, walk
 
 # exp2(r) on [-1/2, 1/2] (Cephes exp2f), highest degree first.
 EXP2_POLYNOMIAL = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
@@ -74,8 +74,7 @@ def _reject_padded_vector_views(module_op) -> None:
         vector = ir.MemRefType(op.results[0].type).element_type
         if isinstance(source.element_type, ir.VectorType) or not isinstance(vector, ir.VectorType):
             continue
-        row = vector.shape[-1]
-        if row & (row - 1):
+        if rows_padded_in_memory(vector):
             raise fail(op, f"views a buffer as {vector}, whose rows LLVM pads in memory; the CPU lowering "
                            "needs power-of-two vector rows here")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from . import ModulePass
-from .cpu_support import fail, run_transform, walk
+from .cpu_support import fail, rows_padded_in_memory, run_transform, walk
 
 # After bufferization: accumulators stay in registers across the reduction loop, and vector ops
 # are lowered to the 1-D forms the LLVM conversion takes. Each pattern set is applied on its own,
@@ -69,7 +69,7 @@ def store_padded_rows(module_op) -> None:
     for op in walk(module_op, "vector.type_cast"):
         view = ir.MemRefType(op.results[0].type)
         rows = ir.VectorType(view.element_type) if isinstance(view.element_type, ir.VectorType) else None
-        if rows is None or rows.rank < 2 or not rows.shape[-1] & (rows.shape[-1] - 1):
+        if rows is None or rows.rank < 2 or not rows_padded_in_memory(rows):
             continue
         users = [use.owner for use in op.results[0].uses]
         if not all(u.name == "memref.store" and u.operands[1] == op.results[0] and len(u.operands) == 2

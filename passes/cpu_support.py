@@ -18,6 +18,13 @@ KERNEL_ATTR = "llvm.emit_c_interface"
 STATE_LOOP_ATTR = "ae.cpu_state_loop"
 
 
+def rows_padded_in_memory(vector_type) -> bool:
+    """Whether LLVM lays the rows of this vector type out padded (a row of 5 or 24 floats takes the
+    next power of two), so that viewing a dense buffer as it would overrun the buffer."""
+    row = vector_type.shape[-1]
+    return bool(row & (row - 1))
+
+
 def fail(op, message: str) -> CompileError:
     filename, line, col = location_parts(op.location)
     return CompileError(message, [Diagnostic("error", f"'{op.name}' op {message}", filename, line, col)])

@@ -95,10 +95,7 @@ def _interpreted(backend_target="cuda:90"):
         q, k, v, g, s0, out_dtype = args[3:]
         if reverse:  # the GPU reads them backwards in place (`kernel_args.ReversedRows`)
             q, k, v = (t.flip(2) for t in (q, k, v))
-        rest = [t for t in (g, s0) if t is not None]
-        if packing is not None:
-            rest += [(packing[0][1:] - packing[0][:-1]).contiguous(), packing[0]]
-        (out, state), _ = interpret(bundle, q, k, v, *rest)
+        (out, state), _ = interpret(bundle, q, k, v, *linear_kernel_backward.run_operands(g, s0, packing))
         return (out.flip(2) if reverse else out).to(out_dtype), state
 
     return run

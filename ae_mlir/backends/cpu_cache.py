@@ -75,6 +75,12 @@ def host_vector_bits() -> int:
     return 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
 
 
+def host_has_avx512_bf16() -> bool:
+    """Whether the host has AVX512-BF16 instructions (`attn-cpu-no-avx512-bf16` says why that
+    matters)."""
+    return "avx512_bf16" in host_features().split()
+
+
 @functools.lru_cache(maxsize=None)
 def toolchain_identity() -> str:
     """The MLIR and LLVM libraries that compile the kernels, by size and modification time

@@ -190,7 +190,8 @@ class linear_attention:
         caps.add(states)
         return exprs, caps
 
-    def _build(self, q, k, v, g, initial_state, clamp: bool = True, sequences=None, out_dtype=None) -> tuple[str, list]:
+    def _build(self, q, k, v, g, initial_state, clamp: bool = True, sequences=None,
+               out_dtype=None) -> tuple[str, list]:
         text, caps = self._build_with_captures(q, k, v, g, initial_state, clamp, sequences, out_dtype)
         return text, caps.tensors
 

@@ -83,9 +83,20 @@ def _module_text(decay, scale, chunk_size, signature: tuple, out_dtype, packed) 
 
 @functools.lru_cache(maxsize=256)
 def _bundle(text: str, target: str):
+    # The runtime's cache would hash the module's text on every run; the text here is one object.
     from ..backends import triton as tb
 
     return tb.get_bundle(text, target)
+
+
+def run_operands(g, s0, packing) -> list:
+    """The operands of a run after q, k, v, as the module takes them: g, the initial state, and
+    for packed sequences their lengths and offsets."""
+    rest = [t for t in (g, s0) if t is not None]
+    if packing is not None:
+        cu = packing[0]
+        rest += [(cu[1:] - cu[:-1]).contiguous(), cu]
+    return rest
 
 
 def run_plain(backend: str, decay, scale, chunk_size, q, k, v, g, s0, out_dtype, reverse: bool = False,
@@ -96,10 +107,7 @@ def run_plain(backend: str, decay, scale, chunk_size, q, k, v, g, s0, out_dtype,
     and write the tensors backwards in place (`kernel_args.ReversedRows`); the CPU runs on flipped
     copies."""
     text = plain_module(decay, scale, chunk_size, q, k, v, g, s0, out_dtype, packing)
-    rest = [t for t in (g, s0) if t is not None]
-    if packing is not None:
-        cu = packing[0]
-        rest += [(cu[1:] - cu[:-1]).contiguous(), cu]
+    rest = run_operands(g, s0, packing)
     if backend != "triton":
         from .api import _execute
 
