@@ -4,6 +4,8 @@ the order the Triton IR's tt.func takes it. Part of the runtime (torch only, no 
 answers are cached, since a decoding step launches the same layout over and over."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .core import abi
 
 
@@ -119,3 +121,63 @@ def argument_values(variant, tensors: dict, tables: list) -> list:
         else:
             values.append(tensors[key])
     return values
+
+
+def _layout_roles(bundle) -> tuple:
+    """Every role a kernel of the bundle reads a pointer or a stride of, once, in a fixed order."""
+    roles = bundle.__dict__.get("_layout_roles")
+    if roles is None:
+        found = {}
+        for kernel in bundle.stages + [bundle]:
+            for variant in kernel.variants.values():
+                for kind, key, _ in _argument_plan(variant):
+                    if kind != _TABLE:
+                        found.setdefault(key)
+        roles = bundle.__dict__["_layout_roles"] = tuple(found)
+    return roles
+
+
+class KernelLaunch(NamedTuple):
+    """One kernel of a launch plan: the kernel (a Bundle or a Stage), its variant for the layout,
+    and its argument list with the strides and tables in place and None where a tensor goes."""
+
+    kernel: object
+    variant: object
+    template: list
+    slots: tuple  # (position, role) of each tensor argument
+
+    def arguments(self, tensors: dict) -> list:
+        """The argument list of a call on `tensors` (by role)."""
+        args = self.template.copy()
+        for i, role in self.slots:
+            args[i] = tensors[role]
+        return args
+
+
+def launch_plan(bundle, tensors: dict, device, tables_of) -> list[KernelLaunch]:
+    """Each kernel of the bundle, in launch order, as launched on tensors of this layout.
+
+    What it holds depends only on the tensors' layout (shapes, strides, pointer alignment) and
+    device, so it is built once per layout and kept on the bundle: a call then fills in only its
+    tensors, instead of reading every stride again (a linear-attention training step launches
+    ten kernels; a decoding step runs for microseconds). `tables_of(kernel)` gives a kernel's
+    block tables on `device`."""
+    layout = (device,) + tuple((t.data_ptr() % 16, t.shape, t.stride()) for t in map(tensors.get, _layout_roles(bundle)))
+    # Kept on the bundle (not a serialized field), so a plan is never another bundle's.
+    plans = bundle.__dict__.setdefault("_launch_plans", {})
+    plan = plans.get(layout)
+    if plan is None:
+        if len(plans) > 1024:
+            plans.clear()
+        aligned = aligned_ok(bundle, tensors)
+        plan = []
+        for kernel in bundle.stages + [bundle]:
+            variant = kernel.variants["aligned"] if aligned and "aligned" in kernel.variants \
+                else kernel.variants["generic"]
+            values = argument_values(variant, tensors, tables_of(kernel))
+            slots = tuple((i, key) for i, (kind, key, _) in enumerate(_argument_plan(variant)) if kind == _TENSOR)
+            for i, _ in slots:
+                values[i] = None  # not this call's tensors: the plan outlives them
+            plan.append(KernelLaunch(kernel, variant, values, slots))
+        plans[layout] = plan
+    return plan

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .core import abi
 from .disk_cache import atomic_write, cache_dir, compiler_fingerprint
-from .kernel_args import aligned_ok, argument_values  # noqa: F401  (part of the runtime's API)
+from .kernel_args import KernelLaunch, aligned_ok, argument_values, launch_plan  # noqa: F401  (part of the runtime's API)
 
 # 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
 # tiles; launch takes no tile tables.
@@ -330,26 +330,40 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
     given += call_time_tables(bundle, q, k, v, *captures)
     device = q.device
     tensors = {}
-    for spec, t in zip(bundle.inputs, given):
-        if list(t.shape) != list(spec.shape) or t.dtype != torch_dtype(spec.dtype):
-            raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)}, got {t.dtype}{list(t.shape)} "
+    inputs, outputs, workspace = _binding(bundle)
+    for (role, shape, dtype, spec), t in zip(inputs, given):
+        if t.shape != shape or t.dtype != dtype:
+            raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)}, got {t.dtype}{list(t.shape)} "
                              "(this bundle was compiled for other shapes)")
         if t.device != device:
-            if spec.role in ("q", "k", "v"):
-                raise ValueError(f"{spec.role} is on {t.device} but q is on {device}")
+            if role in ("q", "k", "v"):
+                raise ValueError(f"{role} is on {t.device} but q is on {device}")
             t = t.to(device)
-        if t.dtype == torch.bool:
+        if dtype == torch.bool:
             t = t.view(torch.uint8)
-        tensors[spec.role] = t
-    for spec, t in zip(bundle.outputs, (out, lse)):
+        tensors[role] = t
+    for (role, shape, dtype, spec), t in zip(outputs, (out, lse)):
         if t is None:
-            t = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
-        elif list(t.shape) != list(spec.shape) or t.dtype != torch_dtype(spec.dtype) or t.device != device:
-            raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)} on {device}")
-        tensors[spec.role] = t
-    for spec in bundle.workspace:
-        tensors[spec.role] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+            t = torch.empty(shape, dtype=dtype, device=device)
+        elif t.shape != shape or t.dtype != dtype or t.device != device:
+            raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)} on {device}")
+        tensors[role] = t
+    for role, shape, dtype, _ in workspace:
+        tensors[role] = torch.empty(shape, dtype=dtype, device=device)
     return tensors
+
+
+def _binding(bundle: Bundle) -> tuple:
+    """The bundle's input, output and workspace specs as (role, shape, torch dtype, spec), built
+    once per bundle: a call compares against them without converting a spec per tensor."""
+    import torch
+
+    found = bundle.__dict__.get("_binding")
+    if found is None:
+        found = bundle.__dict__["_binding"] = tuple(
+            [(s.role, torch.Size(s.shape), torch_dtype(s.dtype), s) for s in specs]
+            for specs in (bundle.inputs, bundle.outputs, bundle.workspace))
+    return found
 
 
 def call_time_tables(bundle: Bundle, q, k, v, *captures) -> list:
@@ -383,12 +397,11 @@ def _launch_all(bundle: Bundle, tensors: dict, device) -> None:
     """Launch the bundle's stages, then its own kernel, on the tensors bound by role."""
     import torch
 
-    aligned = aligned_ok(bundle, tensors)
+    plan = launch_plan(bundle, tensors, device, lambda kernel: device_tables(bundle, device, kernel))
     with torch.cuda.device(device):
         target = current_target()
-        for kernel in bundle.stages + [bundle]:
-            variant = pick_variant(kernel, aligned)
-            _launch_one(kernel, variant, target, argument_values(variant, tensors, device_tables(bundle, device, kernel)))
+        for launch in plan:
+            _launch_one(launch.kernel, launch.variant, target, launch.arguments(tensors))
 
 
 def launch_roles(bundle: Bundle, given: dict) -> dict:

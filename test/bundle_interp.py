@@ -29,9 +29,9 @@ def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = 
     for role in ["out", "lse", "state"] + [w.role for w in bundle.workspace]:
         if role in tensors:
             tensors[role].fill_(float("nan"))
-    aligned = variant == "aligned" if variant else runtime.aligned_ok(bundle, tensors)
-    chosen = runtime.pick_variant(bundle, aligned)
-    arrays = _run_kernels(bundle, tensors, aligned)
+    launches = _launches(bundle, tensors, variant)
+    arrays = _run_kernels(launches, tensors)
+    chosen = launches[-1][1]
     results = []
     for spec in bundle.outputs:
         t = tensors[spec.role]
@@ -48,8 +48,7 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
         # as the runtime allocates them, since the kernels add into them.
         fill = 0.0 if abi.is_closure_grad(spec.role) else float("nan")
         tensors[spec.role] = torch.full(spec.shape, fill, dtype=runtime.torch_dtype(spec.dtype))
-    aligned = variant == "aligned" if variant else runtime.aligned_ok(bundle, tensors)
-    arrays = _run_kernels(bundle, tensors, aligned)
+    arrays = _run_kernels(_launches(bundle, tensors, variant), tensors)
     results = {}
     for spec in bundle.outputs:
         t = tensors[spec.role]
@@ -57,15 +56,29 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
     return results
 
 
-def _run_kernels(bundle: runtime.Bundle, tensors: dict, aligned: bool) -> dict:
-    """Run the bundle's stages, then its own kernel, in the interpreter on the tensors bound by
-    role; returns each tensor's storage array by label (the kernels' results are written there)."""
-    arrays = {}
+def _launches(bundle: runtime.Bundle, tensors: dict, variant: str | None) -> list[tuple]:
+    """(kernel, variant, arguments) of each kernel in launch order: from the launch plan the
+    runtime keeps per layout, or with `variant` ("aligned" or "generic") forced."""
+    def tables_of(kernel):
+        return [np.array(t["data"], np.int32).reshape(t["shape"]) for t in kernel.tables]
+
+    if variant is None:
+        return [(launch.kernel, launch.variant, launch.arguments(tensors))
+                for launch in runtime.launch_plan(bundle, tensors, "interpreter", tables_of)]
+    launches = []
     for kernel in bundle.stages + [bundle]:
-        picked = runtime.pick_variant(kernel, aligned)
-        tables = [np.array(t["data"], np.int32).reshape(t["shape"]) for t in kernel.tables]
+        picked = runtime.pick_variant(kernel, variant == "aligned")
+        launches.append((kernel, picked, runtime.argument_values(picked, tensors, tables_of(kernel))))
+    return launches
+
+
+def _run_kernels(launches: list[tuple], tensors: dict) -> dict:
+    """Run the kernels in the interpreter on the tensors bound by role; returns each tensor's
+    storage array by label (the kernels' results are written there)."""
+    arrays = {}
+    for kernel, picked, values in launches:
         args = []
-        for label, value in zip(picked.args, runtime.argument_values(picked, tensors, tables)):
+        for label, value in zip(picked.args, values):
             if isinstance(value, torch.Tensor):
                 if label not in arrays:
                     arrays[label] = _storage(value)

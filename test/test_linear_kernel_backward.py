@@ -101,10 +101,12 @@ def _interpreted(backend_target="cuda:90"):
     return run
 
 
-@pytest.mark.parametrize("decay,normalize", [("head", False), ("token", False), ("token", True)])
-def test_triton_kernels_match_the_recomputation(decay, normalize):
+@pytest.mark.parametrize("decay,normalize,state_grad", [("head", False, True), ("head", False, False),
+                                                        ("token", False, True), ("token", True, True)])
+def test_triton_kernels_match_the_recomputation(decay, normalize, state_grad):
     """The backward's runs compiled for the GPU (in the TTIR interpreter) give the gradients of the
-    torch recomputation, closure tensors included."""
+    torch recomputation, closure tensors included; without a state gradient, RetNet's reversed
+    runs keep the "head" decay."""
     lin, inputs, closures = _case(decay, normalize, dtype=torch.float32, b=1, h=2, l=40, dk=16, dv=16)
     q, k, v, g, s0 = inputs
     for c in closures:
@@ -112,7 +114,7 @@ def test_triton_kernels_match_the_recomputation(decay, normalize):
     call = lin._linear_call(q.shape[3], tuple(closures), None, "triton")
     gen = torch.Generator().manual_seed(5)
     d_out = torch.randn(1, 2, 40, 16, generator=gen)
-    d_state = torch.randn(1, 2, 16, 16, generator=gen)
+    d_state = torch.randn(1, 2, 16, 16, generator=gen) if state_grad else None
     with torch.no_grad():
         _, final = lin(q, k, v, g, initial_state=s0, return_state=True, backend="cpu")
     wanted = [True] * (5 + len(closures))
@@ -180,6 +182,43 @@ def _against_naive_plainly(lin, q, k, v, g, dtype, rel, wanted=(True, True, True
     want = torch.autograd.grad((want_out * r).sum(), [t for t in ref if t.requires_grad])
     for a, b in zip(got, want):
         torch.testing.assert_close(a.double(), b, rtol=rel, atol=rel * b.abs().max().item())
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_retnet_decay_without_a_state_gradient(packed, kernels_only, monkeypatch):
+    """A loss on the output alone: the reversed runs take RetNet's constant decay as it is, not
+    the shifted per-token g' (the shift only scales the initial state, which is then zero)."""
+    decays = []
+    run_plain = linear_kernel_backward.run_plain
+
+    def spy(backend, decay, *args, **kwargs):
+        decays.append(decay)
+        return run_plain(backend, decay, *args, **kwargs)
+
+    monkeypatch.setattr(linear_kernel_backward, "run_plain", spy)
+    gen = torch.Generator().manual_seed(14)
+    lin = ae.linear_attention(decay="head", chunk_size=16)
+    g = torch.log(1 - 2.0 ** (-2 - torch.arange(3, dtype=torch.float32)))
+    if not packed:
+        q, k, v = (torch.randn(2, 3, 37, 8, generator=gen) for _ in range(3))
+        _against_naive_plainly(lin, q, k, v, g, torch.float32, 1e-4)
+    else:
+        from test_linear_varlen import _offsets
+
+        lens = [5, 0, 21, 9]
+        q, k, v = (torch.randn(1, 3, sum(lens), 8, generator=gen, requires_grad=True) for _ in range(3))
+        out = lin(q, k, v, g, cu_seqlens=_offsets(lens), backend="cpu")
+        r = torch.randn(out.shape, generator=gen)
+        got = torch.autograd.grad((out * r).sum(), (q, k, v))
+        for i, (a, n) in enumerate(zip(_offsets(lens)[:-1].tolist(), lens)):
+            if n == 0:
+                continue
+            parts = [t[:, :, a:a + n].detach().double().requires_grad_() for t in (q, k, v)]
+            want_out, _ = naive(*parts, g.double(), None, "head", 8 ** -0.5, False)
+            want = torch.autograd.grad((want_out * r[:, :, a:a + n].double()).sum(), parts)
+            for x, y in zip(got, want):
+                torch.testing.assert_close(x[:, :, a:a + n].double(), y, rtol=1e-4, atol=1e-4, msg=f"sequence {i}")
+    assert decays == ["head"] * 3  # dq, then dk and dv reversed
 
 
 @pytest.mark.parametrize("wanted", [(True, True, True, True), (False, False, False, True), (True, False, False, False)])

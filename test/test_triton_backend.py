@@ -162,6 +162,35 @@ def test_both_variants_agree_on_a_transposed_layout():
     torch.testing.assert_close(a, g, atol=0, rtol=0)
 
 
+def test_launch_plan_is_kept_per_layout_and_takes_each_calls_tensors():
+    from ae_mlir.kernel_args import ReversedRows
+
+    attn = ae.attention(score_mod=softcap, mask_mod=causal)
+    q, k, v = qkv(h=2, lq=40, dtype=torch.bfloat16)
+    bundle = tb.compile_bundle(attn, q, k, v, config=SMALL)
+
+    def plan_of(*inputs):
+        tensors = runtime.bind(bundle, *inputs)
+        plan = runtime.launch_plan(bundle, tensors, "cpu", lambda kernel: runtime.device_tables(bundle, "cpu", kernel))
+        launch = plan[-1]
+        want = runtime.argument_values(launch.variant, tensors, runtime.device_tables(bundle, "cpu", bundle))
+        got = launch.arguments(tensors)
+        assert len(got) == len(want) and all(a is b if isinstance(b, torch.Tensor) else a == b
+                                             for a, b in zip(got, want))
+        return plan, launch
+
+    first, launch = plan_of(q, k, v)
+    assert launch.variant.aligned
+    q2, k2, v2 = qkv(h=2, lq=40, dtype=torch.bfloat16)
+    again, _ = plan_of(q2, k2, v2)
+    assert again is first  # same layout: the plan is reused with the new call's tensors
+    strided, launch = plan_of(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)
+    assert strided is not first and not launch.variant.aligned
+    reversed_plan, launch = plan_of(ReversedRows(q), k, v)
+    assert reversed_plan is not first
+    assert -q.stride(2) in launch.template
+
+
 def test_block_tables_become_arithmetic_or_pointer_arguments():
     q, k, v = qkv(h=1, lq=128, dtype=torch.float16)
     causal_bundle = tb.compile_bundle(ae.attention(mask_mod=causal), q, k, v, config=SMALL)

@@ -240,9 +240,19 @@ def _need_mlir() -> None:
                            "on a machine that has them") from None
 
 
+# The cache keys of the modules this process ran: the key hashes the module without its
+# locations, which took longer than a short kernel runs (a training step of linear attention
+# launches four modules; a decoding step one).
+_KEYS: dict = {}
+
+
 def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runtime.Bundle:
     """The bundle of an L0 module for `target`: from the cache, or compiled and cached."""
-    key = _key(l0_text, target, None, input_precision)
+    key = _KEYS.get((l0_text, target, input_precision))
+    if key is None:
+        if len(_KEYS) > 4096:
+            _KEYS.clear()
+        key = _KEYS[l0_text, target, input_precision] = _key(l0_text, target, None, input_precision)
     bundle = runtime.CACHE.get(key)
     if bundle is None:
         _need_mlir()

@@ -201,7 +201,9 @@ class linear_attention:
         backward's float32 gradients of 16-bit inputs)."""
         dk = q.shape[3]
         dv = v.shape[3]
-        scale = checks.default_scale(self.scale, dk)
+        # Rounded as the attribute holds it, so the backward's runs (which take the rounded scale)
+        # print the same module as the forward where their shapes match, and share its kernels.
+        scale = _as_f32(checks.default_scale(self.scale, dk))
         call = loc_suffix(user_location())
         elt = mlir_elt(q.dtype)
         tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))

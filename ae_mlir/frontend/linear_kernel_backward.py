@@ -18,7 +18,9 @@ g'_w = g_{L-w+1} (g'_0 = 0), so the run's e^{G'} factors are the e^{G_t - G_s} a
 initial state enters as e^{G_L - G_s}: dk on (v, dO, q, dS_L^T / scale), dv on (k, q, dO,
 dS_L / scale), both flipped along L. The dv run's final state is sum_t e^{G_t - g_0} q_t dO_t^T
 + e^{G_L - g_0} dS_L / scale, so d(S0) = scale * e^{g_0} times it. Every exponent the runs take is
-a sum of consecutive g <= 0, as in the forward, so nothing overflows.
+a sum of consecutive g <= 0, as in the forward, so nothing overflows. With RetNet's constant
+decay ("head") and no dS_L, the reversed runs keep that decay as it is: the shift changes no
+pair's factor, only the initial state's, and there is none.
 
 The decay's gradient follows from G: the output at t grows with G_t through q_t, a key s shrinks
 with G_s, and the final state grows with G_L, so dL/dG_t = q_t . dq_t - k_t . dk_t (+ dS_L . S_L at
@@ -196,8 +198,14 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
         st = None if s0 is None else s0.transpose(-1, -2).contiguous()
         dq, _ = run(call.decay, scale, chunk, d_out, v, k, g, st, wide, packing=order.packing)
     if need[1] or need[2] or need_s0:
-        g_rev = None if call.decay is None else order.reversed_decay(call.decay, g)
-        decay_rev = None if call.decay is None else "token"
+        if call.decay == "head" and d_state is None:
+            # A constant g makes the shift a no-op on every pair's e^{G'_t - G'_s}: it changes
+            # only the initial state's factor e^{G'_t}, and without dS_L there is no initial state.
+            # So the runs keep RetNet's decay and need no summed per-token g'.
+            g_rev, decay_rev = g, "head"
+        else:
+            g_rev = None if call.decay is None else order.reversed_decay(call.decay, g)
+            decay_rev = None if call.decay is None else "token"
         carried = None if d_state is None else order.reversed_states(d_state.float() / scale)
         packing = order.reversed_packing
         if need[1]:
@@ -212,7 +220,9 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
                     ds0 = ds0 * order.first_decay(call.decay, g)
     dg = None
     if need_g:
-        rate = (q.float() * dq.float()).sum(-1) - (k.float() * dk.float()).sum(-1)  # dL/dG, [B, H, L]
+        # dq and dk are float32 here: each product promotes q or k inside its kernel, with no
+        # float32 copy of them written first.
+        rate = (q * dq).sum(-1) - (k * dk).sum(-1)  # dL/dG, [B, H, L]
         dg = order.sum_after(rate)
         if d_state is not None:
             dg = dg + order.per_token((d_state.float() * final_state.float()).sum((-1, -2)))
