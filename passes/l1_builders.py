@@ -207,7 +207,6 @@ class KernelBuilder:
         the replaced function's arguments become the kernel's and constants are cloned here:
         where first read, or with `constants_first` all before the region's ops, in the order
         they are first read."""
-        from mlir import ir
 
         block = region.blocks[0]
         images = dict(zip(block.arguments, args))

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 
-def run(module_text: str, inputs: list, backend: str, out_dtype) -> list:
+def run(module_text: str, inputs: list, backend: str, out_dtype, autotune: bool = False) -> list:
     """Compile (or interpret) `module_text` for `backend` and run it on `inputs` (q, k, v, then the
     closure tensors); a mask that reads closure tensors is classified from the compiled kernel's
-    own mask program, so nothing but tensors is needed."""
+    own mask program, so nothing but tensors is needed. `autotune` tunes the Triton kernels'
+    launch configuration (`ae_mlir.autotune`); the other backends have none to tune."""
     if backend == "reference":
         from ..reference import run_module_text
 
@@ -17,7 +18,7 @@ def run(module_text: str, inputs: list, backend: str, out_dtype) -> list:
     if backend == "triton":
         from .triton import run
 
-        return run(module_text, inputs, out_dtype)
+        return run(module_text, inputs, out_dtype, autotune)
     raise NotImplementedError(
         f"backend '{backend}' is not available in this version of ae-mlir; use backend='reference'"
     )

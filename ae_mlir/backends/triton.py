@@ -246,19 +246,69 @@ def _need_mlir() -> None:
 _KEYS: dict = {}
 
 
-def get_bundle(l0_text: str, target: str, input_precision: str = "ieee") -> runtime.Bundle:
-    """The bundle of an L0 module for `target`: from the cache, or compiled and cached."""
-    key = _KEYS.get((l0_text, target, input_precision))
+def _remembered_key(l0_text: str, target: str, config: dict | None, input_precision: str) -> str:
+    memo = (l0_text, target, None if not config else tuple(sorted(config.items())), input_precision)
+    key = _KEYS.get(memo)
     if key is None:
         if len(_KEYS) > 4096:
             _KEYS.clear()
-        key = _KEYS[l0_text, target, input_precision] = _key(l0_text, target, None, input_precision)
+        key = _KEYS[memo] = _key(l0_text, target, config, input_precision)
+    return key
+
+
+def get_bundle(l0_text: str, target: str, input_precision: str = "ieee", config: dict | None = None) -> runtime.Bundle:
+    """The bundle of an L0 module for `target` (with `config`'s overrides of the preset's options):
+    from the cache, or compiled and cached."""
+    key = _remembered_key(l0_text, target, config or None, input_precision)
     bundle = runtime.CACHE.get(key)
     if bundle is None:
         _need_mlir()
-        bundle = build_bundle(l0_text, target, None, input_precision)
+        bundle = build_bundle(l0_text, target, config or None, input_precision)
         runtime.CACHE.put(key, bundle)
     return bundle
+
+
+def tuning_key(l0_text: str, target: str, input_precision: str = "ieee") -> str:
+    """The key of a module's autotuning record (`ae_mlir.autotune.load`)."""
+    return _remembered_key(l0_text, target, {"autotune": True}, input_precision)
+
+
+def prepare_tuning(l0_text: str, target: str, input_precision: str = "ieee") -> dict:
+    """Compile every autotuning candidate of an L0 module for `target` and record them, unchosen
+    (`ae_mlir.autotune`): what a machine with the MLIR bindings and no GPU does ahead of time."""
+    from .. import autotune, presets
+
+    _need_mlir()
+    problem = presets.read_problem(_parse_l0(l0_text))
+    if problem is None:
+        raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
+    configs = autotune.candidates(problem, target)
+    for config in configs:
+        get_bundle(l0_text, target, input_precision, config)
+    record = {"target": target, "candidates": configs}
+    autotune.save(tuning_key(l0_text, target, input_precision), record)
+    return record
+
+
+def tuned_bundle(l0_text: str, target: str, inputs: list, input_precision: str = "ieee") -> runtime.Bundle:
+    """The bundle of the fastest autotuning candidate of an L0 module on this GPU, searched on
+    `inputs` (the call's q, k, v, ...) the first time and remembered on disk afterwards."""
+    import functools
+
+    from .. import autotune
+
+    key = tuning_key(l0_text, target, input_precision)
+    record = autotune.load(key)
+    if record is None:
+        record = prepare_tuning(l0_text, target, input_precision)
+    if record.get("chosen") is None:
+        configs = record["candidates"]
+        bundles = [get_bundle(l0_text, target, input_precision, config) for config in configs]
+        chosen, times = autotune.search(bundles[0].name, configs,
+                                        [functools.partial(runtime.launch, b, *inputs) for b in bundles])
+        record = dict(record, ms=times, chosen=chosen)
+        autotune.save(key, record)
+    return get_bundle(l0_text, target, input_precision, record["chosen"])
 
 
 def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee",
@@ -284,9 +334,11 @@ def run_backward(module_text: str, tensors: dict, closure_grads: bool = True) ->
     return runtime.launch_roles(bundle, tensors)
 
 
-def run(module_text: str, inputs: list, out_dtype) -> list:
-    """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures]."""
-    bundle = get_bundle(module_text, runtime.current_target())
+def run(module_text: str, inputs: list, out_dtype, autotune: bool = False) -> list:
+    """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures]; with
+    `autotune`, the bundle of the fastest candidate configuration (`tuned_bundle`)."""
+    target = runtime.current_target()
+    bundle = tuned_bundle(module_text, target, inputs) if autotune else get_bundle(module_text, target)
     return runtime.launch(bundle, *inputs)
 
 

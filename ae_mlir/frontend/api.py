@@ -80,10 +80,15 @@ class attention:
     (no graph break, no MLIR while tracing) that reads the closure tensors' current values from
     where the mods find them (a closure variable, a global, or one attribute of either, such as
     `self.table`); construct the attention outside the compiled function.
+
+    `autotune=True` makes the Triton backend search block sizes, warps and pipeline stages for
+    each new module (variant and shapes) on its first call, on that call's tensors, and keep the
+    fastest on disk (`ae_mlir.autotune`); the default launches the presets' committed configs.
+    The CPU backend keeps its defaults either way.
     """
 
     def __init__(self, score_mod=None, mask_mod=None, normalize="softmax", scale=None, layout="bhld",
-                 check_indices=None):
+                 check_indices=None, autotune=False):
         if _compiling():
             # Dynamo cannot trace the tracer, and an attention built per call would register a new
             # variant, and so recompile, on every call.
@@ -103,12 +108,14 @@ class attention:
             checks.default_scale(scale, 1)
         checks.check_layout(layout)
         checks.check_flag("check_indices", check_indices)
+        checks.check_bool("autotune", autotune)
         self.score_mod = score_mod
         self.mask_mod = mask_mod
         self.normalize = normalize
         self.scale = scale
         self.layout = layout
         self.check_indices = check_indices
+        self.autotune = autotune
         from . import closure_sources, variant_registry
 
         self._key = variant_registry.register(self)
@@ -120,6 +127,7 @@ class attention:
         from . import variant_registry
 
         self.__dict__.update(state)
+        self.__dict__.setdefault("autotune", False)  # pickled before the option existed
         self._key = variant_registry.register(self)
 
     @staticmethod
@@ -306,7 +314,7 @@ class attention:
             out, lse = differentiable_call(compiled_call(self, text, q, k, v, backend, kv_len=kv_len), q, k, v,
                                            captures)
             return (self._out(out), lse) if return_lse else self._out(out)
-        results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
+        results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype, autotune=self.autotune)
         return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])
 
     def _prepare(self, q, k, v, kv_len=None, block_table=None, sequences=None) -> tuple[str, list]:
@@ -385,7 +393,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _execute(text: str, inputs: list, backend: str, out_dtype):
+def _execute(text: str, inputs: list, backend: str, out_dtype, autotune: bool = False):
     from .. import backends
 
-    return backends.run(text, inputs, backend, out_dtype)
+    return backends.run(text, inputs, backend, out_dtype, autotune)

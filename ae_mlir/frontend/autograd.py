@@ -35,6 +35,7 @@ class CompiledCall:
     backward_text: str = ""
     # The position of the key lengths (kv_len) among the closure tensors, if the call has them.
     lengths: int | None = None
+    autotune: bool = False  # the forward's Triton launch configuration is tuned (ae_mlir.autotune)
 
     @property
     def with_lse(self) -> bool:
@@ -45,7 +46,7 @@ class CompiledCall:
         from .api import _execute
 
         tensors = [t.detach() for t in (q, k, v, *captures)]
-        results = _execute(self.text, tensors, self.backend, out_dtype=q.dtype)
+        results = _execute(self.text, tensors, self.backend, out_dtype=q.dtype, autotune=self.autotune)
         return results[0], (results[1] if self.with_lse else None)
 
     @property
@@ -121,7 +122,7 @@ def compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> Compil
     if call_args.get("kv_len") is not None:
         # The mods' closure tensors come first, then kv_len (paged calls take no gradients).
         lengths = len(attn._build(q, k, v, kv_len=call_args["kv_len"])[1]) - 1
-    return CompiledCall(text, backend, scale, derivative, backward_text, lengths)
+    return CompiledCall(text, backend, scale, derivative, backward_text, lengths, attn.autotune)
 
 
 def _zero_past(t, lengths):

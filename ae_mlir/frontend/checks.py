@@ -77,6 +77,11 @@ def check_layout(layout):
                          f"FlashAttention's and fla's), got {layout!r}")
 
 
+def check_bool(name: str, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
 def check_flag(name: str, value):
     if value is not None and not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool or None, got {type(value).__name__}")

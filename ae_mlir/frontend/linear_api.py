@@ -35,10 +35,13 @@ class linear_attention:
     (and on the reference backend) it recomputes the recurrence in chunks with torch in float32
     (float64 for float64 inputs) (`linear_backward`). Both reapply the mods as Python
     functions, so a mod's closure tensors must still be the ones it read when backward runs.
+
+    `autotune=True` tunes the Triton forward's launch configuration per module on its first call,
+    as for `ae.attention` (`ae_mlir.autotune`); the backward's runs keep the presets' configs.
     """
 
     def __init__(self, q_mod=None, k_mod=None, v_mod=None, decay=None, scale=None, normalize=False,
-                 chunk_size=64, layout="bhld", check_indices=None):
+                 chunk_size=64, layout="bhld", check_indices=None, autotune=False):
         if _compiling():
             # As for attention: dynamo cannot trace the tracer, and a layer built per call would
             # register a new one, and so recompile, on every call.
@@ -58,6 +61,7 @@ class linear_attention:
             checks.default_scale(scale, 1)
         checks.check_layout(layout)
         checks.check_flag("check_indices", check_indices)
+        checks.check_bool("autotune", autotune)
         self.mods = {"q_mod": q_mod, "k_mod": k_mod, "v_mod": v_mod}
         self.arities = {role: _feature_mod_arity(role, fn) for role, fn in self.mods.items() if fn is not None}
         self.decay = decay
@@ -66,6 +70,7 @@ class linear_attention:
         self.chunk_size = chunk_size
         self.layout = layout
         self.check_indices = check_indices
+        self.autotune = autotune
         from . import variant_registry
 
         self._key = variant_registry.register(self)
@@ -90,6 +95,7 @@ class linear_attention:
         from . import variant_registry
 
         self.__dict__.update(state)
+        self.__dict__.setdefault("autotune", False)  # pickled before the option existed
         self._key = variant_registry.register(self)
 
     def _find_sources(self) -> list | None:
@@ -288,7 +294,7 @@ class linear_attention:
             out, state = self._differentiable(text, inputs, backend, q, k, v, g, initial_state, caps.sources,
                                               sequences)
         else:
-            out, state = _execute(text, inputs, backend, out_dtype=q.dtype)
+            out, state = _execute(text, inputs, backend, out_dtype=q.dtype, autotune=self.autotune)
         if count is not None:
             state = state[:count]
         return (self._out(out), state) if return_state else self._out(out)
@@ -301,7 +307,8 @@ class linear_attention:
         detached = [t.detach() for t in inputs]
         call = self._linear_call(q.shape[3], sources,
                                  None if sequences is None else (sequences.cu_q, sequences.longest_q),
-                                 backend, run=lambda: _execute(text, detached, backend, out_dtype=q.dtype),
+                                 backend, run=lambda: _execute(text, detached, backend, out_dtype=q.dtype,
+                                                                  autotune=self.autotune),
                                  current_sources=lambda: self._trace_mods()[1].sources)
         return differentiable_call(call, q, k, v, g, initial_state)
 

@@ -47,8 +47,9 @@ def linear_attention_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor,
     where the call has none."""
     from .api import _execute
 
-    _, text, _, given = _layer_and_text(key, q, k, v, g, s0, captures, lengths, cu_seqlens, longest)
-    out, state = _execute(text, [q, k, v] + _fixed(g, s0, lengths, cu_seqlens) + given, backend, out_dtype=q.dtype)
+    layer, text, _, given = _layer_and_text(key, q, k, v, g, s0, captures, lengths, cu_seqlens, longest)
+    out, state = _execute(text, [q, k, v] + _fixed(g, s0, lengths, cu_seqlens) + given, backend, out_dtype=q.dtype,
+                          autotune=layer.autotune)
     return out, state
 
 

@@ -184,7 +184,7 @@ def call_packed(attn, q, k, v, return_lse, backend, cu_q, cu_k, max_q, max_k):
             call = compiled_call(attn, text, q, k, v, backend, sequences=sequences)
             out, *lse = differentiable_call(call, q, k, v, captures)
         else:
-            out, *lse = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype)
+            out, *lse = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype, autotune=attn.autotune)
     out = out[0].transpose(0, 1) if attn.layout == "blhd" else out[0]
     return (out, lse[0][0]) if return_lse else out
 

@@ -1,0 +1,163 @@
+"""Autotuning of the Triton kernels: a small search over block sizes, warps and pipeline stages
+per compiled module (variant and shapes) and target, the choice kept on disk.
+
+`ae.attention(..., autotune=True)` and `ae.linear_attention(..., autotune=True)` ask for it; the
+default (`autotune=False`) launches the presets' committed defaults (`ae_mlir.presets`). A tuned
+call compiles each candidate of `candidates(problem, target)` (the default first), launches each
+on the call's own tensors (`median_ms`), takes the fastest and records it in
+`<cache_dir>/tuned/<key>.json` with every candidate's time:
+
+    {"target": "cuda:90", "candidates": [{}, {"block_n": 128, ...}, ...],
+     "ms": [0.412, 0.398, ...], "chosen": {"block_n": 128, ...}}
+
+Later calls (and later processes) launch the chosen bundle without tuning again. A record with
+candidates but no choice is what `prepare` leaves on a machine that compiles but has no GPU: the
+candidates' bundles sit in the same cache, so a GPU machine without the MLIR bindings tunes
+from them (ship the cache directory). Each line of the search is reported through
+`ae_mlir.progress` while it runs.
+
+This module is part of the runtime: torch and triton only, never the MLIR bindings; the candidates
+are derived from the `presets.Problem` the compile side read.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from . import progress
+from .disk_cache import atomic_write, cache_dir
+from .presets import Problem, _pow2
+
+# Candidates by head dim (padded to a power of two) for 16-bit inputs on CUDA, as overrides of
+# (block_m, block_n, num_warps, num_stages); the preset's default is always tried first. They
+# span the tiles FlashAttention-2/FlexAttention use on Hopper and the ones the committed defaults
+# were picked from (presets.py's H200 notes).
+_CUDA_16BIT = {
+    64: [(128, 128, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3),
+         (128, 64, 4, 4), (128, 64, 4, 2)],
+    128: [(128, 128, 8, 2), (128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 4),
+          (128, 64, 8, 2), (128, 32, 8, 4)],
+    256: [(64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 3), (64, 32, 8, 3)],
+}
+_CUDA_FP32 = {d: [(64, 32, 4, 3), (32, 32, 4, 3), (64, 64, 4, 2), (32, 64, 4, 2)] for d in (64, 128, 256)}
+_HIP = {d: [(128, 64, 4, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 32, 4, 2), (64, 64, 8, 2)] for d in (64, 128, 256)}
+# Linear attention: (block_v, block_k, num_warps, num_stages) of the split recurrence's kernels.
+_LINEAR = [(64, 64, 4, 2), (32, 64, 4, 3), (64, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 3)]
+# Shared memory a candidate may plan for: K and V tiles per stage and the Q tile (bytes); the
+# H100/H200 have 227 KiB a block, MI300 64 KiB of LDS.
+_SHARED = {"cuda": 200 * 1024, "hip": 64 * 1024}
+# Decoding shapes (Lq at most this) are not tuned: their split count, not their tiles, sets
+# their speed (presets.kv_splits), and one launch takes microseconds.
+_MIN_TUNED_LQ = 17
+
+
+def candidates(problem: Problem, target: str) -> list[dict]:
+    """The configurations a tuned call tries for `problem` on `target`, as preset overrides; the
+    first, {}, is the preset's default."""
+    found = [{}]
+    if problem.linear:
+        for block_v, block_k, warps, stages in _LINEAR:
+            if target.startswith("hip"):
+                stages = min(stages, 2)
+            found.append({"block_v": block_v, "block_k": block_k, "num_warps": warps, "num_stages": stages})
+        return _unique(found)
+    if problem.lq < _MIN_TUNED_LQ:
+        return found
+    hip = target.startswith("hip")
+    wide = problem.dtype in ("bf16", "f16")
+    d = max(_pow2(problem.dk), _pow2(problem.dv), 64)
+    table = _HIP if hip else (_CUDA_16BIT if wide else _CUDA_FP32)
+    bytes_per = 2 if wide else 4
+    for block_m, block_n, warps, stages in table.get(d, []):
+        block_m, block_n = min(block_m, _pow2(problem.lq)), min(block_n, _pow2(problem.lk))
+        # MI300 keeps one LDS buffer per operand at two stages (presets.py).
+        buffers = max(stages - 1, 1) if hip else stages
+        shared = (buffers * block_n * (problem.dk + problem.dv) + block_m * problem.dk) * bytes_per
+        if shared > _SHARED["hip" if hip else "cuda"]:
+            continue
+        found.append({"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages})
+    return _unique(found)
+
+
+def _unique(configs: list[dict]) -> list[dict]:
+    seen, kept = set(), []
+    for config in configs:
+        key = tuple(sorted(config.items()))
+        if key not in seen:
+            seen.add(key)
+            kept.append(config)
+    return kept
+
+
+def record_path(key: str) -> Path:
+    return cache_dir() / "tuned" / f"{key}.json"
+
+
+_RECORDS: dict = {}
+
+
+def load(key: str) -> dict | None:
+    """The tuning record of a module (by its tuning key), from memory or disk; None if absent or
+    unreadable (an unreadable record is tuned again)."""
+    record = _RECORDS.get(key)
+    if record is not None:
+        return record
+    path = record_path(key)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("candidates"), list):
+        return None
+    _RECORDS[key] = record
+    return record
+
+
+def save(key: str, record: dict) -> None:
+    _RECORDS[key] = record
+    try:
+        atomic_write(record_path(key), json.dumps(record, indent=1))
+    except OSError:
+        # A read-only cache directory costs a new search next process, nothing more.
+        pass
+
+
+def median_ms(launch) -> float:
+    """Median milliseconds of `launch()` as `triton.testing.do_bench` measures it (L2 flushed
+    before each launch, the launch path's own time included, as a caller sees it), after a first
+    launch that also compiles; about 50 ms of launches per candidate."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median"))
+
+
+def search(name: str, configs: list[dict], launches: list, timer=None) -> tuple[dict, list[float]]:
+    """(the fastest configuration, every candidate's median ms) over `configs`, where
+    `launches[i]()` runs candidate i once, timed by `timer(launch)` (`median_ms`). A candidate
+    that fails to launch (out of shared memory or registers on this GPU) is recorded as inf and
+    skipped; the default (the first) must launch."""
+    timer = timer or median_ms
+    times = []
+    for i, (config, launch) in enumerate(zip(configs, launches)):
+        try:
+            ms = timer(launch)
+        except Exception as err:  # noqa: BLE001 -- a candidate this GPU cannot run is skipped
+            if i == 0:
+                raise
+            ms = math.inf
+            progress.emit(f"ae-mlir: autotuning '{name}' {i + 1}/{len(configs)} {_describe(config)}: "
+                          f"cannot launch ({type(err).__name__})")
+        else:
+            progress.emit(f"ae-mlir: autotuning '{name}' {i + 1}/{len(configs)} {_describe(config)}: {ms:.3f} ms")
+        times.append(ms)
+    best = min(range(len(configs)), key=lambda i: times[i])
+    progress.emit(f"ae-mlir: autotuned '{name}': {_describe(configs[best])}, {times[best]:.3f} ms "
+                  f"(default {times[0]:.3f} ms)")
+    return configs[best], times
+
+
+def _describe(config: dict) -> str:
+    if not config:
+        return "default"
+    return " ".join(f"{k}={v}" for k, v in config.items())

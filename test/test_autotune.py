@@ -1,0 +1,163 @@
+"""Autotuning of the Triton launch configuration (`ae_mlir.autotune`, `backends.triton.tuned_bundle`):
+the candidates, the search, the record kept on disk, and tuning on a machine without the MLIR
+bindings from candidates compiled elsewhere. Kernel times come from a stand-in timer (there is no
+GPU here); what the timer is given is the real candidate bundle."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import autotune, presets, runtime
+from ae_mlir.backends import triton as tb
+from inputs import qkv
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def causal(b, h, qi, ki):
+    return qi >= ki
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path))
+    runtime.CACHE.clear_memory()
+    autotune._RECORDS.clear()
+    yield tmp_path
+    runtime.CACHE.clear_memory()
+    autotune._RECORDS.clear()
+
+
+def _shared_bytes(config: dict, dk: int, dv: int, buffers: int) -> int:
+    return (buffers * config["block_n"] * (dk + dv) + config["block_m"] * dk) * 2
+
+
+def test_candidates_start_with_the_default_and_fit_the_targets_memory():
+    problem = presets.Problem(lq=2048, lk=2048, dk=128, dv=128, dtype="bf16", batch_heads=128)
+    cuda = autotune.candidates(problem, "cuda:90")
+    assert cuda[0] == {} and len(cuda) > 4
+    assert len({tuple(sorted(c.items())) for c in cuda}) == len(cuda)
+    assert all(_shared_bytes(c, 128, 128, c["num_stages"]) <= 200 * 1024 for c in cuda[1:])
+    assert {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2} in cuda
+    hip = autotune.candidates(problem, "hip:gfx942")
+    assert all(c["num_stages"] <= 2 and _shared_bytes(c, 128, 128, 1) <= 64 * 1024 for c in hip[1:])
+    short = autotune.candidates(presets.Problem(lq=40, lk=20, dk=16, dv=16, dtype="f32"), "cuda:90")
+    assert all(c["block_m"] <= 64 and c["block_n"] <= 32 for c in short[1:])
+
+
+def test_decoding_shapes_keep_the_default_and_linear_attention_tunes_its_blocks():
+    decoding = presets.Problem(lq=1, lk=8192, dk=128, dv=128, dtype="bf16", batch_heads=32)
+    assert autotune.candidates(decoding, "cuda:90") == [{}]
+    linear = presets.Problem(lq=2048, lk=2048, dk=128, dv=128, dtype="bf16", decay="token", chunk_size=64)
+    found = autotune.candidates(linear, "cuda:90")
+    assert found[0] == {} and all({"block_v", "block_k", "num_warps", "num_stages"} == set(c) for c in found[1:])
+    assert all(c["num_stages"] <= 2 for c in autotune.candidates(linear, "hip:gfx942")[1:])
+
+
+def test_search_takes_the_fastest_and_skips_a_candidate_that_cannot_launch():
+    configs = [{}, {"block_n": 32}, {"block_n": 64}, {"block_n": 128}]
+
+    def cannot():
+        raise RuntimeError("out of shared memory")
+
+    launches = [lambda: 1.0, lambda: 0.7, cannot, lambda: 0.5]
+    chosen, times = autotune.search("attention", configs, launches, timer=lambda launch: launch())
+    assert chosen == {"block_n": 128}
+    assert times[:2] == [1.0, 0.7] and math.isinf(times[2]) and times[3] == 0.5
+    with pytest.raises(RuntimeError, match="out of shared memory"):
+        autotune.search("attention", configs, [cannot] + launches[1:], timer=lambda launch: launch())
+
+
+def _by_blocks(launch) -> float:
+    """A stand-in GPU where smaller tiles run faster: (32, 32) wins."""
+    config = launch.args[0].meta["config"]
+    return config["block_m"] * 0.01 + config["block_n"] * 0.001 + config["num_stages"] * 1e-4
+
+
+def _record(cache_dir) -> dict:
+    (path,) = (cache_dir / "tuned").glob("*.json")
+    return json.loads(path.read_text())
+
+
+def test_a_tuned_module_is_searched_once_and_its_choice_kept_on_disk(cache_dir, monkeypatch):
+    timed = []
+
+    def timer(launch):
+        timed.append(launch.args[0].key)
+        return _by_blocks(launch)
+
+    monkeypatch.setattr(autotune, "median_ms", timer)
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    text = ae.attention(mask_mod=causal).mlir(q, k, v)
+    bundle = tb.tuned_bundle(text, "cuda:90", [q, k, v])
+    record = _record(cache_dir)
+    assert record["target"] == "cuda:90" and record["candidates"][0] == {}
+    assert len(record["ms"]) == len(record["candidates"]) == len(timed) == len(set(timed))
+    assert record["chosen"] == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 3}
+    assert {k: bundle.meta["config"][k] for k in record["chosen"]} == record["chosen"]
+    # Later calls, in this process or a new one (memory cleared), launch the choice untimed.
+    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]) is bundle
+    autotune._RECORDS.clear()
+    runtime.CACHE.clear_memory()
+    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"] == bundle.meta["config"]
+    assert len(timed) == len(record["candidates"])
+
+
+def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(cache_dir):
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    text = ae.attention(mask_mod=causal).mlir(q, k, v)
+    prepared = tb.prepare_tuning(text, "cuda:90")
+    assert "chosen" not in _record(cache_dir)
+    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache_dir), AE_MLIR_QUIET="1")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["mlir"] = None
+        sys.path.insert(0, {os.path.join(ROOT, "test")!r})
+        import torch
+        from ae_mlir import autotune
+        from ae_mlir.backends import triton as tb
+        from test_autotune import _by_blocks
+        autotune.median_ms = _by_blocks
+        q, k, v = (torch.zeros(1, 2, 40, 16) for _ in range(3))
+        print(tb.tuned_bundle({text!r}, "cuda:90", [q, k, v]).meta["config"]["block_m"])
+    """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["32"]
+    assert _record(cache_dir)["chosen"] == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 3}
+    assert len(prepared["candidates"]) == len(_record(cache_dir)["ms"])
+
+
+def test_run_with_autotune_launches_the_tuned_bundle(cache_dir, monkeypatch):
+    launched = []
+    monkeypatch.setattr(autotune, "median_ms", _by_blocks)
+    monkeypatch.setattr(runtime, "current_target", lambda: "cuda:90")
+    monkeypatch.setattr(runtime, "launch", lambda bundle, *inputs: launched.append(bundle) or [None])
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    text = ae.attention(mask_mod=causal).mlir(q, k, v)
+    tb.run(text, [q, k, v], torch.float32)
+    tb.run(text, [q, k, v], torch.float32, autotune=True)
+    default, tuned = launched
+    assert default.meta["config"]["block_m"] == 64 and tuned.meta["config"]["block_m"] == 32
+
+
+def test_autotune_must_be_a_bool():
+    with pytest.raises(TypeError, match="autotune must be a bool"):
+        ae.attention(autotune="yes")
+    with pytest.raises(TypeError, match="autotune must be a bool"):
+        ae.linear_attention(autotune=1)
+
+
+def test_autotune_leaves_the_cpu_backend_as_it_is():
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    plain, tuned = ae.attention(mask_mod=causal), ae.attention(mask_mod=causal, autotune=True)
+    torch.testing.assert_close(tuned(q, k, v, backend="cpu"), plain(q, k, v, backend="cpu"), rtol=0, atol=0)
