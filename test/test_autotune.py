@@ -72,6 +72,9 @@ def test_search_takes_the_fastest_and_skips_a_candidate_that_cannot_launch():
     chosen, times = autotune.search("attention", configs, launches, timer=lambda launch: launch())
     assert chosen == {"block_n": 128}
     assert times[:2] == [1.0, 0.7] and math.isinf(times[2]) and times[3] == 0.5
+    # A win within the margin is as likely noise: the default stays.
+    near = [lambda: 1.0, lambda: 0.98, lambda: 1.2]
+    assert autotune.search("attention", configs[:3], near, timer=lambda launch: launch())[0] == {}
     with pytest.raises(RuntimeError, match="out of shared memory"):
         autotune.search("attention", configs, [cannot] + launches[1:], timer=lambda launch: launch())
 
