@@ -1,5 +1,7 @@
-"""Autotuning of the Triton kernels: a small search over block sizes, warps and pipeline stages
-per compiled module (variant and shapes) and target, the choice kept on disk.
+"""Autotuning: a small search over the kernels' launch configuration per compiled module (variant
+and shapes) and target, the choice kept on disk. On GPUs (Triton) it covers block sizes, warps
+and pipeline stages; on the CPU the tiles (rows per program, keys per KV tile), timed by the
+wall clock (`median_wall_ms`).
 
 `ae.attention(..., autotune=True)` and `ae.linear_attention(..., autotune=True)` ask for it; the
 default (`autotune=False`) launches the presets' committed defaults (`ae_mlir.presets`). A tuned
@@ -44,6 +46,8 @@ _CUDA_FP32 = {d: [(64, 32, 4, 3), (32, 32, 4, 3), (64, 64, 4, 2), (32, 64, 4, 2)
 _HIP = {d: [(128, 64, 4, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 32, 4, 2), (64, 64, 8, 2)] for d in (64, 128, 256)}
 # Linear attention: (block_v, block_k, num_warps, num_stages) of the split recurrence's kernels.
 _LINEAR = [(64, 64, 4, 2), (32, 64, 4, 3), (64, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 3)]
+# The CPU's candidate rows per program and keys per KV tile.
+_CPU_BLOCKS = (32, 64, 128)
 # Shared memory a candidate may plan for: K and V tiles per stage and the Q tile (bytes); the
 # H100/H200 have 227 KiB a block, MI300 64 KiB of LDS.
 _SHARED = {"cuda": 200 * 1024, "hip": 64 * 1024}
@@ -60,6 +64,13 @@ def candidates(problem: Problem, target: str) -> list[dict]:
     """The configurations a tuned call tries for `problem` on `target`, as preset overrides; the
     first, {}, is the preset's default."""
     found = [{}]
+    if target == "host":
+        # The CPU's tiles: rows per program and keys per KV tile (presets.cpu_config). Linear
+        # attention's one-kernel recurrence has no launch configuration to tune there.
+        if not problem.linear:
+            found += [{"block_m": min(m, _pow2(problem.lq)), "block_n": min(n, _pow2(problem.lk))}
+                      for m in _CPU_BLOCKS for n in _CPU_BLOCKS]
+        return _unique(found)
     if problem.linear:
         for block_v, block_k, warps, stages in _LINEAR:
             if target.startswith("hip"):
@@ -134,6 +145,23 @@ def median_ms(launch) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median"))
+
+
+def median_wall_ms(launch, budget_ms: float = 300.0) -> float:
+    """Median wall-clock milliseconds of `launch()` (a CPU kernel), after a first launch, over
+    as many launches as fit in about `budget_ms` (3 to 15)."""
+    import time
+
+    start = time.perf_counter()
+    launch()
+    first = (time.perf_counter() - start) * 1e3
+    times = []
+    for _ in range(max(3, min(15, int(budget_ms / max(first, 1e-3))))):
+        start = time.perf_counter()
+        launch()
+        times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
 
 
 def search(name: str, configs: list[dict], launches: list, timer=None) -> tuple[dict, list[float]]:

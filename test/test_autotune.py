@@ -160,7 +160,26 @@ def test_autotune_must_be_a_bool():
         ae.linear_attention(autotune=1)
 
 
-def test_autotune_leaves_the_cpu_backend_as_it_is():
+def test_the_cpu_backend_tunes_its_tiles(cache_dir, monkeypatch):
+    """On the CPU the candidates are the tiles (rows per program, keys per KV tile), timed by the
+    wall clock; the stand-in clock makes 32 x 32 tiles the fastest."""
+    from ae_mlir.backends import cpu
+
+    timed = []
+
+    def clock(launch):
+        kernel = launch.args[0]
+        timed.append((kernel.block_m, kernel.block_n))
+        return kernel.block_m * 0.01 + kernel.block_n * 0.001
+
+    monkeypatch.setattr(autotune, "median_wall_ms", clock)
     q, k, v = qkv(h=2, lq=40, dk=16)
     plain, tuned = ae.attention(mask_mod=causal), ae.attention(mask_mod=causal, autotune=True)
-    torch.testing.assert_close(tuned(q, k, v, backend="cpu"), plain(q, k, v, backend="cpu"), rtol=0, atol=0)
+    torch.testing.assert_close(tuned(q, k, v, backend="cpu"), plain(q, k, v, backend="cpu"), rtol=1e-5, atol=1e-5)
+    assert sorted(set(timed)) == [(32, 32), (32, 64), (64, 32), (64, 64)]
+    record = _record(cache_dir)
+    assert record["target"] == "host" and record["chosen"] == {"block_m": 32, "block_n": 32}
+    assert cpu.tuned_blocks(tuned.mlir(q, k, v), [q, k, v]) == {"block_m": 32, "block_n": 32}
+    assert len(timed) == len(record["candidates"])  # searched once
+    linear = presets.Problem(lq=2048, lk=2048, dk=64, dv=64, dtype="f32", decay="head", chunk_size=64)
+    assert autotune.candidates(linear, "host") == [{}]

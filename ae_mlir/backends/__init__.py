@@ -5,8 +5,9 @@ from __future__ import annotations
 def run(module_text: str, inputs: list, backend: str, out_dtype, autotune: bool = False) -> list:
     """Compile (or interpret) `module_text` for `backend` and run it on `inputs` (q, k, v, then the
     closure tensors); a mask that reads closure tensors is classified from the compiled kernel's
-    own mask program, so nothing but tensors is needed. `autotune` tunes the Triton kernels'
-    launch configuration (`ae_mlir.autotune`); the other backends have none to tune."""
+    own mask program, so nothing but tensors is needed. `autotune` tunes the kernels' launch
+    configuration on the cpu and triton backends (`ae_mlir.autotune`); the reference executor has
+    none."""
     if backend == "reference":
         from ..reference import run_module_text
 
@@ -14,7 +15,7 @@ def run(module_text: str, inputs: list, backend: str, out_dtype, autotune: bool 
     if backend == "cpu":
         from .cpu import run_module_text
 
-        return run_module_text(module_text, inputs, out_dtype)
+        return run_module_text(module_text, inputs, out_dtype, autotune)
     if backend == "triton":
         from .triton import run
 

@@ -339,19 +339,47 @@ def clear_memory_cache() -> None:
         _CACHE.clear()
 
 
-def run_module_text(module_text: str, inputs: list, out_dtype) -> list:
+def run_module_text(module_text: str, inputs: list, out_dtype, autotune: bool = False) -> list:
     """Compile (once) and run `module_text` on CPU tensors; the first result takes `out_dtype`.
-    A kernel whose mask reads closure tensors gets its tile tables classified per call from the
-    mask program it carries."""
+    With `autotune`, at the tiles of the fastest candidate (`tuned_blocks`)."""
     unit = all(_unit_inner_stride(t) for t in inputs)
-    kernel = compile_module(module_text, unit_inner_stride=unit)
+    blocks = tuned_blocks(module_text, inputs, unit) if autotune else {}
+    results = _launch(compile_module(module_text, unit_inner_stride=unit, **blocks), inputs)
+    return [results[0].to(out_dtype)] + results[1:]
+
+
+def _launch(kernel: CompiledKernel, inputs: list) -> list:
+    """Run a compiled forward kernel; one whose mask reads closure tensors gets its tile tables
+    classified per call from the mask program it carries."""
     if kernel.mask_program is not None:
         from ..block_mask import call_time_tables
 
         inputs = list(inputs) + call_time_tables(kernel.mask_program, inputs, inputs[0].shape[2], inputs[1].shape[2],
                                                  kernel.block_m, kernel.block_n, "cpu")
-    results = kernel(inputs)
-    return [results[0].to(out_dtype)] + results[1:]
+    return kernel(inputs)
+
+
+def tuned_blocks(module_text: str, inputs: list, unit_inner_stride: bool = True) -> dict:
+    """The block sizes (block_m, block_n) of the fastest autotuning candidate of an L0 module on
+    this host, searched on `inputs` the first time (`ae_mlir.autotune`) and kept on disk."""
+    from .. import autotune, presets
+    from ..core.context import new_context, parse_module
+    from ..core.regions import strip_locations
+
+    key = cpu_cache.key(strip_locations(module_text), {"autotune": True, "unit_inner_stride": unit_inner_stride})
+    record = autotune.load(key)
+    if record is None or record.get("chosen") is None:
+        problem = presets.read_problem(parse_module(module_text, new_context()))
+        if problem is None:
+            raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
+        configs = autotune.candidates(problem, "host")
+        kernels = [compile_module(module_text, unit_inner_stride=unit_inner_stride, **config) for config in configs]
+        chosen, times = autotune.search(kernels[0].name, configs,
+                                        [functools.partial(_launch, kernel, inputs) for kernel in kernels],
+                                        timer=autotune.median_wall_ms)
+        record = {"target": "host", "candidates": configs, "ms": times, "chosen": chosen}
+        autotune.save(key, record)
+    return record["chosen"]
 
 
 def run_backward(module_text: str, tensors: dict, closure_grads: bool = True) -> dict:

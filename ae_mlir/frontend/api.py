@@ -81,10 +81,10 @@ class attention:
     where the mods find them (a closure variable, a global, or one attribute of either, such as
     `self.table`); construct the attention outside the compiled function.
 
-    `autotune=True` makes the Triton backend search block sizes, warps and pipeline stages for
-    each new module (variant and shapes) on its first call, on that call's tensors, and keep the
-    fastest on disk (`ae_mlir.autotune`); the default launches the presets' committed configs.
-    The CPU backend keeps its defaults either way.
+    `autotune=True` searches the forward kernels' launch configuration for each new module
+    (variant and shapes) on its first call, on that call's tensors, and keeps the fastest on disk
+    (`ae_mlir.autotune`): block sizes, warps and pipeline stages on the Triton backend, the tiles
+    on the CPU. The default launches the presets' committed configs.
     """
 
     def __init__(self, score_mod=None, mask_mod=None, normalize="softmax", scale=None, layout="bhld",

@@ -37,7 +37,8 @@ class linear_attention:
     functions, so a mod's closure tensors must still be the ones it read when backward runs.
 
     `autotune=True` tunes the Triton forward's launch configuration per module on its first call,
-    as for `ae.attention` (`ae_mlir.autotune`); the backward's runs keep the presets' configs.
+    as for `ae.attention` (`ae_mlir.autotune`); the backward's runs and the CPU's one-kernel
+    recurrence keep the presets' configs.
     """
 
     def __init__(self, q_mod=None, k_mod=None, v_mod=None, decay=None, scale=None, normalize=False,
