@@ -13,9 +13,10 @@ on the call's own tensors (`median_ms`), takes the fastest and records it in
      "ms": [0.412, 0.398, ...], "chosen": {"block_n": 128, ...}}
 
 Later calls (and later processes) launch the chosen bundle without tuning again. A record with
-candidates but no choice is what `prepare` leaves on a machine that compiles but has no GPU: the
-candidates' bundles sit in the same cache, so a GPU machine without the MLIR bindings tunes
-from them (ship the cache directory). Each line of the search is reported through
+candidates but no choice is what `backends.triton.prepare_tuning` leaves on a machine that
+compiles but has no GPU: the candidates' bundles sit in the same cache, so a GPU machine without
+the MLIR bindings tunes from them (ship the cache directory). Without the bindings and without
+such a record, a call launches the default and says so once. Each line of the search is reported through
 `ae_mlir.progress` while it runs.
 
 This module is part of the runtime: torch and triton only, never the MLIR bindings; the candidates
@@ -27,7 +28,7 @@ import json
 import math
 from pathlib import Path
 
-from . import progress
+from . import presets, progress
 from .disk_cache import atomic_write, cache_dir
 from .presets import Problem, _pow2
 
@@ -48,51 +49,83 @@ _HIP = {d: [(128, 64, 4, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 32, 4, 2), (6
 _LINEAR = [(64, 64, 4, 2), (32, 64, 4, 3), (64, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 3)]
 # The CPU's candidate rows per program and keys per KV tile.
 _CPU_BLOCKS = (32, 64, 128)
-# Shared memory a candidate may plan for: K and V tiles per stage and the Q tile (bytes); the
-# H100/H200 have 227 KiB a block, MI300 64 KiB of LDS.
-_SHARED = {"cuda": 200 * 1024, "hip": 64 * 1024}
-# A candidate replaces the default only when faster by more than this fraction: on an H200 the
-# same bundle timed up to 3% apart within one search, and 15-35% apart across a run
-# (bench/results/h200-autotune-2026-12-02.json), so a closer win is as likely noise.
+# Shared memory a candidate may plan for: K and V tiles per stage and the Q tile (bytes). Per
+# block, the H100/H200 (sm_90) have 227 KiB, the A100 (sm_80) 163 KiB, sm_86/89 99 KiB, and
+# MI300 64 KiB of LDS.
+_SHARED_KIB = {90: 200, 80: 160}
+_SHARED_KIB_OTHER_CUDA = 96
+_LDS_KIB = 64
+# A candidate replaces the default only when faster by more than this fraction. On an H200
+# (bench/results/h200-autotune-2026-12-02.json) retention's search put a candidate 2.7% ahead of
+# the default, and the same run then timed it 16% behind; timings there moved 15-35% between
+# two measurements of one bundle.
 _MARGIN = 0.03
-# Decoding shapes (Lq at most this) are not tuned: their split count, not their tiles, sets
+# Queries at most this long (decoding) are not tuned: their split count, not their tiles, sets
 # their speed (presets.kv_splits), and one launch takes microseconds.
 _MIN_TUNED_LQ = 17
 
 
 def candidates(problem: Problem, target: str) -> list[dict]:
-    """The configurations a tuned call tries for `problem` on `target`, as preset overrides; the
-    first, {}, is the preset's default."""
-    found = [{}]
-    if target == "host":
-        # The CPU's tiles: rows per program and keys per KV tile (presets.cpu_config). Linear
-        # attention's one-kernel recurrence has no launch configuration to tune there.
-        if not problem.linear:
-            found += [{"block_m": min(m, _pow2(problem.lq)), "block_n": min(n, _pow2(problem.lk))}
-                      for m in _CPU_BLOCKS for n in _CPU_BLOCKS]
-        return _unique(found)
-    if problem.linear:
-        for block_v, block_k, warps, stages in _LINEAR:
-            if target.startswith("hip"):
-                stages = min(stages, 2)
-            found.append({"block_v": block_v, "block_k": block_k, "num_warps": warps, "num_stages": stages})
-        return _unique(found)
+    """The configurations a tuned call tries for `problem` on `target` ("host" for the CPU), as
+    preset overrides: {} (the preset's default) first, then those that differ from it."""
     if problem.lq < _MIN_TUNED_LQ:
-        return found
+        return [{}]
+    if target == "host":
+        found, default = _cpu_candidates(problem)
+    elif problem.linear:
+        found, default = _linear_candidates(problem, target)
+    else:
+        found, default = _softmax_candidates(problem, target)
+    return _unique([{}] + [c for c in found if any(default.get(k) != v for k, v in c.items())])
+
+
+def _cpu_candidates(problem: Problem) -> tuple[list[dict], dict]:
+    # The CPU's tiles: rows per program and keys per KV tile. Linear attention's one-kernel
+    # recurrence has no launch configuration to tune there.
+    if problem.linear:
+        return [], {}
+    default = presets.cpu_config(problem.lq, problem.lk)
+
+    def fit(n: int, length: int) -> int:
+        return min(n, 1 << max(0, length - 1).bit_length())
+
+    return ([{"block_m": fit(m, problem.lq), "block_n": fit(n, problem.lk)} for m in _CPU_BLOCKS for n in _CPU_BLOCKS],
+            default)
+
+
+def _linear_candidates(problem: Problem, target: str) -> tuple[list[dict], dict]:
+    found = []
+    for block_v, block_k, warps, stages in _LINEAR:
+        if target.startswith("hip"):
+            stages = min(stages, 2)
+        found.append({"block_v": block_v, "block_k": block_k, "num_warps": warps, "num_stages": stages})
+    return found, presets.linear_config(problem.chunk_size, problem.decay, target)
+
+
+def _softmax_candidates(problem: Problem, target: str) -> tuple[list[dict], dict]:
     hip = target.startswith("hip")
     wide = problem.dtype in ("bf16", "f16")
     d = max(_pow2(problem.dk), _pow2(problem.dv), 64)
     table = _HIP if hip else (_CUDA_16BIT if wide else _CUDA_FP32)
     bytes_per = 2 if wide else 4
+    found = []
     for block_m, block_n, warps, stages in table.get(d, []):
         block_m, block_n = min(block_m, _pow2(problem.lq)), min(block_n, _pow2(problem.lk))
         # MI300 keeps one LDS buffer per operand at two stages (presets.py).
         buffers = max(stages - 1, 1) if hip else stages
         shared = (buffers * block_n * (problem.dk + problem.dv) + block_m * problem.dk) * bytes_per
-        if shared > _SHARED["hip" if hip else "cuda"]:
-            continue
-        found.append({"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages})
-    return _unique(found)
+        if shared <= _shared_limit(target):
+            found.append({"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages})
+    default = presets.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
+                                     problem.batch_heads, problem.group, problem.uneven_keys)
+    return found, default
+
+
+def _shared_limit(target: str) -> int:
+    backend, _, arch = target.partition(":")
+    if backend == "hip":
+        return _LDS_KIB * 1024
+    return _SHARED_KIB.get(int(arch) if arch.isdigit() else 0, _SHARED_KIB_OTHER_CUDA) * 1024
 
 
 def _unique(configs: list[dict]) -> list[dict]:
@@ -114,19 +147,29 @@ _RECORDS: dict = {}
 
 def load(key: str) -> dict | None:
     """The tuning record of a module (by its tuning key), from memory or disk; None if absent or
-    unreadable (an unreadable record is tuned again)."""
+    not a record this module wrote (unreadable, or a choice that is not among its candidates),
+    which is tuned again."""
     record = _RECORDS.get(key)
     if record is not None:
         return record
-    path = record_path(key)
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(record_path(key).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("candidates"), list):
+    if not _valid(record):
         return None
     _RECORDS[key] = record
     return record
+
+
+def _valid(record) -> bool:
+    if not isinstance(record, dict):
+        return False
+    configs = record.get("candidates")
+    if not isinstance(configs, list) or not configs or not all(isinstance(c, dict) for c in configs):
+        return False
+    chosen = record.get("chosen")
+    return chosen is None or chosen in configs
 
 
 def save(key: str, record: dict) -> None:
@@ -190,6 +233,48 @@ def search(name: str, configs: list[dict], launches: list, timer=None) -> tuple[
     progress.emit(f"ae-mlir: autotuned '{name}': {_describe(configs[best])}, {times[best]:.3f} ms "
                   f"(default {times[0]:.3f} ms)")
     return configs[best], times
+
+
+def choose(key: str, name: str, target: str, configs: list[dict], launcher, timer=None) -> dict:
+    """Search `configs` (the default first) for module `name` and record the choice under `key`:
+    `launcher(config)` compiles (or fetches) a candidate and returns a function that launches it
+    once. A candidate other than the default that fails to compile is left out; a single
+    candidate is chosen without timing."""
+    if len(configs) == 1:
+        record = {"target": target, "candidates": configs, "chosen": configs[0]}
+    else:
+        kept, launches = [], []
+        for i, config in enumerate(configs):
+            try:
+                launches.append(launcher(config))
+            except Exception as err:  # noqa: BLE001 -- a candidate the compiler rejects is left out
+                if i == 0:
+                    raise
+                progress.emit(f"ae-mlir: autotuning '{name}' {_describe(config)}: cannot compile ({type(err).__name__})")
+                continue
+            kept.append(config)
+        chosen, times = search(name, kept, launches, timer)
+        record = {"target": target, "candidates": kept, "ms": times, "chosen": chosen}
+    save(key, record)
+    return record["chosen"]
+
+
+_UNTUNED: set = set()
+
+
+def can_compile(key: str) -> bool:
+    """Whether this process can compile a module's candidates (has the MLIR bindings); if not,
+    says once per module (`key`) that its call launches the default configuration."""
+    try:
+        import mlir  # noqa: F401
+    except ImportError:
+        if key not in _UNTUNED:
+            _UNTUNED.add(key)
+            progress.emit("ae-mlir: autotune=True, but this module has no tuning record and the MLIR bindings are "
+                          "not installed to compile candidates; launching the default configuration "
+                          "(ae_mlir.backends.triton.prepare_tuning prepares a cache on a machine that has them)")
+        return False
+    return True
 
 
 def _describe(config: dict) -> str:

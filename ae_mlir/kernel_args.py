@@ -40,22 +40,9 @@ def _padded(n: int) -> int:
 def aligned_ok(bundle, tensors: dict) -> bool:
     """Whether the tensors meet the aligned variant's assumptions: unit last-dim strides,
     16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
-    32-bit offsets inside a tile that cannot overflow. Remembered per bundle and layout (shapes,
-    strides, pointer alignment): decoding calls the same layout over and over."""
+    32-bit offsets inside a tile that cannot overflow. The launch path asks once per layout
+    (`launch_plan`)."""
     roles = abi.STREAMS + tuple(w.role for w in bundle.workspace)
-    layout = tuple((t.data_ptr() % 16, t.shape, t.stride()) if t is not None else None
-                   for t in map(tensors.get, roles))
-    # Kept on the bundle (not a serialized field), so the answer is never another bundle's.
-    seen = bundle.__dict__.setdefault("_aligned_layouts", {})
-    known = seen.get(layout)
-    if known is None:
-        if len(seen) > 1024:
-            seen.clear()
-        known = seen[layout] = _aligned(bundle, tensors, roles)
-    return known
-
-
-def _aligned(bundle, tensors: dict, roles: tuple) -> bool:
     config = bundle.meta.get("config", {})
     blocks = [bundle.block_m, bundle.block_n, config.get("dkdv_block_m", 0), config.get("dkdv_block_n", 0)]
     reach = max(blocks + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
@@ -123,6 +110,12 @@ def argument_values(variant, tensors: dict, tables: list) -> list:
     return values
 
 
+def pick_variant(kernel, aligned: bool):
+    """The kernel's (a Bundle's or a Stage's) aligned variant where the call allows it (and it
+    has one), else the general."""
+    return kernel.variants["aligned"] if aligned and "aligned" in kernel.variants else kernel.variants["generic"]
+
+
 def _layout_roles(bundle) -> tuple:
     """Every role a kernel of the bundle reads a pointer or a stride of, once, in a fixed order."""
     roles = bundle.__dict__.get("_layout_roles")
@@ -172,8 +165,7 @@ def launch_plan(bundle, tensors: dict, device, tables_of) -> list[KernelLaunch]:
         aligned = aligned_ok(bundle, tensors)
         plan = []
         for kernel in bundle.stages + [bundle]:
-            variant = kernel.variants["aligned"] if aligned and "aligned" in kernel.variants \
-                else kernel.variants["generic"]
+            variant = pick_variant(kernel, aligned)
             values = argument_values(variant, tensors, tables_of(kernel))
             slots = tuple((i, key) for i, (kind, key, _) in enumerate(_argument_plan(variant)) if kind == _TENSOR)
             for i, _ in slots:

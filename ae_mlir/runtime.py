@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .core import abi
 from .disk_cache import atomic_write, cache_dir, compiler_fingerprint
-from .kernel_args import KernelLaunch, aligned_ok, argument_values, launch_plan  # noqa: F401  (part of the runtime's API)
+from .kernel_args import KernelLaunch, aligned_ok, argument_values, launch_plan, pick_variant  # noqa: F401  (part of the runtime's API)
 
 # 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
 # tiles; launch takes no tile tables.
@@ -295,11 +295,6 @@ def _fewer_stages(variant: KernelVariant, target: str, launched: Bundle | Stage,
 
 def choose_variant(bundle: Bundle, tensors: dict) -> KernelVariant:
     return pick_variant(bundle, aligned_ok(bundle, tensors))
-
-
-def pick_variant(kernel: Bundle | Stage, aligned: bool) -> KernelVariant:
-    """The kernel's aligned variant where the call allows it (and it has one), else the general."""
-    return kernel.variants["aligned"] if aligned and "aligned" in kernel.variants else kernel.variants["generic"]
 
 
 _TABLES: dict = {}

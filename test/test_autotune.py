@@ -53,6 +53,18 @@ def test_candidates_start_with_the_default_and_fit_the_targets_memory():
     assert all(c["block_m"] <= 64 and c["block_n"] <= 32 for c in short[1:])
 
 
+def test_candidates_leave_out_the_default_they_would_repeat():
+    short = presets.Problem(lq=40, lk=40, dk=16, dv=16, dtype="f32")
+    default = presets.default_config(40, 40, 16, 16, "f32", "cuda:90")
+    found = autotune.candidates(short, "cuda:90")
+    assert len(found) > 1 and all(any(default[k] != v for k, v in c.items()) for c in found[1:])
+    cpu = autotune.candidates(short, "host")
+    assert {"block_m": 64, "block_n": 64} not in cpu and {"block_m": 32, "block_n": 32} in cpu
+    # An sm_86 GPU has less shared memory than an H200: fewer of the large tiles fit.
+    problem = presets.Problem(lq=2048, lk=2048, dk=128, dv=128, dtype="bf16", batch_heads=128)
+    assert len(autotune.candidates(problem, "cuda:86")) < len(autotune.candidates(problem, "cuda:90"))
+
+
 def test_decoding_shapes_keep_the_default_and_linear_attention_tunes_its_blocks():
     decoding = presets.Problem(lq=1, lk=8192, dk=128, dv=128, dtype="bf16", batch_heads=32)
     assert autotune.candidates(decoding, "cuda:90") == [{}]
@@ -77,6 +89,22 @@ def test_search_takes_the_fastest_and_skips_a_candidate_that_cannot_launch():
     assert autotune.search("attention", configs[:3], near, timer=lambda launch: launch())[0] == {}
     with pytest.raises(RuntimeError, match="out of shared memory"):
         autotune.search("attention", configs, [cannot] + launches[1:], timer=lambda launch: launch())
+
+
+def test_a_candidate_that_does_not_compile_is_left_out(cache_dir):
+    def launcher(config):
+        if config.get("block_n") == 64:
+            raise RuntimeError("the compiler rejected it")
+        return lambda: {None: 1.0, 32: 0.5, 128: 0.9}[config.get("block_n")]
+
+    configs = [{}, {"block_n": 32}, {"block_n": 64}, {"block_n": 128}]
+    chosen = autotune.choose("k", "attention", "cuda:90", configs, launcher, timer=lambda launch: launch())
+    assert chosen == {"block_n": 32}
+    assert autotune.load("k")["candidates"] == [{}, {"block_n": 32}, {"block_n": 128}]
+    with pytest.raises(RuntimeError, match="rejected"):
+        autotune.choose("k2", "attention", "cuda:90", [{"block_n": 64}, {}], launcher)
+    # One candidate: chosen without timing.
+    assert autotune.choose("k3", "attention", "cuda:90", [{}], launcher, timer=None) == {}
 
 
 def _by_blocks(launch) -> float:
@@ -112,6 +140,51 @@ def test_a_tuned_module_is_searched_once_and_its_choice_kept_on_disk(cache_dir, 
     runtime.CACHE.clear_memory()
     assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"] == bundle.meta["config"]
     assert len(timed) == len(record["candidates"])
+
+
+def test_a_record_that_is_not_one_is_searched_again(cache_dir, monkeypatch):
+    monkeypatch.setattr(autotune, "median_ms", _by_blocks)
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    text = ae.attention(mask_mod=causal).mlir(q, k, v)
+    path = autotune.record_path(tb.tuning_key(text, "cuda:90"))
+    path.parent.mkdir(parents=True)
+    for broken in ('{"candidates": []}', '{"candidates": [{}], "chosen": {"block_m": 7}}', "[1, 2]", "{not json"):
+        path.write_text(broken)
+        autotune._RECORDS.clear()
+        assert autotune.load(tb.tuning_key(text, "cuda:90")) is None
+    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"]["block_m"] == 32
+
+
+def test_decoding_shapes_are_not_timed(cache_dir, monkeypatch):
+    def never(launch):
+        raise AssertionError("a decoding shape was timed")
+
+    monkeypatch.setattr(autotune, "median_ms", never)
+    q, k, v = qkv(h=2, lq=1, lk=64, dk=16)
+    text = ae.attention().mlir(q, k, v)
+    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).key == tb.get_bundle(text, "cuda:90").key
+    assert _record(cache_dir)["chosen"] == {}
+
+
+def test_without_mlir_and_without_a_record_the_default_runs(cache_dir):
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    text = ae.attention(mask_mod=causal).mlir(q, k, v)
+    default = tb.get_bundle(text, "cuda:90")
+    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache_dir))
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["mlir"] = None
+        import torch
+        from ae_mlir.backends import triton as tb
+        q, k, v = (torch.zeros(1, 2, 40, 16) for _ in range(3))
+        print(tb.tuned_bundle({text!r}, "cuda:90", [q, k, v]).key)
+        print(tb.tuned_bundle({text!r}, "cuda:90", [q, k, v]).key)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [default.key, default.key]
+    assert result.stderr.count("launching the default configuration") == 1
 
 
 def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(cache_dir):
@@ -151,6 +224,36 @@ def test_run_with_autotune_launches_the_tuned_bundle(cache_dir, monkeypatch):
     tb.run(text, [q, k, v], torch.float32, autotune=True)
     default, tuned = launched
     assert default.meta["config"]["block_m"] == 64 and tuned.meta["config"]["block_m"] == 32
+
+
+def test_every_forward_call_path_passes_autotune_on(monkeypatch):
+    """Eager, differentiable and packed calls of both attention kinds hand `autotune` to the
+    backend that runs their forward kernels."""
+    from ae_mlir import backends
+
+    seen = []
+    real = backends.run
+
+    def spy(text, inputs, backend, out_dtype, autotune=False):
+        seen.append(autotune)
+        return real(text, inputs, backend, out_dtype)
+
+    monkeypatch.setattr(backends, "run", spy)
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    for flag in (False, True):
+        attn = ae.attention(mask_mod=causal, autotune=flag)
+        attn(q, k, v, backend="cpu")
+        attn(q.clone().requires_grad_(), k, v, backend="cpu")
+        packed = [t[:1].transpose(1, 2).reshape(1, 40, 2, 16)[0] for t in (q, k, v)]
+        cu = torch.tensor([0, 15, 40], dtype=torch.int32)
+        ae.attention(mask_mod=causal, layout="blhd", autotune=flag)(*packed, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                                    max_seqlen_q=25, max_seqlen_k=25, backend="cpu")
+        lin = ae.linear_attention(decay="head", autotune=flag)
+        g = -torch.rand(2)
+        lin(q, k, v, g, backend="cpu")
+        lin(q.clone().requires_grad_(), k, v, g, backend="cpu")
+        assert seen == [flag] * 5, (flag, seen)
+        seen.clear()
 
 
 def test_autotune_must_be_a_bool():

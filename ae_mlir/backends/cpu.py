@@ -362,24 +362,29 @@ def _launch(kernel: CompiledKernel, inputs: list) -> list:
 def tuned_blocks(module_text: str, inputs: list, unit_inner_stride: bool = True) -> dict:
     """The block sizes (block_m, block_n) of the fastest autotuning candidate of an L0 module on
     this host, searched on `inputs` the first time (`ae_mlir.autotune`) and kept on disk."""
+    import functools
+
     from .. import autotune, presets
     from ..core.context import new_context, parse_module
     from ..core.regions import strip_locations
 
     key = cpu_cache.key(strip_locations(module_text), {"autotune": True, "unit_inner_stride": unit_inner_stride})
     record = autotune.load(key)
-    if record is None or record.get("chosen") is None:
-        problem = presets.read_problem(parse_module(module_text, new_context()))
-        if problem is None:
-            raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
-        configs = autotune.candidates(problem, "host")
-        kernels = [compile_module(module_text, unit_inner_stride=unit_inner_stride, **config) for config in configs]
-        chosen, times = autotune.search(kernels[0].name, configs,
-                                        [functools.partial(_launch, kernel, inputs) for kernel in kernels],
-                                        timer=autotune.median_wall_ms)
-        record = {"target": "host", "candidates": configs, "ms": times, "chosen": chosen}
-        autotune.save(key, record)
-    return record["chosen"]
+    if record is not None and record.get("chosen") is not None:
+        return record["chosen"]
+    if not autotune.can_compile(key):
+        return {}
+    module = parse_module(module_text, new_context())
+    problem = presets.read_problem(module)
+    if problem is None:
+        raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
+
+    def launcher(config):
+        return functools.partial(_launch, compile_module(module_text, unit_inner_stride=unit_inner_stride, **config),
+                                 inputs)
+
+    return autotune.choose(key, abi.name(abi.functions(module)[0]), "host", autotune.candidates(problem, "host"),
+                           launcher, timer=autotune.median_wall_ms)
 
 
 def run_backward(module_text: str, tensors: dict, closure_grads: bool = True) -> dict:

@@ -273,42 +273,62 @@ def tuning_key(l0_text: str, target: str, input_precision: str = "ieee") -> str:
     return _remembered_key(l0_text, target, {"autotune": True}, input_precision)
 
 
-def prepare_tuning(l0_text: str, target: str, input_precision: str = "ieee") -> dict:
-    """Compile every autotuning candidate of an L0 module for `target` and record them, unchosen
-    (`ae_mlir.autotune`): what a machine with the MLIR bindings and no GPU does ahead of time."""
+def _candidates(l0_text: str, target: str) -> list[dict]:
     from .. import autotune, presets
 
-    _need_mlir()
     problem = presets.read_problem(_parse_l0(l0_text))
     if problem is None:
         raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
-    configs = autotune.candidates(problem, target)
-    for config in configs:
-        get_bundle(l0_text, target, input_precision, config)
-    record = {"target": target, "candidates": configs}
+    return autotune.candidates(problem, target)
+
+
+def prepare_tuning(l0_text: str, target: str, input_precision: str = "ieee") -> dict:
+    """Compile every autotuning candidate of an L0 module for `target` and record them, unchosen
+    (`ae_mlir.autotune`): what a machine with the MLIR bindings and no GPU does ahead of time.
+    A candidate other than the default that fails to compile is left out."""
+    from .. import autotune
+
+    _need_mlir()
+    kept = []
+    for i, config in enumerate(_candidates(l0_text, target)):
+        try:
+            get_bundle(l0_text, target, input_precision, config)
+        except CompileError:
+            if i == 0:
+                raise
+            continue
+        kept.append(config)
+    record = {"target": target, "candidates": kept}
     autotune.save(tuning_key(l0_text, target, input_precision), record)
     return record
 
 
 def tuned_bundle(l0_text: str, target: str, inputs: list, input_precision: str = "ieee") -> runtime.Bundle:
     """The bundle of the fastest autotuning candidate of an L0 module on this GPU, searched on
-    `inputs` (the call's q, k, v, ...) the first time and remembered on disk afterwards."""
+    `inputs` (the call's q, k, v, ...) the first time and remembered on disk afterwards. Without
+    the MLIR bindings, the candidates must come from `prepare_tuning`'s record; lacking one, the
+    default is launched (and that said once)."""
     import functools
 
     from .. import autotune
 
     key = tuning_key(l0_text, target, input_precision)
     record = autotune.load(key)
+    if record is not None and record.get("chosen") is not None:
+        return get_bundle(l0_text, target, input_precision, record["chosen"])
     if record is None:
-        record = prepare_tuning(l0_text, target, input_precision)
-    if record.get("chosen") is None:
+        if not autotune.can_compile(key):
+            return get_bundle(l0_text, target, input_precision)
+        configs = _candidates(l0_text, target)
+    else:
         configs = record["candidates"]
-        bundles = [get_bundle(l0_text, target, input_precision, config) for config in configs]
-        chosen, times = autotune.search(bundles[0].name, configs,
-                                        [functools.partial(runtime.launch, b, *inputs) for b in bundles])
-        record = dict(record, ms=times, chosen=chosen)
-        autotune.save(key, record)
-    return get_bundle(l0_text, target, input_precision, record["chosen"])
+    default = get_bundle(l0_text, target, input_precision)
+
+    def launcher(config):
+        return functools.partial(runtime.launch, get_bundle(l0_text, target, input_precision, config), *inputs)
+
+    chosen = autotune.choose(key, default.name, target, configs, launcher)
+    return get_bundle(l0_text, target, input_precision, chosen)
 
 
 def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee",

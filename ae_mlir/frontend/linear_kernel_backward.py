@@ -83,14 +83,6 @@ def _module_text(decay, scale, chunk_size, signature: tuple, out_dtype, packed) 
     return _plain(decay, scale, chunk_size)._build(*tensors, out_dtype=out_dtype, sequences=sequences)[0]
 
 
-@functools.lru_cache(maxsize=256)
-def _bundle(text: str, target: str):
-    # The runtime's cache would hash the module's text on every run; the text here is one object.
-    from ..backends import triton as tb
-
-    return tb.get_bundle(text, target)
-
-
 def run_operands(g, s0, packing) -> list:
     """The operands of a run after q, k, v, as the module takes them: g, the initial state, and
     for packed sequences their lengths and offsets."""
@@ -118,13 +110,14 @@ def run_plain(backend: str, decay, scale, chunk_size, q, k, v, g, s0, out_dtype,
         out, state = _execute(text, [q, k, v] + rest, backend, out_dtype)
         return (out.flip(2) if reverse else out), state
     from .. import runtime
+    from ..backends import triton as tb
     from ..kernel_args import ReversedRows
 
     def rows(t):
         return ReversedRows(t) if reverse else t
 
     out = torch.empty((*q.shape[:3], v.shape[3]), dtype=out_dtype, device=q.device)
-    _, state = runtime.launch(_bundle(text, runtime.current_target()), rows(q), rows(k), rows(v), *rest,
+    _, state = runtime.launch(tb.get_bundle(text, runtime.current_target()), rows(q), rows(k), rows(v), *rest,
                               out=rows(out))
     return out, state
 

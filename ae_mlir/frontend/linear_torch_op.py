@@ -68,9 +68,11 @@ def _linear_fake(key, backend, q, k, v, g, s0, captures, lengths, cu_seqlens, lo
 def linear_attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
                                  s0: Tensor | None, captures: list[Tensor], lengths: Tensor | None,
                                  cu_seqlens: Tensor | None, longest: int, state: Tensor | None, d_out: Tensor,
-                                 d_state: Tensor, wanted: list[bool]) -> list[Tensor]:
+                                 d_state: Tensor | None, wanted: list[bool]) -> list[Tensor]:
     """[dq, dk, dv, dg, d(initial state)] (contiguous), zeros for those not wanted or absent (g,
-    s0); `state` is the forward's final state (None where g takes no gradient). `captures` are
+    s0); `state` is the forward's final state (None where g takes no gradient), `d_state` its
+    gradient (None where the loss does not read it: RetNet's reversed runs then keep their
+    decay, linear_kernel_backward). `captures` are
     the closure tensors the forward read: the backward reapplies the mods, which must still read
     the same values."""
     from .linear_backward import gradients
@@ -115,9 +117,6 @@ def _backward(ctx, d_out, d_state):
     q, k, v, g, s0, lengths, cu, state, *captures = ctx.saved_tensors
     wanted = list(ctx.needs_input_grad[2:7])
     d_out = torch.zeros((*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device) if d_out is None else d_out
-    if d_state is None:
-        entries = q.shape[0] if lengths is None else lengths.shape[0]
-        d_state = torch.zeros((entries, q.shape[1], q.shape[3], v.shape[3]), dtype=_state_dtype(q), device=q.device)
     dq, dk, dv, dg, ds0 = linear_attention_backward_op(ctx.key, ctx.backend, q, k, v, g, s0, captures, lengths, cu,
                                                        ctx.longest, state, d_out, d_state, wanted)
     return (None, None, dq, dk, dv, dg if g is not None else None, ds0 if s0 is not None else None,
