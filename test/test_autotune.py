@@ -1,6 +1,6 @@
-"""Autotuning of the Triton launch configuration (`ae_mlir.autotune`, `backends.triton.tuned_bundle`):
-the candidates, the search, the record kept on disk, and tuning on a machine without the MLIR
-bindings from candidates compiled elsewhere. Kernel times come from a stand-in timer (there is no
+"""Autotuning of the kernels' launch configuration (`ae_mlir.autotune`; `backends.triton.tuned_bundle`,
+`backends.cpu.tuned_blocks`): the candidates, the search, the record kept on disk, and tuning on a
+machine without the MLIR bindings from candidates compiled elsewhere. Kernel times come from a stand-in timer (there is no
 GPU here); what the timer is given is the real candidate bundle."""
 from __future__ import annotations
 
@@ -103,8 +103,12 @@ def test_a_candidate_that_does_not_compile_is_left_out(cache_dir):
     assert autotune.load("k")["candidates"] == [{}, {"block_n": 32}, {"block_n": 128}]
     with pytest.raises(RuntimeError, match="rejected"):
         autotune.choose("k2", "attention", "cuda:90", [{"block_n": 64}, {}], launcher)
-    # One candidate: chosen without timing.
-    assert autotune.choose("k3", "attention", "cuda:90", [{}], launcher, timer=None) == {}
+    # One candidate, or one left: chosen without timing.
+    def never(launch):
+        raise AssertionError("a lone candidate was timed")
+
+    assert autotune.choose("k3", "attention", "cuda:90", [{}], launcher, timer=never) == {}
+    assert autotune.choose("k4", "attention", "cuda:90", [{}, {"block_n": 64}], launcher, timer=never) == {}
 
 
 def _by_blocks(launch) -> float:
@@ -226,7 +230,7 @@ def test_run_with_autotune_launches_the_tuned_bundle(cache_dir, monkeypatch):
     assert default.meta["config"]["block_m"] == 64 and tuned.meta["config"]["block_m"] == 32
 
 
-def test_every_forward_call_path_passes_autotune_on(monkeypatch):
+def test_every_forward_call_path_passes_autotune_on(cache_dir, monkeypatch):
     """Eager, differentiable and packed calls of both attention kinds hand `autotune` to the
     backend that runs their forward kernels."""
     from ae_mlir import backends

@@ -35,7 +35,7 @@ class CompiledCall:
     backward_text: str = ""
     # The position of the key lengths (kv_len) among the closure tensors, if the call has them.
     lengths: int | None = None
-    autotune: bool = False  # the forward's Triton launch configuration is tuned (ae_mlir.autotune)
+    autotune: bool = False  # the forward's launch configuration is tuned (ae_mlir.autotune)
 
     @property
     def with_lse(self) -> bool:

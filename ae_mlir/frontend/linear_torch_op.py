@@ -71,8 +71,8 @@ def linear_attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v
                                  d_state: Tensor | None, wanted: list[bool]) -> list[Tensor]:
     """[dq, dk, dv, dg, d(initial state)] (contiguous), zeros for those not wanted or absent (g,
     s0); `state` is the forward's final state (None where g takes no gradient), `d_state` its
-    gradient (None where the loss does not read it: RetNet's reversed runs then keep their
-    decay, linear_kernel_backward). `captures` are
+    gradient: None where the loss does not read it, so RetNet's reversed runs keep their decay
+    (linear_kernel_backward); under torch.compile the graph passes zeros there instead. `captures` are
     the closure tensors the forward read: the backward reapplies the mods, which must still read
     the same values."""
     from .linear_backward import gradients
@@ -108,6 +108,7 @@ def _linear_backward_fake(key, backend, q, k, v, g, s0, captures, lengths, cu_se
 def _setup_context(ctx, inputs, output):
     key, backend, q, k, v, g, s0, captures, lengths, cu, longest = inputs
     ctx.key, ctx.backend, ctx.longest, ctx.captures = key, backend, longest, len(captures)
+    ctx.set_materialize_grads(False)  # an output the loss does not read: None, not zeros
     ctx.layer = variant_registry.lookup(key)  # the graph holds it by key, the registry weakly
     state = output[1] if ctx.needs_input_grad[5] else None  # g's gradient reads it
     ctx.save_for_backward(q, k, v, g, s0, lengths, cu, state, *captures)
