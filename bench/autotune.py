@@ -95,7 +95,7 @@ def run(bundles: str, out_dir: str) -> None:
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         doc["cases"].append(rec)
-        print(json.dumps({k: v for k, v in rec.items() if k != "search"}), rec.get("search", {}).get("chosen"),
+        print(json.dumps({k: v for k, v in rec.items() if k != "search"}), (rec.get("search") or {}).get("chosen"),
               flush=True)
         harness.save(doc, out_dir, "autotune.json")
 
