@@ -7,16 +7,17 @@ after `autotune=True` searched its candidates (`ae_mlir.autotune`), in the same 
 `build` fills a kernel cache (AE_MLIR_CACHE_DIR) with each case's default bundle and its tuning
 candidates, and records them unchosen (`backends.triton.prepare_tuning`), so the GPU machine,
 which has no MLIR bindings, tunes from them. `run` times `attn(q, k, v)` (median of
-`triton.testing.do_bench`, fresh random inputs per case) at the default configuration, then the
-first call with `autotune=True` searches (each candidate timed the same way, written to the
-record), the tuned call is timed, then the default once more (the spread between the two default
-timings is the run's noise); TFLOP/s as in bench/run_suite.py. The tuned output is compared with
-the default's (same inputs; only the tiling differs).
+`triton.testing.do_bench`, fresh random inputs per case): the first call with `autotune=True`
+searches (each candidate timed the same way, written to the record), then the default and the
+tuned configuration are timed alternately, ROUNDS times each; the medians and each round's ratio
+are recorded, TFLOP/s as in bench/run_suite.py. The tuned output is compared with the default's
+(same inputs; only the tiling differs).
 """
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,6 +28,10 @@ import harness  # noqa: E402
 import suite  # noqa: E402
 
 BATCH, HEADS, SEQ = 8, 16, 2048
+# Default and tuned are timed alternately this many times each: on an H200 one bundle's do_bench
+# time drifted 22-41% within a run (bench/results/h200-autotune-2026-12-02.json), and
+# alternating puts both sides of each ratio under the same drift.
+ROUNDS = 3
 SOFTMAX = [("full", 128), ("causal", 128), ("full", 64), ("causal", 64), ("softcap", 128), ("alibi", 128),
            ("sliding_window", 128), ("document", 128), ("relative_bias", 128), ("t5_bias", 128)]
 LINEAR = [("retention", 128), ("simple_gla", 128)]
@@ -81,16 +86,20 @@ def run(bundles: str, out_dir: str) -> None:
         rec = {"case": case.name}
         try:
             default_out = fn(*inputs)
-            rec["default_ms"] = harness.bench_ms(lambda: fn(*inputs))
             fn.autotune = True
             tuned_out = fn(*inputs)  # the search
-            rec["tuned_ms"] = harness.bench_ms(lambda: fn(*inputs))
             rec["max_abs_diff_vs_default"] = float((tuned_out.float() - default_out.float()).abs().max())
-            fn.autotune = False
-            rec["default_again_ms"] = harness.bench_ms(lambda: fn(*inputs))
-            for label in ("default", "tuned", "default_again"):
+            rounds = {"default": [], "tuned": []}
+            for _ in range(ROUNDS):
+                for label in rounds:
+                    fn.autotune = label == "tuned"
+                    rounds[label].append(harness.bench_ms(lambda: fn(*inputs)))
+            rec["rounds_ms"] = rounds
+            for label, times in rounds.items():
+                rec[f"{label}_ms"] = statistics.median(times)
                 rec[f"{label}_tflops"] = flops / (rec[f"{label}_ms"] * 1e-3) / 1e12
             rec["speedup"] = rec["default_ms"] / rec["tuned_ms"]
+            rec["speedup_per_round"] = [d / t for d, t in zip(rounds["default"], rounds["tuned"])]
             rec["search"] = autotune.load(tb.tuning_key(fn.mlir(*inputs), runtime.current_target()))
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
