@@ -238,28 +238,32 @@ def search(name: str, configs: list[dict], launches: list, timer=None) -> tuple[
 def choose(key: str, name: str, target: str, configs: list[dict], launcher, timer=None) -> dict:
     """Search `configs` (the default first) for module `name` and record the choice under `key`:
     `launcher(config)` compiles (or fetches) a candidate and returns a function that launches it
-    once. A candidate other than the default that fails to compile is left out; a single
-    candidate is chosen without timing."""
-    if len(configs) == 1:
-        record = {"target": target, "candidates": configs, "chosen": configs[0]}
+    once (`compiled`); a single candidate is chosen without timing."""
+    kept, launches = compiled(name, configs, launcher)
+    if len(kept) == 1:
+        record = {"target": target, "candidates": kept, "chosen": kept[0]}
     else:
-        kept, launches = [], []
-        for i, config in enumerate(configs):
-            try:
-                launches.append(launcher(config))
-            except Exception as err:  # noqa: BLE001 -- a candidate the compiler rejects is left out
-                if i == 0:
-                    raise
-                progress.emit(f"ae-mlir: autotuning '{name}' {_describe(config)}: cannot compile ({type(err).__name__})")
-                continue
-            kept.append(config)
-        if len(kept) == 1:
-            record = {"target": target, "candidates": kept, "chosen": kept[0]}
-        else:
-            chosen, times = search(name, kept, launches, timer)
-            record = {"target": target, "candidates": kept, "ms": times, "chosen": chosen}
+        chosen, times = search(name, kept, launches, timer)
+        record = {"target": target, "candidates": kept, "ms": times, "chosen": chosen}
     save(key, record)
     return record["chosen"]
+
+
+def compiled(name: str, configs: list[dict], compile) -> tuple[list[dict], list]:
+    """(the candidates that compile, what `compile(config)` returned for each). One other than
+    the default (the first) that the compiler rejects is left out, said in a progress line; the
+    default must compile."""
+    kept, results = [], []
+    for i, config in enumerate(configs):
+        try:
+            results.append(compile(config))
+        except Exception as err:  # noqa: BLE001 -- a candidate the compiler rejects is left out
+            if i == 0:
+                raise
+            progress.emit(f"ae-mlir: autotuning '{name}' {_describe(config)}: cannot compile ({type(err).__name__})")
+            continue
+        kept.append(config)
+    return kept, results
 
 
 _UNTUNED: set = set()

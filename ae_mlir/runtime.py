@@ -406,16 +406,17 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
 
     device = given["q"].device
     tensors = {}
-    for spec in bundle.inputs:
-        t = given.get(spec.role)
-        if t is None or list(t.shape) != list(spec.shape) or t.dtype != torch_dtype(spec.dtype):
+    inputs, outputs, workspace = _binding(bundle)
+    for role, shape, dtype, spec in inputs:
+        t = given.get(role)
+        if t is None or t.shape != shape or t.dtype != dtype:
             got = "nothing" if t is None else f"{t.dtype}{list(t.shape)}"
-            raise ValueError(f"{spec.role} must be {spec.dtype}{list(spec.shape)}, got {got}")
-        tensors[spec.role] = t.to(device).view(torch.uint8) if t.dtype == torch.bool else t.to(device)
-    for spec in bundle.outputs + bundle.workspace:
+            raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)}, got {got}")
+        tensors[role] = t.to(device).view(torch.uint8) if dtype == torch.bool else t.to(device)
+    for role, shape, dtype, _ in outputs + workspace:
         # The closure tensors' gradients are sums the kernel adds into.
-        allocate = torch.zeros if abi.is_closure_grad(spec.role) else torch.empty
-        tensors[spec.role] = allocate(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+        allocate = torch.zeros if abi.is_closure_grad(role) else torch.empty
+        tensors[role] = allocate(shape, dtype=dtype, device=device)
     _launch_all(bundle, tensors, device)
     return {spec.role: tensors[spec.role] for spec in bundle.outputs}
 

@@ -289,15 +289,9 @@ def prepare_tuning(l0_text: str, target: str, input_precision: str = "ieee") -> 
     from .. import autotune
 
     _need_mlir()
-    kept = []
-    for i, config in enumerate(_candidates(l0_text, target)):
-        try:
-            get_bundle(l0_text, target, input_precision, config)
-        except CompileError:
-            if i == 0:
-                raise
-            continue
-        kept.append(config)
+    name = get_bundle(l0_text, target, input_precision).name
+    kept, _ = autotune.compiled(name, _candidates(l0_text, target),
+                                lambda config: get_bundle(l0_text, target, input_precision, config))
     record = {"target": target, "candidates": kept}
     autotune.save(tuning_key(l0_text, target, input_precision), record)
     return record
