@@ -143,12 +143,14 @@ def _linear(op, env_vals, seg, outer):
             factor = torch.exp(g).view(1, h, 1).expand(b, h, dk)
         elif decay == "token":
             factor = torch.exp(g[:, :, t]).unsqueeze(-1).expand(b, h, dk)
-        elif decay == "token_dim":
+        elif decay in ("token_dim", "token_value_dim"):
             factor = torch.exp(g[:, :, t, :])
         else:
             factor = None
         before = (state, z)
-        if factor is not None:
+        if decay == "token_value_dim":
+            state = state * factor.unsqueeze(-2)
+        elif factor is not None:
             state = state * factor.unsqueeze(-1)
             z = z * factor
         kt, vt, qt = k[:, :, t, :], v[:, :, t, :], q[:, :, t, :]

@@ -17,6 +17,11 @@ d. G itself is a row sum of the masked [C, C] tile [j <= i] * g_j ("token"), `tr
 ("token_dim") or in closed form ("head"). `normalize` divides o by the same
 quantity with v = 1: rowsum(A) + (scale * q * exp(G)) . z, z the decayed key sum.
 
+"token_value_dim" (g [B, H, L, Dv]) decays the state's columns, S_t = S_{t-1} diag(exp(g_t)) +
+k_t v_t^T: the decay moves from A to the values (`chunk/step.py`). No user API offers it; it is
+what the gradients of "token_dim" (GLA) with respect to q and k compute (their decay acts on
+the output side), so the backward runs it as a forward. `normalize` does not take it.
+
 Two forms (option `split`), a module under passes/chunk/ each:
 
 * One kernel (default; the CPU pipeline's; `chunk/sequential.py`): a program owns one (batch,
@@ -54,7 +59,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from . import ModulePass, option
-from .chunk.blocked import BlockedOutputKernel
+from .chunk.blocked import BlockedOutputKernel, BlockedValueOutputKernel
 from .chunk.sequential import SequentialKernel
 from .chunk.split import CumulativeDecayKernel, OutputKernel, StateKernel
 from .l1_ops import SEQUENCE_VIEWS, fail, kernel_function, ops_named, shape
@@ -104,8 +109,10 @@ class ChunkRecurrence(ModulePass):
 
     def _split_kernels(self, op, func, chunk: int) -> list:
         decay = op.attributes["decay"].value
-        kernels = [CumulativeDecayKernel(op, func, chunk, self.block_v)] if decay in ("token", "token_dim") else []
-        output = BlockedOutputKernel if BlockedOutputKernel.applies(decay, chunk) else OutputKernel
+        summed = decay in ("token", "token_dim", "token_value_dim")
+        kernels = [CumulativeDecayKernel(op, func, chunk, self.block_v)] if summed else []
+        output = next((k for k in (BlockedOutputKernel, BlockedValueOutputKernel) if k.applies(decay, chunk)),
+                      OutputKernel)
         return kernels + [StateKernel(op, func, chunk, self.block_v, self.block_k),
                           output(op, func, chunk, self.block_v)]
 

@@ -13,7 +13,7 @@ FLOAT_TYPES = ("f16", "bf16", "f32")
 # oracle that torch.autograd.gradcheck checks the backward against).
 ATTENTION_TYPES = FLOAT_TYPES + ("f64",)
 NORMALIZE_KINDS = ("softmax", "sigmoid", "relu", "none", "online")
-DECAY_KINDS = ("none", "head", "token", "token_dim")
+DECAY_KINDS = ("none", "head", "token", "token_dim", "token_value_dim")
 
 
 class _Fail(Exception):
@@ -246,13 +246,17 @@ def _verify_linear(op):
     _expect(kshape == [b, h, l, dk], f"k must have shape {[b, h, l, dk]}, got {kshape}")
     (bv, hv, lv, dv), _ = _tensor(v.type, "v", 4, ATTENTION_TYPES)
     _expect([bv, hv, lv] == [b, h, l], f"v must have shape [{b}, {h}, {l}, Dv], got {[bv, hv, lv, dv]}")
-    expected_g = {"head": [h], "token": [b, h, l], "token_dim": [b, h, l, dk]}.get(decay)
+    expected_g = {"head": [h], "token": [b, h, l], "token_dim": [b, h, l, dk],
+                  "token_value_dim": [b, h, l, dv]}.get(decay)
     if expected_g is None:
         _expect(not g, "decay 'none' takes no g operand")
     else:
         _expect(bool(g), f"decay '{decay}' needs a g operand of shape {expected_g}")
         gshape, _ = _tensor(g[0].type, "g", None, ATTENTION_TYPES)
         _expect(gshape == expected_g, f"g for decay '{decay}' must have shape {expected_g}, got {gshape}")
+    # The normalizer's key sum z has no value columns for such a decay to act on.
+    _expect(not (decay == "token_value_dim" and bool(op.attributes["normalize"].value)),
+            "decay 'token_value_dim' does not take normalize = true")
     if s0:
         sshape, _ = _tensor(s0[0].type, "initial_state", 4, ATTENTION_TYPES)
         _expect(sshape == [b, h, dk, dv], f"initial_state must have shape {[b, h, dk, dv]}, got {sshape}")

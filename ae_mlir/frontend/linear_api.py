@@ -79,6 +79,15 @@ class linear_attention:
 
     MOD_ROLES = _ROLES  # where closure_sources finds the mods
 
+    @classmethod
+    def _recurrence(cls, decay: str | None, scale: float, chunk_size: int):
+        """The plain recurrence the backward's runs compile. Besides DECAYS it takes
+        "token_value_dim" (g [B, H, L, Dv], the decay of the state's columns), which no call
+        accepts: it is what the gradients of "token_dim" compute (attn-chunk-recurrence)."""
+        run = cls(decay=None if decay == "token_value_dim" else decay, scale=scale, chunk_size=chunk_size)
+        run.decay = decay
+        return run
+
     @property
     def q_mod(self):
         return self.mods["q_mod"]

@@ -49,8 +49,9 @@ from .linear_backward import LinearCall, apply_mod
 def applies(call: LinearCall, q) -> bool:
     """Whether `call`'s backward runs as forward kernels (module docstring)."""
     # scale = 0 would divide the state's gradient by 0 on its way through the runs.
-    return (call.decay in (None, "head", "token") and call.backend != "reference" and q.dtype != torch.float64
-            and call.scale != 0)
+    return (call.decay in (None, "head", "token", "token_dim") and call.backend != "reference"
+            and q.dtype != torch.float64 and call.scale != 0
+            and not (call.decay == "token_dim" and (call.packing is not None or call.normalize)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +59,7 @@ def _plain(decay: str | None, scale: float, chunk_size: int):
     """The forward recurrence without mods that the gradients run on."""
     from .linear_api import linear_attention
 
-    return linear_attention(decay=decay, scale=scale, chunk_size=chunk_size)
+    return linear_attention._recurrence(decay, scale, chunk_size)
 
 
 def plain_module(decay, scale, chunk_size, q, k, v, g, s0, out_dtype, packing=None) -> str:
@@ -185,11 +186,15 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
     # to a few percent of it: those two are then kept in float32.
     wide = torch.float32 if need_g else q.dtype
     dq = dk = dv = ds0 = None
+    per_dim = call.decay == "token_dim"
+    # dq and dk decay the side of the state they read out: the values' for GLA's runs (module
+    # docstring), whose kernels take that decay as "token_value_dim".
+    out_side = "token_value_dim" if per_dim else call.decay
     if need[0] and no_output_gradient:
         dq = torch.zeros(q.shape, dtype=wide, device=q.device)
     elif need[0]:
         st = None if s0 is None else s0.transpose(-1, -2).contiguous()
-        dq, _ = run(call.decay, scale, chunk, d_out, v, k, g, st, wide, packing=order.packing)
+        dq, _ = run(out_side, scale, chunk, d_out, v, k, g, st, wide, packing=order.packing)
     if need[1] or need[2] or need_s0:
         if call.decay == "head" and d_state is None:
             # A constant g makes the shift a no-op on every pair's e^{G'_t - G'_s}: it changes
@@ -198,12 +203,13 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
             g_rev, decay_rev = g, "head"
         else:
             g_rev = None if call.decay is None else order.reversed_decay(call.decay, g)
-            decay_rev = None if call.decay is None else "token"
+            decay_rev = None if call.decay is None else "token_dim" if per_dim else "token"
         carried = None if d_state is None else order.reversed_states(d_state.float() / scale)
         packing = order.reversed_packing
         if need[1]:
             st = None if carried is None else carried.transpose(-1, -2).contiguous()
-            dk, _ = run(decay_rev, scale, chunk, v, d_out, q, g_rev, st, wide, reverse=True, packing=packing)
+            dk, _ = run("token_value_dim" if per_dim else decay_rev, scale, chunk, v, d_out, q, g_rev, st, wide,
+                        reverse=True, packing=packing)
         if need[2] or need_s0:
             dv, state = run(decay_rev, scale, chunk, k, q, d_out, g_rev, carried, q.dtype, reverse=True,
                             packing=packing)
@@ -215,10 +221,13 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
     if need_g:
         # dq and dk are float32 here: each product promotes q or k inside its kernel, with no
         # float32 copy of them written first.
-        rate = (q * dq).sum(-1) - (k * dk).sum(-1)  # dL/dG, [B, H, L]
+        rate = q * dq - k * dk  # dL/dG, [B, H, L, Dk]
+        if not per_dim:
+            rate = rate.sum(-1)
         dg = order.sum_after(rate)
         if d_state is not None:
-            dg = dg + order.per_token((d_state.float() * final_state.float()).sum((-1, -2)))
+            grows = (d_state.float() * final_state.float()).sum(-1)  # with G_L, [B, H, Dk]
+            dg = dg + (grows.unsqueeze(-2) if per_dim else order.per_token(grows.sum(-1)))
         if call.decay == "head":
             dg = dg.sum((0, 2))
     return dq, dk, dv, dg, ds0
@@ -288,7 +297,8 @@ class _Order:
         """g' of the reversed runs, per token: the decay of the token after, in the original order,
         within its sequence, and 0 at each sequence's last token (its first in reverse)."""
         per_token = g.view(1, -1, 1).expand(self.batch, -1, self.tokens) if decay == "head" else g
-        shifted = torch.cat([torch.zeros_like(per_token[..., :1]), per_token.flip(2)[..., :-1]], dim=2)
+        rev = per_token.flip(2)
+        shifted = torch.cat([torch.zeros_like(rev.narrow(2, 0, 1)), rev.narrow(2, 0, self.tokens - 1)], dim=2)
         if self.packing is None:
             return shifted.contiguous()
         starts = torch.zeros(self.tokens + 1, dtype=torch.bool, device=self.device)
@@ -299,6 +309,8 @@ class _Order:
     def first_decay(self, decay, g):
         """e^{g} at each sequence's first token (1 for an empty one), as [B or S, H, 1, 1]."""
         if self.packing is None:
+            if decay == "token_dim":  # one factor per state row
+                return torch.exp(g[:, :, 0].float()).unsqueeze(-1)
             first = g.float().view(1, -1) if decay == "head" else g[..., 0].float()
             return torch.exp(first).view(first.shape[0], -1, 1, 1)
         lengths = self.cu[1:] - self.cu[:-1]

@@ -59,13 +59,17 @@ class BlockedOutputKernel(OutputKernel):
         """G of the block at `start`, columns [col, col + width) (col an index value or None)."""
         return self.ws_load(g_cum, start, SUB, width, offset_of(col))
 
-    def boundary(self, g_cum, start):
-        """R_I [Dk]: the row of G just before the block at `start`."""
+    def boundary(self, g_cum, start, col=None, width: int | None = None):
+        """R_I [width (Dk)]: the row of G just before the block at `start`, columns from `col`."""
         from mlir.dialects import arith, tensor
 
         before = self.ws_row(arith.minsi(arith.subi(start, index(1)), index(self.l - 1)))
-        return self.generic([], tensor_type([self.dk]), lambda a: tensor.extract(
-            g_cum, self.ws_lead() + [before, linalg_index(0)]), rank=1)
+
+        def entry(a):
+            d = linalg_index(0)
+            return tensor.extract(g_cum, self.ws_lead() + [before, d if col is None else arith.addi(col, d)])
+
+        return self.generic([], tensor_type([width or self.dk]), entry, rank=1)
 
     def decayed(self, x, hi, lo, scale: bool):
         """x * exp(min(hi - lo, 0)) (x * exp(hi) without `lo`), times the scale with `scale`."""
@@ -110,3 +114,52 @@ class BlockedOutputKernel(OutputKernel):
     def plus_scores_v(self, o, scores, start):
         """o + scores @ v for the [SUB, SUB] scores against the block of v at `start`."""
         return self.matmul(self.operand(scores), self.load("v", start, self.v0, self.bv, SUB)[1], o)
+
+
+class BlockedValueOutputKernel(BlockedOutputKernel):
+    """The same blocks for "token_value_dim", whose decay acts on the values' columns:
+
+        o_I = sum_{J < I} exp(G_I - R_I) * (A_IJ @ (v_J exp(R_I - G_J))) + A_II (3-D over (t, s, j))
+              + scale * (q_I @ S) * exp(G_I)
+
+    with A = scale * q k^T undecayed and both exponents <= 0. A program takes SLICE V columns at
+    most, so that the diagonal block's 3-D form, SUB * SUB * BV values, fits its registers whole:
+    its output columns cannot be assembled from slices."""
+
+    def __init__(self, op, func, chunk: int, block_v: int):
+        super().__init__(op, func, chunk, min(block_v, SLICE))
+
+    @staticmethod
+    def applies(decay: str, chunk: int) -> bool:
+        return decay == "token_value_dim" and chunk % SUB == 0 and chunk > SUB
+
+    def chunk_output(self, t0, state, out, g_cum):
+        from mlir.dialects import arith
+
+        sv = self.tile_type(SUB, self.bv)
+        starts = [arith.addi(t0, index(j * SUB)) for j in range(self.c // SUB)]
+        for i, start in enumerate(starts):
+            q = self.load("q", start, None, self.dk, SUB)
+            g_i = self.cum(g_cum, start, self.v0, self.bv)
+            o = self.plus_decayed_state(zeros([SUB, self.bv]), q[1], state, g_i)
+            if i:
+                boundary = self.boundary(g_cum, start, self.v0, self.bv)
+                earlier = zeros([SUB, self.bv])
+                for start_j in starts[:i]:
+                    earlier = self.add_earlier_values(earlier, q, boundary, start_j, g_cum)
+                o = self.generic([(o, TILE), (earlier, TILE), (g_i, TILE), (boundary, COL)], sv,
+                                 lambda a: arith.addf(a[0], self.decayed(a[1], a[2], a[3], True)))
+            k = self.load("k", start, None, self.dk, SUB)
+            v = self.load("v", start, self.v0, self.bv, SUB)[0]
+            o = self.value_decayed_product(self.scores(q, k, None, SUB), v, g_i, o, clamp=True)
+            out = self.store_rows(self.output_elements(o), start, SUB, out)
+        return out
+
+    def add_earlier_values(self, acc, q, boundary, start, g_cum):
+        """acc + (q_I k_J^T) @ (v_J exp(R_I - G_J)) for the earlier block J at `start`, unscaled."""
+        k_j = self.load("k", start, None, self.dk, SUB)[1]
+        v_j = self.load("v", start, self.v0, self.bv, SUB)[0]
+        v_dec = self.generic([(v_j, TILE), (self.cum(g_cum, start, self.v0, self.bv), TILE), (boundary, COL)],
+                             self.tile_type(SUB, self.bv), lambda a: self.decayed(a[0], a[2], a[1], False))
+        scores = self.matmul(q[1], transpose(k_j), zeros([SUB, SUB]))
+        return self.matmul(self.operand(scores), self.operand(v_dec), acc)

@@ -6,14 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..l1_builders import convert, f32, index, tensor_type, transpose, zeros
-from .kernel import COL, ROW, TILE, ChunkKernel, linalg_index, offset_of, or_zero
+from .kernel import COL, DIM_DECAYS, ROW, TILE, ChunkKernel, linalg_index, offset_of, or_zero
 
 
 @dataclass(frozen=True)
 class ChunkDecay:
     """A chunk's decay as generic operands (value, indexing-map dims) over a [C, width] tile of
-    keys: `cum` is G (for the scalar decays a [C] vector read along rows), `end` is G_end;
-    `end_rows` is G_end as a [width] vector, one value per state row."""
+    keys (of values for "token_value_dim"): `cum` is G (for the scalar decays a [C] vector read
+    along rows), `end` is G_end; `end_rows` is G_end as a [width] vector, one value per state row
+    (per state column for "token_value_dim", over the program's BV columns)."""
 
     cum: tuple
     end: tuple
@@ -24,22 +25,25 @@ class DecayedKernel(ChunkKernel):
     """A chunk kernel that computes G from g."""
 
     def program_ids(self, sums: bool = True):
-        """The program ids (returning the third axis's) and, for the "token_dim" decay of a kernel
-        that `sums` g along chunks, the lower-triangular ones that do it, built once."""
+        """The program ids (returning the third axis's) and, for the per-dimension decays of a
+        kernel that `sums` g along chunks, the lower-triangular ones that do it, built once."""
         from mlir.dialects import arith
 
         third = super().program_ids()
-        if self.decay == "token_dim" and sums:
+        if self.decay in DIM_DECAYS and sums:
             self.tril = self.generic([], self.tile_type(self.c, self.c),
                                      lambda a: arith.select(self.pair_mask(), f32(1.0), f32(0.0)))
         return third
 
     def decays(self, t0, k_col, width: int) -> ChunkDecay | None:
-        """The decay of the chunk at t0 for k columns [k_col, k_col + width); None without one."""
+        """The decay of the chunk at t0 for k columns [k_col, k_col + width) (for "token_value_dim",
+        for the program's V columns whatever the k columns); None without one."""
         if self.decay in ("head", "token"):
             cum, end_c, end_k = self.head_decay(t0, width) if self.decay == "head" else self.token_decay(t0, width)
             return ChunkDecay((cum, ROW), (end_c, ROW), end_k)
-        if self.decay == "token_dim":
+        if self.decay in DIM_DECAYS:
+            if self.decay == "token_value_dim":
+                k_col, width = self.v0, self.bv
             cum, end_k = self.dim_decay(t0, k_col, width)
             return ChunkDecay((cum, TILE), (end_k, COL), end_k)
         return None
@@ -82,7 +86,8 @@ class DecayedKernel(ChunkKernel):
         return cum, end_c, end_k
 
     def dim_decay(self, t0, col, width: int) -> tuple:
-        """(G [C, width], G_end [width]) for the "token_dim" decay: G = tril(ones) @ g."""
+        """(G [C, width], G_end [width]) for the per-dimension decays: G = tril(ones) @ g over
+        g's columns [col, col + width)."""
         c = self.c
         steps = self.load_rows(self.g, "g", t0, c, width, offset_of(col))
         steps = self.modded(steps, None, t0, None, False)

@@ -17,7 +17,9 @@ from ..l1_ops import fail, shape
 from ..kv_len import entry_length
 from ..tile_varlen import sequences_source, span
 
-DECAYS = ("none", "head", "token", "token_dim")
+DECAYS = ("none", "head", "token", "token_dim", "token_value_dim")
+# The decays with a g per dimension: of the keys (the state's rows) or of the values (its columns).
+DIM_DECAYS = ("token_dim", "token_value_dim")
 TILE, ROW, COL = (0, 1), (0,), (1,)  # indexing-map dims of a 2-D tile, and of a vector along either axis
 
 

@@ -8,7 +8,7 @@ the final state; then `@<name>` (grid [B, H, NC * Dv / BV]) computes every chunk
 parallel from its q, k, v and h[chunk]. The workspace costs one write and one read of
 NC * Dk * Dv elements per head, far less than the sequential time it removes.
 
-Decays that need a cumulative sum ("token", "token_dim") get a third kernel first,
+Decays that need a cumulative sum ("token" and the per-dimension ones) get a third kernel first,
 `@<name>_decays` (grid [B, H, NC]), writing every chunk's G to workspace "w1", so the chunk-state
 loop loads G instead of summing it: the sums' reductions, inside the sequential loop, would set
 the time of every step. "head" needs none: G_t = min(t + 1, n) g_h in closed form.
@@ -44,7 +44,8 @@ class SplitKernel(ChunkStep):
             lead, chunks, rows = [1, self.h], total // chunk + self.b + 1, total + self.b * chunk
         self.ws_rows = rows
         self.h_type = tensor_type(lead + [chunks, self.dk, self.dv], self.dot_elt)
-        cum_shape = {"token": lead + [rows], "token_dim": lead + [rows, self.dk]}
+        cum_shape = {"token": lead + [rows], "token_dim": lead + [rows, self.dk],
+                     "token_value_dim": lead + [rows, self.dv]}
         self.g_cum_type = tensor_type(cum_shape[self.decay]) if self.decay in cum_shape else None
 
     # --- workspace coordinates (the view's, or the packed rows' for packed sequences) ---------
@@ -92,18 +93,19 @@ class CumulativeDecayKernel(SplitKernel):
     def body(self) -> list:
         from mlir.dialects import arith
 
-        dk = self.dk
+        width = self.dv if self.decay == "token_value_dim" else self.dk
         it = self.program_ids()
         t0 = arith.muli(it, index(self.c))
 
         def store(values):
-            cum = self.decays(t0, None, dk).cum[0]
             rows = self.rows_left(t0, self.l, self.c)
             if self.decay == "token":
+                cum = self.decays(t0, None, width).cum[0]
                 piece = extract_slice(cum, [0], [rows], 1)
                 return [insert_slice(piece, values[0], self.ws_lead() + [self.ws_row(t0)], [1, 1, rows])]
-            piece = extract_slice(cum, [0, 0], [rows, dk], 2)
-            return [insert_slice(piece, values[0], self.ws_lead() + [self.ws_row(t0), 0], [1, 1, rows, dk])]
+            cum = self.dim_decay(t0, None, width)[0]
+            piece = extract_slice(cum, [0, 0], [rows, width], 2)
+            return [insert_slice(piece, values[0], self.ws_lead() + [self.ws_row(t0), 0], [1, 1, rows, width])]
 
         return self.if_holding_tokens(t0, [self.dests[DECAYS]], store)
 
@@ -148,9 +150,12 @@ class StateKernel(SplitKernel):
 
     def loaded_decays(self, t0, k_col, width: int, g_cum) -> ChunkDecay:
         """`decays` from the workspace the cumulative-decay kernel wrote: G is a tile load and
-        G_end the entries of the chunk's last valid row."""
+        G_end the entries of the chunk's last valid row (of the program's V columns for
+        "token_value_dim")."""
         from mlir.dialects import arith, tensor
 
+        if self.decay == "token_value_dim":
+            k_col, width = self.v0, self.bv
         c = self.c
         last = self.ws_row(arith.subi(arith.addi(t0, self.rows_left(t0, self.l, c)), index(1)))
         if self.decay == "token":

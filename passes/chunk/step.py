@@ -5,7 +5,15 @@
     S_next = exp(G_end) * S + (k * exp(G_end - G))^T @ v
     z_next = exp(G_end) * z + sum_t k[t] * exp(G_end - G_t)                    (normalize)
 
-and with `normalize`, o divided by rowsum(A) + (scale * q * exp(G)) . z."""
+and with `normalize`, o divided by rowsum(A) + (scale * q * exp(G)) . z.
+
+With "token_value_dim" G decays the values' columns j (the state's columns) instead:
+
+    A      = scale * [s <= t] * q @ k^T                                          [C, C]
+    o[t,j] = sum_s A[t,s] v[s,j] exp(G[t,j] - G[s,j]) + scale * (q @ S)[t,j] exp(G[t,j])
+    S_next = S * exp(G_end) + k^T @ (v * exp(G_end - G))          (exp(G_end) along columns)
+
+o's first term is a 3-D generic over (t, s, j) with a reduction on s."""
 from __future__ import annotations
 
 from ..l1_builders import convert, extract_slice, index, index_value, insert_slice, tensor_type, transpose, zeros
@@ -18,12 +26,13 @@ Loaded = tuple  # a loaded tile: (f32 value, matmul operand)
 class ChunkStep(DecayedKernel):
     """A chunk kernel that computes a chunk's outputs or its next state."""
 
-    def scores(self, q: Loaded, k: Loaded, decay: ChunkDecay | None):
-        """A [C, C]: the causal, decayed, scaled scores of the chunk."""
+    def scores(self, q: Loaded, k: Loaded, decay: ChunkDecay | None, rows: int | None = None):
+        """A [rows (C), rows]: the causal, decayed (unless `decay` is None), scaled scores of the
+        chunk's tokens (or of a block of `rows` of them)."""
         from mlir.dialects import arith
 
-        c = self.c
-        if self.decay == "token_dim":
+        c = rows or self.c
+        if decay is not None and self.decay == "token_dim":
             return self.decayed_scores(q[0], k[0], decay.cum[0], c, zeros([c, c]))
         qk = self.matmul(q[1], transpose(k[1]), zeros([c, c]))
         ins = [(qk, TILE)]
@@ -55,12 +64,39 @@ class ChunkStep(DecayedKernel):
                             body, rank=3, iterators=["parallel", "parallel", "reduction"], init=acc,
                             out_dims=(0, 1))
 
+    def value_decayed_product(self, scores, v, cum, acc, clamp: bool = False):
+        """acc + sum_{s <= t} scores[t,s] v[s,j] exp(cum[t,j] - cum[s,j]) over [rows, rows]
+        scores and [rows, width] tiles: A @ v where the pair factor depends on the value column j
+        ("token_value_dim"); `clamp` as for `safe_exp`."""
+        from mlir.dialects import arith
+
+        def body(a):
+            keep = self.pair_mask()
+            factor = self.safe_exp(keep, a[2], a[3], clamp)
+            return arith.addf(a[4], or_zero(keep, arith.mulf(arith.mulf(a[0], a[1]), factor)))
+
+        return self.generic([(scores, (0, 1)), (v, (1, 2)), (cum, (0, 2)), (cum, (1, 2))], acc.type, body, rank=3,
+                            iterators=["parallel", "reduction", "parallel"], init=acc, out_dims=(0, 2))
+
+    def plus_decayed_state(self, o, q_operand, state, cum):
+        """o + scale * (q @ S) * exp(cum): the state's part of a "token_value_dim" output, the
+        decay applied to the product's columns."""
+        from mlir.dialects import arith
+
+        qs = self.matmul(q_operand, state, zeros(list(o.type.shape)))
+        return self.generic([(o, TILE), (qs, TILE), (cum, TILE)], o.type,
+                            lambda a: arith.addf(a[0], self.scaled(arith.mulf(a[1], exp(a[2])))))
+
     def store_output(self, t0, q: Loaded, k: Loaded, v: Loaded, decay: ChunkDecay | None, state, z, out):
         """Insert the chunk's output rows o = A @ v + (scale * q * exp(G)) @ S (normalized with z)
         into `out`; `state` is S [Dk, BV] as a matmul operand."""
         from mlir.dialects import arith
 
         c, dk, bv = self.c, self.dk, self.bv
+        if self.decay == "token_value_dim":
+            o = self.value_decayed_product(self.scores(q, k, None), v[0], decay.cum[0], zeros([c, bv]))
+            o = self.plus_decayed_state(o, q[1], state, decay.cum[0])
+            return self.store_rows(self.output_elements(o), t0, c, out)
         cd = self.tile_type(c, dk)
         scores = self.scores(q, k, decay)
         o = self.matmul(self.operand(scores), v[1], zeros([c, bv]))
@@ -125,16 +161,22 @@ class ChunkStep(DecayedKernel):
         return self.generic([(o, TILE)], self.tile_type(*o.type.shape, self.out_elt), body)
 
     def decayed_keys(self, k, decay: ChunkDecay, width: int):
-        """k * exp(G_end - G) [C, width] (f32)."""
+        """k * exp(G_end - G) [C, width] (f32); v's tile for "token_value_dim"."""
         from mlir.dialects import arith
 
         return self.generic([(k, TILE), decay.cum, decay.end], self.tile_type(self.c, width),
                             lambda a: arith.mulf(a[0], exp_diff(a[2], a[1])))
 
     def next_state(self, state, k: Loaded, v: Loaded, decay: ChunkDecay | None, width: int):
-        """S_next = exp(G_end) * S + (k * exp(G_end - G))^T @ v, for a [width, BV] state."""
+        """S_next = exp(G_end) * S + (k * exp(G_end - G))^T @ v, for a [width, BV] state (for
+        "token_value_dim", S * exp(G_end) along columns + k^T @ (v * exp(G_end - G)))."""
         from mlir.dialects import arith
 
+        if self.decay == "token_value_dim":
+            v_dec = self.operand(self.decayed_keys(v[0], decay, self.bv))
+            state = self.generic([(decay.end_rows, COL)], self.tile_type(width, self.bv),
+                                 lambda a: arith.mulf(a[1], exp(a[0])), init=state)
+            return self.matmul(transpose(k[1]), v_dec, state)
         if decay is None:
             k_dec = k[1]
         else:

@@ -115,6 +115,22 @@ func.func @lse_without_softmax(%s: tensor<2x4x8x8xf32>) {
 
 // -----
 
+func.func @value_decay_shape(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor<1x2x64x8xf32>, %g: tensor<1x2x64x16xf32>) {
+  // expected-error @+1 {{g for decay 'token_value_dim' must have shape [1, 2, 64, 8], got [1, 2, 64, 16]}}
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token_value_dim", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>, tensor<1x2x64x16xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
+  return
+}
+
+// -----
+
+func.func @value_decay_normalized(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor<1x2x64x8xf32>, %g: tensor<1x2x64x8xf32>) {
+  // expected-error @+1 {{decay 'token_value_dim' does not take normalize = true}}
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token_value_dim", scale = 0.25 : f32, normalize = true, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>, tensor<1x2x64x8xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)
+  return
+}
+
+// -----
+
 func.func @decay_shape(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor<1x2x64x8xf32>, %g: tensor<1x2xf32>) {
   // expected-error @+1 {{g for decay 'token' must have shape [1, 2, 64], got [1, 2]}}
   %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x64x16xf32>, tensor<1x2x64x16xf32>, tensor<1x2x64x8xf32>, tensor<1x2xf32>) -> (tensor<1x2x64x8xf32>, tensor<1x2x16x8xf32>)

@@ -1,0 +1,62 @@
+// The "token_value_dim" decay (g [B, H, L, Dv]) decays the state's columns: what the gradients of
+// GLA with respect to q and k compute. The decay leaves the scores and acts on the values: the
+// chunk's A @ v becomes a 3-D generic over (t, s, j) reducing s, the state's product is decayed
+// by column, and the state update decays v rather than k.
+// RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-chunk-recurrence,cse)' --no-mlir-print-op-generic | FileCheck %s
+// RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-chunk-recurrence{split=1},cse)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=SPLIT
+
+// One kernel: L = 40 in chunks of 32, Dk = 16, Dv = 8.
+// CHECK-DAG: #[[TS:.*]] = affine_map<(d0, d1, d2) -> (d0, d1)>
+// CHECK-DAG: #[[SJ:.*]] = affine_map<(d0, d1, d2) -> (d1, d2)>
+// CHECK-DAG: #[[TJ:.*]] = affine_map<(d0, d1, d2) -> (d0, d2)>
+// CHECK-DAG: #[[COLS:.*]] = affine_map<(d0, d1) -> (d1)>
+// CHECK-LABEL: func.func @value_decay
+// CHECK-SAME: attn.grid = array<i64: 1, 2, 1>
+// CHECK: scf.for {{.*}} iter_args(%[[S:.*]] = %{{.*}}, %{{.*}} = %{{.*}}) -> (tensor<16x8xf32>, tensor<1x2x40x8xf32>)
+// G [32, 8]: tril(ones) @ g over the values' columns.
+// CHECK: %[[G:.*]] = linalg.matmul {attn.precision = "tf32x3"} ins(%{{.*}}, %{{.*}} : tensor<32x32xf32>, tensor<32x8xf32>)
+// CHECK: %[[GEND:.*]] = linalg.reduce
+// The scores: q k^T, scaled and causal, with no decay.
+// CHECK: %[[QK:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[Q:.*]], %[[KT:.*]] : tensor<32x16xf32>, tensor<16x32xf32>)
+// CHECK: %[[A:.*]] = linalg.generic {{.*}} ins(%[[QK]] : tensor<32x32xf32>)
+// CHECK-NOT: math.exp
+// CHECK: arith.select
+// sum_s A[t,s] v[s,j] exp(G[t,j] - G[s,j]) for s <= t.
+// CHECK: %[[AV:.*]] = linalg.generic {indexing_maps = [#[[TS]], #[[SJ]], #[[TJ]], #[[SJ]], #[[TJ]]], iterator_types = ["parallel", "reduction", "parallel"]} ins(%[[A]], %[[V:.*]], %[[G]], %[[G]] :
+// CHECK: arith.cmpi sle
+// CHECK: math.exp
+// The state's part: scale * (q @ S) * exp(G).
+// CHECK: %[[QS:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[Q]], %[[S]] : tensor<32x16xf32>, tensor<16x8xf32>)
+// CHECK: %[[O:.*]] = linalg.generic {{.*}} ins(%[[AV]], %[[QS]], %[[G]] :
+// CHECK: math.exp
+// CHECK: tensor.insert_slice
+// S * exp(G_end) by column, plus k^T @ (v * exp(G_end - G)).
+// CHECK: %[[VD:.*]] = linalg.generic {{.*}} ins(%[[V]], %[[G]], %[[GEND]] : tensor<32x8xf32>, tensor<32x8xf32>, tensor<8xf32>)
+// CHECK: %[[SD:.*]] = linalg.generic {indexing_maps = [#[[COLS]], {{.*}}]{{.*}} ins(%[[GEND]] : tensor<8xf32>) outs(%[[S]] : tensor<16x8xf32>)
+// CHECK: linalg.matmul {attn.precision = "ieee"} ins(%[[KT]], %[[VD]] : tensor<16x32xf32>, tensor<32x8xf32>) outs(%[[SD]] : tensor<16x8xf32>)
+
+// Split: the cumulative decays span Dv; the output kernel works in blocks of 16 rows and takes
+// at most 32 V columns, so that the diagonal block's 3-D generic is [16, 16, 32].
+// SPLIT-LABEL: func.func @value_decay_decays
+// SPLIT-SAME: -> tensor<1x2x40x8xf32>
+// SPLIT-LABEL: func.func @value_decay_states
+// SPLIT-LABEL: func.func @value_decay(
+// SPLIT-SAME: attn.block_v = 8 : i64
+
+func.func @value_decay(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tensor<1x2x40x8xf32>, %g: tensor<1x2x40x8xf32>) -> (tensor<1x2x40x8xf32>, tensor<1x2x16x8xf32>) {
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token_value_dim", scale = 0.25 : f32, normalize = false, chunk_size = 32 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x40x16xf32>, tensor<1x2x40x16xf32>, tensor<1x2x40x8xf32>, tensor<1x2x40x8xf32>) -> (tensor<1x2x40x8xf32>, tensor<1x2x16x8xf32>)
+  return %o, %st : tensor<1x2x40x8xf32>, tensor<1x2x16x8xf32>
+}
+
+// -----
+
+// SPLIT-LABEL: func.func @wide_values_decays
+// SPLIT-SAME: -> tensor<1x2x128x64xf32>
+// SPLIT-LABEL: func.func @wide_values(
+// SPLIT-SAME: attn.block_v = 32 : i64, attn.chunk_size = 64 : i64, attn.grid = array<i64: 1, 2, 4>
+// SPLIT: linalg.generic {{.*}} iterator_types = ["parallel", "reduction", "parallel"]} ins({{.*}} : tensor<16x16xf32>, tensor<16x32xf32>, tensor<16x32xf32>, tensor<16x32xf32>) outs({{.*}} : tensor<16x32xf32>)
+
+func.func @wide_values(%q: tensor<1x2x128x16xf32>, %k: tensor<1x2x128x16xf32>, %v: tensor<1x2x128x64xf32>, %g: tensor<1x2x128x64xf32>) -> (tensor<1x2x128x64xf32>, tensor<1x2x16x64xf32>) {
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token_value_dim", scale = 0.25 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x128x16xf32>, tensor<1x2x128x16xf32>, tensor<1x2x128x64xf32>, tensor<1x2x128x64xf32>) -> (tensor<1x2x128x64xf32>, tensor<1x2x16x64xf32>)
+  return %o, %st : tensor<1x2x128x64xf32>, tensor<1x2x16x64xf32>
+}
