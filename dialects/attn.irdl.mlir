@@ -173,7 +173,9 @@ irdl.dialect @attn {
   // Linear attention as a recurrence over time (see DESIGN.md section 3):
   //   S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t,  o_t = scale * q_t S_t,  S_0 = initial_state or 0,
   // after the q/k/v mod regions (empty region: identity) are applied elementwise.
-  // `decay` is "none", "head" (g [H]), "token" (g [B, H, L]) or "token_dim" (g [B, H, L, Dk]).
+  // `decay` is "none", "head" (g [H]), "token" (g [B, H, L]), "token_dim" (g [B, H, L, Dk]) or
+  // "token_value_dim" (g [B, H, L, Dv]: S_t = S_{t-1} diag(exp(g_t)) + k_t^T v_t, the state's
+  // columns decayed; what GLA's gradients of q and k compute; no `normalize`).
   // `normalize` divides o_t by the same sum taken with v = 1. `chunk_size` is the lowering's
   // chunk length. Results: o [B, H, L, Dv] and the final state [B, H, Dk, Dv] (f32). q, k, v, g,
   // initial_state and o are f16, bf16, f32 or f64 (f64 runs on the reference executor only; the
