@@ -1,4 +1,4 @@
-"""The backward of scalar-decay linear attention as runs of the compiled forward recurrence
+"""The backward of linear attention (unnormalized GLA included) as runs of the compiled forward recurrence
 (`frontend/linear_kernel_backward.py`): through the CPU kernels against float64 autograd of the
 quadratic formula, and through the Triton kernels (the TTIR interpreter) against the torch
 recomputation it replaces."""
@@ -27,14 +27,14 @@ def kernels_only(monkeypatch):
     monkeypatch.setattr(linear_backward, "chunked_recurrence", refuse)
 
 
-@pytest.mark.parametrize("decay", [None, "head", "token"])
+@pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
 def test_float32_gradients_against_naive(decay, kernels_only):
     """q, k, v, g, the initial state and both closure tensors, from a loss on the output and the
     final state."""
     _against_naive(decay, False, torch.float32, 1e-4, **SHAPE)
 
 
-@pytest.mark.parametrize("decay", [None, "head", "token"])
+@pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
 def test_normalized_form_against_naive(decay, kernels_only):
     """o = num / den from one more run with a column of ones after v; positive feature maps (a
     one-argument and a five-argument mod reading a closure tensor) keep den away from 0."""
@@ -54,10 +54,20 @@ def test_16bit_gradients_against_naive(dtype, normalize, kernels_only):
     _against_naive("token", normalize, dtype, 2e-2, b=2, h=2, l=70, dk=16, dv=16)
 
 
-def test_gla_and_the_reference_backend_keep_the_torch_recomputation():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gla_16bit_gradients_against_naive(dtype, kernels_only):
+    """dq and dk from the value-decayed runs, dv from the key-decayed one, dg per dimension."""
+    _against_naive("token_dim", False, dtype, 2e-2, b=2, h=2, l=70, dk=16, dv=24)
+
+
+def test_which_calls_take_the_kernels():
+    """Every decay, packed or normalized, takes the kernels; float64 inputs and the reference
+    backend keep the torch recomputation."""
     lin, (q, k, v, g, s0), _ = _case("token_dim", False, dtype=torch.float32)
     call = lin._linear_call(q.shape[3], (), None, "cpu")
-    assert not linear_kernel_backward.applies(call, q)
+    assert linear_kernel_backward.applies(call, q)
+    assert linear_kernel_backward.applies(dataclasses.replace(call, packing=(None, 4), normalize=True), q)
+    assert not linear_kernel_backward.applies(call, q.double())
     head = dataclasses.replace(call, decay="head")
     assert linear_kernel_backward.applies(head, q)
     assert not linear_kernel_backward.applies(head, q.double())
@@ -84,14 +94,14 @@ def test_state_gradient_alone_and_no_output_gradient(kernels_only):
         torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
 
 
-def _interpreted(backend_target="cuda:90"):
+def _interpreted(backend_target="cuda:90", default_config=False):
     """A `run` for `linear_kernel_backward.gradients` that builds each plain recurrence for the
-    GPU and runs its Triton IR in the interpreter."""
+    GPU (at the preset's config, or 2 stages) and runs its Triton IR in the interpreter."""
     from ae_mlir.backends import triton as tb
 
     def run(*args, reverse=False, packing=None):
         text = linear_kernel_backward.plain_module(*args, packing)
-        bundle = tb.build_bundle(text, backend_target, {"num_warps": 4, "num_stages": 2})
+        bundle = tb.build_bundle(text, backend_target, None if default_config else {"num_warps": 4, "num_stages": 2})
         q, k, v, g, s0, out_dtype = args[3:]
         if reverse:  # the GPU reads them backwards in place (`kernel_args.ReversedRows`)
             q, k, v = (t.flip(2) for t in (q, k, v))
@@ -102,7 +112,8 @@ def _interpreted(backend_target="cuda:90"):
 
 
 @pytest.mark.parametrize("decay,normalize,state_grad", [("head", False, True), ("head", False, False),
-                                                        ("token", False, True), ("token", True, True)])
+                                                        ("token", False, True), ("token", True, True),
+                                                        ("token_dim", False, True), ("token_dim", False, False)])
 def test_triton_kernels_match_the_recomputation(decay, normalize, state_grad):
     """The backward's runs compiled for the GPU (in the TTIR interpreter) give the gradients of the
     torch recomputation, closure tensors included; without a state gradient, RetNet's reversed
@@ -126,7 +137,7 @@ def test_triton_kernels_match_the_recomputation(decay, normalize, state_grad):
         torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4 * b.abs().max().item(), msg=name)
 
 
-@pytest.mark.parametrize("decay", [None, "head", "token"])
+@pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
 def test_packed_batches_take_the_kernels(decay, kernels_only):
     """Packed sequences (one of them empty): the reversed runs take the sequences in reverse order
     (offsets T - flip(cu)), their decays shifted within each sequence; gradients against the
@@ -244,3 +255,25 @@ def test_16bit_normalized_with_values_far_from_zero(kernels_only):
                               k_mod=lambda x: torch.nn.functional.elu(x) + 1, decay="token", normalize=True,
                               chunk_size=16)
     _against_naive_plainly(lin, q, k, v, g, torch.bfloat16, 1e-2)
+
+
+def test_gla_at_the_default_chunk_through_triton(kernels_only):
+    """GLA's runs at the default chunk (64, the blocked output kernels) and the presets' configs,
+    interpreted, against float64 autograd of the quadratic formula: several chunks, the last
+    ragged, Dk != Dv, bf16."""
+    lin, inputs, closures = _case("token_dim", False, dtype=torch.bfloat16, b=1, h=2, l=150, dk=32, dv=48)
+    lin = ae.linear_attention(k_mod=lin.k_mod, v_mod=lin.v_mod, decay="token_dim")
+    q, k, v, g, s0 = inputs
+    call = lin._linear_call(q.shape[3], tuple(closures), None, "triton")
+    gen = torch.Generator().manual_seed(6)
+    d_out = torch.randn(1, 2, 150, 48, generator=gen)
+    d_state = torch.randn(1, 2, 32, 48, generator=gen)
+    with torch.no_grad():
+        _, final = lin(q, k, v, g, initial_state=s0, return_state=True, backend="cpu")
+    got = linear_kernel_backward.gradients(call, (q, k, v, g, s0), (d_out, d_state), [True] * 5 + [False] * len(closures), final,
+                                           run=_interpreted(default_config=True))
+    ref = [t.detach().double().requires_grad_() for t in inputs]
+    out, state = naive(*_mods_applied(lin, *ref[:3]), ref[3], ref[4], "token_dim", 32 ** -0.5, False)
+    want = torch.autograd.grad([out, state], ref, [d_out.double(), d_state.double()])
+    for name, a, b in zip("q k v g s0".split(), got, want):
+        assert (a.double() - b).abs().max() <= 3e-2 * b.abs().max(), name

@@ -49,9 +49,7 @@ from .linear_backward import LinearCall, apply_mod
 def applies(call: LinearCall, q) -> bool:
     """Whether `call`'s backward runs as forward kernels (module docstring)."""
     # scale = 0 would divide the state's gradient by 0 on its way through the runs.
-    return (call.decay in (None, "head", "token", "token_dim") and call.backend != "reference"
-            and q.dtype != torch.float64 and call.scale != 0
-            and not (call.decay == "token_dim" and (call.packing is not None or call.normalize)))
+    return call.backend != "reference" and q.dtype != torch.float64 and call.scale != 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -227,7 +225,7 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
         dg = order.sum_after(rate)
         if d_state is not None:
             grows = (d_state.float() * final_state.float()).sum(-1)  # with G_L, [B, H, Dk]
-            dg = dg + (grows.unsqueeze(-2) if per_dim else order.per_token(grows.sum(-1)))
+            dg = dg + order.per_token(grows if per_dim else grows.sum(-1))
         if call.decay == "head":
             dg = dg.sum((0, 2))
     return dq, dk, dv, dg, ds0
@@ -285,9 +283,9 @@ class _Order:
         return packed_grid(self.seq, self.at, x)
 
     def per_token(self, x):
-        """x [B or S, H] per sequence, as [B, H, L] per token."""
+        """x [B or S, H(, Dk)] per sequence, as [B, H, L(, Dk)] per token."""
         if self.packing is None:
-            return x.unsqueeze(-1)
+            return x.unsqueeze(2)
         return x[self.seq].transpose(0, 1).unsqueeze(0)
 
     def reversed_states(self, states):
@@ -304,7 +302,8 @@ class _Order:
         starts = torch.zeros(self.tokens + 1, dtype=torch.bool, device=self.device)
         starts[self.reversed_packing[0][:-1].long()] = True
         zero = torch.zeros((), dtype=shifted.dtype, device=self.device)
-        return torch.where(starts[:-1], zero, shifted).contiguous()
+        starts = starts[:-1].view(-1, *[1] * (shifted.dim() - 3))  # along tokens, dim 2
+        return torch.where(starts, zero, shifted).contiguous()
 
     def first_decay(self, decay, g):
         """e^{g} at each sequence's first token (1 for an empty one), as [B or S, H, 1, 1]."""
@@ -318,8 +317,9 @@ class _Order:
             first = g.float().view(1, -1).expand(lengths.shape[0], -1)
         else:
             first = g[0, :, self.cu[:-1].clamp(max=self.tokens - 1)].float().transpose(0, 1)
-        factor = torch.where(lengths.view(-1, 1) > 0, torch.exp(first), torch.ones((), device=self.device))
-        return factor.view(lengths.shape[0], -1, 1, 1)
+        live = (lengths > 0).view(-1, *[1] * (first.dim() - 1))
+        factor = torch.where(live, torch.exp(first), torch.ones((), device=self.device))
+        return factor.unsqueeze(-1) if decay == "token_dim" else factor.view(lengths.shape[0], -1, 1, 1)
 
     def sum_after(self, rate):
         """sum over t >= u of rate[..., t] within u's sequence, for every token u."""
@@ -329,5 +329,5 @@ class _Order:
         # so that the rounding does not grow with the other sequences' lengths.
         after = rate.double().flip(2).cumsum(2).flip(2)
         ends = self.cu[self.seq + 1]  # where each token's sequence ends
-        padded = torch.cat([after, torch.zeros_like(after[..., :1])], dim=2)
-        return (after - padded[..., ends]).to(rate.dtype)
+        padded = torch.cat([after, torch.zeros_like(after.narrow(2, 0, 1))], dim=2)
+        return (after - padded.index_select(2, ends)).to(rate.dtype)
