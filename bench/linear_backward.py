@@ -1,8 +1,8 @@
 """Linear attention training step on the GPU: forward + backward of `ae.linear_attention` beside
-fla's chunk kernels (`chunk_retention`, `chunk_simple_gla`), bf16, B=8 T=2048 H=16 D=128, in the
-same process. The scalar decays' backward is three more runs of the compiled recurrence
-(ae_mlir/frontend/linear_kernel_backward.py); GLA's ("token_dim") is a torch recomputation and is
-left out.
+fla's chunk kernels (`chunk_retention`, `chunk_simple_gla`, `chunk_gla`), bf16, B=8 T=2048 H=16
+D=128, in the same process. The backward is three more runs of the compiled recurrence
+(ae_mlir/frontend/linear_kernel_backward.py); GLA's ("token_dim") dq and dk runs decay the values'
+columns ("token_value_dim").
 
     python bench/linear_backward.py build --out bench/bundles/linear_backward   # here: a kernel cache
     python bench/linear_backward.py run --bundles bench/bundles/linear_backward --out DIR   # GPU
@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import suite  # noqa: E402
 
-CASES = ["retention", "simple_gla"]
+CASES = ["retention", "simple_gla", "gla"]
 BATCH, HEADS, SEQ, DIM = 8, 16, 2048, 128
 
 

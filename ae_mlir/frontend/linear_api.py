@@ -29,11 +29,10 @@ class linear_attention:
     state is [S, H, Dk, Dv]. The mods see the sequence as b and positions within it as t.
 
     Outputs (the output and the final state) are differentiable in q, k, v, g, initial_state and
-    the floating closure tensors the mods read: the forward is the compiled kernel. With a scalar
-    decay (None, "head", "token") the backward is more runs of the compiled recurrence on the
-    gradients (`linear_kernel_backward`, packed and normalized forms included); with "token_dim"
-    (and on the reference backend) it recomputes the recurrence in chunks with torch in float32
-    (float64 for float64 inputs) (`linear_backward`). Both reapply the mods as Python
+    the floating closure tensors the mods read: the forward is the compiled kernel. The backward
+    is more runs of the compiled recurrence on the gradients (`linear_kernel_backward`, packed and
+    normalized forms included); on the reference backend (float64) it recomputes the recurrence
+    in chunks with torch (`linear_backward`). Both reapply the mods as Python
     functions, so a mod's closure tensors must still be the ones it read when backward runs.
 
     `autotune=True` tunes the Triton forward's launch configuration per module on its first call,

@@ -1,7 +1,7 @@
-"""Autograd for `ae_mlir.linear_attention`: the forward is the compiled kernel. With a scalar
-decay the backward is more runs of the compiled recurrence (`linear_kernel_backward`); with
-"token_dim" and on the reference backend it is torch differentiating a chunked recomputation of
-the same recurrence, as follows.
+"""Autograd for `ae_mlir.linear_attention`: the forward is the compiled kernel. The backward is
+more runs of the compiled recurrence (`linear_kernel_backward`); on the reference backend (and
+for float64 inputs, or scale = 0) it is torch differentiating a chunked recomputation of the
+same recurrence, as follows.
 
 The recomputation runs, under `torch.enable_grad()`, in float32 (float64 for float64 inputs):
 the user's q/k/v mods applied with torch (the same Python functions the tracer captured, called

@@ -1,5 +1,5 @@
-"""The backward of linear attention with a scalar decay (None, "head", "token") as three more
-runs of the compiled forward recurrence: its gradients are linear attention too.
+"""The backward of linear attention as three more runs of the compiled forward recurrence: its
+gradients are linear attention too.
 
 With G_t = g_0 + ... + g_t and the state unscaled, the forward is
 
@@ -33,9 +33,18 @@ g's sums end at each sequence's end.
 The q/k/v mods are element-wise: they are applied with torch in float32 (rounded to the inputs'
 dtype, as the kernel rounds them) and differentiated by autograd, which also gives the gradients
 of the closure tensors they read. `normalize=True` runs once more to get the numerator and
-denominator (`_normalized_gradients`). Per-dimension decay ("token_dim") decays the output side
-of dq and dk, which the forward recurrence does not express: it keeps the torch recomputation of
-`linear_backward`, as does the reference backend.
+denominator (`_normalized_gradients`). The reference backend keeps the torch recomputation of
+`linear_backward`.
+
+GLA's per-dimension decay ("token_dim", G_t a vector over Dk) gives the same formulas with the
+factor e^{G_t[i] - G_s[i]} inside each product, and dq and dk indexed by i:
+
+    dq_t[i] = scale * sum_{s<=t} (dO_t . v_s) e^{G_t[i] - G_s[i]} k_s[i]   (+ the S0 term)
+
+the decay is on the output side of the run on (dO, v, k): the state's columns. The recurrence
+op's "token_value_dim" decay is that recurrence, S_t = S_{t-1} diag(e^{g_t}) + k_t^T v_t, so dq
+and dk run it (on g and the reversed g'), and dv runs "token_dim" reversed; d(S0)'s factor is
+e^{g_0} per state row, and dg is q * dq - k * dk per dimension, summed over later tokens.
 """
 from __future__ import annotations
 
