@@ -4,16 +4,25 @@ Prints the start of the L0 `attn` module, runs the compiled kernel on CPU tensor
 with PyTorch in float64, then times causal and full (unmasked) attention against torch's
 scaled_dot_product_attention on the same tensors and cores: the two are called in turn,
 `--repeats` times, and the medians and the median of the per-round ratios are printed.
+
+torch's OpenMP threads keep spinning for a few milliseconds after each torch call (libgomp's
+default wait policy); on a machine with few cores they take cores from the kernel threads of
+whatever runs next (on a 2-core host ae-mlir's kernel ran 1.5-1.9x slower right after an SDPA
+call). So, unless the environment sets it, the demo sets OMP_WAIT_POLICY=PASSIVE before torch
+loads: torch's threads then sleep when idle, which left SDPA's own time unchanged there.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import ae_mlir as ae
+import torch  # noqa: E402
+
+import ae_mlir as ae  # noqa: E402
 
 
 def causal(b, h, q_idx, kv_idx):
@@ -70,6 +79,7 @@ def main() -> None:
     text = attn.mlir(q, k, v)
     print(f"L0 attn module for causal attention {shape}, fp32 ({len(text.splitlines())} lines):")
     print("\n".join(text.splitlines()[:6]) + "\n  ...")
+    print(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, torch threads {torch.get_num_threads()}")
     _compare("causal", attn, True, q, k, v, args)
     _compare("full", ae.attention(), False, q, k, v, args)
 
