@@ -7,6 +7,8 @@ columns ("token_value_dim").
     python bench/linear_backward.py build --out bench/bundles/linear_backward   # here: a kernel cache
     python bench/linear_backward.py run --bundles bench/bundles/linear_backward --out DIR   # GPU
 
+`--cases retention,simple_gla,gla` (the default: all) picks the cases of either step.
+
 `build` fills a kernel cache (AE_MLIR_CACHE_DIR) with the bundles the run's calls compile to (the
 forward, and the backward's runs, found by running the backward on CPU tensors with a runner that
 only builds), so the GPU machine, which has no MLIR bindings, finds them there. `run` times
@@ -124,7 +126,17 @@ def run(bundles: str, out_dir: str) -> None:
 
 
 def main(argv=None) -> int:
-    return harness.main(__doc__, build, run, "linear_backward", argv)
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    known, rest = parser.parse_known_args(argv)
+    chosen = [c for c in known.cases.split(",") if c]
+    unknown = sorted(set(chosen) - set(CASES))
+    if unknown:
+        parser.error(f"unknown cases {unknown}; expected some of {CASES}")
+    CASES[:] = chosen
+    return harness.main(__doc__, build, run, "linear_backward", rest)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,17 @@ the row of G just before block I, a pair of blocks J < I factorizes at that boun
 both exponents <= 0 (decays only shrink G), on tensor cores. Only the SUB x SUB diagonal blocks
 need the 3-D form, evaluated over Dk in slices of at most SLICE columns. Then
 o_I = sum_J A_IJ @ v_J + (scale q_I exp(G_I)) @ S. The exponents are also clamped at 0: rows past
-L load G = 0, and a padded row (never stored) must not overflow either. Tiles are loaded where
-they are used, again for each block pair, rather than kept: a GPU program's registers hold one
-block's tiles, not the chunk's (and cannot be sliced)."""
+L load G = 0, and a padded row (never stored) must not overflow either.
+
+A program computes one block I of one chunk (grid [B, H, NC * C / SUB * Dv / BV]), walking the
+earlier blocks J in an scf.for: each J's tiles are loaded, used once and dropped. One program per
+chunk, with the blocks unrolled, kept every block's tiles live across the chunk (the loads of a
+block J are the same ops for every later I) and spilled registers at Dk = 128."""
 from __future__ import annotations
 
-from ..l1_builders import f32, index, tensor_type, transpose, zeros
+from ..l1_builders import extract_slice, f32, for_loop, index, tensor_type, transpose, zeros
 from .kernel import COL, TILE, exp, linalg_index, offset_of, value_block
-from .split import OutputKernel
+from .split import DECAYS, STATES, OutputKernel
 
 # The row blocks (the smallest tile tt.dot takes) and the widest Dk slice of the 3-D diagonal
 # blocks: SUB * SUB * SLICE f32 values are 64 registers per thread of a 4-warp program.
@@ -33,23 +36,46 @@ class BlockedOutputKernel(OutputKernel):
         """Whether a chunk splits into several blocks of SUB rows."""
         return decay == "token_dim" and chunk % SUB == 0 and chunk > SUB
 
-    def chunk_output(self, t0, state, out, g_cum):
+    def build(self) -> None:
+        extra = self.arguments(True, ("out", self.out_type))
+        grid = [self.b, self.h, self.chunks * (self.c // SUB) * self.nv]
+        self.define(self.name, extra, [self.out_type], grid, self.body)
+
+    def body(self) -> list:
         from mlir.dialects import arith
 
-        starts = [arith.addi(t0, index(j * SUB)) for j in range(self.c // SUB)]
-        for i, start in enumerate(starts):
-            q, _ = self.load("q", start, None, self.dk, SUB)
-            g_i = self.cum(g_cum, start, None, self.dk)
-            o = self.from_state(q, g_i, state)
-            if i:
-                boundary = self.boundary(g_cum, start)
-                q_local = self.operand(self.generic([(q, TILE), (g_i, TILE), (boundary, COL)], self.sd,
-                                                    lambda a: self.decayed(a[0], a[1], a[2], True)))
-            for j in range(i):
-                o = self.add_earlier_block(o, q_local, boundary, starts[j], g_cum)
-            o = self.add_diagonal_block(o, q, g_i, start, g_cum)
-            out = self.store_rows(self.output_elements(o), start, SUB, out)
-        return out
+        blocks = index(self.c // SUB)
+        rest, self.v0 = self.split_id(self.program_ids(sums=False))
+        it, block = arith.divsi(rest, blocks), arith.remsi(rest, blocks)
+        t0 = arith.muli(it, index(self.c))
+        start = arith.addi(t0, arith.muli(block, index(SUB)))
+
+        def store(values):
+            state = extract_slice(self.dests[STATES], self.ws_lead() + [self.ws_chunk(it), 0, offset_of(self.v0)],
+                                  [1, 1, 1, self.dk, self.bv], 2)
+            return [self.block_output(t0, block, start, state, values[0], self.dests[DECAYS])]
+
+        return self.if_holding_tokens(start, [self.dests["out"]], store)
+
+    def block_output(self, t0, block, start, state, out, g_cum):
+        """Store the output rows of the block `block` (an index value) at `start` of the chunk at
+        t0, S being `state`."""
+        q, _ = self.load("q", start, None, self.dk, SUB)
+        g_i = self.cum(g_cum, start, None, self.dk)
+        o = self.from_state(q, g_i, state)
+        boundary = self.boundary(g_cum, start)
+        q_local = self.operand(self.generic([(q, TILE), (g_i, TILE), (boundary, COL)], self.sd,
+                                            lambda a: self.decayed(a[0], a[1], a[2], True)))
+        o = for_loop(block, [o], lambda j, values: [
+            self.add_earlier_block(values[0], q_local, boundary, self.block_start(t0, j), g_cum)])[0]
+        o = self.add_diagonal_block(o, q, g_i, start, g_cum)
+        return self.store_rows(self.output_elements(o), start, SUB, out)
+
+    @staticmethod
+    def block_start(t0, j):
+        from mlir.dialects import arith
+
+        return arith.addi(t0, arith.muli(j, index(SUB)))
 
     @property
     def sd(self):
@@ -63,7 +89,8 @@ class BlockedOutputKernel(OutputKernel):
         """R_I [width (Dk)]: the row of G just before the block at `start`, columns from `col`."""
         from mlir.dialects import arith, tensor
 
-        before = self.ws_row(arith.minsi(arith.subi(start, index(1)), index(self.l - 1)))
+        # Clamped into [0, L): the first block has none (and no earlier block reads it).
+        before = self.ws_row(arith.maxsi(arith.minsi(arith.subi(start, index(1)), index(self.l - 1)), index(0)))
 
         def entry(a):
             d = linalg_index(0)
@@ -133,27 +160,22 @@ class BlockedValueOutputKernel(BlockedOutputKernel):
     def applies(decay: str, chunk: int) -> bool:
         return decay == "token_value_dim" and chunk % SUB == 0 and chunk > SUB
 
-    def chunk_output(self, t0, state, out, g_cum):
+    def block_output(self, t0, block, start, state, out, g_cum):
         from mlir.dialects import arith
 
         sv = self.tile_type(SUB, self.bv)
-        starts = [arith.addi(t0, index(j * SUB)) for j in range(self.c // SUB)]
-        for i, start in enumerate(starts):
-            q = self.load("q", start, None, self.dk, SUB)
-            g_i = self.cum(g_cum, start, self.v0, self.bv)
-            o = self.plus_decayed_state(zeros([SUB, self.bv]), q[1], state, g_i)
-            if i:
-                boundary = self.boundary(g_cum, start, self.v0, self.bv)
-                earlier = zeros([SUB, self.bv])
-                for start_j in starts[:i]:
-                    earlier = self.add_earlier_values(earlier, q, boundary, start_j, g_cum)
-                o = self.generic([(o, TILE), (earlier, TILE), (g_i, TILE), (boundary, COL)], sv,
-                                 lambda a: arith.addf(a[0], self.decayed(a[1], a[2], a[3], True)))
-            k = self.load("k", start, None, self.dk, SUB)
-            v = self.load("v", start, self.v0, self.bv, SUB)[0]
-            o = self.value_decayed_product(self.scores(q, k, None, SUB), v, g_i, o, clamp=True)
-            out = self.store_rows(self.output_elements(o), start, SUB, out)
-        return out
+        q = self.load("q", start, None, self.dk, SUB)
+        g_i = self.cum(g_cum, start, self.v0, self.bv)
+        o = self.plus_decayed_state(zeros([SUB, self.bv]), q[1], state, g_i)
+        boundary = self.boundary(g_cum, start, self.v0, self.bv)
+        earlier = for_loop(block, [zeros([SUB, self.bv])], lambda j, values: [
+            self.add_earlier_values(values[0], q, boundary, self.block_start(t0, j), g_cum)])[0]
+        o = self.generic([(o, TILE), (earlier, TILE), (g_i, TILE), (boundary, COL)], sv,
+                         lambda a: arith.addf(a[0], self.decayed(a[1], a[2], a[3], True)))
+        k = self.load("k", start, None, self.dk, SUB)
+        v = self.load("v", start, self.v0, self.bv, SUB)[0]
+        o = self.value_decayed_product(self.scores(q, k, None, SUB), v, g_i, o, clamp=True)
+        return self.store_rows(self.output_elements(o), start, SUB, out)
 
     def add_earlier_values(self, acc, q, boundary, start, g_cum):
         """acc + (q_I k_J^T) @ (v_J exp(R_I - G_J)) for the earlier block J at `start`, unscaled."""

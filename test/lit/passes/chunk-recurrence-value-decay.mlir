@@ -35,8 +35,9 @@
 // CHECK: %[[SD:.*]] = linalg.generic {indexing_maps = [#[[COLS]], {{.*}}]{{.*}} ins(%[[GEND]] : tensor<8xf32>) outs(%[[S]] : tensor<16x8xf32>)
 // CHECK: linalg.matmul {attn.precision = "ieee"} ins(%[[KT]], %[[VD]] : tensor<16x32xf32>, tensor<32x8xf32>) outs(%[[SD]] : tensor<16x8xf32>)
 
-// Split: the cumulative decays span Dv; the output kernel works in blocks of 16 rows and takes
-// at most 32 V columns, so that the diagonal block's 3-D generic is [16, 16, 32].
+// Split: the cumulative decays span Dv; a program of the output kernel takes one block of 16
+// rows of a chunk and at most 32 V columns, so that the diagonal block's 3-D generic is
+// [16, 16, 32]; the earlier blocks of its chunk are an scf.for.
 // SPLIT-LABEL: func.func @value_decay_decays
 // SPLIT-SAME: -> tensor<1x2x40x8xf32>
 // SPLIT-LABEL: func.func @value_decay_states
@@ -53,7 +54,10 @@ func.func @value_decay(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v:
 // SPLIT-LABEL: func.func @wide_values_decays
 // SPLIT-SAME: -> tensor<1x2x128x64xf32>
 // SPLIT-LABEL: func.func @wide_values(
-// SPLIT-SAME: attn.block_v = 32 : i64, attn.chunk_size = 64 : i64, attn.grid = array<i64: 1, 2, 4>
+// SPLIT-SAME: attn.block_v = 32 : i64, attn.chunk_size = 64 : i64, attn.grid = array<i64: 1, 2, 16>
+// SPLIT: scf.for {{.*}} -> (tensor<16x32xf32>)
+// SPLIT: linalg.matmul {{.*}} : tensor<16x16xf32>, tensor<16x32xf32>)
+// SPLIT: scf.yield
 // SPLIT: linalg.generic {{.*}} iterator_types = ["parallel", "reduction", "parallel"]} ins({{.*}} : tensor<16x16xf32>, tensor<16x32xf32>, tensor<16x32xf32>, tensor<16x32xf32>) outs({{.*}} : tensor<16x32xf32>)
 
 func.func @wide_values(%q: tensor<1x2x128x16xf32>, %k: tensor<1x2x128x16xf32>, %v: tensor<1x2x128x64xf32>, %g: tensor<1x2x128x64xf32>) -> (tensor<1x2x128x64xf32>, tensor<1x2x16x64xf32>) {
