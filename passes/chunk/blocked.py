@@ -8,7 +8,7 @@ the row of G just before block I, a pair of blocks J < I factorizes at that boun
     A_IJ = scale * (q_I exp(G_I - R_I)) @ (k_J exp(R_I - G_J))^T,
 
 both exponents <= 0 (decays only shrink G), on tensor cores. Only the SUB x SUB diagonal blocks
-need the exact pair factor, evaluated one key row at a time (`add_diagonal_block`). Then
+need the 3-D form, evaluated over Dk in slices of at most SLICE columns. Then
 o_I = sum_J A_IJ @ v_J + (scale q_I exp(G_I)) @ S. The exponents are also clamped at 0: rows past
 L load G = 0, and a padded row (never stored) must not overflow either.
 
@@ -18,13 +18,14 @@ chunk, with the blocks unrolled, kept every block's tiles live across the chunk 
 block J are the same ops for every later I) and spilled registers at Dk = 128."""
 from __future__ import annotations
 
-from ..l1_builders import convert, extract_slice, f32, for_loop, index, index_value, tensor_type, transpose, zeros
-from ..tile_varlen import sequences_source
-from .kernel import COL, ROW, TILE, exp, linalg_index, offset_of, or_zero
+from ..l1_builders import extract_slice, f32, for_loop, index, tensor_type, transpose, zeros
+from .kernel import COL, TILE, exp, linalg_index, offset_of, value_block
 from .split import DECAYS, STATES, OutputKernel
 
-# The row blocks: the smallest tile tt.dot takes.
+# The row blocks (the smallest tile tt.dot takes) and the widest Dk slice of the 3-D diagonal
+# blocks: SUB * SUB * SLICE f32 values are 64 registers per thread of a 4-warp program.
 SUB = 16
+SLICE = 32
 
 
 class BlockedOutputKernel(OutputKernel):
@@ -85,11 +86,17 @@ class BlockedOutputKernel(OutputKernel):
         return self.ws_load(g_cum, start, SUB, width, offset_of(col))
 
     def boundary(self, g_cum, start, col=None, width: int | None = None):
-        """R_I [width (Dk)]: the row of G just before the block at `start`, columns from `col` (the
-        first block has none, and no earlier block reads it)."""
-        from mlir.dialects import arith
+        """R_I [width (Dk)]: the row of G just before the block at `start`, columns from `col`."""
+        from mlir.dialects import arith, tensor
 
-        return self.g_row(g_cum, arith.subi(start, index(1)), col, width or self.dk)
+        # Clamped into [0, L): the first block has none (and no earlier block reads it).
+        before = self.ws_row(arith.maxsi(arith.minsi(arith.subi(start, index(1)), index(self.l - 1)), index(0)))
+
+        def entry(a):
+            d = linalg_index(0)
+            return tensor.extract(g_cum, self.ws_lead() + [before, d if col is None else arith.addi(col, d)])
+
+        return self.generic([], tensor_type([width or self.dk]), entry, rank=1)
 
     def decayed(self, x, hi, lo, scale: bool):
         """x * exp(min(hi - lo, 0)) (x * exp(hi) without `lo`), times the scale with `scale`."""
@@ -115,75 +122,21 @@ class BlockedOutputKernel(OutputKernel):
         return self.plus_scores_v(o, scores, start)
 
     def add_diagonal_block(self, o, q, g_i, start, g_cum):
-        """o + A_II @ v_I, one key row s of the block at a time: the column A_II[:, s], a row sum of
-        q * k_s * exp(G - G_s) over Dk (rows t >= s), times the row v_s. Elementwise, as no
-        factorization of exp(G_t - G_s) is safe inside the block; a 3-D (t, s, d) form would hold
-        SUB * SUB * Dk values at once."""
-        from mlir.dialects import arith
-
-        def step(s, values):
-            t = arith.addi(start, s)
-            k_s, g_s = self.row_vector("k", t, None, self.dk), self.g_row(g_cum, t, None, self.dk)
-
-            def term(a):
-                keep = self.rows_from(s)
-                return arith.mulf(arith.mulf(a[0], a[2]), self.safe_exp(keep, a[1], a[3], clamp=True))
-
-            column = self.row_sum(self.generic([(q, TILE), (g_i, TILE), (k_s, COL), (g_s, COL)], self.sd, term))
-            v_s = self.row_vector("v", t, self.v0, self.bv)
-            return [self.generic([(column, ROW), (v_s, COL)], self.tile_type(SUB, self.bv), lambda a: arith.addf(
-                a[2], or_zero(self.rows_from(s), self.scaled(arith.mulf(a[0], a[1])))), init=values[0])]
-
-        return for_loop(SUB, [o], step)[0]
-
-    @staticmethod
-    def rows_from(s):
-        """In a body over [SUB, width]: the row is s or later (t >= s)."""
-        from mlir.dialects import arith
-
-        return arith.cmpi(arith.CmpIPredicate.sge, linalg_index(0), s)
-
-    def row_vector(self, role: str, t, col, width: int):
-        """Row t of k or v, columns [col, col + width), as a [width] f32 vector, modded, zero from
-        `end` on: gathered element by element, because a GPU program cannot take a row out of a
-        tile it holds."""
-        from mlir import ir
-        from mlir.dialects import arith, tensor
-
-        value = {"k": self.k, "v": self.v}[role]
-        mod = self.mods["qkv".index(role)]
-        source = sequences_source(value)
-        inside = arith.cmpi(arith.CmpIPredicate.slt, t, index_value(self.end))
-        last = arith.maxsi(arith.subi(index_value(self.end), index(1)), index(0))
-        clamped = arith.minsi(t, last)
-        if source is None:
-            arg, lead, row = self.kernel_arg(value, role), [self.pb, self.ph], clamped
-        else:
-            arg, lead, row = self.kernel_arg(source[0], role), [index(0), self.ph], arith.addi(self.lo, clamped)
-
-        def body(a):
-            d = linalg_index(0)
-            if col is not None:
-                d = arith.addi(col, d)
-            x = convert(tensor.extract(arg, lead + [row, d]), ir.F32Type.get())
-            if mod is not None:
-                x = self.inline(mod, [x, self.pb, self.ph, clamped, d], constants_first=True)
-            return or_zero(inside, x)
-
-        return self.generic([], tensor_type([width]), body, rank=1)
-
-    def g_row(self, g_cum, t, col, width: int):
-        """Row t of G (the workspace's), columns [col, col + width), as a [width] vector; rows are
-        clamped into [0, L) (a row past the end is never used unmasked)."""
-        from mlir.dialects import arith, tensor
-
-        row = self.ws_row(arith.maxsi(arith.minsi(t, index(self.l - 1)), index(0)))
-
-        def entry(a):
-            d = linalg_index(0)
-            return tensor.extract(g_cum, self.ws_lead() + [row, d if col is None else arith.addi(col, d)])
-
-        return self.generic([], tensor_type([width]), entry, rank=1)
+        """o + A_II @ v_I, A_II in the 3-D form summed over slices of Dk."""
+        dk = self.dk
+        diagonal = zeros([SUB, SUB])
+        width = value_block(dk, SLICE)
+        for col in range(0, dk, width):
+            if width == dk:
+                q_s, g_s = q, g_i
+                k_s = self.load("k", start, None, dk, SUB)[0]
+            else:
+                c0 = index(col)
+                q_s = self.load("q", start, c0, width, SUB)[0]
+                k_s = self.load("k", start, c0, width, SUB)[0]
+                g_s = self.cum(g_cum, start, c0, width)
+            diagonal = self.decayed_scores(q_s, k_s, g_s, SUB, diagonal, clamp=True)
+        return self.plus_scores_v(o, diagonal, start)
 
     def plus_scores_v(self, o, scores, start):
         """o + scores @ v for the [SUB, SUB] scores against the block of v at `start`."""
@@ -193,11 +146,15 @@ class BlockedOutputKernel(OutputKernel):
 class BlockedValueOutputKernel(BlockedOutputKernel):
     """The same blocks for "token_value_dim", whose decay acts on the values' columns:
 
-        o_I = sum_{J < I} exp(G_I - R_I) * (A_IJ @ (v_J exp(R_I - G_J)))
-              + sum_{s in I, s <= t} A_II[t, s] v_s exp(G_t - G_s) + scale * (q_I @ S) * exp(G_I)
+        o_I = sum_{J < I} exp(G_I - R_I) * (A_IJ @ (v_J exp(R_I - G_J))) + A_II (3-D over (t, s, j))
+              + scale * (q_I @ S) * exp(G_I)
 
-    with A = scale * q k^T undecayed and both exponents <= 0; the diagonal block one row s at a
-    time, as for "token_dim"."""
+    with A = scale * q k^T undecayed and both exponents <= 0. A program takes SLICE V columns at
+    most, so that the diagonal block's 3-D form, SUB * SUB * BV values, fits its registers whole:
+    its output columns cannot be assembled from slices."""
+
+    def __init__(self, op, func, chunk: int, block_v: int):
+        super().__init__(op, func, chunk, min(block_v, SLICE))
 
     @staticmethod
     def applies(decay: str, chunk: int) -> bool:
@@ -215,28 +172,10 @@ class BlockedValueOutputKernel(BlockedOutputKernel):
             self.add_earlier_values(values[0], q, boundary, self.block_start(t0, j), g_cum)])[0]
         o = self.generic([(o, TILE), (earlier, TILE), (g_i, TILE), (boundary, COL)], sv,
                          lambda a: arith.addf(a[0], self.decayed(a[1], a[2], a[3], True)))
-        o = self.add_diagonal_values(o, q[0], g_i, start, g_cum)
+        k = self.load("k", start, None, self.dk, SUB)
+        v = self.load("v", start, self.v0, self.bv, SUB)[0]
+        o = self.value_decayed_product(self.scores(q, k, None, SUB), v, g_i, o, clamp=True)
         return self.store_rows(self.output_elements(o), start, SUB, out)
-
-    def add_diagonal_values(self, o, q, g_i, start, g_cum):
-        """o + sum_{s <= t} A[t, s] v_s exp(G_t - G_s) over the block's rows s, one at a time."""
-        from mlir.dialects import arith
-
-        def step(s, values):
-            t = arith.addi(start, s)
-            k_s = self.row_vector("k", t, None, self.dk)
-            column = self.row_sum(self.generic([(q, TILE), (k_s, COL)], self.sd, lambda a: arith.mulf(a[0], a[1])))
-            v_s, g_s = self.row_vector("v", t, self.v0, self.bv), self.g_row(g_cum, t, self.v0, self.bv)
-
-            def term(a):
-                keep = self.rows_from(s)
-                pair = self.scaled(arith.mulf(a[0], a[2]))
-                return arith.addf(a[4], or_zero(keep, arith.mulf(pair, self.safe_exp(keep, a[1], a[3], clamp=True))))
-
-            return [self.generic([(column, ROW), (g_i, TILE), (v_s, COL), (g_s, COL)], self.tile_type(SUB, self.bv),
-                                 term, init=values[0])]
-
-        return for_loop(SUB, [o], step)[0]
 
     def add_earlier_values(self, acc, q, boundary, start, g_cum):
         """acc + (q_I k_J^T) @ (v_J exp(R_I - G_J)) for the earlier block J at `start`, unscaled."""
