@@ -7,7 +7,7 @@ scaled_dot_product_attention on the same tensors and cores: the two are called i
 
 torch's OpenMP threads keep spinning for a few milliseconds after each torch call (libgomp's
 default wait policy); on a machine with few cores they take cores from the kernel threads of
-whatever runs next (on a 2-core host ae-mlir's kernel ran 1.5-1.9x slower right after an SDPA
+whatever runs next (on a 2-core host ae-mlir's kernel ran 1.4-1.8x slower right after an SDPA
 call). So, unless the environment sets it, the demo sets OMP_WAIT_POLICY=PASSIVE before torch
 loads: torch's threads then sleep when idle, which left SDPA's own time unchanged there.
 """

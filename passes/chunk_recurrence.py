@@ -28,10 +28,10 @@ Two forms (option `split`), a module under passes/chunk/ each:
   head) and a BV-wide column slice of V, of the state and of the output, and carries S (and z)
   through one `scf.for` over the ceil(L / C) chunks.
 * Two or three kernels (`split`, the Triton pipeline's; `chunk/split.py`): a cumulative-decay
-  kernel for the decays that need a sum ("token", "token_dim"), a chunk-state kernel walking the
-  chunks doing only the state update and writing the state entering each chunk to a workspace,
-  then a chunk-parallel output kernel; for "token_dim" that one works in blocks of SUB rows
-  (`chunk/blocked.py`). `normalize` keeps the one-kernel form: its key sum z would need a second
+  kernel for the decays that need a sum ("token" and the per-dimension ones), a chunk-state
+  kernel walking the chunks doing only the state update and writing the state entering each
+  chunk to a workspace, then a chunk-parallel output kernel; for the per-dimension decays that
+  one works in blocks of SUB rows, a program per block (`chunk/blocked.py`). `normalize` keeps the one-kernel form: its key sum z would need a second
   workspace written by every V-column program alike, for a variant (the normalized linear
   transformer) that is not bound by this.
 

@@ -36,8 +36,8 @@ def _problem(l, dk, dv, dtype, seed=0):
     return q, k, v, g, s0
 
 
-# (L, chunk, Dk, Dv): ragged last chunks, Dk != Dv, a sequence shorter than its chunk, a
-# chunk of one SUB block and several, Dv split into value blocks.
+# (L, chunk, Dk, Dv): ragged last chunks, Dk != Dv, a sequence shorter than its chunk, chunks
+# of one block of 16 rows (the CPU's only) and of several, Dv split into value blocks.
 SHAPES = [(37, 16, 5, 3), (150, 64, 16, 80), (10, 64, 32, 32), (130, 32, 8, 64)]
 
 

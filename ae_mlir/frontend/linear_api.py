@@ -31,8 +31,8 @@ class linear_attention:
     Outputs (the output and the final state) are differentiable in q, k, v, g, initial_state and
     the floating closure tensors the mods read: the forward is the compiled kernel. The backward
     is more runs of the compiled recurrence on the gradients (`linear_kernel_backward`, packed and
-    normalized forms included); on the reference backend (float64) it recomputes the recurrence
-    in chunks with torch (`linear_backward`). Both reapply the mods as Python
+    normalized forms included); on the reference backend, for float64 inputs and for scale = 0 it
+    recomputes the recurrence in chunks with torch (`linear_backward`). Both reapply the mods as Python
     functions, so a mod's closure tensors must still be the ones it read when backward runs.
 
     `autotune=True` tunes the Triton forward's launch configuration per module on its first call,

@@ -181,9 +181,10 @@ class _LinearAttention(torch.autograd.Function):
 def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted, final_state=None) -> list:
     """The gradients of q, k, v, g, the initial state (`tensors`, g and s0 None where absent)
     and the call's closure tensors from those of (out, final state) (`grads`, None where none),
-    where `wanted`; None elsewhere. Scalar decays run the forward kernels on the gradients
-    (`linear_kernel_backward`, which reads the forward's `final_state`); the others recompute the
-    recurrence under autograd (module docstring)."""
+    where `wanted`; None elsewhere. The forward kernels run on the gradients
+    (`linear_kernel_backward`, which reads the forward's `final_state`), except on the reference
+    backend, for float64 inputs or scale = 0, which recompute the recurrence under autograd
+    (module docstring)."""
     from . import linear_kernel_backward
 
     if linear_kernel_backward.applies(call, tensors[0]):

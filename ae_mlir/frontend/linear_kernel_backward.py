@@ -315,7 +315,8 @@ class _Order:
         return torch.where(starts, zero, shifted).contiguous()
 
     def first_decay(self, decay, g):
-        """e^{g} at each sequence's first token (1 for an empty one), as [B or S, H, 1, 1]."""
+        """e^{g} at each sequence's first token (1 for an empty one), as [B or S, H, 1, 1] ([B or S,
+        H, Dk, 1] for "token_dim": one factor per state row)."""
         if self.packing is None:
             if decay == "token_dim":  # one factor per state row
                 return torch.exp(g[:, :, 0].float()).unsqueeze(-1)

@@ -5,7 +5,7 @@ the tracer or MLIR): the op names the layer by its registry key and takes q, k, 
 views), g, the initial state, the closure tensors the mods read, and a packed batch's lengths and
 offsets. Its fake implementation gives the shapes; its backward, the op
 `ae_mlir::linear_attention_backward`, is the eager backward (`linear_backward.gradients`: forward
-kernels on the gradients for scalar decays, a torch recomputation otherwise). That backward
+kernels on the gradients, a torch recomputation on the reference backend). That backward
 reapplies the mods as Python functions, which read their closure tensors themselves, not the op's
 inputs, so gradients of closure tensors are refused under torch.compile (eager calls compute them).
 """

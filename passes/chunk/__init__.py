@@ -7,5 +7,6 @@ docstring, passes/chunk_recurrence.py):
 * `step`: the math of one chunk: its output rows, the next state, the next key sum.
 * `sequential`: the one-kernel form, carrying the state through all chunks.
 * `split`: the split form's cumulative-decay, chunk-state and chunk-parallel output kernels.
-* `blocked`: the split form's "token_dim" output kernel, in blocks of SUB rows.
+* `blocked`: the split form's output kernels of the per-dimension decays ("token_dim",
+  "token_value_dim"), a program per block of SUB rows.
 """

@@ -1,4 +1,5 @@
-"""The split form's "token_dim" output kernel (GLA), in blocks of SUB rows, as
+"""The split form's output kernels of the per-dimension decays ("token_dim", GLA, and
+"token_value_dim", below), in blocks of SUB rows, as
 flash-linear-attention's GLA kernels compute it: the 3-D scores of the one-kernel form cost
 C * C * Dk exponentials and as many registers, more than a GPU program holds at C = 64, Dk = 128.
 
@@ -29,7 +30,7 @@ SLICE = 32
 
 
 class BlockedOutputKernel(OutputKernel):
-    loads_decays = True
+    loads_decays = True  # G comes from the cumulative-decay workspace
 
     @staticmethod
     def applies(decay: str, chunk: int) -> bool:
@@ -37,7 +38,7 @@ class BlockedOutputKernel(OutputKernel):
         return decay == "token_dim" and chunk % SUB == 0 and chunk > SUB
 
     def build(self) -> None:
-        extra = self.arguments(True, ("out", self.out_type))
+        extra = self.arguments(self.loads_decays, ("out", self.out_type))
         grid = [self.b, self.h, self.chunks * (self.c // SUB) * self.nv]
         self.define(self.name, extra, [self.out_type], grid, self.body)
 
@@ -45,7 +46,7 @@ class BlockedOutputKernel(OutputKernel):
         from mlir.dialects import arith
 
         blocks = index(self.c // SUB)
-        rest, self.v0 = self.split_id(self.program_ids(sums=False))
+        rest, self.v0 = self.split_id(self.program_ids(sums=not self.loads_decays))
         it, block = arith.divsi(rest, blocks), arith.remsi(rest, blocks)
         t0 = arith.muli(it, index(self.c))
         start = arith.addi(t0, arith.muli(block, index(SUB)))

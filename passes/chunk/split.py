@@ -198,11 +198,11 @@ class OutputKernel(SplitKernel):
         def store(values):
             state = extract_slice(self.dests[STATES], self.ws_lead() + [self.ws_chunk(it), 0, offset_of(self.v0)],
                                   [1, 1, 1, self.dk, self.bv], 2)
-            return [self.chunk_output(t0, state, values[0], self.dests.get(DECAYS))]
+            return [self.chunk_output(t0, state, values[0])]
 
         return self.if_holding_tokens(t0, [self.dests["out"]], store)
 
-    def chunk_output(self, t0, state, out, g_cum):
+    def chunk_output(self, t0, state, out):
         """Store the output rows of the chunk at t0, S being `state`."""
         dk = self.dk
         q, k, v = self.load("q", t0, None, dk), self.load("k", t0, None, dk), self.load("v", t0, self.v0, self.bv)
