@@ -223,10 +223,10 @@ def test_linear_attention_numerics(decay):
 
 
 def test_linear_gla_row_blocks_numerics():
-    """The split recurrence's "token_dim" output kernel: blocks of 16 rows (the last chunk of 70
-    tokens is 6 rows, three blocks wholly past L), the diagonal blocks over Dk = 48 in two
-    slices of 24 key columns, each padded to 32 lanes in Triton IR; all 128 V columns in one
-    program per chunk."""
+    """The split recurrence's "token_dim" output kernel: a program per block of 16 rows (the last
+    chunk of 70 tokens is 6 rows, three blocks wholly past L), the diagonal block over Dk = 48 in
+    two slices of 24 key columns, each padded to 32 lanes in Triton IR; all 128 V columns in one
+    program."""
     b, h, l, d = 1, 2, 70, 48
     q, k = (rand(b, h, l, d, seed=s) for s in (1, 2))
     v = rand(b, h, l, 128, seed=3)
@@ -235,7 +235,7 @@ def test_linear_gla_row_blocks_numerics():
     lin = ae.linear_attention(decay="token_dim", chunk_size=64)
     bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), "cuda:90")
     assert [s.name for s in bundle.stages] == ["linear_attention_decays", "linear_attention_states"]
-    assert bundle.grid == [2, 2, 1]
+    assert bundle.grid == [2 * 4, 2, 1]  # (chunks x blocks, heads, batch)
     (out, state), _ = interpret(bundle, q, k, v, g, s0)
     ref_out, ref_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
     torch.testing.assert_close(out, ref_out, **TOL[torch.float32])
