@@ -148,10 +148,12 @@ def test_bf16_head_dims_one_past_a_power_of_two(d):
     want = ae.attention(mask_mod=causal)(q.float(), k.float(), v.float(), backend="reference")
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
     lin = ae.linear_attention(decay="token", chunk_size=16)
-    g = -0.3 * torch.rand(*q.shape[:3])
+    g = -0.3 * torch.rand(*q.shape[:3], generator=torch.Generator().manual_seed(d))
     got = lin(q, k[:, :, :45], v[:, :, :45], g, backend="cpu")
     ref = lin(q.float(), k[:, :, :45].float(), v[:, :, :45].float(), g, backend="reference")
-    torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
+    # Against the output's scale: bf16 operands leave outputs that are sums of cancelling terms
+    # with errors of a few hundredths, whatever their own size (an element-wise rtol flaked).
+    assert (got.float() - ref).abs().max() <= 1e-2 * ref.abs().max()
 
 
 @pytest.mark.parametrize("lq,lk", [(37, 100), (100, 37)])
