@@ -31,9 +31,9 @@ Two forms (option `split`), a module under passes/chunk/ each:
   kernel for the decays that need a sum ("token" and the per-dimension ones), a chunk-state
   kernel walking the chunks doing only the state update and writing the state entering each
   chunk to a workspace, then a chunk-parallel output kernel; for the per-dimension decays that
-  one works in blocks of SUB rows, a program per block (`chunk/blocked.py`). `normalize` keeps the one-kernel form: its key sum z would need a second
-  workspace written by every V-column program alike, for a variant (the normalized linear
-  transformer) that is not bound by this.
+  one works in blocks of SUB rows, a program per block (`chunk/blocked.py`). `normalize` keeps
+  the one-kernel form: its key sum z would need a second workspace written by every V-column
+  program alike, for a variant (the normalized linear transformer) that is not bound by this.
 
 Products: with 16-bit q/k/v, every `linalg.matmul` but the cumulative sums takes 16-bit operands
 (A, the decayed q and k, and the state rounded to q's type) with an f32 accumulator, so GPUs run
@@ -60,6 +60,7 @@ from typing import ClassVar
 
 from . import ModulePass, option
 from .chunk.blocked import BlockedOutputKernel, BlockedValueOutputKernel
+from .chunk.kernel import DIM_DECAYS
 from .chunk.sequential import SequentialKernel
 from .chunk.split import CumulativeDecayKernel, OutputKernel, StateKernel
 from .l1_ops import SEQUENCE_VIEWS, fail, kernel_function, ops_named, shape
@@ -109,7 +110,7 @@ class ChunkRecurrence(ModulePass):
 
     def _split_kernels(self, op, func, chunk: int) -> list:
         decay = op.attributes["decay"].value
-        summed = decay in ("token", "token_dim", "token_value_dim")
+        summed = decay == "token" or decay in DIM_DECAYS
         kernels = [CumulativeDecayKernel(op, func, chunk, self.block_v)] if summed else []
         output = next((k for k in (BlockedOutputKernel, BlockedValueOutputKernel) if k.applies(decay, chunk)),
                       OutputKernel)

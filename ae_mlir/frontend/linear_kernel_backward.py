@@ -215,8 +215,8 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
         packing = order.reversed_packing
         if need[1]:
             st = None if carried is None else carried.transpose(-1, -2).contiguous()
-            dk, _ = run("token_value_dim" if per_dim else decay_rev, scale, chunk, v, d_out, q, g_rev, st, wide,
-                        reverse=True, packing=packing)
+            dk_decay = out_side if per_dim else decay_rev  # reversed, dk reads the values' side too
+            dk, _ = run(dk_decay, scale, chunk, v, d_out, q, g_rev, st, wide, reverse=True, packing=packing)
         if need[2] or need_s0:
             dv, state = run(decay_rev, scale, chunk, k, q, d_out, g_rev, carried, q.dtype, reverse=True,
                             packing=packing)

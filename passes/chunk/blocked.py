@@ -19,9 +19,9 @@ chunk, with the blocks unrolled, kept every block's tiles live across the chunk 
 block J are the same ops for every later I) and spilled registers at Dk = 128."""
 from __future__ import annotations
 
-from ..l1_builders import extract_slice, f32, for_loop, index, tensor_type, transpose, zeros
+from ..l1_builders import f32, for_loop, index, tensor_type, transpose, zeros
 from .kernel import COL, TILE, exp, linalg_index, offset_of, value_block
-from .split import DECAYS, STATES, OutputKernel
+from .split import DECAYS, OutputKernel
 
 # The row blocks (the smallest tile tt.dot takes) and the widest Dk slice of the 3-D diagonal
 # blocks: SUB * SUB * SLICE f32 values are 64 registers per thread of a 4-warp program.
@@ -49,12 +49,10 @@ class BlockedOutputKernel(OutputKernel):
         rest, self.v0 = self.split_id(self.program_ids(sums=not self.loads_decays))
         it, block = arith.divsi(rest, blocks), arith.remsi(rest, blocks)
         t0 = arith.muli(it, index(self.c))
-        start = arith.addi(t0, arith.muli(block, index(SUB)))
+        start = self.block_start(t0, block)
 
         def store(values):
-            state = extract_slice(self.dests[STATES], self.ws_lead() + [self.ws_chunk(it), 0, offset_of(self.v0)],
-                                  [1, 1, 1, self.dk, self.bv], 2)
-            return [self.block_output(t0, block, start, state, values[0], self.dests[DECAYS])]
+            return [self.block_output(t0, block, start, self.chunk_state(it), values[0], self.dests[DECAYS])]
 
         return self.if_holding_tokens(start, [self.dests["out"]], store)
 

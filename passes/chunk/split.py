@@ -45,7 +45,7 @@ class SplitKernel(ChunkStep):
         self.ws_rows = rows
         self.h_type = tensor_type(lead + [chunks, self.dk, self.dv], self.dot_elt)
         cum_shape = {"token": lead + [rows], "token_dim": lead + [rows, self.dk],
-                     "token_value_dim": lead + [rows, self.dv]}
+                     "token_value_dim": lead + [rows, self.dv]}  # G over the dimensions g decays
         self.g_cum_type = tensor_type(cum_shape[self.decay]) if self.decay in cum_shape else None
 
     # --- workspace coordinates (the view's, or the packed rows' for packed sequences) ---------
@@ -196,11 +196,14 @@ class OutputKernel(SplitKernel):
         t0 = arith.muli(it, index(self.c))
 
         def store(values):
-            state = extract_slice(self.dests[STATES], self.ws_lead() + [self.ws_chunk(it), 0, offset_of(self.v0)],
-                                  [1, 1, 1, self.dk, self.bv], 2)
-            return [self.chunk_output(t0, state, values[0])]
+            return [self.chunk_output(t0, self.chunk_state(it), values[0])]
 
         return self.if_holding_tokens(t0, [self.dests["out"]], store)
+
+    def chunk_state(self, it):
+        """The program's [Dk, BV] slice of the state entering its chunk `it` (workspace w0)."""
+        return extract_slice(self.dests[STATES], self.ws_lead() + [self.ws_chunk(it), 0, offset_of(self.v0)],
+                             [1, 1, 1, self.dk, self.bv], 2)
 
     def chunk_output(self, t0, state, out):
         """Store the output rows of the chunk at t0, S being `state`."""
