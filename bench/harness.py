@@ -26,6 +26,22 @@ def bench_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def kernel_times(fn, calls: int = 10) -> list:
+    """Where `fn`'s GPU time goes: [kernel name, mean microseconds a call] for each kernel it
+    launches, longest first, from torch.profiler over `calls` calls after one warm-up call."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / calls) for e in prof.key_averages() if e.device_time_total > 0]
+    return [[name[:80], round(us, 1)] for name, us in sorted(rows, key=lambda r: -r[1])]
+
+
 def peer_backward(fn, leaves: list, wrt: list, d_out, flops: float) -> dict:
     """A peer's backward timed as its forward + backward (gradients of `wrt`) less its forward:
     the ms of each, and TFLOP/s of `flops` over the difference."""

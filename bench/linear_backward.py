@@ -7,7 +7,9 @@ columns ("token_value_dim").
     python bench/linear_backward.py build --out bench/bundles/linear_backward   # here: a kernel cache
     python bench/linear_backward.py run --bundles bench/bundles/linear_backward --out DIR   # GPU
 
-`--cases retention,simple_gla,gla` (the default: all) picks the cases of either step.
+`--cases retention,simple_gla,gla` (the default: all) picks the cases of either step; `--profile`
+adds each implementation's kernels with their mean time per forward and per step (torch.profiler);
+`--no-peers` times ae-mlir alone.
 
 `build` fills a kernel cache (AE_MLIR_CACHE_DIR) with the bundles the run's calls compile to (the
 forward, and the backward's runs, found by running the backward on CPU tensors with a runner that
@@ -31,6 +33,8 @@ import harness  # noqa: E402
 import suite  # noqa: E402
 
 CASES = ["retention", "simple_gla", "gla"]
+PROFILE = False  # --profile: also each implementation's kernels and their times
+PEERS = True  # --no-peers: ae-mlir alone (a profile without fla's autotuning)
 BATCH, HEADS, SEQ, DIM = 8, 16, 2048, 128
 
 
@@ -111,13 +115,17 @@ def run(bundles: str, out_dir: str) -> None:
         want = reference()
         names = ["dq", "dk", "dv", "dg"]
         rec = {"case": variant, "results": {}}
-        for label, forward, step in (("ae_mlir", ae_forward, ae_step), ("fla", fla_forward, fla_step)):
+        runs = [("ae_mlir", ae_forward, ae_step)] + ([("fla", fla_forward, fla_step)] if PEERS else [])
+        for label, forward, step in runs:
             try:
                 grads = step()
                 ms = harness.bench_ms(step)
                 rec["results"][label] = {"forward_backward_ms": ms, "forward_ms": harness.bench_ms(forward),
                                          "max_rel_err_vs_f32": {
                     n: _relative_error(a, b) for n, a, b in zip(names, grads, want)}}
+                if PROFILE:
+                    rec["results"][label]["kernels_us"] = {"forward": harness.kernel_times(forward),
+                                                           "step": harness.kernel_times(step)}
             except Exception as exc:
                 rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         doc["cases"].append(rec)
@@ -130,7 +138,11 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--no-peers", action="store_true")
     known, rest = parser.parse_known_args(argv)
+    global PROFILE, PEERS
+    PROFILE, PEERS = known.profile, not known.no_peers
     chosen = [c for c in known.cases.split(",") if c]
     unknown = sorted(set(chosen) - set(CASES))
     if unknown:

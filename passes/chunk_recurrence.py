@@ -27,11 +27,13 @@ Two forms (option `split`), a module under passes/chunk/ each:
 * One kernel (default; the CPU pipeline's; `chunk/sequential.py`): a program owns one (batch,
   head) and a BV-wide column slice of V, of the state and of the output, and carries S (and z)
   through one `scf.for` over the ceil(L / C) chunks.
-* Two or three kernels (`split`, the Triton pipeline's; `chunk/split.py`): a cumulative-decay
+* Two to four kernels (`split`, the Triton pipeline's; `chunk/split.py`): a cumulative-decay
   kernel for the decays that need a sum ("token" and the per-dimension ones), a chunk-state
   kernel walking the chunks doing only the state update and writing the state entering each
-  chunk to a workspace, then a chunk-parallel output kernel; for the per-dimension decays that
-  one works in blocks of SUB rows, a program per block (`chunk/blocked.py`). `normalize` keeps
+  chunk to a workspace, then a chunk-parallel output kernel. For "token_dim" (GLA) a scores
+  kernel first writes every chunk's A to a third workspace, a program per block of SUB rows
+  (`chunk/scores.py`); for "token_value_dim" the output kernel works in blocks of SUB rows, a
+  program per block (`chunk/blocked.py`). `normalize` keeps
   the one-kernel form: its key sum z would need a second workspace written by every V-column
   program alike, for a variant (the normalized linear transformer) that is not bound by this.
 
@@ -46,7 +48,7 @@ updated in place (they are the outputs of the generics that decay them), so a bu
 keeps one buffer for each.
 
 Every kernel lists its arguments' roles in `attn.arg_roles` ("q", "k", "v", "c<i>" for g, the
-initial state and closure tensors in order, "w0" and "w1" the workspaces, "out", "state"); a
+initial state and closure tensors in order, "w0", "w1" and "w2" the workspaces, "out", "state"); a
 module of several kernels runs them in module order.
 
 The kernels are built with the bindings' builders (`l1_builders`) at the recurrence op's location;
@@ -59,7 +61,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from . import ModulePass, option
-from .chunk.blocked import BlockedOutputKernel, BlockedValueOutputKernel
+from .chunk import scores
+from .chunk.blocked import BlockedValueOutputKernel
 from .chunk.kernel import DIM_DECAYS
 from .chunk.sequential import SequentialKernel
 from .chunk.split import CumulativeDecayKernel, OutputKernel, StateKernel
@@ -112,10 +115,12 @@ class ChunkRecurrence(ModulePass):
         decay = op.attributes["decay"].value
         summed = decay == "token" or decay in DIM_DECAYS
         kernels = [CumulativeDecayKernel(op, func, chunk, self.block_v)] if summed else []
-        output = next((k for k in (BlockedOutputKernel, BlockedValueOutputKernel) if k.applies(decay, chunk)),
-                      OutputKernel)
-        return kernels + [StateKernel(op, func, chunk, self.block_v, self.block_k),
-                          output(op, func, chunk, self.block_v)]
+        kernels.append(StateKernel(op, func, chunk, self.block_v, self.block_k))
+        if scores.applies(decay, chunk):
+            return kernels + [scores.ScoreKernel(op, func, chunk, self.block_v),
+                              scores.ScoredOutputKernel(op, func, chunk, self.block_v)]
+        output = BlockedValueOutputKernel if BlockedValueOutputKernel.applies(decay, chunk) else OutputKernel
+        return kernels + [output(op, func, chunk, self.block_v)]
 
 
 def _one_chunk_rows(length: int, chunk: int) -> int:

@@ -259,17 +259,25 @@ class KernelBuilder:
             linalg.YieldOp([body(args if accumulates else args[:-1])])
         return op.result
 
-    def reduce_rows(self, value, init, combine):
-        """Combine a 2-D tile along its rows (dimension 1) into `init` with `combine(x, acc)`."""
+    def reduce_rows(self, value, init, combine, dim: int = 1):
+        """Combine a 2-D tile along its rows (dimension 1) into `init` with `combine(x, acc)`;
+        with dim=0 a 1-D tile into a 0-D `init`."""
         from mlir import ir
         from mlir.dialects import linalg
 
-        op = linalg.ReduceOp([init.type], [value], [init], [1])
+        op = linalg.ReduceOp([init.type], [value], [init], [dim])
         f32_type = ir.F32Type.get()
         block = _block(op.regions[0], [f32_type, f32_type])
         with ir.InsertionPoint(block):
             linalg.YieldOp([combine(*block.arguments)])
         return op.result
+
+    def tile_max(self, value, floor: float):
+        """The largest element of an f32 2-D tile, or `floor` if that is larger, as a scalar."""
+        from mlir.dialects import arith, tensor
+
+        rows = self.reduce_rows(value, fill(f32(floor), empty(tensor_type([value.type.shape[0]]))), arith.maximumf)
+        return tensor.extract(self.reduce_rows(rows, fill(f32(floor), empty(tensor_type([]))), arith.maximumf, 0), [])
 
     def row_sum(self, value):
         """The row sums of an f32 2-D tile."""

@@ -130,18 +130,24 @@ def test_split_matches_reference(decay, chunk):
     # of 12) written to the workspace, then every chunk's output from it; L = 77 is ragged.
     case = Case(decay, normalize=False, chunk=chunk, l=77, dk=16, dv=24)
     module = case.l1("split=true block-v=16 block-k=8")
-    *first, states, outputs = kernels_of(module)
+    kernels = kernels_of(module)
     chunks = -(-77 // chunk)
-    if decay in ("token", "token_dim"):
+    summed = decay in ("token", "token_dim")
+    scored = decay == "token_dim" and chunk > 16
+    assert len(kernels) == 2 + summed + scored
+    states, outputs = kernels[summed], kernels[-1]
+    if summed:
         # The cumulative log-decays of every chunk come first, in parallel, into workspace w1.
-        assert [int(x) for x in first[0].attributes["attn.grid"]] == [B, H, chunks]
+        assert [int(x) for x in kernels[0].attributes["attn.grid"]] == [B, H, chunks]
         assert '"w1", "w0", "state"]' in str(states.attributes["attn.arg_roles"])
-    else:
-        assert not first
     assert [int(x) for x in states.attributes["attn.grid"]] == [B, H, 4]
-    # GLA's blocked output kernel (chunk 32) takes a program per 16-row block of a chunk.
-    blocks = chunk // 16 if decay == "token_dim" and chunk > 16 else 1
-    assert [int(x) for x in outputs.attributes["attn.grid"]] == [B, H, 2 * chunks * blocks]
+    if scored:
+        # GLA's scores (chunk 32): a program per 16-row block of a chunk, into workspace w2,
+        # which the output kernel reads.
+        assert [int(x) for x in kernels[2].attributes["attn.grid"]] == [B, H, chunks * 2]
+        assert str(kernels[2].attributes["attn.arg_roles"]).endswith('"w1", "w2"]')
+        assert '"w1", "w2", "w0", "out"]' in str(outputs.attributes["attn.arg_roles"])
+    assert [int(x) for x in outputs.attributes["attn.grid"]] == [B, H, 2 * chunks]
     out, state = run_kernel(module, case.inputs)
     want_out, want_state = case.expected()
     close(out, want_out, 1e-9)
@@ -149,14 +155,17 @@ def test_split_matches_reference(decay, chunk):
 
 
 @pytest.mark.parametrize("dk,slices", [(16, 1), (80, 4)])
-def test_split_gla_by_row_blocks(dk, slices):
-    # The "token_dim" output kernel in blocks of 16 rows, a program each: four per chunk of 64;
-    # L = 77 leaves the last chunk 13 rows, so three of its blocks lie wholly past L. Dk = 80
-    # evaluates the diagonal block in four slices of 20 key columns.
+def test_split_gla_scores_by_row_blocks(dk, slices):
+    # GLA's scores in blocks of 16 rows, a program each: four per chunk of 64; L = 77 leaves the
+    # last chunk 13 rows, so three of its blocks lie wholly past L. Dk = 80 evaluates the diagonal
+    # block in four slices of 20 key columns. The output kernel takes a program per chunk and
+    # V block.
     case = Case("token_dim", normalize=False, chunk=64, l=77, dk=dk, dv=24, strength=3.0)
     module = case.l1("split=true block-v=16")
     assert str(module.operation).count('iterator_types = ["parallel", "parallel", "reduction"]') == slices
-    assert [int(x) for x in kernels_of(module)[-1].attributes["attn.grid"]] == [B, H, 2 * 4 * 2]
+    *_, scores, outputs = kernels_of(module)
+    assert [int(x) for x in scores.attributes["attn.grid"]] == [B, H, 2 * 4]
+    assert [int(x) for x in outputs.attributes["attn.grid"]] == [B, H, 2 * 2]
     out, state = run_kernel(module, case.inputs)
     want_out, want_state = case.expected()
     close(out, want_out, 1e-9)

@@ -279,8 +279,9 @@ def test_lengths_on_a_padded_batch(decay):
 
 
 def test_split_workspaces_grow_with_the_packed_tokens():
-    # One long sequence among many short ones: the chunk states and cumulative decays of the split
-    # form follow the packed rows (T / C + S + 1 chunks, T + S C rows), not S x the longest.
+    # One long sequence among many short ones: the chunk states, cumulative decays and GLA's
+    # scores of the split form follow the packed rows (T / C + S + 1 chunks, T + S C rows), not
+    # S x the longest.
     lens = [4096] + [64] * 63
     total, count, chunk = sum(lens), len(lens), 64
     q = torch.empty(1, total, 4, 64, dtype=torch.bfloat16, device="meta")
@@ -289,4 +290,6 @@ def test_split_workspaces_grow_with_the_packed_tokens():
     layer = ae.linear_attention(decay="token_dim", layout="blhd")
     bundle = tb.build_bundle(layer.mlir(q, q, q, g, cu_seqlens=cu, max_seqlen=4096), "cuda:90", None)
     shapes = {w.role: list(w.shape) for w in bundle.workspace}
-    assert shapes == {"w0": [1, 4, total // chunk + count + 1, 64, 64], "w1": [1, 4, total + count * chunk, 64]}
+    assert shapes == {"w0": [1, 4, total // chunk + count + 1, 64, 64], "w1": [1, 4, total + count * chunk, 64],
+                      "w2": [1, 4, total + count * chunk, chunk]}
+    assert {w.role: w.dtype for w in bundle.workspace}["w2"] == "bfloat16"  # the scores, in the dot type

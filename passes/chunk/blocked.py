@@ -1,27 +1,41 @@
-"""The split form's output kernels of the per-dimension decays ("token_dim", GLA, and
-"token_value_dim", below), in blocks of SUB rows, as
-flash-linear-attention's GLA kernels compute it: the 3-D scores of the one-kernel form cost
-C * C * Dk exponentials and as many registers, more than a GPU program holds at C = 64, Dk = 128.
+"""Kernels of the split form whose program takes one block of SUB rows of a chunk, as
+flash-linear-attention's GLA kernels compute the per-dimension decays: the 3-D pair factors of
+a whole chunk cost C * C * Dk exponentials and as many registers, more than a GPU program holds
+at C = 64, Dk = 128.
 
 G comes from the cumulative-decay workspace. With the chunk cut into blocks I of SUB rows and R_I
-the row of G just before block I, a pair of blocks J < I factorizes at that boundary safely:
+the row of G just before block I, a pair of blocks J < I factorizes at that boundary safely,
 
-    A_IJ = scale * (q_I exp(G_I - R_I)) @ (k_J exp(R_I - G_J))^T,
+    exp(G_t - G_s) = exp(G_t - R_I) * exp(R_I - G_s)    (t in I, s in J),
 
-both exponents <= 0 (decays only shrink G), on tensor cores. Only the SUB x SUB diagonal blocks
-need the 3-D form, evaluated over Dk in slices of at most SLICE columns. Then
-o_I = sum_J A_IJ @ v_J + (scale q_I exp(G_I)) @ S. The exponents are also clamped at 0: rows past
-L load G = 0, and a padded row (never stored) must not overflow either.
+both exponents <= 0 (decays only shrink G), so their products run on tensor cores. A diagonal
+block (J = I) factorizes the same way while the block's own decay, max(R_I - G_I), stays under
+SPAN_LIMIT (then exp(R_I - G_s) <= exp(SPAN_LIMIT) stays finite and exact); past it, it takes
+the exact 3-D form. The exponents are also clamped at 0 (at SPAN_LIMIT for a diagonal block's
+keys): rows past L load G = 0, and a padded row (never stored) must not overflow either.
 
-A program computes one block I of one chunk (grid [B, H, NC * C / SUB * Dv / BV]), walking the
-earlier blocks J in an scf.for: each J's tiles are loaded, used once and dropped. One program per
-chunk, with the blocks unrolled, kept every block's tiles live across the chunk (the loads of a
-block J are the same ops for every later I) and spilled registers at Dk = 128."""
+GLA's ("token_dim") scores use this in `chunk/scores.py`. Here, the output kernel of
+"token_value_dim", whose decay acts on the values' columns:
+
+    o_I = sum_{J <= I} exp(G_I - R_I) * (A_IJ @ (v_J exp(R_I - G_J))) + scale * (q_I @ S) * exp(G_I)
+
+with A = scale * q k^T undecayed (and causal in A_II), the diagonal term in the 3-D form over
+(t, s, j) for a block past SPAN_LIMIT. A program computes one block I of one chunk (grid
+[B, H, NC * C / SUB * Dv / BV]), walking the earlier blocks J in an scf.for: each J's tiles are
+loaded, used once and dropped. One program per chunk, with the blocks unrolled, kept every
+block's tiles live across the chunk and spilled registers at Dk = 128."""
 from __future__ import annotations
 
 from ..l1_builders import f32, for_loop, index, tensor_type, transpose, zeros
-from .kernel import COL, TILE, exp, linalg_index, offset_of, value_block
+from .kernel import COL, TILE, exp, linalg_index, offset_of
 from .split import DECAYS, OutputKernel
+
+# The largest decay (in nats, over a block's rows in any column) whose factors the tensor-core
+# form of a diagonal block takes: a factor exp(R_I - G_s) grows to exp(SPAN_LIMIT), far inside
+# the range of f32 and bf16 (exp(88)); the exponents of masked pairs are capped there too. A
+# block that decays more (or has f16 operands, whose range ends at exp(11)) takes the exact 3-D
+# form.
+SPAN_LIMIT = 40.0
 
 # The row blocks (the smallest tile tt.dot takes) and the widest Dk slice of the 3-D diagonal
 # blocks: SUB * SUB * SLICE f32 values are 64 registers per thread of a 4-warp program.
@@ -29,13 +43,11 @@ SUB = 16
 SLICE = 32
 
 
-class BlockedOutputKernel(OutputKernel):
-    loads_decays = True  # G comes from the cumulative-decay workspace
+class BlockedKernel(OutputKernel):
+    """A kernel whose program takes one block of SUB rows of a chunk: the blocks' coordinates and
+    the factorization at a block's boundary."""
 
-    @staticmethod
-    def applies(decay: str, chunk: int) -> bool:
-        """Whether a chunk splits into several blocks of SUB rows."""
-        return decay == "token_dim" and chunk % SUB == 0 and chunk > SUB
+    loads_decays = True  # G comes from the cumulative-decay workspace
 
     def build(self) -> None:
         extra = self.arguments(self.loads_decays, ("out", self.out_type))
@@ -56,20 +68,6 @@ class BlockedOutputKernel(OutputKernel):
 
         return self.if_holding_tokens(start, [self.dests["out"]], store)
 
-    def block_output(self, t0, block, start, state, out, g_cum):
-        """Store the output rows of the block `block` (an index value) at `start` of the chunk at
-        t0, S being `state`."""
-        q, _ = self.load("q", start, None, self.dk, SUB)
-        g_i = self.cum(g_cum, start, None, self.dk)
-        o = self.from_state(q, g_i, state)
-        boundary = self.boundary(g_cum, start)
-        q_local = self.operand(self.generic([(q, TILE), (g_i, TILE), (boundary, COL)], self.sd,
-                                            lambda a: self.decayed(a[0], a[1], a[2], True)))
-        o = for_loop(block, [o], lambda j, values: [
-            self.add_earlier_block(values[0], q_local, boundary, self.block_start(t0, j), g_cum)])[0]
-        o = self.add_diagonal_block(o, q, g_i, start, g_cum)
-        return self.store_rows(self.output_elements(o), start, SUB, out)
-
     @staticmethod
     def block_start(t0, j):
         from mlir.dialects import arith
@@ -85,71 +83,45 @@ class BlockedOutputKernel(OutputKernel):
         return self.ws_load(g_cum, start, SUB, width, offset_of(col))
 
     def boundary(self, g_cum, start, col=None, width: int | None = None):
-        """R_I [width (Dk)]: the row of G just before the block at `start`, columns from `col`."""
+        """R_I [width (Dk)]: the row of G just before the block at `start`, columns from `col`;
+        0 before a chunk's first block (G counts from the chunk's start)."""
         from mlir.dialects import arith, tensor
 
-        # Clamped into [0, L): the first block has none (and no earlier block reads it).
+        # Clamped into [0, L) for the first block, whose row is not used.
         before = self.ws_row(arith.maxsi(arith.minsi(arith.subi(start, index(1)), index(self.l - 1)), index(0)))
+        first = arith.cmpi(arith.CmpIPredicate.eq, arith.remsi(start, index(self.c)), index(0))
 
         def entry(a):
             d = linalg_index(0)
-            return tensor.extract(g_cum, self.ws_lead() + [before, d if col is None else arith.addi(col, d)])
+            row = tensor.extract(g_cum, self.ws_lead() + [before, d if col is None else arith.addi(col, d)])
+            return arith.select(first, f32(0.0), row)
 
         return self.generic([], tensor_type([width or self.dk]), entry, rank=1)
 
-    def decayed(self, x, hi, lo, scale: bool):
-        """x * exp(min(hi - lo, 0)) (x * exp(hi) without `lo`), times the scale with `scale`."""
+    def wide(self, g_i, boundary):
+        """1 (an index value) when the block's decay over its rows exceeds SPAN_LIMIT in a
+        column, max(R_I - G_I) > SPAN_LIMIT, else 0: the trips of the loop that computes its
+        diagonal block in the exact 3-D form instead."""
+        from mlir.dialects import arith
+
+        spans = self.generic([(g_i, TILE), (boundary, COL)], g_i.type, lambda a: arith.subf(a[1], a[0]))
+        wide = arith.cmpf(arith.CmpFPredicate.OGT, self.tile_max(spans, 0.0), f32(SPAN_LIMIT))
+        return arith.select(wide, index(1), index(0))
+
+    def decayed(self, x, hi, lo, scale: bool, cap: float = 0.0):
+        """x * exp(min(hi - lo, cap)) (x * exp(hi) without `lo`), times the scale with `scale`."""
         from mlir.dialects import arith
 
         exponent = hi if lo is None else arith.subf(hi, lo)
         if lo is not None:
-            exponent = arith.minimumf(exponent, f32(0.0))
+            exponent = arith.minimumf(exponent, f32(cap))
         y = arith.mulf(x, exp(exponent))
         return self.scaled(y) if scale else y
 
-    def from_state(self, q, g_i, state):
-        """(scale * q_I * exp(G_I)) @ S, a fresh [SUB, BV] accumulator."""
-        q_dec = self.generic([(q, TILE), (g_i, TILE)], self.sd, lambda a: self.decayed(a[0], a[1], None, True))
-        return self.matmul(self.operand(q_dec), state, zeros([SUB, self.bv]))
 
-    def add_earlier_block(self, o, q_local, boundary, start, g_cum):
-        """o + A_IJ @ v_J for the earlier block J at `start`, factorized at the boundary R_I."""
-        k_j, _ = self.load("k", start, None, self.dk, SUB)
-        k_dec = self.generic([(k_j, TILE), (self.cum(g_cum, start, None, self.dk), TILE), (boundary, COL)], self.sd,
-                             lambda a: self.decayed(a[0], a[2], a[1], False))
-        scores = self.matmul(q_local, transpose(self.operand(k_dec)), zeros([SUB, SUB]))
-        return self.plus_scores_v(o, scores, start)
-
-    def add_diagonal_block(self, o, q, g_i, start, g_cum):
-        """o + A_II @ v_I, A_II in the 3-D form summed over slices of Dk."""
-        dk = self.dk
-        diagonal = zeros([SUB, SUB])
-        width = value_block(dk, SLICE)
-        for col in range(0, dk, width):
-            if width == dk:
-                q_s, g_s = q, g_i
-                k_s = self.load("k", start, None, dk, SUB)[0]
-            else:
-                c0 = index(col)
-                q_s = self.load("q", start, c0, width, SUB)[0]
-                k_s = self.load("k", start, c0, width, SUB)[0]
-                g_s = self.cum(g_cum, start, c0, width)
-            diagonal = self.decayed_scores(q_s, k_s, g_s, SUB, diagonal, clamp=True)
-        return self.plus_scores_v(o, diagonal, start)
-
-    def plus_scores_v(self, o, scores, start):
-        """o + scores @ v for the [SUB, SUB] scores against the block of v at `start`."""
-        return self.matmul(self.operand(scores), self.load("v", start, self.v0, self.bv, SUB)[1], o)
-
-
-class BlockedValueOutputKernel(BlockedOutputKernel):
-    """The same blocks for "token_value_dim", whose decay acts on the values' columns:
-
-        o_I = sum_{J < I} exp(G_I - R_I) * (A_IJ @ (v_J exp(R_I - G_J))) + A_II (3-D over (t, s, j))
-              + scale * (q_I @ S) * exp(G_I)
-
-    with A = scale * q k^T undecayed and both exponents <= 0. A program takes SLICE V columns at
-    most, so that the diagonal block's 3-D form, SUB * SUB * BV values, fits its registers whole:
+class BlockedValueOutputKernel(BlockedKernel):
+    """The output kernel of "token_value_dim" (module docstring). A program takes SLICE V columns
+    at most, so that the diagonal block's 3-D form, SUB * SUB * BV values, fits its registers whole:
     its output columns cannot be assembled from slices."""
 
     def __init__(self, op, func, chunk: int, block_v: int):
@@ -173,7 +145,17 @@ class BlockedValueOutputKernel(BlockedOutputKernel):
                          lambda a: arith.addf(a[0], self.decayed(a[1], a[2], a[3], True)))
         k = self.load("k", start, None, self.dk, SUB)
         v = self.load("v", start, self.v0, self.bv, SUB)[0]
-        o = self.value_decayed_product(self.scores(q, k, None, SUB), v, g_i, o, clamp=True)
+        scores = self.scores(q, k, None, SUB)
+        if str(self.dot_elt) == "f16":
+            o = self.value_decayed_product(scores, v, g_i, o, clamp=True)
+        else:
+            v_dec = self.generic([(v, TILE), (g_i, TILE), (boundary, COL)], sv,
+                                 lambda a: self.decayed(a[0], a[2], a[1], False, SPAN_LIMIT))
+            diagonal = self.matmul(self.operand(scores), self.operand(v_dec), zeros([SUB, self.bv]))
+            fast = self.generic([(o, TILE), (diagonal, TILE), (g_i, TILE), (boundary, COL)], sv,
+                                lambda a: arith.addf(a[0], self.decayed(a[1], a[2], a[3], False)))
+            o = for_loop(self.wide(g_i, boundary), [fast], lambda _, values: [
+                self.value_decayed_product(scores, v, g_i, o, clamp=True)])[0]
         return self.store_rows(self.output_elements(o), start, SUB, out)
 
     def add_earlier_values(self, acc, q, boundary, start, g_cum):

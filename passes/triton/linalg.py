@@ -155,10 +155,11 @@ class LinalgOps(TileBuilder):
         if len(op.results) != 1:
             raise fail(op, "must reduce one tensor")
         x = self.tile(op.operands[0], op)
-        init = self.tile(op.operands[1], op)
+        # A 1-D tile reduces into a 0-D tensor, which is a scalar here.
+        init = self.tile(op.operands[1], op) if op.operands[1].type.rank else self.get(op.operands[1], op)
         dims = list(op.attributes["dimensions"])
-        if len(dims) != 1 or len(x.shape) != 2:
-            raise fail(op, "reduces one dimension of a 2-D tile only")
+        if len(dims) != 1 or len(x.shape) not in (1, 2):
+            raise fail(op, "reduces one dimension of a 1-D or 2-D tile only")
         axis = dims[0]
         block = op.regions[0].blocks[0]
         if x.logical[axis] != x.shape[axis]:

@@ -152,10 +152,13 @@ class TensorOps(Tables, MathExpansions):
         if isinstance(src, Table) and not any(v.shape for v in lowered):
             self.values[op.results[0]] = self.table_lookup(src, indices, op)
             return
+        if isinstance(src, Value) and not src.shape and not indices:
+            self.values[op.results[0]] = src  # the element of a 0-D tensor (a reduced tile) is its scalar
+            return
         if isinstance(src, Table):
             src = self.table_arg(src)
         if not isinstance(src, Arg):
-            raise fail(op, "reads elements of closure tensors or block tables only")
+            raise fail(op, "reads elements of closure tensors, block tables or 0-D tensors only")
         self.values[op.results[0]] = self.gather(src, lowered, op)
 
     def scf_for(self, op) -> None:

@@ -1,0 +1,188 @@
+"""GLA's ("token_dim") chunk output in two kernels, as flash-linear-attention splits its GLA
+forward: the intra-chunk scores
+
+    A = scale * [s <= t] * sum_d q[t,d] k[s,d] exp(G[t,d] - G[s,d])        [C, C] per chunk
+
+first, into workspace w2 (`@<name>_scores`, grid [B, H, NC * C / SUB], a program per block of SUB
+rows), then every chunk's output o = A @ v + (scale * q * exp(G)) @ S from two tensor-core
+products over the chunk's whole rows (`@<name>`, grid [B, H, NC * Dv / BV]). Computing A inside
+the output kernel repeated its exponentials (C * SUB * Dk a chunk, the diagonal blocks') in every
+V-column program and cut the products into SUB-row pieces.
+
+A block I's row of A: the blocks factorize at its boundary R_I (`chunk/blocked.py`; R_I = 0 for
+a chunk's first block, as G counts from the chunk's start),
+
+    A[I, :] = mask((scale * q_I exp(G_I - R_I)) @ (k exp(min(R_I - G, SPAN_LIMIT)))^T),
+
+one product against the chunk's keys (in passes of PRODUCT_COLUMNS columns of Dk), masked to
+s <= t. For the earlier blocks both exponents are <= 0. For the diagonal block the keys' factor
+exp(R_I - G_s) grows with the block's own decay, so the product is exact only while that stays
+under SPAN_LIMIT in every dimension, which the program checks (a scalar max over the block's
+R_I - G); a block that decays more recomputes its diagonal block A_II in the 3-D form over Dk,
+in slices of at most SLICE columns, moved to columns [first, first + SUB) by an exact f32
+product with the 0/1 placement [SUB, C] (a register tile cannot be indexed at a computed
+column), in a loop of one trip or none (the kernels' lowerings take loops, not conditionals).
+f16 operands (whose range ends at exp(11)) always take the 3-D form. Keys after the block have
+their exponents capped at SPAN_LIMIT too: masked, they must only stay finite.
+
+A holds the dot type (16-bit for 16-bit inputs: the output's product rounds it to that anyway)
+and every chunk's C rows: [B, H, NC * C, C], or for packed sequences [1, H, T + S C, C] with the
+rows G has (`chunk/split.py`), so a block's tile is always stored and loaded whole."""
+from __future__ import annotations
+
+from ...core import abi
+from ..l1_builders import extract_slice, f32, for_loop, index, insert_slice, tensor_type, transpose, zeros
+from .blocked import SLICE, SPAN_LIMIT, SUB, BlockedKernel
+from .kernel import COL, TILE, exp, linalg_index, offset_of, or_zero, value_block
+from .split import DECAYS, STATES, OutputKernel
+
+SCORES = abi.workspace(2)
+# The Dk columns a pass of the scores' products takes: at Dk = 128 two passes of an scf.for keep
+# half the key tiles live (253 registers a thread in one pass).
+PRODUCT_COLUMNS = 64
+
+
+def applies(decay: str, chunk: int) -> bool:
+    """Whether GLA's output takes the two kernels: a chunk of several blocks of SUB rows."""
+    return decay == "token_dim" and chunk % SUB == 0 and chunk > SUB
+
+
+class ScoresWorkspace:
+    """The type of workspace w2, for a kernel of the split form."""
+
+    @property
+    def scores_type(self):
+        lead = self.h_type.shape[:2]
+        rows = self.chunks * self.c if self.packed_out is None else self.ws_rows
+        return tensor_type(lead + [rows, self.c], self.dot_elt)
+
+    def chunk_scores(self, t0, rows: int):
+        """The [rows, C] tile of w2 from the program's row t0."""
+        return self.ws_lead() + [self.ws_row(t0), 0], [1, 1, rows, self.c]
+
+
+class ScoreKernel(ScoresWorkspace, BlockedKernel):
+    writes_output = False
+
+    def build(self) -> None:
+        self.define(f"{self.name}_scores", [(DECAYS, self.g_cum_type), (SCORES, self.scores_type)],
+                    [self.scores_type], [self.b, self.h, self.chunks * (self.c // SUB)], self.body)
+
+    def body(self) -> list:
+        from mlir.dialects import arith
+
+        blocks = index(self.c // SUB)
+        rest = self.program_ids(sums=False)
+        it, block = arith.divsi(rest, blocks), arith.remsi(rest, blocks)
+        t0 = arith.muli(it, index(self.c))
+
+        def store(values):
+            return [self.block_scores(t0, block, values[0])]
+
+        # Per chunk, not per block: the output kernel reads the whole chunk's rows of A.
+        return self.if_holding_tokens(t0, [self.dests[SCORES]], store)
+
+    def block_scores(self, t0, block, dest):
+        """Store block `block`'s [SUB, C] row of the scores of the chunk at t0 into `dest`."""
+        from mlir.dialects import arith
+
+        g_cum, dk, c = self.dests[DECAYS], self.dk, self.c
+        start = self.block_start(t0, block)
+        width = value_block(dk, PRODUCT_COLUMNS)
+        if width == dk:
+            products = self.matmul(*self.factors(t0, start, None, width), zeros([SUB, c]))
+        else:
+            products = for_loop(index(dk // width), [zeros([SUB, c])], lambda j, values: [
+                self.matmul(*self.factors(t0, start, arith.muli(j, index(width)), width), values[0])])[0]
+        q = self.load("q", start, None, dk, SUB)
+        g_i = self.cum(g_cum, start, None, dk)
+        boundary = self.boundary(g_cum, start)
+        first = arith.muli(block, index(SUB))
+
+        def causal(a):
+            i, j = linalg_index(0), linalg_index(1)
+            return or_zero(arith.cmpi(arith.CmpIPredicate.sle, j, arith.addi(first, i)), a[0])
+
+        scores = self.generic([(products, TILE)], self.tile_type(SUB, c), causal)
+        if str(self.dot_elt) == "f16":
+            scores = self.exact_scores(products, first, q[0], g_i, start, g_cum)
+        else:
+            scores = for_loop(self.wide(g_i, boundary), [scores], lambda _, values: [
+                self.exact_scores(products, first, q[0], g_i, start, g_cum)])[0]
+        offsets, sizes = self.chunk_scores(start, SUB)
+        return insert_slice(self.operand(scores), dest, offsets, sizes)
+
+    def factors(self, t0, start, col, width: int) -> tuple:
+        """The operands of the products over Dk columns [col, col + width) (col an index value or
+        None): (scale * q_I exp(G_I - R_I), (k exp(min(R_I - G, SPAN_LIMIT)))^T) over the chunk's
+        keys."""
+        g_cum, c = self.dests[DECAYS], self.c
+        boundary = self.boundary(g_cum, start, col, width)
+        q = self.load("q", start, col, width, SUB)[0]
+        q_local = self.generic([(q, TILE), (self.cum(g_cum, start, col, width), TILE), (boundary, COL)],
+                               self.tile_type(SUB, width), lambda a: self.decayed(a[0], a[1], a[2], True))
+        k = self.load("k", t0, col, width)[0]
+        k_dec = self.generic([(k, TILE), (self.ws_load(g_cum, t0, c, width, offset_of(col)), TILE), (boundary, COL)],
+                             self.tile_type(c, width), lambda a: self.decayed(a[0], a[2], a[1], False, SPAN_LIMIT))
+        return self.operand(q_local), transpose(self.operand(k_dec))
+
+    def exact_scores(self, products, first, q, g_i, start, g_cum):
+        """The block's row of scores with its diagonal block in the 3-D form: the products'
+        columns before the block, then A_II placed at columns [first, first + SUB)."""
+        from mlir.dialects import arith
+
+        def before_block(a):
+            return or_zero(arith.cmpi(arith.CmpIPredicate.slt, linalg_index(1), first), a[0])
+
+        earlier = self.generic([(products, TILE)], self.tile_type(SUB, self.c), before_block)
+        placement = self.generic([], self.tile_type(SUB, self.c), lambda a: self.placed(first))
+        return self.matmul(self.diagonal_block(q, g_i, start, g_cum), placement, earlier)
+
+    @staticmethod
+    def placed(first):
+        """In a body over (i, j): 1 where j = first + i, else 0."""
+        from mlir.dialects import arith
+
+        on = arith.cmpi(arith.CmpIPredicate.eq, linalg_index(1), arith.addi(first, linalg_index(0)))
+        return arith.select(on, f32(1.0), f32(0.0))
+
+    def diagonal_block(self, q, g_i, start, g_cum):
+        """A_II [SUB, SUB] in the 3-D form summed over slices of Dk."""
+        dk = self.dk
+        diagonal = zeros([SUB, SUB])
+        width = value_block(dk, SLICE)
+        for col in range(0, dk, width):
+            if width == dk:
+                q_s, g_s = q, g_i
+                k_s = self.load("k", start, None, dk, SUB)[0]
+            else:
+                c0 = index(col)
+                q_s = self.load("q", start, c0, width, SUB)[0]
+                k_s = self.load("k", start, c0, width, SUB)[0]
+                g_s = self.cum(g_cum, start, c0, width)
+            diagonal = self.decayed_scores(q_s, k_s, g_s, SUB, diagonal, clamp=True)
+        return diagonal
+
+
+class ScoredOutputKernel(ScoresWorkspace, OutputKernel):
+    """Every chunk's output from its scores (workspace w2), G (w1) and the state entering it (w0)."""
+
+    loads_decays = True
+
+    def build(self) -> None:
+        extra = [(DECAYS, self.g_cum_type), (SCORES, self.scores_type), (STATES, self.h_type),
+                 ("out", self.out_type)]
+        self.define(self.name, extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
+
+    def chunk_output(self, t0, state, out):
+        from mlir.dialects import arith
+
+        c, dk = self.c, self.dk
+        q = self.load("q", t0, None, dk)[0]
+        q_dec = self.generic([(q, TILE), (self.ws_load(self.dests[DECAYS], t0, c, dk), TILE)], self.tile_type(c, dk),
+                             lambda a: self.scaled(arith.mulf(a[0], exp(a[1]))))
+        o = self.matmul(self.operand(q_dec), state, zeros([c, self.bv]))
+        offsets, sizes = self.chunk_scores(t0, c)
+        scores = extract_slice(self.dests[SCORES], offsets, sizes, 2)
+        o = self.matmul(scores, self.load("v", t0, self.v0, self.bv)[1], o)
+        return self.store_rows(self.output_elements(o), t0, c, out)

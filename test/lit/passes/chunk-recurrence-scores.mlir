@@ -1,0 +1,51 @@
+// The split form of GLA ("token_dim"): the cumulative decays (a program per chunk and 24 of G's
+// 48 columns), the chunk states, then the scores A [C, C] of every chunk into workspace w2 (a
+// program per block of 16 rows: the earlier blocks in one product factorized at the block's
+// boundary and masked to the columns before the block, the diagonal block the 3-D generic over
+// (t, s, d) in slices of 24 columns of Dk, moved to its columns by a product with the 0/1
+// placement), then the output kernel: two products over the chunk's 64 rows. L = 96 is ragged:
+// w2 holds both chunks' 128 rows, so its tiles are stored and loaded whole.
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-chunk-recurrence{split=1 block-v=64},cse)' --no-mlir-print-op-generic | FileCheck %s
+
+// CHECK-LABEL: func.func @gla_decays
+// CHECK-SAME: attn.grid = array<i64: 1, 2, 4>
+// CHECK: %[[DPID:.*]] = "attn.program_id"() {axis = 2 : i64}
+// CHECK: arith.divsi %[[DPID]], %c2
+// CHECK: arith.remsi %[[DPID]], %c2
+// CHECK: linalg.matmul {attn.precision = "tf32x3"} ins(%{{.*}}, %{{.*}} : tensor<64x64xf32>, tensor<64x24xf32>)
+// CHECK-LABEL: func.func @gla_states
+// CHECK-LABEL: func.func @gla_scores(
+// CHECK-SAME: %[[W1:[a-z0-9]+]]: tensor<1x2x96x48xf32>, %[[W2:[a-z0-9]+]]: tensor<1x2x128x64xf32>) -> tensor<1x2x128x64xf32>
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w1", "w2"]
+// CHECK-SAME: attn.grid = array<i64: 1, 2, 8>
+// CHECK: %[[REST:.*]] = "attn.program_id"() {axis = 2 : i64}
+// CHECK: %[[IT:.*]] = arith.divsi %[[REST]], %c4
+// CHECK: %[[BLOCK:.*]] = arith.remsi %[[REST]], %c4
+// CHECK: %[[T0:.*]] = arith.muli %[[IT]], %c64
+// CHECK: %[[FIRST:.*]] = arith.muli %[[BLOCK]], %c16
+// CHECK: %[[START:.*]] = arith.addi %[[T0]], %[[FIRST]]
+// The earlier blocks: the block's decayed queries against the chunk's 64 decayed keys.
+// CHECK: %[[EARLIER:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%{{.*}}, %{{.*}} : tensor<16x48xf32>, tensor<48x64xf32>) outs(%{{.*}} : tensor<16x64xf32>)
+// CHECK: linalg.generic {{.*}} ins(%[[EARLIER]] : tensor<16x64xf32>)
+// CHECK: %[[COL:.*]] = linalg.index 1
+// CHECK: arith.cmpi slt, %[[COL]], %[[FIRST]]
+// CHECK: %[[PLACEMENT:.*]] = linalg.generic
+// CHECK: arith.addi %[[FIRST]]
+// The diagonal block, two slices of 24 columns, then placed.
+// CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins({{.*}} : tensor<16x24xf32>, tensor<16x24xf32>, tensor<16x24xf32>, tensor<16x24xf32>) outs(%{{.*}} : tensor<16x16xf32>)
+// CHECK: %[[DIAG:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins({{.*}} : tensor<16x24xf32>, tensor<16x24xf32>, tensor<16x24xf32>, tensor<16x24xf32>) outs(%{{.*}} : tensor<16x16xf32>)
+// CHECK: %[[ROWS:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[DIAG]], %[[PLACEMENT]] : tensor<16x16xf32>, tensor<16x64xf32>)
+// CHECK: tensor.insert_slice %[[ROWS]] into %[[W2]][%{{.*}}, %{{.*}}, %[[START]], 0] [1, 1, 16, 64]
+// CHECK-LABEL: func.func @gla(
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w1", "w2", "w0", "out"]
+// CHECK-SAME: attn.grid = array<i64: 1, 2, 2>
+// CHECK: %[[STATE:.*]] = tensor.extract_slice %{{.*}} : tensor<1x2x2x48x40xf32> to tensor<48x40xf32>
+// CHECK: %[[O:.*]] = linalg.matmul {{.*}} ins(%{{.*}}, %[[STATE]] : tensor<64x48xf32>, tensor<48x40xf32>)
+// CHECK: %[[A:.*]] = tensor.extract_slice %{{.*}} [1, 1, 64, 64] [1, 1, 1, 1] : tensor<1x2x128x64xf32> to tensor<64x64xf32>
+// CHECK: linalg.matmul {{.*}} ins(%[[A]], %{{.*}} : tensor<64x64xf32>, tensor<64x40xf32>) outs(%[[O]] : tensor<64x40xf32>)
+// CHECK: tensor.insert_slice
+
+func.func @gla(%q: tensor<1x2x96x48xf32>, %k: tensor<1x2x96x48xf32>, %v: tensor<1x2x96x40xf32>, %g: tensor<1x2x96x48xf32>) -> (tensor<1x2x96x40xf32>, tensor<1x2x48x40xf32>) {
+  %o, %st = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "token_dim", scale = 0.125 : f32, normalize = false, chunk_size = 64 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x96x48xf32>, tensor<1x2x96x48xf32>, tensor<1x2x96x40xf32>, tensor<1x2x96x48xf32>) -> (tensor<1x2x96x40xf32>, tensor<1x2x48x40xf32>)
+  return %o, %st : tensor<1x2x96x40xf32>, tensor<1x2x48x40xf32>
+}
