@@ -1,10 +1,11 @@
 // The split form of GLA ("token_dim"): the cumulative decays (a program per chunk and 24 of G's
 // 48 columns), the chunk states, then the scores A [C, C] of every chunk into workspace w2 (a
-// program per block of 16 rows: the earlier blocks in one product factorized at the block's
-// boundary and masked to the columns before the block, the diagonal block the 3-D generic over
-// (t, s, d) in slices of 24 columns of Dk, moved to its columns by a product with the 0/1
-// placement), then the output kernel: two products over the chunk's 64 rows. L = 96 is ragged:
-// w2 holds both chunks' 128 rows, so its tiles are stored and loaded whole.
+// program per block of 16 rows: one product against the chunk's keys factorized at the block's
+// boundary and masked to s <= t; if the block's own decay passes the limit, a loop of one trip
+// keeps the product's columns before the block and recomputes the diagonal block in the 3-D
+// generic over (t, s, d), in slices of 24 columns of Dk, moved to its columns by a product with
+// the 0/1 placement), then the output kernel: two products over the chunk's 64 rows. L = 96 is
+// ragged: w2 holds both chunks' 128 rows, so its tiles are stored and loaded whole.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-chunk-recurrence{split=1 block-v=64},cse)' --no-mlir-print-op-generic | FileCheck %s
 
 // CHECK-LABEL: func.func @gla_decays
@@ -24,18 +25,36 @@
 // CHECK: %[[T0:.*]] = arith.muli %[[IT]], %c64
 // CHECK: %[[FIRST:.*]] = arith.muli %[[BLOCK]], %c16
 // CHECK: %[[START:.*]] = arith.addi %[[T0]], %[[FIRST]]
-// The earlier blocks: the block's decayed queries against the chunk's 64 decayed keys.
-// CHECK: %[[EARLIER:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%{{.*}}, %{{.*}} : tensor<16x48xf32>, tensor<48x64xf32>) outs(%{{.*}} : tensor<16x64xf32>)
-// CHECK: linalg.generic {{.*}} ins(%[[EARLIER]] : tensor<16x64xf32>)
-// CHECK: %[[COL:.*]] = linalg.index 1
-// CHECK: arith.cmpi slt, %[[COL]], %[[FIRST]]
+// The boundary row R_I: 0 in a chunk's first block.
+// CHECK: %[[IN_CHUNK:.*]] = arith.remsi %[[START]], %c64
+// CHECK: %[[FIRST_BLOCK:.*]] = arith.cmpi eq, %[[IN_CHUNK]], %c0
+// CHECK: arith.select %[[FIRST_BLOCK]], %{{.*}}, %{{.*}} : f32
+// The block's decayed queries against the chunk's 64 decayed keys (their exponents capped at 40).
+// CHECK: arith.constant 4.000000e+01 : f32
+// CHECK: arith.minimumf
+// CHECK: %[[PRODUCTS:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%{{.*}}, %{{.*}} : tensor<16x48xf32>, tensor<48x64xf32>) outs(%{{.*}} : tensor<16x64xf32>)
+// Causal: column s <= first + i.
+// CHECK: %[[FAST:.*]] = linalg.generic {{.*}} ins(%[[PRODUCTS]] : tensor<16x64xf32>)
+// CHECK: arith.addi %[[FIRST]]
+// CHECK: arith.cmpi sle
+// The block's decay, max(R_I - G), as a scalar: past the limit, one trip of the exact form.
+// CHECK: linalg.reduce ins(%{{.*}} : tensor<16x48xf32>) outs(%{{.*}} : tensor<16xf32>) dimensions = [1]
+// CHECK: %[[SPAN:.*]] = linalg.reduce ins(%{{.*}} : tensor<16xf32>) outs(%{{.*}} : tensor<f32>) dimensions = [0]
+// CHECK: %[[SPAN_F:.*]] = tensor.extract %[[SPAN]][] : tensor<f32>
+// CHECK: %[[LIMIT:.*]] = arith.constant 4.000000e+01 : f32
+// CHECK: %[[WIDE:.*]] = arith.cmpf ogt, %[[SPAN_F]], %[[LIMIT]] : f32
+// CHECK: %[[TRIPS:.*]] = arith.select %[[WIDE]], %c1, %c0 : index
+// CHECK: %[[SCORES:.*]] = scf.for %{{.*}} = %c0 to %[[TRIPS]] step %c1 iter_args(%{{.*}} = %[[FAST]]) -> (tensor<16x64xf32>)
+// The products' columns before the block, the 0/1 placement, the diagonal block in two slices
+// of 24 columns, placed.
+// CHECK: arith.cmpi slt, %{{.*}}, %[[FIRST]]
 // CHECK: %[[PLACEMENT:.*]] = linalg.generic
 // CHECK: arith.addi %[[FIRST]]
-// The diagonal block, two slices of 24 columns, then placed.
 // CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins({{.*}} : tensor<16x24xf32>, tensor<16x24xf32>, tensor<16x24xf32>, tensor<16x24xf32>) outs(%{{.*}} : tensor<16x16xf32>)
 // CHECK: %[[DIAG:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins({{.*}} : tensor<16x24xf32>, tensor<16x24xf32>, tensor<16x24xf32>, tensor<16x24xf32>) outs(%{{.*}} : tensor<16x16xf32>)
 // CHECK: %[[ROWS:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[DIAG]], %[[PLACEMENT]] : tensor<16x16xf32>, tensor<16x64xf32>)
-// CHECK: tensor.insert_slice %[[ROWS]] into %[[W2]][%{{.*}}, %{{.*}}, %[[START]], 0] [1, 1, 16, 64]
+// CHECK: scf.yield %[[ROWS]]
+// CHECK: tensor.insert_slice %[[SCORES]] into %[[W2]][%{{.*}}, %{{.*}}, %[[START]], 0] [1, 1, 16, 64]
 // CHECK-LABEL: func.func @gla(
 // CHECK-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w1", "w2", "w0", "out"]
 // CHECK-SAME: attn.grid = array<i64: 1, 2, 2>
