@@ -1,9 +1,9 @@
 """A fuzzing campaign at the configs users get: N random programs compiled at the default config
 of each target (cuda:90 and hip:gfx942), attention and linear attention, each run as interpreted
 Triton IR against the float64 reference. Programs go round-robin over the four (kind, target)
-cells in batches of 20; a failure is counted (an assertion is a mismatch, any other exception a
-crash) and the run goes on. The record is rewritten after each batch, so a stopped run leaves an
-honest count.
+cells (those of one kind with `--kinds attention` or `--kinds linear`) in batches of 20; a
+failure is counted (an assertion is a mismatch, any other exception a crash) and the run goes
+on. The record is rewritten after each batch, so a stopped run leaves an honest count.
 
     nice -n 10 python test/fuzz/campaign.py -n 10000 --seed 1 --minutes 600
 
@@ -59,16 +59,21 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--minutes", type=float, default=None, help="stop running programs after this")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--kinds", default="attention,linear", help="which programs: attention, linear or both")
     args = parser.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or set(kinds) - {"attention", "linear"}:
+        parser.error(f"--kinds takes attention and/or linear, got {args.kinds!r}")
+    cells = [cell for cell in CELLS if cell[0] in kinds]
     date = datetime.date.today().isoformat()
     out = args.out or HERE.parent.parent / "bench" / "results" / f"fuzz-defaults-{date}.json"
     warnings.filterwarnings("ignore")
     record = {
         "what": "random programs at the default config of each target, interpreted Triton IR vs the "
-                "float64 reference", "cells": [f"{kind} {target}" for kind, target in CELLS],
+                "float64 reference", "cells": [f"{kind} {target}" for kind, target in cells],
         "command": " ".join(["python", "test/fuzz/campaign.py"] + (sys.argv[1:] if argv is None else argv)),
         "n_requested": args.n, "seed": args.seed, "minutes_limit": args.minutes, "programs_run": 0,
-        "per_cell": {f"{kind} {target}": 0 for kind, target in CELLS}, "mismatches": 0, "crashes": 0,
+        "per_cell": {f"{kind} {target}": 0 for kind, target in cells}, "mismatches": 0, "crashes": 0,
         "failures": [], "date": date, "machine": "a 2-core x86-64 CPU (shared)", "versions": _versions(),
     }
     start = time.time()
@@ -79,7 +84,7 @@ def main(argv=None):
         out.write_text(json.dumps(record, indent=2) + "\n")
 
     def run_batch(number: int, count: int):
-        kind, target = CELLS[number % len(CELLS)]
+        kind, target = cells[number % len(cells)]
         cell = f"{kind} {target}"
 
         @seed(args.seed * 1_000_003 + number)
