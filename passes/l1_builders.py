@@ -259,9 +259,12 @@ class KernelBuilder:
             linalg.YieldOp([body(args if accumulates else args[:-1])])
         return op.result
 
-    def reduce_rows(self, value, init, combine, dim: int = 1):
-        """Combine a 2-D tile along its rows (dimension 1) into `init` with `combine(x, acc)`;
-        with dim=0 a 1-D tile into a 0-D `init`."""
+    def reduce_rows(self, value, init, combine):
+        """Combine a 2-D tile along its rows (dimension 1) into `init` with `combine(x, acc)`."""
+        return self.reduce_dim(value, init, combine, 1)
+
+    def reduce_dim(self, value, init, combine, dim: int):
+        """Combine a tile along dimension `dim` into `init` (a 1-D tile into a 0-D one)."""
         from mlir import ir
         from mlir.dialects import linalg
 
@@ -277,7 +280,7 @@ class KernelBuilder:
         from mlir.dialects import arith, tensor
 
         rows = self.reduce_rows(value, fill(f32(floor), empty(tensor_type([value.type.shape[0]]))), arith.maximumf)
-        return tensor.extract(self.reduce_rows(rows, fill(f32(floor), empty(tensor_type([]))), arith.maximumf, 0), [])
+        return tensor.extract(self.reduce_dim(rows, fill(f32(floor), empty(tensor_type([]))), arith.maximumf, 0), [])
 
     def row_sum(self, value):
         """The row sums of an f32 2-D tile."""

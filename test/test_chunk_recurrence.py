@@ -154,13 +154,18 @@ def test_split_matches_reference(decay, chunk):
     close(state, want_state, 1e-9)
 
 
-@pytest.mark.parametrize("dk,slices", [(16, 1), (80, 4)])
-def test_split_gla_scores_by_row_blocks(dk, slices):
+@pytest.mark.parametrize("dk,slices,wide", [(16, 1, False), (80, 4, False), (16, 1, True), (80, 4, True)])
+def test_split_gla_scores_by_row_blocks(dk, slices, wide):
     # GLA's scores in blocks of 16 rows, a program each: four per chunk of 64; L = 77 leaves the
-    # last chunk 13 rows, so three of its blocks lie wholly past L. Dk = 80 evaluates the diagonal
-    # block in four slices of 20 key columns. The output kernel takes a program per chunk and
-    # V block.
+    # last chunk 13 rows, so three of its blocks lie wholly past L. The output kernel takes a
+    # program per chunk and V block. A block's diagonal block is in its product with the chunk's
+    # keys while the block decays less than 40 nats (the log-sigmoid decays at strength 3: about
+    # 9 nats); with `wide`, rows 20-35 decay by 6 in five dimensions, so block 1 (72 nats) takes
+    # the exact 3-D form, over Dk = 80 in four slices of 20 key columns, and block 2 (24 nats)
+    # the product across a strong decay.
     case = Case("token_dim", normalize=False, chunk=64, l=77, dk=dk, dv=24, strength=3.0)
+    if wide:
+        case.inputs[3][:, :, 20:36, :5] = -6.0
     module = case.l1("split=true block-v=16")
     assert str(module.operation).count('iterator_types = ["parallel", "parallel", "reduction"]') == slices
     *_, scores, outputs = kernels_of(module)

@@ -87,14 +87,15 @@ class BlockedKernel(OutputKernel):
         0 before a chunk's first block (G counts from the chunk's start)."""
         from mlir.dialects import arith, tensor
 
-        # Clamped into [0, L) for the first block, whose row is not used.
+        # Clamped into [0, L): the row is read even where it is not used (a chunk's first block,
+        # a block past L).
         before = self.ws_row(arith.maxsi(arith.minsi(arith.subi(start, index(1)), index(self.l - 1)), index(0)))
-        first = arith.cmpi(arith.CmpIPredicate.eq, arith.remsi(start, index(self.c)), index(0))
+        chunk_start = arith.cmpi(arith.CmpIPredicate.eq, arith.remsi(start, index(self.c)), index(0))
 
         def entry(a):
             d = linalg_index(0)
             row = tensor.extract(g_cum, self.ws_lead() + [before, d if col is None else arith.addi(col, d)])
-            return arith.select(first, f32(0.0), row)
+            return arith.select(chunk_start, f32(0.0), row)
 
         return self.generic([], tensor_type([width or self.dk]), entry, rank=1)
 

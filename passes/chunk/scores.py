@@ -62,6 +62,9 @@ class ScoresWorkspace:
 
 
 class ScoreKernel(ScoresWorkspace, BlockedKernel):
+    """Every chunk's scores A into workspace w2, a program per block of SUB rows (grid
+    [B, H, NC * C / SUB]); it writes no output rows."""
+
     writes_output = False
 
     def build(self) -> None:
@@ -79,8 +82,16 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
         def store(values):
             return [self.block_scores(t0, block, values[0])]
 
-        # Per chunk, not per block: the output kernel reads the whole chunk's rows of A.
+        # Per chunk, not per block: the output kernel reads the whole chunk's rows of A. With
+        # lengths and an unpadded output the output kernel also computes the chunks past the
+        # program's end, from w2 rows no program wrote; it stores those rows as zeros by a select.
         return self.if_holding_tokens(t0, [self.dests[SCORES]], store)
+
+    @property
+    def tensor_core_diagonal(self) -> bool:
+        """Whether a block under SPAN_LIMIT takes its diagonal block in the products: not with f16
+        operands, whose range ends at exp(11)."""
+        return str(self.dot_elt) != "f16"
 
     def block_scores(self, t0, block, dest):
         """Store block `block`'s [SUB, C] row of the scores of the chunk at t0 into `dest`."""
@@ -94,73 +105,66 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
         else:
             products = for_loop(index(dk // width), [zeros([SUB, c])], lambda j, values: [
                 self.matmul(*self.factors(t0, start, arith.muli(j, index(width)), width), values[0])])[0]
-        q = self.load("q", start, None, dk, SUB)
-        g_i = self.cum(g_cum, start, None, dk)
-        boundary = self.boundary(g_cum, start)
-        first = arith.muli(block, index(SUB))
-
-        def causal(a):
-            i, j = linalg_index(0), linalg_index(1)
-            return or_zero(arith.cmpi(arith.CmpIPredicate.sle, j, arith.addi(first, i)), a[0])
-
-        scores = self.generic([(products, TILE)], self.tile_type(SUB, c), causal)
-        if str(self.dot_elt) == "f16":
-            scores = self.exact_scores(products, first, q[0], g_i, start, g_cum)
+        block_col = arith.muli(block, index(SUB))  # the block's first column in the chunk
+        if not self.tensor_core_diagonal:
+            scores = self.exact_scores(products, block_col, start)
         else:
-            scores = for_loop(self.wide(g_i, boundary), [scores], lambda _, values: [
-                self.exact_scores(products, first, q[0], g_i, start, g_cum)])[0]
+            def causal(a):
+                i, j = linalg_index(0), linalg_index(1)
+                return or_zero(arith.cmpi(arith.CmpIPredicate.sle, j, arith.addi(block_col, i)), a[0])
+
+            scores = self.generic([(products, TILE)], self.tile_type(SUB, c), causal)
+            wide = self.wide(self.cum(g_cum, start, None, dk), self.boundary(g_cum, start))
+            scores = for_loop(wide, [scores], lambda _, values: [self.exact_scores(products, block_col, start)])[0]
         offsets, sizes = self.chunk_scores(start, SUB)
         return insert_slice(self.operand(scores), dest, offsets, sizes)
 
     def factors(self, t0, start, col, width: int) -> tuple:
         """The operands of the products over Dk columns [col, col + width) (col an index value or
-        None): (scale * q_I exp(G_I - R_I), (k exp(min(R_I - G, SPAN_LIMIT)))^T) over the chunk's
-        keys."""
+        None): (scale * q_I exp(G_I - R_I), (k exp(min(R_I - G, cap)))^T) over the chunk's keys,
+        the cap SPAN_LIMIT (0 without the tensor-core diagonal: only the earlier blocks' columns
+        are kept)."""
         g_cum, c = self.dests[DECAYS], self.c
+        cap = SPAN_LIMIT if self.tensor_core_diagonal else 0.0
         boundary = self.boundary(g_cum, start, col, width)
         q = self.load("q", start, col, width, SUB)[0]
         q_local = self.generic([(q, TILE), (self.cum(g_cum, start, col, width), TILE), (boundary, COL)],
                                self.tile_type(SUB, width), lambda a: self.decayed(a[0], a[1], a[2], True))
         k = self.load("k", t0, col, width)[0]
         k_dec = self.generic([(k, TILE), (self.ws_load(g_cum, t0, c, width, offset_of(col)), TILE), (boundary, COL)],
-                             self.tile_type(c, width), lambda a: self.decayed(a[0], a[2], a[1], False, SPAN_LIMIT))
+                             self.tile_type(c, width), lambda a: self.decayed(a[0], a[2], a[1], False, cap))
         return self.operand(q_local), transpose(self.operand(k_dec))
 
-    def exact_scores(self, products, first, q, g_i, start, g_cum):
+    def exact_scores(self, products, block_col, start):
         """The block's row of scores with its diagonal block in the 3-D form: the products'
-        columns before the block, then A_II placed at columns [first, first + SUB)."""
+        columns before the block, then A_II placed at columns [block_col, block_col + SUB)."""
         from mlir.dialects import arith
 
         def before_block(a):
-            return or_zero(arith.cmpi(arith.CmpIPredicate.slt, linalg_index(1), first), a[0])
+            return or_zero(arith.cmpi(arith.CmpIPredicate.slt, linalg_index(1), block_col), a[0])
 
         earlier = self.generic([(products, TILE)], self.tile_type(SUB, self.c), before_block)
-        placement = self.generic([], self.tile_type(SUB, self.c), lambda a: self.placed(first))
-        return self.matmul(self.diagonal_block(q, g_i, start, g_cum), placement, earlier)
+        placement = self.generic([], self.tile_type(SUB, self.c), lambda a: self.placed(block_col))
+        return self.matmul(self.diagonal_block(start), placement, earlier)
 
     @staticmethod
-    def placed(first):
-        """In a body over (i, j): 1 where j = first + i, else 0."""
+    def placed(block_col):
+        """In a body over (i, j): 1 where j = block_col + i, else 0."""
         from mlir.dialects import arith
 
-        on = arith.cmpi(arith.CmpIPredicate.eq, linalg_index(1), arith.addi(first, linalg_index(0)))
+        on = arith.cmpi(arith.CmpIPredicate.eq, linalg_index(1), arith.addi(block_col, linalg_index(0)))
         return arith.select(on, f32(1.0), f32(0.0))
 
-    def diagonal_block(self, q, g_i, start, g_cum):
-        """A_II [SUB, SUB] in the 3-D form summed over slices of Dk."""
-        dk = self.dk
+    def diagonal_block(self, start):
+        """A_II [SUB, SUB] of the block at `start` in the 3-D form, summed over slices of Dk."""
+        g_cum, dk = self.dests[DECAYS], self.dk
         diagonal = zeros([SUB, SUB])
         width = value_block(dk, SLICE)
         for col in range(0, dk, width):
-            if width == dk:
-                q_s, g_s = q, g_i
-                k_s = self.load("k", start, None, dk, SUB)[0]
-            else:
-                c0 = index(col)
-                q_s = self.load("q", start, c0, width, SUB)[0]
-                k_s = self.load("k", start, c0, width, SUB)[0]
-                g_s = self.cum(g_cum, start, c0, width)
-            diagonal = self.decayed_scores(q_s, k_s, g_s, SUB, diagonal, clamp=True)
+            c0 = None if width == dk else index(col)
+            q_s = self.load("q", start, c0, width, SUB)[0]
+            k_s = self.load("k", start, c0, width, SUB)[0]
+            diagonal = self.decayed_scores(q_s, k_s, self.cum(g_cum, start, c0, width), SUB, diagonal, clamp=True)
         return diagonal
 
 
