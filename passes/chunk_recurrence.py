@@ -12,8 +12,10 @@ Every exponent is G_t - G_s with s <= t, G_t, G_end or G_end - G_s: all <= 0 for
 so nothing overflows however strong the decay (the factorization q exp(G) . k exp(-G) would). The
 exponent of a pair s > t is replaced by 0 before `math.exp`, never evaluated. For scalar decays
 ("head", "token") the pair factor is a [C, C] tile and A is the masked, decayed `q @ k^T`; for
-"token_dim" it depends on d, so A is one 3-D `linalg.generic` over (t, s, d) with a reduction on
-d. G itself is a row sum of the masked [C, C] tile [j <= i] * g_j ("token"), `tril(ones) @ g`
+"token_dim" it depends on d: A is the masked product (scale * q * exp(G)) @ (k * exp(-G))^T
+while |G| stays under SPAN_LIMIT (40 nats) in the chunk, where both factors are finite and the
+product exact, and one 3-D `linalg.generic` over (t, s, d) with a reduction on d in a chunk that
+decays more (a loop of one trip or none: `chunk/step.py`). G itself is a row sum of the masked [C, C] tile [j <= i] * g_j ("token"), `tril(ones) @ g`
 ("token_dim") or in closed form ("head"). `normalize` divides o by the same
 quantity with v = 1: rowsum(A) + (scale * q * exp(G)) . z, z the decayed key sum.
 

@@ -154,6 +154,26 @@ def test_split_matches_reference(decay, chunk):
     close(state, want_state, 1e-9)
 
 
+@pytest.mark.parametrize("wide", [False, True])
+def test_one_kernel_gla_scores_by_span(wide):
+    # The one-kernel form's "token_dim" scores are one product while |G| stays under 40 nats in
+    # the chunk, else the 3-D form (a loop of one trip). With `wide`, rows 20-35 decay by 6 in
+    # five dimensions: chunk 0 (rows 0-31) moves 72 nats and takes the 3-D form, chunk 1 (24 nats
+    # more) the product across a strong decay. The L1 kernels in float64, and the CPU backend.
+    case = Case("token_dim", normalize=False, chunk=32, l=77, dk=16, dv=24)
+    if wide:
+        case.inputs[3][:, :, 20:36, :5] = -6.0
+    module = case.l1()
+    assert str(module.operation).count('iterator_types = ["parallel", "parallel", "reduction"]') == 1
+    want_out, want_state = case.expected()
+    out, state = run_kernel(module, case.inputs)
+    close(out, want_out, 1e-9)
+    close(state, want_state, 1e-9)
+    out, state = case.lin(*case.inputs[:4], initial_state=case.inputs[4], return_state=True, backend="cpu")
+    torch.testing.assert_close(out.double(), want_out.double(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(state.double(), want_state.double(), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("dk,slices,wide", [(16, 1, False), (80, 4, False), (16, 1, True), (80, 4, True)])
 def test_split_gla_scores_by_row_blocks(dk, slices, wide):
     # GLA's scores in blocks of 16 rows, a program each: four per chunk of 64; L = 77 leaves the

@@ -29,13 +29,7 @@ from __future__ import annotations
 from ..l1_builders import f32, for_loop, index, tensor_type, transpose, zeros
 from .kernel import COL, TILE, exp, linalg_index, offset_of
 from .split import DECAYS, OutputKernel
-
-# The largest decay (in nats, over a block's rows in any column) whose factors the tensor-core
-# form of a diagonal block takes: a factor exp(R_I - G_s) grows to exp(SPAN_LIMIT), far inside
-# the range of f32 and bf16 (exp(88)); the exponents of masked pairs are capped there too. A
-# block that decays more (or has f16 operands, whose range ends at exp(11)) takes the exact 3-D
-# form.
-SPAN_LIMIT = 40.0
+from .step import SPAN_LIMIT
 
 # The row blocks (the smallest tile tt.dot takes) and the widest Dk slice of the 3-D diagonal
 # blocks: SUB * SUB * SLICE f32 values are 64 registers per thread of a 4-warp program.
@@ -100,14 +94,12 @@ class BlockedKernel(OutputKernel):
         return self.generic([], tensor_type([width or self.dk]), entry, rank=1)
 
     def wide(self, g_i, boundary):
-        """1 (an index value) when the block's decay over its rows exceeds SPAN_LIMIT in a
-        column, max(R_I - G_I) > SPAN_LIMIT, else 0: the trips of the loop that computes its
-        diagonal block in the exact 3-D form instead."""
+        """The trips (1 or 0) of the loop that computes the block's diagonal block in the exact
+        3-D form: whether its decay over its rows, max(R_I - G_I), exceeds SPAN_LIMIT."""
         from mlir.dialects import arith
 
-        spans = self.generic([(g_i, TILE), (boundary, COL)], g_i.type, lambda a: arith.subf(a[1], a[0]))
-        wide = arith.cmpf(arith.CmpFPredicate.OGT, self.tile_max(spans, 0.0), f32(SPAN_LIMIT))
-        return arith.select(wide, index(1), index(0))
+        return self.past_span_limit(self.generic([(g_i, TILE), (boundary, COL)], g_i.type,
+                                                 lambda a: arith.subf(a[1], a[0])))
 
     def decayed(self, x, hi, lo, scale: bool, cap: float = 0.0):
         """x * exp(min(hi - lo, cap)) (x * exp(hi) without `lo`), times the scale with `scale`."""
@@ -147,7 +139,7 @@ class BlockedValueOutputKernel(BlockedKernel):
         k = self.load("k", start, None, self.dk, SUB)
         v = self.load("v", start, self.v0, self.bv, SUB)[0]
         scores = self.scores(q, k, None, SUB)
-        if str(self.dot_elt) == "f16":
+        if not self.factorizes:
             o = self.value_decayed_product(scores, v, g_i, o, clamp=True)
         else:
             v_dec = self.generic([(v, TILE), (g_i, TILE), (boundary, COL)], sv,

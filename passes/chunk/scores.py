@@ -32,9 +32,10 @@ from __future__ import annotations
 
 from ...core import abi
 from ..l1_builders import extract_slice, f32, for_loop, index, insert_slice, tensor_type, transpose, zeros
-from .blocked import SLICE, SPAN_LIMIT, SUB, BlockedKernel
+from .blocked import SLICE, SUB, BlockedKernel
 from .kernel import COL, TILE, exp, linalg_index, offset_of, or_zero, value_block
 from .split import DECAYS, STATES, OutputKernel
+from .step import SPAN_LIMIT
 
 SCORES = abi.workspace(2)
 # The Dk columns a pass of the scores' products takes: at Dk = 128 two passes of an scf.for keep
@@ -87,12 +88,6 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
         # program's end, from w2 rows no program wrote; it stores those rows as zeros by a select.
         return self.if_holding_tokens(t0, [self.dests[SCORES]], store)
 
-    @property
-    def tensor_core_diagonal(self) -> bool:
-        """Whether a block under SPAN_LIMIT takes its diagonal block in the products: not with f16
-        operands, whose range ends at exp(11)."""
-        return str(self.dot_elt) != "f16"
-
     def block_scores(self, t0, block, dest):
         """Store block `block`'s [SUB, C] row of the scores of the chunk at t0 into `dest`."""
         from mlir.dialects import arith
@@ -106,7 +101,7 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
             products = for_loop(index(dk // width), [zeros([SUB, c])], lambda j, values: [
                 self.matmul(*self.factors(t0, start, arith.muli(j, index(width)), width), values[0])])[0]
         block_col = arith.muli(block, index(SUB))  # the block's first column in the chunk
-        if not self.tensor_core_diagonal:
+        if not self.factorizes:
             scores = self.exact_scores(products, block_col, start)
         else:
             def causal(a):
@@ -125,7 +120,7 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
         the cap SPAN_LIMIT (0 without the tensor-core diagonal: only the earlier blocks' columns
         are kept)."""
         g_cum, c = self.dests[DECAYS], self.c
-        cap = SPAN_LIMIT if self.tensor_core_diagonal else 0.0
+        cap = SPAN_LIMIT if self.factorizes else 0.0
         boundary = self.boundary(g_cum, start, col, width)
         q = self.load("q", start, col, width, SUB)[0]
         q_local = self.generic([(q, TILE), (self.cum(g_cum, start, col, width), TILE), (boundary, COL)],

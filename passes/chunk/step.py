@@ -13,14 +13,23 @@ With "token_value_dim" G decays the values' columns j (the state's columns) inst
     o[t,j] = sum_s A[t,s] v[s,j] exp(G[t,j] - G[s,j]) + scale * (q @ S)[t,j] exp(G[t,j])
     S_next = S * exp(G_end) + k^T @ (v * exp(G_end - G))          (exp(G_end) along columns)
 
-o's first term is a 3-D generic over (t, s, j) with a reduction on s."""
+o's first term is exp(G) * (A @ (v * exp(-G))) on tensor cores while |G| stays under
+SPAN_LIMIT in the chunk, else a 3-D generic over (t, s, j) with a reduction on s; likewise
+"token_dim"'s A (`dim_decayed_scores`)."""
 from __future__ import annotations
 
-from ..l1_builders import convert, extract_slice, index, index_value, insert_slice, tensor_type, transpose, zeros
+from ..l1_builders import (convert, extract_slice, f32, for_loop, index, index_value, insert_slice, tensor_type,
+                           transpose, zeros)
 from .decay import ChunkDecay, DecayedKernel
 from .kernel import COL, ROW, TILE, exp, exp_diff, linalg_index, offset_of, or_zero
 
 Loaded = tuple  # a loaded tile: (f32 value, matmul operand)
+
+# The largest decay (in nats, over the rows a factorization spans, in any column) whose factors
+# the tensor-core forms take: a factor exp(R - G_s) grows to exp(SPAN_LIMIT), far inside the range
+# of f32 and bf16 (exp(88)); the exponents of masked pairs are capped there too. Past it (or with
+# f16 operands, whose range ends at exp(11)) the exact 3-D form runs instead.
+SPAN_LIMIT = 40.0
 
 
 class ChunkStep(DecayedKernel):
@@ -33,7 +42,7 @@ class ChunkStep(DecayedKernel):
 
         c = rows or self.c
         if decay is not None and self.decay == "token_dim":
-            return self.decayed_scores(q[0], k[0], decay.cum[0], c, zeros([c, c]))
+            return self.dim_decayed_scores(q, k, decay.cum[0], c)
         qk = self.matmul(q[1], transpose(k[1]), zeros([c, c]))
         ins = [(qk, TILE)]
         if decay is not None:
@@ -47,6 +56,45 @@ class ChunkStep(DecayedKernel):
             return or_zero(keep, x)
 
         return self.generic(ins, self.tile_type(c, c), causal)
+
+    @property
+    def factorizes(self) -> bool:
+        """Whether the per-dimension decays may take the tensor-core forms (not with f16 operands)."""
+        return str(self.dot_elt) != "f16"
+
+    def past_span_limit(self, spans):
+        """The trips (an index value, 1 or 0) of a loop that runs the exact 3-D form: whether an
+        element of the f32 tile `spans` (decays in nats) exceeds SPAN_LIMIT."""
+        from mlir.dialects import arith
+
+        wide = arith.cmpf(arith.CmpFPredicate.OGT, self.tile_max(spans, 0.0), f32(SPAN_LIMIT))
+        return arith.select(wide, index(1), index(0))
+
+    def chunk_span(self, cum):
+        """|G| [rows, width] of a chunk: how far its decay moved from the chunk's start, in nats
+        (either sign: both of a pair's factors exp(G_t), exp(-G_s) stay within exp(SPAN_LIMIT))."""
+        from mlir.dialects import math
+
+        return self.generic([(cum, TILE)], cum.type, lambda a: math.absf(a[0]))
+
+    def dim_decayed_scores(self, q: Loaded, k: Loaded, cum, rows: int):
+        """A [rows, rows] for "token_dim": while |G| stays under SPAN_LIMIT (the chunk decays less
+        than that in every dimension), one product, causal((scale * q exp(G)) @ (k exp(min(-G,
+        SPAN_LIMIT)))^T); past it the 3-D form over (t, s, d), in a loop of one trip."""
+        from mlir.dialects import arith
+
+        def exact():
+            return self.decayed_scores(q[0], k[0], cum, rows, zeros([rows, rows]))
+
+        if not self.factorizes:
+            return exact()
+        tile = cum.type
+        q_f = self.generic([(q[0], TILE), (cum, TILE)], tile, lambda a: self.scaled(arith.mulf(a[0], exp(a[1]))))
+        k_f = self.generic([(k[0], TILE), (cum, TILE)], tile, lambda a: arith.mulf(
+            a[0], exp(arith.minimumf(arith.negf(a[1]), f32(SPAN_LIMIT)))))
+        products = self.matmul(self.operand(q_f), transpose(self.operand(k_f)), zeros([rows, rows]))
+        fast = self.generic([(products, TILE)], products.type, lambda a: or_zero(self.pair_mask(), a[0]))
+        return for_loop(self.past_span_limit(self.chunk_span(cum)), [fast], lambda _, values: [exact()])[0]
 
     def decayed_scores(self, q, k, cum, rows: int, acc, clamp: bool = False):
         """acc + scale * [s <= t] * sum_d q[t,d] k[s,d] exp(cum[t,d] - cum[s,d]) over [rows, width]
@@ -78,6 +126,23 @@ class ChunkStep(DecayedKernel):
         return self.generic([(scores, (0, 1)), (v, (1, 2)), (cum, (0, 2)), (cum, (1, 2))], acc.type, body, rank=3,
                             iterators=["parallel", "reduction", "parallel"], init=acc, out_dims=(0, 2))
 
+    def value_decayed_values(self, scores, v, cum):
+        """sum_{s <= t} scores[t,s] v[s,j] exp(G[t,j] - G[s,j]) ("token_value_dim"): while |G|
+        stays under SPAN_LIMIT, exp(G) * (scores @ (v exp(min(-G, SPAN_LIMIT)))) on tensor cores;
+        past it the 3-D form, in a loop of one trip."""
+        from mlir.dialects import arith
+
+        def exact():
+            return self.value_decayed_product(scores, v, cum, zeros(list(v.type.shape)))
+
+        if not self.factorizes:
+            return exact()
+        v_f = self.generic([(v, TILE), (cum, TILE)], v.type, lambda a: arith.mulf(
+            a[0], exp(arith.minimumf(arith.negf(a[1]), f32(SPAN_LIMIT)))))
+        products = self.matmul(self.operand(scores), self.operand(v_f), zeros(list(v.type.shape)))
+        fast = self.generic([(products, TILE), (cum, TILE)], v.type, lambda a: arith.mulf(a[0], exp(a[1])))
+        return for_loop(self.past_span_limit(self.chunk_span(cum)), [fast], lambda _, values: [exact()])[0]
+
     def plus_decayed_state(self, o, q_operand, state, cum):
         """o + scale * (q @ S) * exp(cum): the state's part of a "token_value_dim" output, the
         decay applied to the product's columns."""
@@ -94,7 +159,7 @@ class ChunkStep(DecayedKernel):
 
         c, dk, bv = self.c, self.dk, self.bv
         if self.decay == "token_value_dim":
-            o = self.value_decayed_product(self.scores(q, k, None), v[0], decay.cum[0], zeros([c, bv]))
+            o = self.value_decayed_values(self.scores(q, k, None), v[0], decay.cum[0])
             o = self.plus_decayed_state(o, q[1], state, decay.cum[0])
             return self.store_rows(self.output_elements(o), t0, c, out)
         cd = self.tile_type(c, dk)

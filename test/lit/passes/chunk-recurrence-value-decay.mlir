@@ -1,7 +1,8 @@
 // The "token_value_dim" decay (g [B, H, L, Dv]) decays the state's columns: what the gradients of
 // GLA with respect to q and k compute. The decay leaves the scores and acts on the values: the
-// chunk's A @ v becomes a 3-D generic over (t, s, j) reducing s, the state's product is decayed
-// by column, and the state update decays v rather than k.
+// chunk's A @ v becomes exp(G) * (A @ (v exp(-G))), or a 3-D generic over (t, s, j) reducing s
+// in a chunk that decays more than 40 nats, the state's product is decayed by column, and the
+// state update decays v rather than k.
 // RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-chunk-recurrence,cse)' --no-mlir-print-op-generic | FileCheck %s
 // RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-chunk-recurrence{split=1},cse)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=SPLIT
 
@@ -21,8 +22,17 @@
 // CHECK: %[[A:.*]] = linalg.generic {{.*}} ins(%[[QK]] : tensor<32x32xf32>)
 // CHECK-NOT: math.exp
 // CHECK: arith.select
-// sum_s A[t,s] v[s,j] exp(G[t,j] - G[s,j]) for s <= t.
-// CHECK: %[[AV:.*]] = linalg.generic {indexing_maps = [#[[TS]], #[[SJ]], #[[TJ]], #[[SJ]], #[[TJ]]], iterator_types = ["parallel", "reduction", "parallel"]} ins(%[[A]], %[[V:.*]], %[[G]], %[[G]] :
+// sum_s A[t,s] v[s,j] exp(G[t,j] - G[s,j]) for s <= t: exp(G) * (A @ (v * exp(-G))) while |G|
+// stays under 40 nats in the chunk, else (one trip) the 3-D generic.
+// CHECK: %[[VF:.*]] = linalg.generic {{.*}} ins(%[[V:.*]], %[[G]] : tensor<32x8xf32>, tensor<32x8xf32>)
+// CHECK: arith.negf
+// CHECK: %[[AVF:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[A]], %[[VF]] : tensor<32x32xf32>, tensor<32x8xf32>)
+// CHECK: %[[FAST:.*]] = linalg.generic {{.*}} ins(%[[AVF]], %[[G]] :
+// CHECK: math.absf
+// CHECK: linalg.reduce ins(%{{.*}} : tensor<32xf32>) outs(%{{.*}} : tensor<f32>) dimensions = [0]
+// CHECK: %[[TRIPS:.*]] = arith.select %{{.*}}, %c1, %c0 : index
+// CHECK: %[[AV:.*]] = scf.for %{{.*}} = %c0 to %[[TRIPS]] step %c1 iter_args(%{{.*}} = %[[FAST]])
+// CHECK: linalg.generic {indexing_maps = [#[[TS]], #[[SJ]], #[[TJ]], #[[SJ]], #[[TJ]]], iterator_types = ["parallel", "reduction", "parallel"]} ins(%[[A]], %[[V]], %[[G]], %[[G]] :
 // CHECK: arith.cmpi sle
 // CHECK: math.exp
 // The state's part: scale * (q @ S) * exp(G).

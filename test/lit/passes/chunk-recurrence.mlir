@@ -85,8 +85,9 @@ func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tenso
 
 // decay "token_dim" (GLA), bf16, normalize, no initial state: G = tril(ones) @ g per key dim (an
 // f32 product, as three tf32 tensor-core products on a GPU: about 21 bits, where 16-bit operands
-// would lose the cumulative sum's accuracy); the intra-chunk scores are one 3-D linalg.generic over (t, s, d)
-// reducing d, so every exponent is a difference G[t, d] - G[s, d] with s <= t. The other products
+// would lose the cumulative sum's accuracy); the intra-chunk scores are a product of factors
+// q * exp(G) and k * exp(-G) while |G| stays under 40 nats, else one 3-D linalg.generic over
+// (t, s, d) reducing d, where every exponent is a difference G[t, d] - G[s, d] with s <= t. The other products
 // take bf16 operands (the raw v tile, A, the decayed q and k and the state rounded to bf16) into
 // f32 accumulators. Dv = 8 fits one program.
 // CHECK-LABEL: func.func @token_dim
@@ -107,21 +108,32 @@ func.func @token(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v: tenso
 // CHECK: %[[G:.*]] = linalg.matmul {attn.precision = "tf32x3"} ins(%[[TRIL]], %[[GF]] : tensor<32x32xf32>, tensor<32x16xf32>)
 // CHECK: %[[GT:.*]] = linalg.transpose ins(%[[G]]
 // CHECK: %[[GEND:.*]] = linalg.reduce
-// CHECK: %[[A:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins(%[[Q]], %[[K]], %[[G]], %[[G]] : {{.*}}) outs(%{{.*}} : tensor<32x32xf32>)
+// A: the masked bf16 product (scale * q * exp(G)) @ (k * exp(-G))^T while |G| stays under 40
+// nats in the chunk, else (a loop of one trip) the 3-D generic over (t, s, d).
+// CHECK: %[[QF:.*]] = linalg.generic {{.*}} ins(%[[Q]], %[[G]] :
+// CHECK: %[[KF:.*]] = linalg.generic {{.*}} ins(%[[K]], %[[G]] :
+// CHECK: arith.negf
+// CHECK: %[[QF16:.*]] = linalg.generic {{.*}} ins(%[[QF]] :
+// CHECK: %[[QK:.*]] = linalg.matmul ins(%[[QF16]], %{{.*}} : tensor<32x16xbf16>, tensor<16x32xbf16>) outs(%{{.*}} : tensor<32x32xf32>)
+// CHECK: %[[FAST:.*]] = linalg.generic {{.*}} ins(%[[QK]] : tensor<32x32xf32>)
+// CHECK: math.absf
+// CHECK: %[[TRIPS:.*]] = arith.select %{{.*}}, %c1, %c0 : index
+// CHECK: %[[A:.*]] = scf.for %{{.*}} = %c0 to %[[TRIPS]] step %c1 iter_args(%{{.*}} = %[[FAST]]) -> (tensor<32x32xf32>)
+// CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins(%[[Q]], %[[K]], %[[G]], %[[G]] : {{.*}}) outs(%{{.*}} : tensor<32x32xf32>)
 // CHECK: %[[KEEP:.*]] = arith.cmpi sle
 // CHECK: %[[DIFF:.*]] = arith.subf
 // CHECK: %[[ARG:.*]] = arith.select %[[KEEP]], %[[DIFF]]
 // CHECK: math.exp %[[ARG]]
 // CHECK: arith.addf %out
+// CHECK: scf.yield
 // CHECK: %[[A16:.*]] = linalg.generic {{.*}} ins(%[[A]] : tensor<32x32xf32>)
 // CHECK: arith.truncf {{.*}} : f32 to bf16
 // CHECK: %[[OI:.*]] = linalg.matmul ins(%[[A16]], %[[VRAW]] : tensor<32x32xbf16>, tensor<32x8xbf16>) outs(%{{.*}} : tensor<32x8xf32>)
-// CHECK: %[[QD:.*]] = linalg.generic {{.*}} ins(%[[Q]], %[[G]] :
-// CHECK: %[[QD16:.*]] = linalg.generic {{.*}} ins(%[[QD]] :
-// CHECK: %[[OT:.*]] = linalg.matmul ins(%[[QD16]], %[[S16:.*]] : tensor<32x16xbf16>, tensor<16x8xbf16>) outs(%[[OI]] : tensor<32x8xf32>)
+// The state's part takes scale * q * exp(G), A's factor (one op after CSE).
+// CHECK: %[[OT:.*]] = linalg.matmul ins(%[[QF16]], %[[S16:.*]] : tensor<32x16xbf16>, tensor<16x8xbf16>) outs(%[[OI]] : tensor<32x8xf32>)
 // normalize: divide by rowsum(A) + (scale * q * exp(G)) . z, then round to bf16.
 // CHECK: %[[DA:.*]] = linalg.reduce ins(%[[A]]
-// CHECK: linalg.generic {{.*}} ins(%[[QD]], %[[Z]] :
+// CHECK: linalg.generic {{.*}} ins(%[[QF]], %[[Z]] :
 // CHECK: %[[DS:.*]] = linalg.reduce
 // CHECK: linalg.generic {{.*}} ins(%[[OT]], %[[DA]], %[[DS]] :
 // CHECK: arith.divf
