@@ -19,7 +19,10 @@ class linear_attention:
 
     q_mod/k_mod/v_mod(x, b, h, t, d) map each element, or q_mod(x) maps the value alone (a feature
     map such as `lambda x: F.elu(x) + 1`); `decay` is None, "head", "token" or "token_dim" and `g`
-    passed at call time is the log-decay of that shape. With `layout="blhd"` q/k/v are fla's
+    passed at call time is the log-decay of that shape: g <= 0 (decays in (0, 1], as
+    log-sigmoid gates give). It is not checked (that would cost GPU programs a synchronization);
+    the GPU kernels of "token_dim" clamp the exponents their factorization assumes to be <= 0,
+    so a g > 0 there gives wrong results. With `layout="blhd"` q/k/v are fla's
     [B, T, H, D], g is [B, T, H] or [B, T, H, Dk] and the output [B, T, H, Dv]; the state is
     [B, H, Dk, Dv] in both layouts.
 
