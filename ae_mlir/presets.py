@@ -178,7 +178,9 @@ def linear_config(chunk: int, decay: str, target: str = "cuda:90") -> dict:
     the runtime's 32-bit tile-offset check reads). The chunk-state V blocks stay 64 wide: that
     loop is bound by each step's latency, not by the programs in flight, so narrower blocks (more
     programs) only add work. With the "token_dim" decay the output kernel takes all of V (up to
-    128 columns) in one program: its scores, most of its work, do not depend on V."""
+    128 columns) in one program, chosen when that kernel still computed the scores (most of its
+    work, not depending on V); the scores kernel now does, and this choice has not been timed
+    again."""
     config = dict(_LINEAR, block_m=chunk, block_n=chunk)
     if target.startswith("hip"):
         # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
