@@ -90,10 +90,22 @@ class ChunkStep(DecayedKernel):
             return exact()
         tile = cum.type
         q_f = self.generic([(q[0], TILE), (cum, TILE)], tile, lambda a: self.scaled(arith.mulf(a[0], exp(a[1]))))
-        k_f = self.generic([(k[0], TILE), (cum, TILE)], tile, lambda a: arith.mulf(
-            a[0], exp(arith.minimumf(arith.negf(a[1]), f32(SPAN_LIMIT)))))
+        k_f = self.undecayed(k[0], cum)
         products = self.matmul(self.operand(q_f), transpose(self.operand(k_f)), zeros([rows, rows]))
         fast = self.generic([(products, TILE)], products.type, lambda a: or_zero(self.pair_mask(), a[0]))
+        return self.exact_past_span_limit(fast, cum, exact)
+
+    def undecayed(self, x, cum):
+        """x * exp(min(-G, SPAN_LIMIT)) over a [rows, width] tile: the later factor of a pair's
+        decay exp(G_t - G_s) = exp(G_t) exp(-G_s), capped so that it stays finite."""
+        from mlir.dialects import arith
+
+        return self.generic([(x, TILE), (cum, TILE)], x.type, lambda a: arith.mulf(
+            a[0], exp(arith.minimumf(arith.negf(a[1]), f32(SPAN_LIMIT)))))
+
+    def exact_past_span_limit(self, fast, cum, exact):
+        """`fast`, or `exact()` (built inside a loop of one trip) when the chunk's |G| passes
+        SPAN_LIMIT."""
         return for_loop(self.past_span_limit(self.chunk_span(cum)), [fast], lambda _, values: [exact()])[0]
 
     def decayed_scores(self, q, k, cum, rows: int, acc, clamp: bool = False):
@@ -137,11 +149,9 @@ class ChunkStep(DecayedKernel):
 
         if not self.factorizes:
             return exact()
-        v_f = self.generic([(v, TILE), (cum, TILE)], v.type, lambda a: arith.mulf(
-            a[0], exp(arith.minimumf(arith.negf(a[1]), f32(SPAN_LIMIT)))))
-        products = self.matmul(self.operand(scores), self.operand(v_f), zeros(list(v.type.shape)))
+        products = self.matmul(self.operand(scores), self.operand(self.undecayed(v, cum)), zeros(list(v.type.shape)))
         fast = self.generic([(products, TILE), (cum, TILE)], v.type, lambda a: arith.mulf(a[0], exp(a[1])))
-        return for_loop(self.past_span_limit(self.chunk_span(cum)), [fast], lambda _, values: [exact()])[0]
+        return self.exact_past_span_limit(fast, cum, exact)
 
     def plus_decayed_state(self, o, q_operand, state, cum):
         """o + scale * (q @ S) * exp(cum): the state's part of a "token_value_dim" output, the
