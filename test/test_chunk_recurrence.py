@@ -137,14 +137,15 @@ def test_split_matches_reference(decay, chunk):
     assert len(kernels) == 2 + summed + scored
     states, outputs = kernels[summed], kernels[-1]
     if summed:
-        # The cumulative log-decays of every chunk come first, in parallel, into workspace w1.
-        assert [int(x) for x in kernels[0].attributes["attn.grid"]] == [B, H, chunks]
+        # The cumulative log-decays of every chunk come first, in parallel, into workspace w1:
+        # a program walks four chunks (at chunk 16 the second program walks the fifth alone).
+        assert [int(x) for x in kernels[0].attributes["attn.grid"]] == [B, H, -(-chunks // 4)]
         assert '"w1", "w0", "state"]' in str(states.attributes["attn.arg_roles"])
     assert [int(x) for x in states.attributes["attn.grid"]] == [B, H, 4]
     if scored:
-        # GLA's scores (chunk 32): a program per 16-row block of a chunk, into workspace w2,
-        # which the output kernel reads.
-        assert [int(x) for x in kernels[2].attributes["attn.grid"]] == [B, H, chunks * 2]
+        # GLA's scores (chunk 32): a program per chunk, into workspace w2, which the output
+        # kernel reads.
+        assert [int(x) for x in kernels[2].attributes["attn.grid"]] == [B, H, chunks]
         assert str(kernels[2].attributes["attn.arg_roles"]).endswith('"w1", "w2"]')
         assert '"w1", "w2", "w0", "out"]' in str(outputs.attributes["attn.arg_roles"])
     assert [int(x) for x in outputs.attributes["attn.grid"]] == [B, H, 2 * chunks]
@@ -175,21 +176,21 @@ def test_one_kernel_gla_scores_by_span(wide):
 
 
 @pytest.mark.parametrize("dk,slices,wide", [(16, 1, False), (80, 4, False), (16, 1, True), (80, 4, True)])
-def test_split_gla_scores_by_row_blocks(dk, slices, wide):
-    # GLA's scores in blocks of 16 rows, a program each: four per chunk of 64; L = 77 leaves the
-    # last chunk 13 rows, so three of its blocks lie wholly past L. The output kernel takes a
-    # program per chunk and V block. A block's diagonal block is in its product with the chunk's
-    # keys while the block decays less than 40 nats (the log-sigmoid decays at strength 3: about
-    # 9 nats); with `wide`, rows 20-35 decay by 6 in five dimensions, so block 1 (72 nats) takes
-    # the exact 3-D form, over Dk = 80 in four slices of 20 key columns, and block 2 (24 nats)
-    # the product across a strong decay.
+def test_split_gla_scores_by_chunk_or_row_blocks(dk, slices, wide):
+    # GLA's scores a program per chunk of 64; L = 77 leaves the last chunk 13 rows. The output
+    # kernel takes a program per chunk and V block. A chunk that decays less than 40 nats (the
+    # log-sigmoid decays at strength 3: about 9 nats a chunk) takes one product of its decayed
+    # queries and keys, in passes of 64 Dk columns (two at Dk = 80). With `wide`, rows 20-35
+    # decay by 6 in five dimensions, so chunk 0 (96 nats) takes its four blocks of 16 rows:
+    # block 1 (72 nats) computes its diagonal block in the exact 3-D form, over Dk = 80 in four
+    # slices of 20 key columns, and block 2 (24 nats) the product across a strong decay.
     case = Case("token_dim", normalize=False, chunk=64, l=77, dk=dk, dv=24, strength=3.0)
     if wide:
         case.inputs[3][:, :, 20:36, :5] = -6.0
     module = case.l1("split=true block-v=16")
     assert str(module.operation).count('iterator_types = ["parallel", "parallel", "reduction"]') == slices
     *_, scores, outputs = kernels_of(module)
-    assert [int(x) for x in scores.attributes["attn.grid"]] == [B, H, 2 * 4]
+    assert [int(x) for x in scores.attributes["attn.grid"]] == [B, H, 2]
     assert [int(x) for x in outputs.attributes["attn.grid"]] == [B, H, 2 * 2]
     out, state = run_kernel(module, case.inputs)
     want_out, want_state = case.expected()

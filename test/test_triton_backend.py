@@ -224,13 +224,14 @@ def test_linear_attention_numerics(decay):
 
 @pytest.mark.parametrize("wide,dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16)])
 def test_linear_gla_scores_numerics(wide, dtype):
-    """The split recurrence's "token_dim" scores kernel: a program per block of 16 rows (the last
-    chunk of 70 tokens is 6 rows, three blocks wholly past L), then the output kernel, all 128 V
-    columns in one program a chunk. The cumulative decays take 24 of G's columns a program. A
-    block whose decay stays under the span limit takes the diagonal block on tensor cores; with
-    `wide`, rows 20-35 decay by 6 a token in five dimensions, so block 1 (72 nats) takes the
-    exact 3-D form (over Dk = 48 in two slices of 24 key columns, each padded to 32 lanes in
-    Triton IR) and block 2 (24 nats) the factorized one across a strong decay."""
+    """The split recurrence's "token_dim" scores kernel: a program per chunk (the last chunk of
+    70 tokens is 6 rows), then the output kernel, all 128 V columns in one program a chunk. The
+    cumulative decays take 24 of G's columns a program. A chunk whose decay stays under the span
+    limit takes one product on tensor cores (chunk 1 always, chunk 0 without `wide`); with
+    `wide`, rows 20-35 decay by 6 a token in five dimensions, so chunk 0 (96 nats) takes its
+    blocks of 16 rows: block 1 (72 nats) computes its diagonal block in the exact 3-D form (over
+    Dk = 48 in two slices of 24 key columns, each padded to 32 lanes in Triton IR) and block 2
+    (24 nats) the factorized one across a strong decay."""
     b, h, l, d = 1, 2, 70, 48
     q, k = (rand(b, h, l, d, seed=s).to(dtype) for s in (1, 2))
     v = rand(b, h, l, 128, seed=3).to(dtype)
@@ -241,8 +242,9 @@ def test_linear_gla_scores_numerics(wide, dtype):
     lin = ae.linear_attention(decay="token_dim", chunk_size=64)
     bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), "cuda:90")
     stages = [(s.name, s.grid) for s in bundle.stages]
-    assert stages == [("linear_attention_decays", [2 * 2, 2, 1]), ("linear_attention_states", [1, 2, 1]),
-                      ("linear_attention_scores", [2 * 4, 2, 1])]  # (chunks x blocks, heads, batch)
+    # The cumulative decays: a program per 24 columns of G, walking both chunks.
+    assert stages == [("linear_attention_decays", [2, 2, 1]), ("linear_attention_states", [1, 2, 1]),
+                      ("linear_attention_scores", [2, 2, 1])]  # (chunks, heads, batch)
     assert bundle.grid == [2, 2, 1]
     (out, state), _ = interpret(bundle, q, k, v, g, s0)
     if dtype == torch.bfloat16:
@@ -261,15 +263,20 @@ def test_linear_gla_scores_numerics(wide, dtype):
 
 
 def test_linear_gla_scores_in_column_passes():
-    """At Dk = 96 the scores' products take Dk in two passes of 48 columns (an scf.for in the
-    scores kernel, besides the one of the exact diagonal blocks); bf16 at the default chunk."""
+    """At Dk = 96 the scores' products take Dk in two passes of 48 columns (padded to 64 lanes),
+    the chunk's [64, 64] product and, past the span limit, a block's [16, 64] one; bf16 at the
+    default chunk. Six loops: the chunk's passes, its store (under the limit), the loop past it
+    and its blocks, a block's passes, and the loop of the block's exact diagonal."""
     b, h, l, d = 1, 2, 100, 96
     q, k, v = (rand(b, h, l, d, seed=s).bfloat16() for s in (1, 2, 3))
     g = -0.5 * rand(b, h, l, d, seed=4).abs()
     lin = ae.linear_attention(decay="token_dim")
     bundle = tb.build_bundle(lin.mlir(q, k, v, g), "cuda:90")
     scores = next(s for s in bundle.stages if s.name.endswith("_scores"))
-    assert scores.variants["generic"].ttir.count("scf.for") == 2
+    ttir = scores.variants["generic"].ttir
+    assert ttir.count("scf.for") == 6
+    assert "(tensor<64x64xbf16>, tensor<64x64xbf16>, tensor<64x64xf32>) -> tensor<64x64xf32>" in ttir
+    assert "(tensor<16x64xbf16>, tensor<64x64xbf16>, tensor<16x64xf32>) -> tensor<16x64xf32>" in ttir
     (out, _), _ = interpret(bundle, q, k, v, g)
     ref = lin(q.float(), k.float(), v.float(), g, backend="reference")
     assert (out.float() - ref).abs().max() <= 1e-2 * ref.abs().max()

@@ -3,31 +3,36 @@ forward: the intra-chunk scores
 
     A = scale * [s <= t] * sum_d q[t,d] k[s,d] exp(G[t,d] - G[s,d])        [C, C] per chunk
 
-first, into workspace w2 (`@<name>_scores`, grid [B, H, NC * C / SUB], a program per block of SUB
-rows), then every chunk's output o = A @ v + (scale * q * exp(G)) @ S from two tensor-core
-products over the chunk's whole rows (`@<name>`, grid [B, H, NC * Dv / BV]). Computing A inside
-the output kernel repeated its exponentials (C * SUB * Dk a chunk, the diagonal blocks') in every
-V-column program and cut the products into SUB-row pieces.
+first, into workspace w2 (`@<name>_scores`, grid [B, H, NC], a program per chunk), then every
+chunk's output o = A @ v + (scale * q * exp(G)) @ S from two tensor-core products over the
+chunk's whole rows (`@<name>`, grid [B, H, NC * Dv / BV]). Computing A inside the output kernel
+repeated its exponentials in every V-column program and cut the products into pieces.
 
-A block I's row of A: the blocks factorize at its boundary R_I (`chunk/blocked.py`; R_I = 0 for
-a chunk's first block, as G counts from the chunk's start),
+A chunk whose decay stays under SPAN_LIMIT in every dimension (max |G| over the chunk, checked
+as a scalar) takes one product, as in `ChunkStep.dim_decayed_scores`:
+
+    A = mask((scale * q exp(G)) @ (k exp(min(-G, SPAN_LIMIT)))^T),
+
+in passes of PRODUCT_COLUMNS columns of Dk: the chunk's q, k and G are read once and take
+2 * C * Dk exponentials. A chunk that decays more (in a loop of one trip or none: the kernels'
+lowerings take loops, not conditionals) computes A a block I of SUB rows at a time, factorized
+at the block's boundary R_I (`chunk/blocked.py`; R_I = 0 for a chunk's first block),
 
     A[I, :] = mask((scale * q_I exp(G_I - R_I)) @ (k exp(min(R_I - G, SPAN_LIMIT)))^T),
 
-one product against the chunk's keys (in passes of PRODUCT_COLUMNS columns of Dk), masked to
-s <= t. For the earlier blocks both exponents are <= 0. For the diagonal block the keys' factor
-exp(R_I - G_s) grows with the block's own decay, so the product is exact only while that stays
-under SPAN_LIMIT in every dimension, which the program checks (a scalar max over the block's
-R_I - G); a block that decays more recomputes its diagonal block A_II in the 3-D form over Dk,
-in slices of at most SLICE columns, moved to columns [first, first + SUB) by an exact f32
-product with the 0/1 placement [SUB, C] (a register tile cannot be indexed at a computed
-column), in a loop of one trip or none (the kernels' lowerings take loops, not conditionals).
-f16 operands (whose range ends at exp(11)) always take the 3-D form. Keys after the block have
-their exponents capped at SPAN_LIMIT too: masked, they must only stay finite.
+one product against the chunk's keys. For the earlier blocks both exponents are <= 0. For the
+diagonal block the keys' factor exp(R_I - G_s) grows with the block's own decay, so the product
+is exact only while that stays under SPAN_LIMIT, which is checked again per block; a block that
+decays more recomputes its diagonal block A_II in the 3-D form over Dk, in slices of at most
+SLICE columns, moved to columns [first, first + SUB) by an exact f32 product with the 0/1
+placement [SUB, C] (a register tile cannot be indexed at a computed column), in a loop of one
+trip or none. f16 operands (whose range ends at exp(11)) always take the blocks and their 3-D
+diagonal. Keys after a row have their exponents capped at SPAN_LIMIT: masked, they must only
+stay finite.
 
 A holds the dot type (16-bit for 16-bit inputs: the output's product rounds it to that anyway)
 and every chunk's C rows: [B, H, NC * C, C], or for packed sequences [1, H, T + S C, C] with the
-rows G has (`chunk/split.py`), so a block's tile is always stored and loaded whole."""
+rows G has (`chunk/split.py`), so a chunk's or block's tile is always stored and loaded whole."""
 from __future__ import annotations
 
 from ...core import abi
@@ -63,30 +68,61 @@ class ScoresWorkspace:
 
 
 class ScoreKernel(ScoresWorkspace, BlockedKernel):
-    """Every chunk's scores A into workspace w2, a program per block of SUB rows (grid
-    [B, H, NC * C / SUB]); it writes no output rows."""
+    """Every chunk's scores A into workspace w2, a program per chunk (grid [B, H, NC]); it writes
+    no output rows."""
 
     writes_output = False
 
     def build(self) -> None:
         self.define(f"{self.name}_scores", [(DECAYS, self.g_cum_type), (SCORES, self.scores_type)],
-                    [self.scores_type], [self.b, self.h, self.chunks * (self.c // SUB)], self.body)
+                    [self.scores_type], [self.b, self.h, self.chunks], self.body)
 
     def body(self) -> list:
         from mlir.dialects import arith
 
-        blocks = index(self.c // SUB)
-        rest = self.program_ids(sums=False)
-        it, block = arith.divsi(rest, blocks), arith.remsi(rest, blocks)
-        t0 = arith.muli(it, index(self.c))
+        t0 = arith.muli(self.program_ids(sums=False), index(self.c))
 
-        def store(values):
-            return [self.block_scores(t0, block, values[0])]
-
-        # Per chunk, not per block: the output kernel reads the whole chunk's rows of A. With
-        # lengths and an unpadded output the output kernel also computes the chunks past the
+        # With lengths and an unpadded output the output kernel also computes the chunks past the
         # program's end, from w2 rows no program wrote; it stores those rows as zeros by a select.
-        return self.if_holding_tokens(t0, [self.dests[SCORES]], store)
+        return self.if_holding_tokens(t0, [self.dests[SCORES]], lambda values: [self.chunk_into(t0, values[0])])
+
+    def chunk_into(self, t0, dest):
+        """Store the scores of the chunk at t0 into `dest`: whole, or past SPAN_LIMIT by blocks."""
+        from mlir.dialects import arith
+
+        def by_blocks(dest):
+            return for_loop(self.c // SUB, [dest], lambda block, values: [self.block_scores(t0, block, values[0])])[0]
+
+        if not self.factorizes:
+            return by_blocks(dest)
+        products, span = self.chunk_products(t0)
+        scores = self.generic([(products, TILE)], products.type, lambda a: or_zero(self.pair_mask(), a[0]))
+        wide = self.beyond_span_limit(span)
+        offsets, sizes = self.chunk_scores(t0, self.c)
+        dest = for_loop(arith.subi(index(1), wide), [dest], lambda _, values: [
+            insert_slice(self.operand(scores), values[0], offsets, sizes)])[0]
+        return for_loop(wide, [dest], lambda _, values: [by_blocks(values[0])])[0]
+
+    def chunk_products(self, t0) -> tuple:
+        """((scale * q exp(G)) @ (k exp(min(-G, SPAN_LIMIT)))^T [C, C], max |G| as a scalar) over
+        the chunk at t0, in passes of PRODUCT_COLUMNS columns of Dk."""
+        from mlir.dialects import arith
+
+        c, dk = self.c, self.dk
+        width = value_block(dk, PRODUCT_COLUMNS)
+
+        def one_pass(col, products, span):
+            cum = self.ws_load(self.dests[DECAYS], t0, c, width, offset_of(col))
+            q = self.load("q", t0, col, width)[0]
+            q_f = self.generic([(q, TILE), (cum, TILE)], cum.type, lambda a: self.scaled(arith.mulf(a[0], exp(a[1]))))
+            k_f = self.undecayed(self.load("k", t0, col, width)[0], cum)
+            products = self.matmul(self.operand(q_f), transpose(self.operand(k_f)), products)
+            return [products, arith.maximumf(span, self.tile_max(self.chunk_span(cum), 0.0))]
+
+        if width == dk:
+            return tuple(one_pass(None, zeros([c, c]), f32(0.0)))
+        return tuple(for_loop(index(dk // width), [zeros([c, c]), f32(0.0)], lambda j, values: one_pass(
+            arith.muli(j, index(width)), *values)))
 
     def block_scores(self, t0, block, dest):
         """Store block `block`'s [SUB, C] row of the scores of the chunk at t0 into `dest`."""

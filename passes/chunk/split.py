@@ -9,8 +9,8 @@ parallel from its q, k, v and h[chunk]. The workspace costs one write and one re
 NC * Dk * Dv elements per head, far less than the sequential time it removes.
 
 Decays that need a cumulative sum ("token" and the per-dimension ones) get another kernel first,
-`@<name>_decays` (grid [B, H, NC], times the column blocks of DECAY_COLUMNS for the per-dimension
-decays), writing every chunk's G to workspace "w1", so the chunk-state
+`@<name>_decays` (grid [B, H, NC / DECAY_CHUNKS], times the column blocks of DECAY_COLUMNS for the
+per-dimension decays), writing every chunk's G to workspace "w1", so the chunk-state
 loop loads G instead of summing it: the sums' reductions, inside the sequential loop, would set
 the time of every step. "head" needs none: G_t = min(t + 1, n) g_h in closed form.
 
@@ -22,7 +22,7 @@ next one's begin (its chunks cover at most ceil(len_s / C) C rows)."""
 from __future__ import annotations
 
 from ...core import abi
-from ..l1_builders import extract_slice, index, insert_slice, tensor_type
+from ..l1_builders import extract_slice, for_loop, index, insert_slice, tensor_type
 from ..l1_ops import shape
 from .decay import ChunkDecay
 from .kernel import COL, DIM_DECAYS, ROW, TILE, linalg_index, offset_of, value_block
@@ -31,6 +31,9 @@ from .step import ChunkStep
 # The split form's workspaces: the state entering each chunk, and every chunk's cumulative decays.
 STATES, DECAYS = abi.workspace(0), abi.workspace(1)
 DECAY_COLUMNS = 32  # the most columns of G a cumulative-decay program sums
+# The chunks a cumulative-decay program walks in turn: a program per chunk waits on its one load
+# of g; in a loop Triton's pipeliner fetches the next chunk's g while this one's is summed.
+DECAY_CHUNKS = 4
 
 
 class SplitKernel(ChunkStep):
@@ -84,10 +87,9 @@ class SplitKernel(ChunkStep):
 
 
 class CumulativeDecayKernel(SplitKernel):
-    """G of every chunk, in parallel, into workspace w1; for the per-dimension decays a program
-    takes DECAY_COLUMNS columns at most, the columns' sums being independent: 106 registers a
-    thread at Dk = 128 against 154 for a whole chunk. On an H200 neither form reaches more than a
-    quarter of the memory bandwidth (209 and 205 us at B 8, L 2048, H 16, Dk 128; fla's 63)."""
+    """G of every chunk, in parallel, into workspace w1: a program walks DECAY_CHUNKS chunks and,
+    for the per-dimension decays, takes DECAY_COLUMNS columns at most, the columns' sums being
+    independent (106 registers a thread at Dk = 128 against 154 for a whole chunk)."""
 
     writes_output = False
 
@@ -95,32 +97,38 @@ class CumulativeDecayKernel(SplitKernel):
         super().__init__(op, func, chunk, block_v)
         self.width = self.dv if self.decay == "token_value_dim" else self.dk
         self.bw = value_block(self.width, DECAY_COLUMNS) if self.decay in DIM_DECAYS else self.width
+        self.groups = -(-self.chunks // DECAY_CHUNKS)
 
     def build(self) -> None:
         self.define(f"{self.name}_decays", [(DECAYS, self.g_cum_type)], [self.g_cum_type],
-                    [self.b, self.h, self.chunks * (self.width // self.bw)], self.body)
+                    [self.b, self.h, self.groups * (self.width // self.bw)], self.body)
 
     def body(self) -> list:
         from mlir.dialects import arith
 
-        it, col = self.program_ids(), None
+        group, col = self.program_ids(), None
         if self.bw < self.width:
             blocks = index(self.width // self.bw)
-            it, col = arith.divsi(it, blocks), arith.muli(arith.remsi(it, blocks), index(self.bw))
-        t0 = arith.muli(it, index(self.c))
+            group, col = arith.divsi(group, blocks), arith.muli(arith.remsi(group, blocks), index(self.bw))
+        first = arith.muli(group, index(DECAY_CHUNKS))
+        trips = arith.minsi(index(DECAY_CHUNKS), arith.subi(index(self.chunks), first))
 
-        def store(values):
-            rows = self.rows_left(t0, self.l, self.c)
-            if self.decay == "token":
-                cum = self.decays(t0, None, self.width).cum[0]
-                piece = extract_slice(cum, [0], [rows], 1)
-                return [insert_slice(piece, values[0], self.ws_lead() + [self.ws_row(t0)], [1, 1, rows])]
-            cum = self.dim_decay(t0, col, self.bw)[0]
-            piece = extract_slice(cum, [0, 0], [rows, self.bw], 2)
-            return [insert_slice(piece, values[0], self.ws_lead() + [self.ws_row(t0), offset_of(col)],
-                                 [1, 1, rows, self.bw])]
+        def chunk(j, values):
+            t0 = arith.muli(arith.addi(first, j), index(self.c))
+            return self.if_holding_tokens(t0, values, lambda dest: [self.store_chunk(t0, col, dest[0])])
 
-        return self.if_holding_tokens(t0, [self.dests[DECAYS]], store)
+        return for_loop(trips, [self.dests[DECAYS]], chunk)
+
+    def store_chunk(self, t0, col, dest):
+        """Insert G of the chunk at t0 (columns [col, col + bw)) into `dest`."""
+        rows = self.rows_left(t0, self.l, self.c)
+        if self.decay == "token":
+            cum = self.decays(t0, None, self.width).cum[0]
+            piece = extract_slice(cum, [0], [rows], 1)
+            return insert_slice(piece, dest, self.ws_lead() + [self.ws_row(t0)], [1, 1, rows])
+        cum = self.dim_decay(t0, col, self.bw)[0]
+        piece = extract_slice(cum, [0, 0], [rows, self.bw], 2)
+        return insert_slice(piece, dest, self.ws_lead() + [self.ws_row(t0), offset_of(col)], [1, 1, rows, self.bw])
 
 
 class StateKernel(SplitKernel):

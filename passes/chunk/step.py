@@ -65,9 +65,15 @@ class ChunkStep(DecayedKernel):
     def past_span_limit(self, spans):
         """The trips (an index value, 1 or 0) of a loop that runs the exact 3-D form: whether an
         element of the f32 tile `spans` (decays in nats) exceeds SPAN_LIMIT."""
+        return self.beyond_span_limit(self.tile_max(spans, 0.0))
+
+    @staticmethod
+    def beyond_span_limit(span):
+        """The trips (an index value, 1 or 0) of a loop that runs the exact 3-D form: whether the
+        f32 scalar `span` (a decay in nats) exceeds SPAN_LIMIT."""
         from mlir.dialects import arith
 
-        wide = arith.cmpf(arith.CmpFPredicate.OGT, self.tile_max(spans, 0.0), f32(SPAN_LIMIT))
+        wide = arith.cmpf(arith.CmpFPredicate.OGT, span, f32(SPAN_LIMIT))
         return arith.select(wide, index(1), index(0))
 
     def chunk_span(self, cum):

@@ -41,9 +41,14 @@
 
 // The split form: the decay and chunk-state kernels keep per-sequence workspaces; the
 // chunk-parallel kernels' programs for chunks past a sequence's end skip the chunk (a loop of
-// one trip, or none).
-// SPLIT: func.func @packed_decays({{.*}} attn.grid = array<i64: 4, 2, 2>
-// SPLIT: %[[C:.*]] = "attn.program_id"() {axis = 2 : i64}
+// one trip, or none). A cumulative-decay program walks up to four chunks: both of the view's.
+// SPLIT: func.func @packed_decays({{.*}} attn.grid = array<i64: 4, 2, 1>
+// SPLIT: %[[GROUP:.*]] = "attn.program_id"() {axis = 2 : i64}
+// SPLIT: %[[FIRST:.*]] = arith.muli %[[GROUP]], %c4 : index
+// SPLIT: %[[LEFT:.*]] = arith.subi %c2, %[[FIRST]] : index
+// SPLIT: %[[WALK:.*]] = arith.minsi %c4, %[[LEFT]] : index
+// SPLIT: scf.for %[[J:.*]] = %c0 to %[[WALK]] step %c1
+// SPLIT: %[[C:.*]] = arith.addi %[[FIRST]], %[[J]] : index
 // SPLIT: %[[T0:.*]] = arith.muli %[[C]], %c32 : index
 // SPLIT: %[[IN:.*]] = arith.cmpi slt, %[[T0]], %[[END:.*]] : index
 // SPLIT: %[[TRIPS:.*]] = arith.select %[[IN]], %c1, %c0 : index
