@@ -170,7 +170,10 @@ def _backward_overrides(values: dict, typed: dict) -> None:
 # blocks of 64 columns, as flash-linear-attention's chunk kernels use, and 4 warps: 8 warps left
 # the output kernels slower and the stage count barely mattered in the per-kernel sweep,
 # bench/results/h200-linear-configs-*.json (`python bench/linear_configs.py`).
-_LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
+# The cumulative-decay kernel takes one stage: GLA's (D 128, L 2048, B 8, H 16) ran 204 us in
+# one, 407 in two and 446 in three (its loop over chunks gains nothing from prefetching and the
+# pipelined loop holds more registers); the per-token decays' took 25 us in each.
+_LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3, "decays_num_stages": 1}
 
 
 def linear_config(chunk: int, decay: str, target: str = "cuda:90") -> dict:
@@ -187,6 +190,9 @@ def linear_config(chunk: int, decay: str, target: str = "cuda:90") -> dict:
         config["num_stages"] = 2
     if decay == "token_dim":
         config["block_v"] = 128
+        # GLA's chunk-state kernel at L 2048, D 128: 137 us in two stages against 164 in three;
+        # within 4% either way in the other three suite cases.
+        config["states_num_stages"] = 2
     return config
 
 
@@ -302,12 +308,17 @@ class PresetOptions:
     dkdv_num_warps: int = 0        # the dK/dV kernel's Triton launch (0: num_warps/num_stages)
     dkdv_num_stages: int = 0
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
+    decays_num_stages: int = 0     # the split recurrence's cumulative-decay kernel (0: num_stages)
+    states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
 
     def kernel_launch(self, kernel_name: str) -> tuple[int, int]:
         """(num_warps, num_stages) the kernel of this name launches with: the backward's dK/dV
-        kernel has its own."""
+        kernel and the split recurrence's cumulative-decay and chunk-state kernels have their own."""
         if self.backward and abi.backward_part(kernel_name) == "dkdv":
             return self.dkdv_num_warps or self.num_warps, self.dkdv_num_stages or self.num_stages
+        if self.linear:
+            own = {"decays": self.decays_num_stages, "states": self.states_num_stages}
+            return self.num_warps, own.get(abi.chunk_stage(kernel_name), 0) or self.num_stages
         return self.num_warps, self.num_stages
 
     def launch_text(self) -> str:
@@ -316,6 +327,9 @@ class PresetOptions:
         if self.backward:
             warps, stages = self.kernel_launch(abi.backward_kernel_name("", "dkdv"))
             text += f" dkdv-num-warps={warps} dkdv-num-stages={stages}"
+        if self.linear:
+            for stage in ("decays", "states"):
+                text += f" {stage}-num-stages={self.kernel_launch(abi.chunk_stage_name('', stage))[1]}"
         return text
 
     def launch_config(self) -> dict:
@@ -334,7 +348,8 @@ class PresetOptions:
             if not self.closure_grads:
                 config["closure_grads"] = False
         if self.linear:
-            config.update(block_v=self.block_v, block_k=self.block_k)
+            config.update(block_v=self.block_v, block_k=self.block_k, decays_num_stages=self.decays_num_stages,
+                          states_num_stages=self.states_num_stages)
         return config
 
 

@@ -144,7 +144,7 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
     if call_time_tables:
         meta[runtime.MASK_PROGRAM] = abi.mask_program(abi.functions(module)[-1])
     stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
-                            options.num_warps, options.num_stages, facts["tables"])
+                            *options.kernel_launch(facts["name"]), facts["tables"])
               for aligned, generic, facts in kernels[:-1]]
     aligned, generic, facts = kernels[-1]
     return runtime.Bundle(

@@ -105,6 +105,23 @@ def backward_part(kernel_name: str) -> str | None:
     return None
 
 
+# The kernels the split chunked recurrence launches before its output kernel, in order (those it
+# needs: passes/chunk), each named `chunk_stage_name(forward, stage)`.
+CHUNK_STAGES = ("decays", "states", "scores")
+
+
+def chunk_stage_name(forward: str, stage: str) -> str:
+    return f"{forward}_{stage}"
+
+
+def chunk_stage(kernel_name: str) -> str | None:
+    """The CHUNK_STAGES entry a kernel named by `chunk_stage_name` is, else None."""
+    for stage in CHUNK_STAGES:
+        if kernel_name.endswith(chunk_stage_name("", stage)):
+            return stage
+    return None
+
+
 def input_roles(n_inputs: int) -> list[str]:
     """q, k, v and the closure tensors of an L0 function with `n_inputs` arguments."""
     return list(INPUTS) + [capture(i) for i in range(n_inputs - len(INPUTS))]

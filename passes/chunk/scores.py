@@ -74,7 +74,7 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
     writes_output = False
 
     def build(self) -> None:
-        self.define(f"{self.name}_scores", [(DECAYS, self.g_cum_type), (SCORES, self.scores_type)],
+        self.define(abi.chunk_stage_name(self.name, "scores"), [(DECAYS, self.g_cum_type), (SCORES, self.scores_type)],
                     [self.scores_type], [self.b, self.h, self.chunks], self.body)
 
     def body(self) -> list:

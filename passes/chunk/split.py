@@ -100,7 +100,7 @@ class CumulativeDecayKernel(SplitKernel):
         self.groups = -(-self.chunks // DECAY_CHUNKS)
 
     def build(self) -> None:
-        self.define(f"{self.name}_decays", [(DECAYS, self.g_cum_type)], [self.g_cum_type],
+        self.define(abi.chunk_stage_name(self.name, "decays"), [(DECAYS, self.g_cum_type)], [self.g_cum_type],
                     [self.b, self.h, self.groups * (self.width // self.bw)], self.body)
 
     def body(self) -> list:
@@ -144,7 +144,7 @@ class StateKernel(SplitKernel):
 
     def build(self) -> None:
         extra = self.arguments(self.g_cum_type is not None, ("state", self.state_type))
-        self.define(f"{self.name}_states", extra, [self.h_type, self.state_type],
+        self.define(abi.chunk_stage_name(self.name, "states"), extra, [self.h_type, self.state_type],
                     [self.b, self.h, self.nk * self.nv], self.body)
 
     def body(self) -> list:
