@@ -334,10 +334,29 @@ class _Order:
     def sum_after(self, rate):
         """sum over t >= u of rate[..., t] within u's sequence, for every token u."""
         if self.packing is None:
-            return rate.flip(2).cumsum(2).flip(2)
+            return reverse_cumsum(rate)
         # One sum over all the packed tokens, less the part past each sequence's end: in float64,
         # so that the rounding does not grow with the other sequences' lengths.
         after = rate.double().flip(2).cumsum(2).flip(2)
         ends = self.cu[self.seq + 1]  # where each token's sequence ends
         padded = torch.cat([after, torch.zeros_like(after.narrow(2, 0, 1))], dim=2)
         return (after - padded.index_select(2, ends)).to(rate.dtype)
+
+
+def reverse_cumsum(x, block: int = 64):
+    """sum over t >= u of x[:, :, t] for every u, x [B, H, L(, D)]: in blocks of `block` tokens,
+    the sums inside a block (its total less the sum before u) plus, in float64, those of the later
+    blocks. torch scans dim 2 of [B, H, L, D] with a sequential thread per column: GLA's dg (B 8,
+    H 16, L 2048, D 128) took 0.81 ms so on an H200, where scans of `block` steps have L / block
+    times the threads."""
+    b, h, length = x.shape[:3]
+    blocks = -(-length // block)
+    pad = blocks * block - length
+    padded = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 3) + [0, pad]) if pad else x.contiguous()
+    tiles = padded.view(b, h, blocks, block, *x.shape[3:])
+    before = tiles.cumsum(3)  # up to and with each token, in its block
+    totals = before.narrow(3, block - 1, 1)
+    later = totals.double().flip(2).cumsum(2).flip(2) - totals.double()  # the later blocks' sums
+    sums = totals - before + tiles + later.to(x.dtype)
+    return sums.view(b, h, blocks * block, *x.shape[3:]).narrow(2, 0, length)
+
