@@ -1,8 +1,7 @@
-"""The blocks of SUB rows of a chunk in the split form's kernels of the per-dimension decays,
-as flash-linear-attention's GLA kernels compute them: the 3-D pair factors of a whole chunk cost
-C * C * Dk exponentials and as many registers, more than a GPU program holds at C = 64,
-Dk = 128. The kernels take a chunk in whole-chunk products while its decay stays under
-SPAN_LIMIT (`ChunkStep`), and its blocks, one after the other, past it.
+"""Kernels of the split form whose program takes one block of SUB rows of a chunk, as
+flash-linear-attention's GLA kernels compute the per-dimension decays: the 3-D pair factors of
+a whole chunk cost C * C * Dk exponentials and as many registers, more than a GPU program holds
+at C = 64, Dk = 128.
 
 G comes from the cumulative-decay workspace. With the chunk cut into blocks I of SUB rows and R_I
 the row of G just before block I, a pair of blocks J < I factorizes at that boundary safely,
@@ -16,13 +15,15 @@ the exact 3-D form. The exponents are also clamped at 0 (at SPAN_LIMIT for a dia
 keys): rows past L load G = 0, and a padded row (never stored) must not overflow either.
 
 GLA's ("token_dim") scores use this in `chunk/scores.py`. Here, the output kernel of
-"token_value_dim", whose decay acts on the values' columns; a block's output is
+"token_value_dim", whose decay acts on the values' columns:
 
     o_I = sum_{J <= I} exp(G_I - R_I) * (A_IJ @ (v_J exp(R_I - G_J))) + scale * (q_I @ S) * exp(G_I)
 
 with A = scale * q k^T undecayed (and causal in A_II), the diagonal term in the 3-D form over
-(t, s, j) for a block past SPAN_LIMIT, the earlier blocks J walked in an scf.for: each J's tiles
-are loaded, used once and dropped."""
+(t, s, j) for a block past SPAN_LIMIT. A program computes one block I of one chunk (grid
+[B, H, NC * C / SUB * Dv / BV]), walking the earlier blocks J in an scf.for: each J's tiles are
+loaded, used once and dropped. One program per chunk, with the blocks unrolled, kept every
+block's tiles live across the chunk and spilled registers at Dk = 128."""
 from __future__ import annotations
 
 from ..l1_builders import f32, for_loop, index, tensor_type, transpose, zeros
@@ -41,6 +42,25 @@ class BlockedKernel(OutputKernel):
     the factorization at a block's boundary."""
 
     loads_decays = True  # G comes from the cumulative-decay workspace
+
+    def build(self) -> None:
+        extra = self.arguments(self.loads_decays, ("out", self.out_type))
+        grid = [self.b, self.h, self.chunks * (self.c // SUB) * self.nv]
+        self.define(self.name, extra, [self.out_type], grid, self.body)
+
+    def body(self) -> list:
+        from mlir.dialects import arith
+
+        blocks = index(self.c // SUB)
+        rest, self.v0 = self.split_id(self.program_ids(sums=not self.loads_decays))
+        it, block = arith.divsi(rest, blocks), arith.remsi(rest, blocks)
+        t0 = arith.muli(it, index(self.c))
+        start = self.block_start(t0, block)
+
+        def store(values):
+            return [self.block_output(t0, block, start, self.chunk_state(it), values[0], self.dests[DECAYS])]
+
+        return self.if_holding_tokens(start, [self.dests["out"]], store)
 
     @staticmethod
     def block_start(t0, j):
@@ -93,16 +113,9 @@ class BlockedKernel(OutputKernel):
 
 
 class BlockedValueOutputKernel(BlockedKernel):
-    """The output kernel of "token_value_dim": a program per chunk and SLICE V columns at most
-    (grid [B, H, NC * Dv / BV]). While the chunk's |G| over its columns stays under SPAN_LIMIT,
-    its output is whole-chunk products,
-
-        o = exp(G) * (A @ (v exp(min(-G, SPAN_LIMIT)))) + scale * (q @ S) * exp(G),
-
-    A = scale * q k^T causal; past it (in a loop of one trip), the chunk's blocks of SUB rows one
-    after the other (module docstring), whose diagonal blocks' 3-D form, SUB * SUB * BV values,
-    fits the registers whole at BV <= SLICE: its output columns cannot be assembled from slices.
-    f16 operands always take the blocks."""
+    """The output kernel of "token_value_dim" (module docstring). A program takes SLICE V columns
+    at most, so that the diagonal block's 3-D form, SUB * SUB * BV values, fits its registers whole:
+    its output columns cannot be assembled from slices."""
 
     def __init__(self, op, func, chunk: int, block_v: int):
         super().__init__(op, func, chunk, min(block_v, SLICE))
@@ -111,48 +124,7 @@ class BlockedValueOutputKernel(BlockedKernel):
     def applies(decay: str, chunk: int) -> bool:
         return decay == "token_value_dim" and chunk % SUB == 0 and chunk > SUB
 
-    def build(self) -> None:
-        extra = self.arguments(self.loads_decays, ("out", self.out_type))
-        self.define(self.name, extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
-
-    def body(self) -> list:
-        from mlir.dialects import arith
-
-        it, self.v0 = self.split_id(self.program_ids(sums=False))
-        t0 = arith.muli(it, index(self.c))
-
-        def store(values):
-            return [self.chunk_into(t0, self.chunk_state(it), values[0])]
-
-        return self.if_holding_tokens(t0, [self.dests["out"]], store)
-
-    def chunk_into(self, t0, state, out):
-        """Store the output rows of the chunk at t0 into `out`: whole, or past SPAN_LIMIT by blocks."""
-        from mlir.dialects import arith
-
-        g_cum = self.dests[DECAYS]
-
-        def by_blocks(out):
-            return for_loop(self.c // SUB, [out], lambda block, values: [self.block_output(
-                t0, block, self.block_start(t0, block), state, values[0], g_cum)])[0]
-
-        if not self.factorizes:
-            return by_blocks(out)
-        cv = self.tile_type(self.c, self.bv)
-        q, k = self.load("q", t0, None, self.dk), self.load("k", t0, None, self.dk)
-        v = self.load("v", t0, self.v0, self.bv)[0]
-        cum = self.ws_load(g_cum, t0, self.c, self.bv, offset_of(self.v0))
-        products = self.matmul(self.operand(self.scores(q, k, None)), self.operand(self.undecayed(v, cum)),
-                               zeros([self.c, self.bv]))
-        o = self.generic([(products, TILE), (cum, TILE)], cv, lambda a: arith.mulf(a[0], exp(a[1])))
-        o = self.plus_decayed_state(o, q[1], state, cum)
-        wide = self.beyond_span_limit(self.tile_max(self.chunk_span(cum), 0.0))
-        out = for_loop(arith.subi(index(1), wide), [out], lambda _, values: [
-            self.store_rows(self.output_elements(o), t0, self.c, values[0])])[0]
-        return for_loop(wide, [out], lambda _, values: [by_blocks(values[0])])[0]
-
     def block_output(self, t0, block, start, state, out, g_cum):
-        """Store the output rows of the block at `start` (block `block` of the chunk at t0)."""
         from mlir.dialects import arith
 
         sv = self.tile_type(SUB, self.bv)
