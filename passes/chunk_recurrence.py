@@ -33,8 +33,8 @@ Two forms (option `split`), a module under passes/chunk/ each:
   kernel for the decays that need a sum ("token" and the per-dimension ones), a chunk-state
   kernel walking the chunks doing only the state update and writing the state entering each
   chunk to a workspace, then a chunk-parallel output kernel. For "token_dim" (GLA) a scores
-  kernel first writes every chunk's A to a third workspace, a program per block of SUB rows
-  (`chunk/scores.py`); for "token_value_dim" the output kernel works in blocks of SUB rows, a
+  kernel first writes every chunk's A to a third workspace, a program per chunk (its blocks of
+  SUB rows past the span limit, `chunk/scores.py`); for "token_value_dim" the output kernel works in blocks of SUB rows, a
   program per block (`chunk/blocked.py`). `normalize` keeps
   the one-kernel form: its key sum z would need a second workspace written by every V-column
   program alike, for a variant (the normalized linear transformer) that is not bound by this.

@@ -7,6 +7,7 @@ docstring, passes/chunk_recurrence.py):
 * `step`: the math of one chunk: its output rows, the next state, the next key sum.
 * `sequential`: the one-kernel form, carrying the state through all chunks.
 * `split`: the split form's cumulative-decay, chunk-state and chunk-parallel output kernels.
-* `blocked`: the split form's output kernels of the per-dimension decays ("token_dim",
-  "token_value_dim"), a program per block of SUB rows.
+* `blocked`: blocks of SUB rows of a chunk, factorized at their boundaries: the values'-decay
+  ("token_value_dim") output kernel, a program per block, and GLA's scores past the span limit.
+* `scores`: GLA's ("token_dim") scores kernel, a program per chunk, and its output kernel.
 """
