@@ -171,8 +171,8 @@ def _backward_overrides(values: dict, typed: dict) -> None:
 # the output kernels slower and the stage count barely mattered in the per-kernel sweep,
 # bench/results/h200-linear-configs-*.json (`python bench/linear_configs.py`).
 # The cumulative-decay kernel takes one stage: GLA's (D 128, L 2048, B 8, H 16) ran 204 us in
-# one, 407 in two and 446 in three (its loop over chunks gains nothing from prefetching and the
-# pipelined loop holds more registers); the per-token decays' took 25 us in each.
+# one, 407 in two and 446 in three (pipelining its loop over chunks only holds more registers);
+# the per-token decays' took 25 us in each (passes/chunk/split.py, DECAY_CHUNKS).
 _LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3, "decays_num_stages": 1}
 
 
@@ -383,6 +383,9 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         _backward_overrides(values, typed)
     else:
         values.update(typed)
+        if "num_stages" in typed:  # the kernels with their own stage count follow, unless given it
+            for own in ("decays_num_stages", "states_num_stages"):
+                values[own] = typed.get(own, 0)
     return PresetOptions(target=target, **values)
 
 

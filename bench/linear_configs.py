@@ -3,7 +3,7 @@
     python bench/linear_configs.py [--bundles bench/bundles] [--out DIR] [--configs w4s3,...] [--name NAME]
 
 On the GPU machine (torch + triton, no MLIR). For every linear case of bench/suite.py whose bundle
-is in --bundles, each kernel (the chunk-state kernel, then the output kernel) runs alone on the
+is in --bundles, each kernel (the stages in launch order, then the output kernel) runs alone on the
 case's inputs under every (num_warps, num_stages) of CONFIGS (or --configs); the Triton IR does not
 change, only how Triton compiles it. Pointing --bundles at bundles built with other block sizes
 compares those. Writes NAME.json (default linear-configs): per case and kernel, the median ms of each

@@ -157,14 +157,16 @@ def test_linear_and_hip_options():
     assert options.launch_config() == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 2,
                                        "block_v": 128, "block_k": 64, "decays_num_stages": 1,
                                        "states_num_stages": 2}
-    # The cumulative-decay and chunk-state kernels launch with their own stage counts.
-    assert options.kernel_launch("gla_decays") == (4, 1)
-    assert options.kernel_launch("gla_states") == (4, 2)
-    assert options.kernel_launch("gla_scores") == options.kernel_launch("gla") == (4, 2)
     assert options.launch_text() == "num-warps=4 num-stages=2 decays-num-stages=1 states-num-stages=2"
-    overridden = presets.options_for("triton", _problem("linear-token-dim-bf16"), "cuda:90", decays_num_stages="2")
-    assert overridden.kernel_launch("gla_decays") == (4, 2)
-    assert overridden.kernel_launch("gla_scores") == (4, 3)
+    # The cumulative-decay and GLA's chunk-state kernels launch with their own stage counts; a
+    # num_stages override reaches them unless they are given their own.
+    cuda = presets.options_for("triton", _problem("linear-token-dim-bf16"), "cuda:90")
+    assert [cuda.kernel_launch(f"gla{part}") for part in ("_decays", "_states", "_scores", "")] == \
+        [(4, 1), (4, 2), (4, 3), (4, 3)]
+    tuned = presets.options_for("triton", _problem("linear-token-dim-bf16"), "cuda:90", num_stages="1",
+                                decays_num_stages="2")
+    assert [tuned.kernel_launch(f"gla{part}") for part in ("_decays", "_states", "_scores", "")] == \
+        [(4, 2), (4, 1), (4, 1), (4, 1)]
 
 
 def test_cpu_stages_and_overrides():

@@ -337,7 +337,7 @@ class _Order:
             return reverse_cumsum(rate)
         # One sum over all the packed tokens, less the part past each sequence's end: in float64,
         # so that the rounding does not grow with the other sequences' lengths.
-        after = rate.double().flip(2).cumsum(2).flip(2)
+        after = reverse_cumsum(rate.double())
         ends = self.cu[self.seq + 1]  # where each token's sequence ends
         padded = torch.cat([after, torch.zeros_like(after.narrow(2, 0, 1))], dim=2)
         return (after - padded.index_select(2, ends)).to(rate.dtype)

@@ -1,7 +1,8 @@
-"""Kernels of the split form whose program takes one block of SUB rows of a chunk, as
-flash-linear-attention's GLA kernels compute the per-dimension decays: the 3-D pair factors of
-a whole chunk cost C * C * Dk exponentials and as many registers, more than a GPU program holds
-at C = 64, Dk = 128.
+"""Blocks of SUB rows of a chunk in the split form's kernels of the per-dimension decays, as
+flash-linear-attention's GLA kernels compute them: the 3-D pair factors of a whole chunk cost
+C * C * Dk exponentials and as many registers, more than a GPU program holds at C = 64,
+Dk = 128. The values'-decay output kernel here takes a program per block; GLA's scores kernel
+(`chunk/scores.py`) a program per chunk, walking its blocks only past SPAN_LIMIT.
 
 G comes from the cumulative-decay workspace. With the chunk cut into blocks I of SUB rows and R_I
 the row of G just before block I, a pair of blocks J < I factorizes at that boundary safely,
@@ -38,8 +39,8 @@ SLICE = 32
 
 
 class BlockedKernel(OutputKernel):
-    """A kernel whose program takes one block of SUB rows of a chunk: the blocks' coordinates and
-    the factorization at a block's boundary."""
+    """A kernel that computes blocks of SUB rows of a chunk: the blocks' coordinates and the
+    factorization at a block's boundary; its own `build` and `body` take a program per block."""
 
     loads_decays = True  # G comes from the cumulative-decay workspace
 
@@ -67,10 +68,6 @@ class BlockedKernel(OutputKernel):
         from mlir.dialects import arith
 
         return arith.addi(t0, arith.muli(j, index(SUB)))
-
-    @property
-    def sd(self):
-        return self.tile_type(SUB, self.dk)
 
     def cum(self, g_cum, start, col, width: int):
         """G of the block at `start`, columns [col, col + width) (col an index value or None)."""
