@@ -26,8 +26,9 @@ _TARGET = re.compile(r"cuda:\d+|hip:gfx[0-9a-z]+|host")
 class EmitOptions:
     target: str | None
     generic: bool
-    # A preset's (num_warps, num_stages) by kernel name, as the runtime launches them.
-    launch: Callable[[str], tuple[int, int]] | None = None
+    # A preset's (num_warps, num_stages) by kernel name and abi.CHUNK_STAGE, as the runtime
+    # launches them.
+    launch: Callable[[str, str | None], tuple[int, int]] | None = None
     debug_info: bool = False  # print each op's location (--mlir-print-debuginfo)
 
 

@@ -311,14 +311,15 @@ class PresetOptions:
     decays_num_stages: int = 0     # the split recurrence's cumulative-decay kernel (0: num_stages)
     states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
 
-    def kernel_launch(self, kernel_name: str) -> tuple[int, int]:
-        """(num_warps, num_stages) the kernel of this name launches with: the backward's dK/dV
-        kernel and the split recurrence's cumulative-decay and chunk-state kernels have their own."""
+    def kernel_launch(self, kernel_name: str, chunk_stage: str | None = None) -> tuple[int, int]:
+        """(num_warps, num_stages) the kernel of this name (and abi.CHUNK_STAGE) launches with:
+        the backward's dK/dV kernel and the split recurrence's cumulative-decay and chunk-state
+        kernels have their own."""
         if self.backward and abi.backward_part(kernel_name) == "dkdv":
             return self.dkdv_num_warps or self.num_warps, self.dkdv_num_stages or self.num_stages
         if self.linear:
             own = {"decays": self.decays_num_stages, "states": self.states_num_stages}
-            return self.num_warps, own.get(abi.chunk_stage(kernel_name), 0) or self.num_stages
+            return self.num_warps, own.get(chunk_stage, 0) or self.num_stages
         return self.num_warps, self.num_stages
 
     def launch_text(self) -> str:
@@ -329,7 +330,7 @@ class PresetOptions:
             text += f" dkdv-num-warps={warps} dkdv-num-stages={stages}"
         if self.linear:
             for stage in ("decays", "states"):
-                text += f" {stage}-num-stages={self.kernel_launch(abi.chunk_stage_name('', stage))[1]}"
+                text += f" {stage}-num-stages={self.kernel_launch('', stage)[1]}"
         return text
 
     def launch_config(self) -> dict:

@@ -161,12 +161,14 @@ def test_linear_and_hip_options():
     # The cumulative-decay and GLA's chunk-state kernels launch with their own stage counts; a
     # num_stages override reaches them unless they are given their own.
     cuda = presets.options_for("triton", _problem("linear-token-dim-bf16"), "cuda:90")
-    assert [cuda.kernel_launch(f"gla{part}") for part in ("_decays", "_states", "_scores", "")] == \
-        [(4, 1), (4, 2), (4, 3), (4, 3)]
+    stages = [("gla_decays", "decays"), ("gla_states", "states"), ("gla_scores", "scores"), ("gla", None)]
+    assert [cuda.kernel_launch(*kernel) for kernel in stages] == [(4, 1), (4, 2), (4, 3), (4, 3)]
+    # The stage is the kernel's abi.CHUNK_STAGE, not its name: an output kernel whose function
+    # is named like a stage launches as the output kernel.
+    assert cuda.kernel_launch("my_decays") == (4, 3)
     tuned = presets.options_for("triton", _problem("linear-token-dim-bf16"), "cuda:90", num_stages="1",
                                 decays_num_stages="2")
-    assert [tuned.kernel_launch(f"gla{part}") for part in ("_decays", "_states", "_scores", "")] == \
-        [(4, 2), (4, 1), (4, 1), (4, 1)]
+    assert [tuned.kernel_launch(*kernel) for kernel in stages] == [(4, 2), (4, 1), (4, 1), (4, 1)]
 
 
 def test_cpu_stages_and_overrides():

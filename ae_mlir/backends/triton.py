@@ -101,7 +101,8 @@ def _lower_l1(l1_text: str, options) -> list[tuple[runtime.KernelVariant, dict]]
     _run(presets.pipeline_text("triton", options, "ttir"), module, "attn-lower-to-triton failed")
     lowered = []
     for kernel in kernel_ops(module):
-        facts = {"name": abi.name(kernel), "grid": abi.grid(kernel), "tables": _tables(kernel)}
+        facts = {"name": abi.name(kernel), "grid": abi.grid(kernel), "tables": _tables(kernel),
+                 "chunk_stage": abi.chunk_stage(kernel)}
         variant = runtime.KernelVariant(triton_text(module, kernel), abi.kernel_args(kernel), options.assume_aligned)
         lowered.append((variant, facts))
     return lowered
@@ -144,7 +145,7 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
     if call_time_tables:
         meta[runtime.MASK_PROGRAM] = abi.mask_program(abi.functions(module)[-1])
     stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
-                            *options.kernel_launch(facts["name"]), facts["tables"])
+                            *options.kernel_launch(facts["name"], facts["chunk_stage"]), facts["tables"])
               for aligned, generic, facts in kernels[:-1]]
     aligned, generic, facts = kernels[-1]
     return runtime.Bundle(
@@ -183,10 +184,10 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
                     for aligned in (True, False)]
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
     stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
-                            *options.kernel_launch(facts["name"]), facts["tables"])
+                            *options.kernel_launch(facts["name"], facts["chunk_stage"]), facts["tables"])
               for aligned, generic, facts in kernels[:-1]]
     aligned, generic, facts = kernels[-1]
-    warps, n_stages = options.kernel_launch(facts["name"])
+    warps, n_stages = options.kernel_launch(facts["name"], facts["chunk_stage"])
     meta = {"input_precision": input_precision, "config": options.launch_config(), "backward": True}
     return runtime.Bundle(
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
@@ -367,7 +368,7 @@ _TRITON_STAGES = {"cuda": 3, "hip": 2}
 def emit(kind: str, module, target: str | None, launch=None) -> str:
     """The lowered module's kernels as Triton IR, each a module of its own as the bundle holds
     them (between `// -----` lines, in launch order), or compiled to PTX (cuda) / AMDGCN (hip)
-    for `target` with `launch(kernel name)` = (num_warps, num_stages): the preset's, as the
+    for `target` with `launch(kernel name, chunk stage)` = (num_warps, num_stages): the preset's, as the
     runtime launches them, else Triton's defaults."""
     from ..passes.lower_to_triton import triton_text
 
@@ -383,7 +384,7 @@ def emit(kind: str, module, target: str | None, launch=None) -> str:
     assembly = []
     for kernel, text in zip(kernels, texts):
         name = kernel.attributes["sym_name"].value
-        warps, stages = launch(name) if launch else (_TRITON_WARPS, _TRITON_STAGES[family])
+        warps, stages = launch(name, abi.chunk_stage(kernel)) if launch else (_TRITON_WARPS, _TRITON_STAGES[family])
         try:
             compiled = runtime.compile_ttir(text, target, warps, stages)
         except Exception as err:

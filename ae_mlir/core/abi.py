@@ -18,6 +18,7 @@ BLOCK_M = "attn.block_m"                    # i64: query rows per program
 BLOCK_N = "attn.block_n"                    # i64: keys per KV tile
 BLOCK_V = "attn.block_v"                    # i64: V columns per program (linear recurrence)
 CHUNK_SIZE = "attn.chunk_size"              # i64: tokens per chunk (linear recurrence)
+CHUNK_STAGE = "attn.chunk_stage"            # string: which CHUNK_STAGES kernel it is (split recurrence)
 ARG_ROLES = "attn.arg_roles"                # [string]: one role per argument
 CALL_TIME_TABLES = "attn.call_time_tables"  # unit: the four tile tables follow the inputs
 MASK_PROGRAM = "attn.mask_program"          # string: JSON mask program that classifies those tables
@@ -106,7 +107,8 @@ def backward_part(kernel_name: str) -> str | None:
 
 
 # The kernels the split chunked recurrence launches before its output kernel, in order (those it
-# needs: passes/chunk), each named `chunk_stage_name(forward, stage)`.
+# needs: passes/chunk), each named `chunk_stage_name(forward, stage)` and marked with CHUNK_STAGE:
+# the name alone cannot tell, since the output kernel keeps the user's function name.
 CHUNK_STAGES = ("decays", "states", "scores")
 
 
@@ -114,12 +116,11 @@ def chunk_stage_name(forward: str, stage: str) -> str:
     return f"{forward}_{stage}"
 
 
-def chunk_stage(kernel_name: str) -> str | None:
-    """The CHUNK_STAGES entry a kernel named by `chunk_stage_name` is, else None."""
-    for stage in CHUNK_STAGES:
-        if kernel_name.endswith(chunk_stage_name("", stage)):
-            return stage
-    return None
+def chunk_stage(func) -> str | None:
+    """The CHUNK_STAGES entry a kernel (L1 func.func or tt.func) is, else None."""
+    from mlir import ir
+
+    return ir.StringAttr(func.attributes[CHUNK_STAGE]).value if CHUNK_STAGE in func.attributes else None
 
 
 def input_roles(n_inputs: int) -> list[str]:

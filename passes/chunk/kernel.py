@@ -323,9 +323,11 @@ class ChunkKernel(KernelBuilder):
         return for_loop(self.chunks_to_visit(), carried,
                         lambda it, values: step(it, arith.muli(it, index(self.c)), values))
 
-    def define(self, name: str, extra: list[tuple], result_types: list, grid: list[int], body) -> None:
+    def define(self, name: str, extra: list[tuple], result_types: list, grid: list[int], body,
+               stage: str | None = None) -> None:
         """The kernel function `name`: the L0 inputs, then `extra` (role, type) arguments (in
-        `dests` by role while `body()` builds the function), returning what `body()` returns."""
+        `dests` by role while `body()` builds the function), returning what `body()` returns; a
+        kernel launched before the output kernel names its `stage` (abi.CHUNK_STAGES)."""
         from mlir import ir
         from mlir.dialects import func
 
@@ -335,6 +337,8 @@ class ChunkKernel(KernelBuilder):
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.CHUNK_SIZE: ir.IntegerAttr.get(i64, self.c),
                       abi.BLOCK_V: ir.IntegerAttr.get(i64, self.bv),
                       abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in roles])}
+        if stage is not None:
+            attributes[abi.CHUNK_STAGE] = ir.StringAttr.get(stage)
         entry = self.function(name, inputs + [t for _, t in extra], result_types, attributes)
         self.dests = dict(zip(roles[len(inputs):], self.kernel_args[len(inputs):]))
         with ir.InsertionPoint(entry):

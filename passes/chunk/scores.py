@@ -75,7 +75,7 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
 
     def build(self) -> None:
         self.define(abi.chunk_stage_name(self.name, "scores"), [(DECAYS, self.g_cum_type), (SCORES, self.scores_type)],
-                    [self.scores_type], [self.b, self.h, self.chunks], self.body)
+                    [self.scores_type], [self.b, self.h, self.chunks], self.body, "scores")
 
     def body(self) -> list:
         from mlir.dialects import arith

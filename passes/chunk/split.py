@@ -104,7 +104,7 @@ class CumulativeDecayKernel(SplitKernel):
 
     def build(self) -> None:
         self.define(abi.chunk_stage_name(self.name, "decays"), [(DECAYS, self.g_cum_type)], [self.g_cum_type],
-                    [self.b, self.h, self.groups * (self.width // self.bw)], self.body)
+                    [self.b, self.h, self.groups * (self.width // self.bw)], self.body, "decays")
 
     def body(self) -> list:
         from mlir.dialects import arith
@@ -148,7 +148,7 @@ class StateKernel(SplitKernel):
     def build(self) -> None:
         extra = self.arguments(self.g_cum_type is not None, ("state", self.state_type))
         self.define(abi.chunk_stage_name(self.name, "states"), extra, [self.h_type, self.state_type],
-                    [self.b, self.h, self.nk * self.nv], self.body)
+                    [self.b, self.h, self.nk * self.nv], self.body, "states")
 
     def body(self) -> list:
         from mlir.dialects import arith

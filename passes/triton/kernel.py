@@ -49,7 +49,7 @@ class Kernel(TensorOps, LinalgOps):
                  "noinline = false", f"arg_attrs = [{arg_attrs}]", f"{abi.GRID} = array<i64: {nm}, {h}, {b}>",
                  f"{abi.KERNEL_ARGS} = [{labels}]", f"{abi.TABLES} = [{tables}]",
                  f"attn.assume_aligned = {str(self.aligned).lower()}"]
-        for key in (abi.BLOCK_M, abi.BLOCK_N):
+        for key in (abi.BLOCK_M, abi.BLOCK_N, abi.CHUNK_STAGE):
             if key in self.func.attributes:
                 attrs.append(f"{key} = {self.func.attributes[key]}")
         body = "\n".join(self.em.prologue + self.em.lines)

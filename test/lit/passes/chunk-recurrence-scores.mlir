@@ -11,6 +11,7 @@
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-chunk-recurrence{split=1 block-v=64},cse)' --no-mlir-print-op-generic | FileCheck %s
 
 // CHECK-LABEL: func.func @gla_decays
+// CHECK-SAME: attn.chunk_stage = "decays"
 // CHECK-SAME: attn.grid = array<i64: 1, 2, 2>
 // CHECK: %[[DPID:.*]] = "attn.program_id"() {axis = 2 : i64}
 // CHECK: %[[GROUP:.*]] = arith.divsi %[[DPID]], %c2
@@ -23,6 +24,7 @@
 // CHECK-LABEL: func.func @gla_scores(
 // CHECK-SAME: %[[W1:[a-z0-9]+]]: tensor<1x2x96x48xf32>, %[[W2:[a-z0-9]+]]: tensor<1x2x128x64xf32>) -> tensor<1x2x128x64xf32>
 // CHECK-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w1", "w2"]
+// CHECK-SAME: attn.chunk_stage = "scores"
 // CHECK-SAME: attn.grid = array<i64: 1, 2, 2>
 // CHECK: %[[IT:.*]] = "attn.program_id"() {axis = 2 : i64}
 // CHECK: %[[T0:.*]] = arith.muli %[[IT]], %c64
@@ -76,8 +78,10 @@
 // CHECK: %[[ROWS:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[DIAG]], %[[PLACEMENT]] : tensor<16x16xf32>, tensor<16x64xf32>)
 // CHECK: scf.yield %[[ROWS]]
 // CHECK: tensor.insert_slice %[[SCORES]] into %{{.*}}[%{{.*}}, %{{.*}}, %[[START]], 0] [1, 1, 16, 64]
+// The output kernel keeps the function's name and is no stage.
 // CHECK-LABEL: func.func @gla(
 // CHECK-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w1", "w2", "w0", "out"]
+// CHECK-NOT: attn.chunk_stage
 // CHECK-SAME: attn.grid = array<i64: 1, 2, 2>
 // CHECK: %[[STATE:.*]] = tensor.extract_slice %{{.*}} : tensor<1x2x2x48x40xf32> to tensor<48x40xf32>
 // CHECK: %[[O:.*]] = linalg.matmul {{.*}} ins(%{{.*}}, %[[STATE]] : tensor<64x48xf32>, tensor<48x40xf32>)

@@ -164,7 +164,7 @@ func.func @token_dim(%q: tensor<1x2x40x16xbf16>, %k: tensor<1x2x40x16xbf16>, %v:
 // state entering each chunk (rounded to bf16) into the workspace w0 before updating it.
 // SPLIT-LABEL: func.func @head_states(
 // SPLIT-SAME: %[[W:[a-z0-9]+]]: tensor<1x2x3x32x32xbf16>, %[[ST:[a-z0-9]+]]: tensor<1x2x32x32xf32>) -> (tensor<1x2x3x32x32xbf16>, tensor<1x2x32x32xf32>)
-// SPLIT-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w0", "state"], attn.block_v = 16 : i64, attn.chunk_size = 16 : i64, attn.grid = array<i64: 1, 2, 4>
+// SPLIT-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w0", "state"], attn.block_v = 16 : i64, attn.chunk_size = 16 : i64, attn.chunk_stage = "states", attn.grid = array<i64: 1, 2, 4>
 // SPLIT: %[[P2:.*]] = "attn.program_id"() {axis = 2 : i64}
 // SPLIT: %[[KB:.*]] = arith.divsi %[[P2]], %c2
 // SPLIT: %[[VB:.*]] = arith.remsi %[[P2]], %c2
