@@ -279,6 +279,11 @@ def read_problem(module) -> Problem | None:
 # --- options and stages --------------------------------------------------------------------------
 
 
+# The split recurrence's kernels (abi.CHUNK_STAGES) that launch with their own stage count, and
+# the PresetOptions field holding it.
+_OWN_STAGES = {"decays": "decays_num_stages", "states": "states_num_stages"}
+
+
 @dataclass(frozen=True)
 class PresetOptions:
     """Every choice a preset makes; `options_for` derives them, keyword overrides replace them."""
@@ -308,7 +313,8 @@ class PresetOptions:
     dkdv_num_warps: int = 0        # the dK/dV kernel's Triton launch (0: num_warps/num_stages)
     dkdv_num_stages: int = 0
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
-    decays_num_stages: int = 0     # the split recurrence's cumulative-decay kernel (0: num_stages)
+    # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
+    decays_num_stages: int = 0     # the cumulative-decay kernel
     states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
 
     def kernel_launch(self, kernel_name: str, chunk_stage: str | None = None) -> tuple[int, int]:
@@ -317,9 +323,8 @@ class PresetOptions:
         kernels have their own."""
         if self.backward and abi.backward_part(kernel_name) == "dkdv":
             return self.dkdv_num_warps or self.num_warps, self.dkdv_num_stages or self.num_stages
-        if self.linear:
-            own = {"decays": self.decays_num_stages, "states": self.states_num_stages}
-            return self.num_warps, own.get(chunk_stage, 0) or self.num_stages
+        if self.linear and chunk_stage in _OWN_STAGES:
+            return self.num_warps, getattr(self, _OWN_STAGES[chunk_stage]) or self.num_stages
         return self.num_warps, self.num_stages
 
     def launch_text(self) -> str:
@@ -329,7 +334,7 @@ class PresetOptions:
             warps, stages = self.kernel_launch(abi.backward_kernel_name("", "dkdv"))
             text += f" dkdv-num-warps={warps} dkdv-num-stages={stages}"
         if self.linear:
-            for stage in ("decays", "states"):
+            for stage in _OWN_STAGES:
                 text += f" {stage}-num-stages={self.kernel_launch('', stage)[1]}"
         return text
 
@@ -349,8 +354,8 @@ class PresetOptions:
             if not self.closure_grads:
                 config["closure_grads"] = False
         if self.linear:
-            config.update(block_v=self.block_v, block_k=self.block_k, decays_num_stages=self.decays_num_stages,
-                          states_num_stages=self.states_num_stages)
+            config.update(block_v=self.block_v, block_k=self.block_k,
+                          **{field: getattr(self, field) for field in _OWN_STAGES.values()})
         return config
 
 
@@ -385,7 +390,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     else:
         values.update(typed)
         if "num_stages" in typed:  # the kernels with their own stage count follow, unless given it
-            for own in ("decays_num_stages", "states_num_stages"):
+            for own in _OWN_STAGES.values():
                 values[own] = typed.get(own, 0)
     return PresetOptions(target=target, **values)
 

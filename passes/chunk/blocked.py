@@ -47,7 +47,7 @@ class BlockedKernel(OutputKernel):
     def build(self) -> None:
         extra = self.arguments(self.loads_decays, ("out", self.out_type))
         grid = [self.b, self.h, self.chunks * (self.c // SUB) * self.nv]
-        self.define(self.name, extra, [self.out_type], grid, self.body)
+        self.define(extra, [self.out_type], grid, self.body)
 
     def body(self) -> list:
         from mlir.dialects import arith

@@ -323,11 +323,11 @@ class ChunkKernel(KernelBuilder):
         return for_loop(self.chunks_to_visit(), carried,
                         lambda it, values: step(it, arith.muli(it, index(self.c)), values))
 
-    def define(self, name: str, extra: list[tuple], result_types: list, grid: list[int], body,
-               stage: str | None = None) -> None:
-        """The kernel function `name`: the L0 inputs, then `extra` (role, type) arguments (in
-        `dests` by role while `body()` builds the function), returning what `body()` returns; a
-        kernel launched before the output kernel names its `stage` (abi.CHUNK_STAGES)."""
+    def define(self, extra: list[tuple], result_types: list, grid: list[int], body, stage: str | None = None) -> None:
+        """The kernel function: the L0 inputs, then `extra` (role, type) arguments (in `dests` by
+        role while `body()` builds the function), returning what `body()` returns. The output
+        kernel keeps the op's function name; a kernel launched before it is its `stage`
+        (abi.CHUNK_STAGES), named and marked so."""
         from mlir import ir
         from mlir.dialects import func
 
@@ -339,6 +339,7 @@ class ChunkKernel(KernelBuilder):
                       abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in roles])}
         if stage is not None:
             attributes[abi.CHUNK_STAGE] = ir.StringAttr.get(stage)
+        name = self.name if stage is None else abi.chunk_stage_name(self.name, stage)
         entry = self.function(name, inputs + [t for _, t in extra], result_types, attributes)
         self.dests = dict(zip(roles[len(inputs):], self.kernel_args[len(inputs):]))
         with ir.InsertionPoint(entry):

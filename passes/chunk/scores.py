@@ -74,7 +74,7 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
     writes_output = False
 
     def build(self) -> None:
-        self.define(abi.chunk_stage_name(self.name, "scores"), [(DECAYS, self.g_cum_type), (SCORES, self.scores_type)],
+        self.define([(DECAYS, self.g_cum_type), (SCORES, self.scores_type)],
                     [self.scores_type], [self.b, self.h, self.chunks], self.body, "scores")
 
     def body(self) -> list:
@@ -207,7 +207,7 @@ class ScoredOutputKernel(ScoresWorkspace, OutputKernel):
     def build(self) -> None:
         extra = [(DECAYS, self.g_cum_type), (SCORES, self.scores_type), (STATES, self.h_type),
                  ("out", self.out_type)]
-        self.define(self.name, extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
+        self.define(extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
 
     def chunk_output(self, t0, state, out):
         from mlir.dialects import arith

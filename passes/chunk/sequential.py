@@ -12,7 +12,7 @@ from .step import ChunkStep
 class SequentialKernel(ChunkStep):
     def build(self) -> None:
         extra = [("out", self.out_type), ("state", self.state_type)]
-        self.define(self.name, extra, [self.out_type, self.state_type], [self.b, self.h, self.nv], self.body)
+        self.define(extra, [self.out_type, self.state_type], [self.b, self.h, self.nv], self.body)
 
     def body(self) -> list:
         from mlir.dialects import arith

@@ -9,8 +9,8 @@ parallel from its q, k, v and h[chunk]. The workspace costs one write and one re
 NC * Dk * Dv elements per head, far less than the sequential time it removes.
 
 Decays that need a cumulative sum ("token" and the per-dimension ones) get another kernel first,
-`@<name>_decays` (grid [B, H, ceil(NC / DECAY_CHUNKS)], times the column blocks of DECAY_COLUMNS for the
-per-dimension decays), writing every chunk's G to workspace "w1", so the chunk-state
+`@<name>_decays` (grid [B, H, ceil(NC / DECAY_CHUNKS)], times the column blocks of DECAY_COLUMNS
+for the per-dimension decays), writing every chunk's G to workspace "w1", so the chunk-state
 loop loads G instead of summing it: the sums' reductions, inside the sequential loop, would set
 the time of every step. "head" needs none: G_t = min(t + 1, n) g_h in closed form.
 
@@ -100,11 +100,10 @@ class CumulativeDecayKernel(SplitKernel):
         super().__init__(op, func, chunk, block_v)
         self.width = self.dv if self.decay == "token_value_dim" else self.dk
         self.bw = value_block(self.width, DECAY_COLUMNS) if self.decay in DIM_DECAYS else self.width
-        self.groups = -(-self.chunks // DECAY_CHUNKS)
 
     def build(self) -> None:
-        self.define(abi.chunk_stage_name(self.name, "decays"), [(DECAYS, self.g_cum_type)], [self.g_cum_type],
-                    [self.b, self.h, self.groups * (self.width // self.bw)], self.body, "decays")
+        self.define([(DECAYS, self.g_cum_type)], [self.g_cum_type],
+                    [self.b, self.h, -(-self.chunks // DECAY_CHUNKS) * (self.width // self.bw)], self.body, "decays")
 
     def body(self) -> list:
         from mlir.dialects import arith
@@ -147,7 +146,7 @@ class StateKernel(SplitKernel):
 
     def build(self) -> None:
         extra = self.arguments(self.g_cum_type is not None, ("state", self.state_type))
-        self.define(abi.chunk_stage_name(self.name, "states"), extra, [self.h_type, self.state_type],
+        self.define(extra, [self.h_type, self.state_type],
                     [self.b, self.h, self.nk * self.nv], self.body, "states")
 
     def body(self) -> list:
@@ -211,7 +210,7 @@ class OutputKernel(SplitKernel):
 
     def build(self) -> None:
         extra = self.arguments(self.loads_decays, ("out", self.out_type))
-        self.define(self.name, extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
+        self.define(extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
 
     def body(self) -> list:
         from mlir.dialects import arith
