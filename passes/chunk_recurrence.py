@@ -32,10 +32,12 @@ Two forms (option `split`), a module under passes/chunk/ each:
 * Two to four kernels (`split`, the Triton pipeline's; `chunk/split.py`): a cumulative-decay
   kernel for the decays that need a sum ("token" and the per-dimension ones), a chunk-state
   kernel walking the chunks doing only the state update and writing the state entering each
-  chunk to a workspace, then a chunk-parallel output kernel. For "token_dim" (GLA) a scores
-  kernel first writes every chunk's A to a third workspace, a program per chunk (its blocks of
-  SUB rows past the span limit, `chunk/scores.py`); for "token_value_dim" the output kernel works in blocks of SUB rows, a
-  program per block (`chunk/blocked.py`). `normalize` keeps
+  chunk to a workspace, then a chunk-parallel output kernel. For the per-dimension decays a
+  scores kernel first writes every chunk's A to a third workspace, a program per chunk
+  (`chunk/scores.py`): GLA's ("token_dim") decayed, by blocks of SUB rows past the span limit;
+  "token_value_dim"'s undecayed, which its output kernel, a program per chunk, decays on the
+  values' side (by blocks past the span limit, `chunk/blocked.py`; with f16 operands a program
+  per block and no scores kernel). `normalize` keeps
   the one-kernel form: its key sum z would need a second workspace written by every V-column
   program alike, for a variant (the normalized linear transformer) that is not bound by this.
 
@@ -64,7 +66,6 @@ from typing import ClassVar
 
 from . import ModulePass, option
 from .chunk import scores
-from .chunk.blocked import BlockedValueOutputKernel
 from .chunk.kernel import DIM_DECAYS
 from .chunk.sequential import SequentialKernel
 from .chunk.split import CumulativeDecayKernel, OutputKernel, StateKernel
@@ -119,10 +120,8 @@ class ChunkRecurrence(ModulePass):
         kernels = [CumulativeDecayKernel(op, func, chunk, self.block_v)] if summed else []
         kernels.append(StateKernel(op, func, chunk, self.block_v, self.block_k))
         if scores.applies(decay, chunk):
-            return kernels + [scores.ScoreKernel(op, func, chunk, self.block_v),
-                              scores.ScoredOutputKernel(op, func, chunk, self.block_v)]
-        output = BlockedValueOutputKernel if BlockedValueOutputKernel.applies(decay, chunk) else OutputKernel
-        return kernels + [output(op, func, chunk, self.block_v)]
+            return kernels + scores.kernels(op, func, chunk, self.block_v)
+        return kernels + [OutputKernel(op, func, chunk, self.block_v)]
 
 
 def _one_chunk_rows(length: int, chunk: int) -> int:

@@ -69,14 +69,23 @@ def test_triton_kernels_at_the_preset_config(target, shape):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_triton_blocks_past_the_span_limit(dtype):
-    """Rows 40-59 decay by 6 a step in V column 3: blocks 2 and 3 of the first chunk (48 and 72
-    nats) take the diagonal block's exact 3-D form, the other blocks the tensor-core one (f16
-    operands always the exact form). A block wrongly factorized there overflows its cap and
-    misses by far more than the tolerance."""
+    """Rows 40-59 decay by 6 a step in V column 3: the first chunk's program for V columns 0-31
+    (120 nats) takes the chunk's blocks, of which blocks 2 and 3 (48 and 72 nats) take the
+    diagonal block's exact 3-D form and the others the tensor-core one; its program for columns
+    32-39 and the later chunks' take whole-chunk products from the scores kernel's A (f16
+    operands a program per block, always the exact form). A chunk or block wrongly factorized
+    there overflows its cap and misses by far more than the tolerance."""
     q, k, v, g, s0 = _problem(150, 16, 40, dtype, seed=4)
     g[:, :, 40:60, 3] = -6.0
     text = plain_module("token_value_dim", 0.5, 64, q, k, v, g, s0, torch.float32)
-    (out, state), _ = interpret(tb.build_bundle(text, "cuda:90", None), q, k, v, g, s0)
+    bundle = tb.build_bundle(text, "cuda:90", None)
+    # Launch grids, the program axis first: chunks (x blocks) x V blocks, heads, batch.
+    stages = [(s.name, s.grid) for s in bundle.stages] + [(bundle.name, bundle.grid)]
+    if dtype == torch.float16:
+        assert stages[2:] == [("linear_attention", [3 * 4 * 2, 2, 2])]
+    else:
+        assert stages[2:] == [("linear_attention_scores", [3, 2, 2]), ("linear_attention", [3 * 2, 2, 2])]
+    (out, state), _ = interpret(bundle, q, k, v, g, s0)
     want_out, want_state = naive(q, k, v, g, s0, 0.5)
     tol = 1e-4 if dtype == torch.float32 else 1e-2
     assert (out.double() - want_out).abs().max() <= tol * want_out.abs().max()

@@ -7,7 +7,9 @@ docstring, passes/chunk_recurrence.py):
 * `step`: the math of one chunk: its output rows, the next state, the next key sum.
 * `sequential`: the one-kernel form, carrying the state through all chunks.
 * `split`: the split form's cumulative-decay, chunk-state and chunk-parallel output kernels.
-* `blocked`: blocks of SUB rows of a chunk, factorized at their boundaries: the values'-decay
-  ("token_value_dim") output kernel, a program per block, and GLA's scores past the span limit.
-* `scores`: GLA's ("token_dim") scores kernel, a program per chunk, and its output kernel.
+* `blocked`: blocks of SUB rows of a chunk, factorized at their boundaries: the per-dimension
+  decays' chunks past the span limit, and the values'-decay ("token_value_dim") output kernel a
+  program per block (f16 operands).
+* `scores`: the per-dimension decays' scores kernel, a program per chunk, and the output
+  kernels that read its workspace.
 """

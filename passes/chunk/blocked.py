@@ -1,8 +1,9 @@
 """Blocks of SUB rows of a chunk in the split form's kernels of the per-dimension decays, as
 flash-linear-attention's GLA kernels compute them: the 3-D pair factors of a whole chunk cost
 C * C * Dk exponentials and as many registers, more than a GPU program holds at C = 64,
-Dk = 128. The values'-decay output kernel here takes a program per block; GLA's scores kernel
-(`chunk/scores.py`) a program per chunk, walking its blocks only past SPAN_LIMIT.
+Dk = 128. The values'-decay output kernel here takes a program per block (f16 operands, which
+never factorize); the scores kernel and the output kernels of `chunk/scores.py` a program per
+chunk, walking its blocks only past SPAN_LIMIT.
 
 G comes from the cumulative-decay workspace. With the chunk cut into blocks I of SUB rows and R_I
 the row of G just before block I, a pair of blocks J < I factorizes at that boundary safely,
@@ -116,10 +117,6 @@ class BlockedValueOutputKernel(BlockedKernel):
 
     def __init__(self, op, func, chunk: int, block_v: int):
         super().__init__(op, func, chunk, min(block_v, SLICE))
-
-    @staticmethod
-    def applies(decay: str, chunk: int) -> bool:
-        return decay == "token_value_dim" and chunk % SUB == 0 and chunk > SUB
 
     def block_output(self, t0, block, start, state, out, g_cum):
         from mlir.dialects import arith

@@ -32,13 +32,17 @@ stay finite.
 
 A holds the dot type (16-bit for 16-bit inputs: the output's product rounds it to that anyway)
 and every chunk's C rows: [B, H, NC * C, C], or for packed sequences [1, H, T + S C, C] with the
-rows G has (`chunk/split.py`), so a chunk's or block's tile is always stored and loaded whole."""
+rows G has (`chunk/split.py`), so a chunk's or block's tile is always stored and loaded whole.
+
+"token_value_dim" (the runs GLA's backward takes for dq and dk) splits the same way: its scores
+kernel writes A = scale * [s <= t] * q k^T, undecayed, and its output kernel
+(`ScoredValueOutputKernel`) decays the values' side."""
 from __future__ import annotations
 
 from ...core import abi
 from ..l1_builders import extract_slice, f32, for_loop, index, insert_slice, tensor_type, transpose, zeros
-from .blocked import SLICE, SUB, BlockedKernel
-from .kernel import COL, TILE, exp, linalg_index, offset_of, or_zero, value_block
+from .blocked import SLICE, SUB, BlockedKernel, BlockedValueOutputKernel
+from .kernel import COL, DIM_DECAYS, TILE, exp, linalg_index, offset_of, or_zero, value_block
 from .split import DECAYS, STATES, OutputKernel
 from .step import SPAN_LIMIT
 
@@ -49,8 +53,21 @@ PRODUCT_COLUMNS = 64
 
 
 def applies(decay: str, chunk: int) -> bool:
-    """Whether GLA's output takes the two kernels: a chunk of several blocks of SUB rows."""
-    return decay == "token_dim" and chunk % SUB == 0 and chunk > SUB
+    """Whether the output of a per-dimension decay takes the two kernels: a chunk of several
+    blocks of SUB rows."""
+    return decay in DIM_DECAYS and chunk % SUB == 0 and chunk > SUB
+
+
+def kernels(op, func, chunk: int, block_v: int) -> list:
+    """The scores kernel and the output kernel that reads its workspace, for a decay that
+    `applies`; "token_value_dim" with f16 operands (which never factorize) takes a program per
+    block of its output instead (`BlockedValueOutputKernel`), its scores being no product."""
+    if op.attributes["decay"].value == "token_dim":
+        return [ScoreKernel(op, func, chunk, block_v), ScoredOutputKernel(op, func, chunk, block_v)]
+    output = ScoredValueOutputKernel(op, func, chunk, block_v)
+    if not output.factorizes:
+        return [BlockedValueOutputKernel(op, func, chunk, block_v)]
+    return [ScoreKernel(op, func, chunk, block_v), output]
 
 
 class ScoresWorkspace:
@@ -74,7 +91,8 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
     writes_output = False
 
     def build(self) -> None:
-        self.define([(DECAYS, self.g_cum_type), (SCORES, self.scores_type)],
+        decays = [(DECAYS, self.g_cum_type)] if self.decay == "token_dim" else []
+        self.define(decays + [(SCORES, self.scores_type)],
                     [self.scores_type], [self.b, self.h, self.chunks], self.body, "scores")
 
     def body(self) -> list:
@@ -87,8 +105,13 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
         return self.if_holding_tokens(t0, [self.dests[SCORES]], lambda values: [self.chunk_into(t0, values[0])])
 
     def chunk_into(self, t0, dest):
-        """Store the scores of the chunk at t0 into `dest`: whole, or past SPAN_LIMIT by blocks."""
+        """Store the scores of the chunk at t0 into `dest`: whole, or past SPAN_LIMIT by blocks;
+        "token_value_dim"'s, undecayed, always whole."""
         from mlir.dialects import arith
+
+        if self.decay == "token_value_dim":
+            q, k = self.load("q", t0, None, self.dk), self.load("k", t0, None, self.dk)
+            return insert_slice(self.operand(self.scores(q, k, None)), dest, *self.chunk_scores(t0, self.c))
 
         def by_blocks(dest):
             return for_loop(self.c // SUB, [dest], lambda block, values: [self.block_scores(t0, block, values[0])])[0]
@@ -221,3 +244,46 @@ class ScoredOutputKernel(ScoresWorkspace, OutputKernel):
         scores = extract_slice(self.dests[SCORES], offsets, sizes, 2)
         o = self.matmul(scores, self.load("v", t0, self.v0, self.bv)[1], o)
         return self.store_rows(self.output_elements(o), t0, c, out)
+
+
+class ScoredValueOutputKernel(ScoresWorkspace, BlockedValueOutputKernel):
+    """The output kernel of "token_value_dim" from its scores A (workspace w2): a program per
+    chunk and SLICE V columns at most (grid [B, H, NC * Dv / BV]). While the chunk's |G| over the
+    program's columns stays under SPAN_LIMIT, its output is
+
+        o = exp(G) * (A @ (v exp(min(-G, SPAN_LIMIT)))) + scale * (q @ S) * exp(G);
+
+    past it (in a loop of one trip) the chunk's blocks of SUB rows one after the other
+    (`BlockedValueOutputKernel.block_output`), whose 3-D diagonal blocks need BV <= SLICE.
+
+    A comes from memory, not from a product in this kernel: on an H200 with Triton 3.6 the
+    kernel that fed its own q @ k^T (rounded to bf16) to the product with v as a register
+    operand got every row of a 64-row chunk after the first 16 wrong, and its interpreted
+    Triton IR right."""
+
+    def build(self) -> None:
+        extra = [(DECAYS, self.g_cum_type), (SCORES, self.scores_type), (STATES, self.h_type),
+                 ("out", self.out_type)]
+        self.define(extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
+
+    body = OutputKernel.body
+
+    def chunk_output(self, t0, state, out):
+        from mlir.dialects import arith
+
+        c, bv, g_cum = self.c, self.bv, self.dests[DECAYS]
+
+        def by_blocks(out):
+            return for_loop(self.c // SUB, [out], lambda block, values: [self.block_output(
+                t0, block, self.block_start(t0, block), state, values[0], g_cum)])[0]
+
+        cum = self.ws_load(g_cum, t0, c, bv, offset_of(self.v0))
+        scores = extract_slice(self.dests[SCORES], *self.chunk_scores(t0, c), 2)
+        v = self.load("v", t0, self.v0, bv)[0]
+        products = self.matmul(scores, self.operand(self.undecayed(v, cum)), zeros([c, bv]))
+        o = self.generic([(products, TILE), (cum, TILE)], cum.type, lambda a: arith.mulf(a[0], exp(a[1])))
+        o = self.plus_decayed_state(o, self.load("q", t0, None, self.dk)[1], state, cum)
+        wide = self.past_span_limit(self.chunk_span(cum))
+        out = for_loop(arith.subi(index(1), wide), [out], lambda _, values: [
+            self.store_rows(self.output_elements(o), t0, c, values[0])])[0]
+        return for_loop(wide, [out], lambda _, values: [by_blocks(values[0])])[0]

@@ -45,12 +45,13 @@
 // CHECK: %[[SD:.*]] = linalg.generic {indexing_maps = [#[[COLS]], {{.*}}]{{.*}} ins(%[[GEND]] : tensor<8xf32>) outs(%[[S]] : tensor<16x8xf32>)
 // CHECK: linalg.matmul {attn.precision = "ieee"} ins(%[[KT]], %[[VD]] : tensor<16x32xf32>, tensor<32x8xf32>) outs(%[[SD]] : tensor<16x8xf32>)
 
-// Split: the cumulative decays span Dv; a program of the output kernel takes one block of 16
-// rows of a chunk and at most 32 V columns, so that the diagonal block's 3-D generic is
-// [16, 16, 32]; the earlier blocks of its chunk are an scf.for.
+// Split: the cumulative decays span Dv, then the chunk states, the chunks' scores into w2 and
+// the output kernel (below, at chunk 64).
 // SPLIT-LABEL: func.func @value_decay_decays
 // SPLIT-SAME: -> tensor<1x2x40x8xf32>
 // SPLIT-LABEL: func.func @value_decay_states
+// SPLIT-LABEL: func.func @value_decay_scores
+// SPLIT-SAME: -> tensor<1x2x64x32xf32>
 // SPLIT-LABEL: func.func @value_decay(
 // SPLIT-SAME: attn.block_v = 8 : i64
 
@@ -63,9 +64,32 @@ func.func @value_decay(%q: tensor<1x2x40x16xf32>, %k: tensor<1x2x40x16xf32>, %v:
 
 // SPLIT-LABEL: func.func @wide_values_decays
 // SPLIT-SAME: -> tensor<1x2x128x64xf32>
+// The chunk's scores, undecayed, into workspace w2 by a kernel of their own (a program per
+// chunk): the output kernel loads them rather than feeding its own product to the next one.
+// SPLIT-LABEL: func.func @wide_values_scores(
+// SPLIT-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w2"]
+// SPLIT-SAME: attn.chunk_stage = "scores", attn.grid = array<i64: 1, 2, 2>
+// SPLIT: linalg.matmul {{.*}} : tensor<64x16xf32>, tensor<16x64xf32>)
+// SPLIT-NOT: math.exp
+// SPLIT: tensor.insert_slice %{{.*}} into %{{.*}} [1, 1, 64, 64]
 // SPLIT-LABEL: func.func @wide_values(
-// SPLIT-SAME: attn.block_v = 32 : i64, attn.chunk_size = 64 : i64, attn.grid = array<i64: 1, 2, 16>
-// SPLIT: scf.for {{.*}} -> (tensor<16x32xf32>)
+// SPLIT-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w1", "w2", "w0", "out"]
+// SPLIT-SAME: attn.block_v = 32 : i64, attn.chunk_size = 64 : i64, attn.grid = array<i64: 1, 2, 4>
+// A program per chunk and 32 V columns: exp(G) * (A @ (v exp(-G))) with A loaded from w2, and the
+// state's part, stored (one trip) while the chunk's |G| over the columns stays under 40 nats.
+// SPLIT: %[[A:.*]] = tensor.extract_slice %arg5[{{.*}}] [1, 1, 64, 64] {{.*}} to tensor<64x64xf32>
+// SPLIT: %[[AV:.*]] = linalg.matmul {{.*}} ins(%[[A]], %{{.*}} : tensor<64x64xf32>, tensor<64x32xf32>)
+// SPLIT: %[[QS:.*]] = linalg.matmul {{.*}} : tensor<64x16xf32>, tensor<16x32xf32>)
+// SPLIT: math.absf
+// SPLIT: linalg.reduce ins(%{{.*}} : tensor<64xf32>) outs(%{{.*}} : tensor<f32>) dimensions = [0]
+// SPLIT: %[[WIDE:.*]] = arith.select %{{.*}}, %c1, %c0 : index
+// SPLIT: %[[NARROW:.*]] = arith.subi %c1, %[[WIDE]] : index
+// SPLIT: %[[STORED:.*]] = scf.for %{{.*}} = %c0 to %[[NARROW]] step %c1 iter_args(%[[OUT:.*]] = %{{.*}})
+// SPLIT: tensor.insert_slice %{{.*}} into %[[OUT]]{{.*}} [1, 1, %{{.*}}, 32]
+// Past it (one trip), its four blocks of 16 rows, each walking its earlier blocks in an scf.for.
+// SPLIT: scf.for %{{.*}} = %c0 to %[[WIDE]] step %c1 iter_args(%{{.*}} = %[[STORED]])
+// SPLIT: scf.for %[[BLOCK:.*]] = %c0 to %c4 step %c1
+// SPLIT: scf.for %{{.*}} = %c0 to %[[BLOCK]] step %c1 iter_args({{.*}}) -> (tensor<16x32xf32>)
 // SPLIT: linalg.matmul {{.*}} : tensor<16x16xf32>, tensor<16x32xf32>)
 // SPLIT: scf.yield
 // The diagonal block factorized like the earlier ones (v's exponents capped at 40), on tensor
