@@ -38,11 +38,14 @@ def _padded(n: int) -> int:
 
 
 def aligned_ok(bundle, tensors: dict) -> bool:
-    """Whether the tensors meet the aligned variant's assumptions: unit last-dim strides,
-    16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
+    """Whether the tensors meet the aligned variant's assumptions (`abi.dense_capture` says which
+    closure tensors it treats as q, k and v, the others taking only a unit last-dim stride):
+    unit last-dim strides, 16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
     32-bit offsets inside a tile that cannot overflow. The launch path asks once per layout
     (`launch_plan`)."""
-    roles = abi.STREAMS + tuple(w.role for w in bundle.workspace)
+    captures = [r for r, t in tensors.items() if abi.is_capture(r) and t is not None]
+    roles = abi.STREAMS + tuple(w.role for w in bundle.workspace) + tuple(
+        r for r in captures if abi.dense_capture(tensors[r].shape))
     config = bundle.meta.get("config", {})
     blocks = [bundle.block_m, bundle.block_n, config.get("dkdv_block_m", 0), config.get("dkdv_block_n", 0)]
     reach = max(blocks + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
@@ -70,7 +73,8 @@ def aligned_ok(bundle, tensors: dict) -> bool:
             limit = abs(stride) * reach if d == t.dim() - 2 else abs(stride)
             if limit >= 2**31:
                 return False
-    return True
+    # The other closure tensors: a unit last-dim stride only.
+    return all(tensors[r].dim() == 0 or tensors[r].shape[-1] == 1 or tensors[r].stride(-1) == 1 for r in captures)
 
 
 _STRIDE, _TABLE, _TENSOR = range(3)

@@ -162,6 +162,38 @@ def test_both_variants_agree_on_a_transposed_layout():
     torch.testing.assert_close(a, g, atol=0, rtol=0)
 
 
+def test_closure_layouts_and_the_aligned_variant():
+    """A closure tensor of rows of 16 elements or more is specialized like q, k and v (its tile
+    loads vectorize); any other keeps its strides and only needs a unit last one, so a bias
+    table with rows of 50 (not a multiple of 16) leaves the call on the aligned variant. Each
+    layout gives the reference's numbers."""
+    from ae_mlir.core import abi
+
+    q, k, v = qkv(h=2, lq=50, dtype=torch.float32)
+    big = rand(2, 64, 64, seed=8)  # a dense closure: rows of 64
+    table = rand(50, 53, seed=7)[:, :50]  # rows of 50 with a row stride of 53
+
+    def scores(s, b, h, qi, ki):
+        return s + table[qi, ki] + big[h, qi, ki]
+
+    attn = ae.attention(score_mod=scores)
+    bundle = tb.compile_bundle(attn, q, k, v, config=SMALL)
+    closures = [spec for spec in bundle.inputs if abi.is_capture(spec.role)]
+    assert sorted(len(spec.shape) for spec in closures) == [2, 3]
+    for spec in closures:  # unit last strides in the aligned variant, runtime ones in the general
+        last = f"{spec.role}.stride{len(spec.shape) - 1}"
+        assert last not in bundle.variants["aligned"].args and last in bundle.variants["generic"].args
+    check(attn, q, k, v, expect_variant="aligned")
+    # The big table as a view with a non-unit last stride, then with odd row strides: general.
+    big_t = big.transpose(1, 2).contiguous().transpose(1, 2)
+    for swapped in (big_t, rand(2, 64, 67, seed=9)[:, :, :64].copy_(big)):
+        big = swapped
+        check(attn, q, k, v, expect_variant="generic")
+    # The small table with a non-unit last stride: general.
+    big, table = big.contiguous(), table.t().contiguous().t()
+    check(attn, q, k, v, expect_variant="generic")
+
+
 def test_launch_plan_is_kept_per_layout_and_takes_each_calls_tensors():
     from ae_mlir.kernel_args import ReversedRows
 

@@ -60,6 +60,20 @@ def capture(i: int) -> str:
     return f"c{i}"
 
 
+def is_capture(role: str) -> bool:
+    """Whether a role is a closure tensor c<i>."""
+    return role.startswith("c") and role[1:].isdigit()
+
+
+def dense_capture(shape) -> bool:
+    """Whether the aligned Triton variant assumes of a closure tensor of this shape what it does
+    of q, k and v (16-byte aligned pointer, strides multiples of 16, a unit last one), so that
+    its tiles load as vectors: a tensor of rows of a multiple of 16 elements (GLA's g [B, H, L,
+    Dk]). Of any other closure (a bias table with rows of L = 1000, say) it assumes a unit last
+    stride alone, so that such a table does not send the whole call to the general variant."""
+    return len(shape) >= 2 and shape[-1] % 16 == 0
+
+
 def closure_grad(i: int) -> str:
     """The role of the gradient of closure tensor c<i>, which the dQ backward kernel writes."""
     return f"d{capture(i)}"

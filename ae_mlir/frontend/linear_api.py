@@ -343,9 +343,10 @@ def _as_bhld(decay, layout, q, k, v, g):
     q, k, v = (checks.to_bhld(t, layout) for t in (q, k, v))
     if decay in ("token", "token_dim"):
         g = checks.to_bhld(g, layout)
-        if decay == "token" and layout == "blhd" and g is not None and g.dim() == 3:
+        if decay == "token" and g is not None and g.dim() == 3 and g.shape[2] > 1 and g.stride(2) != 1:
             # A [B, H, T] view of [B, T, H] has stride H along T, which makes the CPU kernel load
-            # every tile element-wise; g is 1/Dk of q's size, so copying it is the cheaper way.
+            # every tile element-wise and the Triton one take its general variant; g is 1/Dk of
+            # q's size, so copying it is the cheaper way.
             g = g.contiguous()
     return q, k, v, g
 

@@ -44,16 +44,20 @@ class Memory(TileBuilder):
                 raise fail(self.func, f"argument {i} ({label}) must be a statically shaped tensor, got {ty}")
             shape = tuple(ty.shape)
             elt = element_type(ty)
-            # The aligned variant specializes the attention operands, outputs and workspaces: the
-            # caller or the runtime lays them out.
-            stream = label in abi.STREAMS or abi.is_workspace(label)
-            aligned = self.aligned and stream
+            # The aligned variant specializes the attention operands, outputs and workspaces (the
+            # caller or the runtime lays them out), and closure tensors where
+            # `abi.dense_capture`; of the other closures it assumes a unit last-dim stride alone (a
+            # runtime one read GLA's g one f32 at a time).
+            capture = self.aligned and abi.is_capture(label)
+            aligned = self.aligned and (label in abi.STREAMS or abi.is_workspace(label)
+                                        or (capture and abi.dense_capture(shape)))
+            unit_last = aligned or capture
             stored = "i8" if elt == "i1" else elt
             ptr_attrs = "tt.divisibility = 16 : i32" if aligned else ""
             ptr = self.add_param(label, f"!tt.ptr<{stored}>", label, ptr_attrs)
             strides = []
             for d in range(len(shape)):
-                if aligned and d == len(shape) - 1:
+                if unit_last and d == len(shape) - 1:
                     strides.append(1)
                     continue
                 hint = "tt.divisibility = 16 : i32" if aligned and label not in abi.ROW_STATS else ""
