@@ -53,7 +53,7 @@ def build(out: str) -> None:
 
     runtime.CACHE.clear_memory()
 
-    def build_only(*args, reverse=False, packing=None):
+    def build_only(*args, reverse=False, packing=None, like=None):
         tb.get_bundle(linear_kernel_backward.plain_module(*args, packing), "cuda:90")
         q, v, out_dtype = args[3], args[5], args[-1]
         b, h, length, dk = q.shape

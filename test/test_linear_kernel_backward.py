@@ -99,14 +99,17 @@ def _interpreted(backend_target="cuda:90", default_config=False):
     GPU (at the preset's config, or 2 stages) and runs its Triton IR in the interpreter."""
     from ae_mlir.backends import triton as tb
 
-    def run(*args, reverse=False, packing=None):
+    def run(*args, reverse=False, packing=None, like=None):
         text = linear_kernel_backward.plain_module(*args, packing)
         bundle = tb.build_bundle(text, backend_target, None if default_config else {"num_warps": 4, "num_stages": 2})
         q, k, v, g, s0, out_dtype = args[3:]
         if reverse:  # the GPU reads them backwards in place (`kernel_args.ReversedRows`)
             q, k, v = (t.flip(2) for t in (q, k, v))
         (out, state), _ = interpret(bundle, q, k, v, *linear_kernel_backward.run_operands(g, s0, packing))
-        return (out.flip(2) if reverse else out).to(out_dtype), state
+        out = (out.flip(2) if reverse else out).to(out_dtype)
+        if like is not None and like.shape == out.shape:  # as the GPU lays it out
+            out = torch.empty_like(like, dtype=out_dtype).copy_(out)
+        return out, state
 
     return run
 
@@ -135,6 +138,23 @@ def test_triton_kernels_match_the_recomputation(decay, normalize, state_grad):
     want = linear_backward.gradients(torch_call, (q, k, v, g, s0), (d_out, d_state), wanted)
     for name, a, b in zip(["q", "k", "v", "g", "s0"] + [f"closure {i}" for i in range(len(closures))], got, want):
         torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4 * b.abs().max().item(), msg=name)
+
+
+def test_gradients_in_the_inputs_layout():
+    """q, k, v and g as [B, H, T, D] views of [B, T, H, D] storage (fla's layout): the runs write
+    dq, dk and dv in their inputs' layout, and dg's sums take the strided rates; the gradients
+    equal those of contiguous inputs."""
+    lin, inputs, _ = _case("token_dim", False, dtype=torch.float32, b=2, h=2, l=70, dk=16, dv=16)
+    q, k, v, g, s0 = inputs
+    strided = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, g)]
+    call = lin._linear_call(q.shape[3], (), None, "triton")
+    d_out = torch.randn(2, 2, 70, 16, generator=torch.Generator().manual_seed(5))
+    wanted = [True] * 5
+    got = linear_kernel_backward.gradients(call, (*strided, s0), (d_out, None), wanted, None, run=_interpreted())
+    want = linear_kernel_backward.gradients(call, (q, k, v, g, s0), (d_out, None), wanted, None, run=_interpreted())
+    for name, x, a, b in zip(["q", "k", "v", "g", "s0"], strided + [s0], got, want):
+        assert name not in "qkv" or a.stride() == x.stride(), name
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item(), msg=name)
 
 
 @pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
@@ -294,3 +314,6 @@ def test_reverse_cumsum_in_blocks(shape):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     wide = linear_kernel_backward.reverse_cumsum(x.float())
     assert (wide.double() - want).abs().max() <= 4 * torch.finfo(torch.float32).eps * x.abs().sum(2).max()
+    # Tokens not the second-innermost dimension in memory (a [B, H, T, D] view of [B, T, H, D]).
+    strided = x.transpose(1, 2).contiguous().transpose(1, 2)
+    torch.testing.assert_close(linear_kernel_backward.reverse_cumsum(strided), want, rtol=0, atol=1e-12)

@@ -43,10 +43,8 @@ class BlockedKernel(OutputKernel):
     """A kernel that computes blocks of SUB rows of a chunk: the blocks' coordinates and the
     factorization at a block's boundary; its own `build` and `body` take a program per block."""
 
-    loads_decays = True  # G comes from the cumulative-decay workspace
-
     def build(self) -> None:
-        extra = self.arguments(self.loads_decays, ("out", self.out_type))
+        extra = self.arguments(("out", self.out_type))
         grid = [self.b, self.h, self.chunks * (self.c // SUB) * self.nv]
         self.define(extra, [self.out_type], grid, self.body)
 

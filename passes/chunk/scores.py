@@ -225,8 +225,6 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
 class ScoredOutputKernel(ScoresWorkspace, OutputKernel):
     """Every chunk's output from its scores (workspace w2), G (w1) and the state entering it (w0)."""
 
-    loads_decays = True
-
     def build(self) -> None:
         extra = [(DECAYS, self.g_cum_type), (SCORES, self.scores_type), (STATES, self.h_type),
                  ("out", self.out_type)]

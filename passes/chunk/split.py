@@ -83,10 +83,47 @@ class SplitKernel(ChunkStep):
         stop = arith.minsi(self.ws_row(index(self.l)), index(self.ws_rows))
         return self.load_tile(g_cum, self.ws_lead(), self.ws_row(t0), stop, rows, width, col, past_end=True)
 
-    def arguments(self, loads_decays: bool, result: tuple) -> list[tuple]:
+    @property
+    def loads_decays(self) -> bool:
+        """Whether G comes from workspace w1: every decay that needs a sum has a cumulative-decay
+        kernel, whose G the later kernels load rather than sum again (the "token" output kernel
+        summed its chunk's g with a [C, C] masked tile and row reductions)."""
+        return self.g_cum_type is not None
+
+    def loaded_decays(self, t0, k_col, width: int, g_cum) -> ChunkDecay:
+        """`decays` from the workspace the cumulative-decay kernel wrote: G is a tile load and
+        G_end the entries of the chunk's last valid row (of the program's V columns for
+        "token_value_dim")."""
+        from mlir.dialects import arith, tensor
+
+        if self.decay == "token_value_dim":
+            k_col, width = self.v0, self.bv
+        c = self.c
+        last = self.ws_row(arith.subi(arith.addi(t0, self.rows_left(t0, self.l, c)), index(1)))
+        if self.decay == "token":
+            cum = self.ws_load(g_cum, t0, c, None)
+
+            def end(a):
+                return tensor.extract(g_cum, self.ws_lead() + [last])
+
+            end_c = self.generic([], tensor_type([c]), end, rank=1)
+            end_k = self.generic([], tensor_type([width]), end, rank=1)
+            return ChunkDecay((cum, ROW), (end_c, ROW), end_k)
+
+        def end_row(a):
+            d = linalg_index(0)
+            if k_col is not None:
+                d = arith.addi(k_col, d)
+            return tensor.extract(g_cum, self.ws_lead() + [last, d])
+
+        cum = self.ws_load(g_cum, t0, c, width, offset_of(k_col))
+        end_k = self.generic([], tensor_type([width]), end_row, rank=1)
+        return ChunkDecay((cum, TILE), (end_k, COL), end_k)
+
+    def arguments(self, result: tuple) -> list[tuple]:
         """The (role, type) arguments after the L0 inputs: the cumulative-decay workspace when the
         kernel `loads_decays`, the chunk-state workspace, then the `result` destination."""
-        return ([(DECAYS, self.g_cum_type)] if loads_decays else []) + [(STATES, self.h_type), result]
+        return ([(DECAYS, self.g_cum_type)] if self.loads_decays else []) + [(STATES, self.h_type), result]
 
 
 class CumulativeDecayKernel(SplitKernel):
@@ -145,7 +182,7 @@ class StateKernel(SplitKernel):
         self.nk = self.dk // self.bk
 
     def build(self) -> None:
-        extra = self.arguments(self.g_cum_type is not None, ("state", self.state_type))
+        extra = self.arguments(("state", self.state_type))
         self.define(extra, [self.h_type, self.state_type],
                     [self.b, self.h, self.nk * self.nv], self.body, "states")
 
@@ -153,7 +190,7 @@ class StateKernel(SplitKernel):
         from mlir.dialects import arith
 
         bk, bv = self.bk, self.bv
-        loads_decays = self.g_cum_type is not None
+        loads_decays = self.loads_decays
         g_cum = self.dests.get(DECAYS)
         kb, self.v0 = self.split_id(self.program_ids(sums=not loads_decays))
         k0 = arith.muli(kb, index(bk)) if self.nk > 1 else None
@@ -171,45 +208,14 @@ class StateKernel(SplitKernel):
         final = self.store_state(results[0], self.dests["state"], k0, self.v0)
         return [results[1], final]
 
-    def loaded_decays(self, t0, k_col, width: int, g_cum) -> ChunkDecay:
-        """`decays` from the workspace the cumulative-decay kernel wrote: G is a tile load and
-        G_end the entries of the chunk's last valid row (of the program's V columns for
-        "token_value_dim")."""
-        from mlir.dialects import arith, tensor
-
-        if self.decay == "token_value_dim":
-            k_col, width = self.v0, self.bv
-        c = self.c
-        last = self.ws_row(arith.subi(arith.addi(t0, self.rows_left(t0, self.l, c)), index(1)))
-        if self.decay == "token":
-            cum = self.ws_load(g_cum, t0, c, None)
-
-            def end(a):
-                return tensor.extract(g_cum, self.ws_lead() + [last])
-
-            end_c = self.generic([], tensor_type([c]), end, rank=1)
-            end_k = self.generic([], tensor_type([width]), end, rank=1)
-            return ChunkDecay((cum, ROW), (end_c, ROW), end_k)
-
-        def end_row(a):
-            d = linalg_index(0)
-            if k_col is not None:
-                d = arith.addi(k_col, d)
-            return tensor.extract(g_cum, self.ws_lead() + [last, d])
-
-        cum = self.ws_load(g_cum, t0, c, width, offset_of(k_col))
-        end_k = self.generic([], tensor_type([width]), end_row, rank=1)
-        return ChunkDecay((cum, TILE), (end_k, COL), end_k)
-
 
 class OutputKernel(SplitKernel):
-    """Every chunk's output in parallel, from its q, k, v and the state entering it (workspace
-    w0); a program owns one chunk and a BV-wide column slice."""
-
-    loads_decays = False  # whether G comes from workspace w1 rather than being summed here
+    """Every chunk's output in parallel, from its q, k, v, the state entering it (workspace w0)
+    and its G (workspace w1, for the decays that sum one); a program owns one chunk and a
+    BV-wide column slice."""
 
     def build(self) -> None:
-        extra = self.arguments(self.loads_decays, ("out", self.out_type))
+        extra = self.arguments(("out", self.out_type))
         self.define(extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
 
     def body(self) -> list:
@@ -232,4 +238,5 @@ class OutputKernel(SplitKernel):
         """Store the output rows of the chunk at t0, S being `state`."""
         dk = self.dk
         q, k, v = self.load("q", t0, None, dk), self.load("k", t0, None, dk), self.load("v", t0, self.v0, self.bv)
-        return self.store_output(t0, q, k, v, self.decays(t0, None, dk), state, None, out)
+        decay = self.loaded_decays(t0, None, dk, self.dests[DECAYS]) if self.loads_decays else self.decays(t0, None, dk)
+        return self.store_output(t0, q, k, v, decay, state, None, out)
