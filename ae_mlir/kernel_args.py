@@ -40,7 +40,8 @@ def _padded(n: int) -> int:
 def aligned_ok(bundle, tensors: dict) -> bool:
     """Whether the tensors meet the aligned variant's assumptions (`abi.dense_capture` says which
     closure tensors it treats as q, k and v, the others taking only a unit last-dim stride):
-    unit last-dim strides, 16-byte aligned base pointers, q/k/v/out strides divisible by 16, every stride an i32, and
+    unit last-dim strides, 16-byte aligned base pointers, strides divisible by 16 (but the row
+    statistics' row strides), every stride an i32, and
     32-bit offsets inside a tile that cannot overflow. The launch path asks once per layout
     (`launch_plan`)."""
     captures = [r for r, t in tensors.items() if abi.is_capture(r) and t is not None]

@@ -33,10 +33,12 @@ op by op into tt/arith/math/scf ops on tensors:
   they become extra `!tt.ptr<i32>` arguments read with scalar loads; their contents are in
   `attn.tables` on the tt.func.
 
-`assume-aligned` (default) specializes for the common layout of q/k/v/out/lse: unit stride in the
-last dimension (no argument for it), 16-byte aligned base pointers and q/k/v/out strides that are
+`assume-aligned` (default) specializes for the common layout of q/k/v/out/lse, the workspaces
+and the closure tensors with rows of a multiple of 16 elements (`abi.dense_capture`): unit stride
+in the last dimension (no argument for it), 16-byte aligned base pointers and strides that are
 multiples of 16 elements (`tt.divisibility` hints, which vectorized loads need), i32 strides and
-32-bit offsets inside a tile; the offset of a tile's origin is always computed in i64. Without
+32-bit offsets inside a tile; the offset of a tile's origin is always computed in i64. Of the
+other closure tensors it assumes a unit last stride alone. Without
 it every stride is an i64 argument and every offset 64-bit, for any layout. The runtime checks a
 call against the aligned variant's assumptions and falls back to the general one.
 
@@ -88,7 +90,8 @@ class LowerToTriton(ModulePass):
                               "loads/stores, tt.dot, tt.reduce, scf.for over KV tiles")
 
     assume_aligned: bool = option(True, "specialize for unit last-dim strides, 16-byte aligned pointers and "
-                                        "16-element-divisible strides of q/k/v/out (32-bit tile offsets)")
+                                        "16-element-divisible strides of q/k/v/out, the workspaces and "
+                                        "dense closure tensors (32-bit tile offsets)")
     input_precision: Literal["ieee", "tf32", "tf32x3"] = option(
         "ieee", "how tt.dot multiplies f32 tiles (16-bit inputs always use tensor cores)")
 

@@ -107,9 +107,8 @@ def _interpreted(backend_target="cuda:90", default_config=False):
             q, k, v = (t.flip(2) for t in (q, k, v))
         (out, state), _ = interpret(bundle, q, k, v, *linear_kernel_backward.run_operands(g, s0, packing))
         out = (out.flip(2) if reverse else out).to(out_dtype)
-        if like is not None and like.shape == out.shape:  # as the GPU lays it out
-            out = torch.empty_like(like, dtype=out_dtype).copy_(out)
-        return out, state
+        # Laid out as `run_plain` lays out the GPU's output.
+        return linear_kernel_backward.run_output(out.shape, out_dtype, out.device, like).copy_(out), state
 
     return run
 
@@ -141,9 +140,10 @@ def test_triton_kernels_match_the_recomputation(decay, normalize, state_grad):
 
 
 def test_gradients_in_the_inputs_layout():
-    """q, k, v and g as [B, H, T, D] views of [B, T, H, D] storage (fla's layout): the runs write
-    dq, dk and dv in their inputs' layout, and dg's sums take the strided rates; the gradients
-    equal those of contiguous inputs."""
+    """q, k, v and g as [B, H, T, D] views of [B, T, H, D] storage (fla's layout): the runs' outputs
+    (`run_output`, which the interpreted runner shares with `run_plain`) come in their inputs'
+    layout, dq, dk and dv with them, and dg's sums take the strided rates; the gradients equal
+    those of contiguous inputs."""
     lin, inputs, _ = _case("token_dim", False, dtype=torch.float32, b=2, h=2, l=70, dk=16, dv=16)
     q, k, v, g, s0 = inputs
     strided = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, g)]
@@ -172,7 +172,7 @@ def test_packed_batches_take_the_kernels(decay, kernels_only):
 @pytest.mark.parametrize("decay", ["head", "token", "token_dim"])
 def test_packed_triton_kernels_match_the_recomputation(decay):
     """Packed sequences through the interpreted Triton runs, Dv (8) != Dk (16); GLA's chunk of 32
-    takes the blocked output kernels (two blocks of 16 rows)."""
+    (two blocks of 16 rows) takes the scores kernels and their output kernels."""
     from ae_mlir.frontend import varlen
     from test_linear_varlen import _layer, _offsets, _problem
 
@@ -281,7 +281,7 @@ def test_16bit_normalized_with_values_far_from_zero(kernels_only):
 
 
 def test_gla_at_the_default_chunk_through_triton(kernels_only):
-    """GLA's runs at the default chunk (64, the blocked output kernels) and the presets' configs,
+    """GLA's runs at the default chunk (64, the scores kernels and their output kernels) and the presets' configs,
     interpreted, against float64 autograd of the quadratic formula: several chunks, the last
     ragged, Dk != Dv, bf16."""
     lin, inputs, closures = _case("token_dim", False, dtype=torch.bfloat16, b=1, h=2, l=150, dk=32, dv=48)

@@ -125,15 +125,20 @@ def run_plain(backend: str, decay, scale, chunk_size, q, k, v, g, s0, out_dtype,
     def rows(t):
         return ReversedRows(t) if reverse else t
 
-    shape = (*q.shape[:3], v.shape[3])
-    # In the layout of the gradient's input (`like`): the element-wise work on both that follows
-    # (dg's q * dq) then runs vectorized; q as a [B, H, T, D] view of [B, T, H, D] against a
-    # contiguous dq took 0.46 ms of GLA's step on an H200.
-    out = (torch.empty(shape, dtype=out_dtype, device=q.device) if like is None or like.shape != shape
-           else torch.empty_like(like, dtype=out_dtype))
+    out = run_output((*q.shape[:3], v.shape[3]), out_dtype, q.device, like)
     _, state = runtime.launch(tb.get_bundle(text, runtime.current_target()), rows(q), rows(k), rows(v), *rest,
                               out=rows(out))
     return out, state
+
+
+def run_output(shape, dtype, device, like=None):
+    """An empty output of a run, laid out like `like` where its shape is `shape`: the
+    element-wise work on both that follows (dg's q * dq - k * dk) then walks operands of one
+    layout; q as a [B, H, T, D] view of [B, T, H, D] against a contiguous dq took 0.46 ms of
+    GLA's step on an H200, 0.29 after."""
+    if like is None or tuple(like.shape) != tuple(shape):
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.empty_like(like, dtype=dtype)
 
 
 def gradients(call: LinearCall, tensors: tuple, grads: tuple, wanted, final_state, run=None) -> list:

@@ -22,10 +22,11 @@ GLA's ("token_dim") scores use this in `chunk/scores.py`. Here, the output kerne
     o_I = sum_{J <= I} exp(G_I - R_I) * (A_IJ @ (v_J exp(R_I - G_J))) + scale * (q_I @ S) * exp(G_I)
 
 with A = scale * q k^T undecayed (and causal in A_II), the diagonal term in the 3-D form over
-(t, s, j) for a block past SPAN_LIMIT. A program computes one block I of one chunk (grid
-[B, H, NC * C / SUB * Dv / BV]), walking the earlier blocks J in an scf.for: each J's tiles are
-loaded, used once and dropped. One program per chunk, with the blocks unrolled, kept every
-block's tiles live across the chunk and spilled registers at Dk = 128."""
+(t, s, j) for a block past SPAN_LIMIT; a block walks the earlier blocks J in an scf.for, each J's
+tiles loaded, used once and dropped (the blocks unrolled kept every block's tiles live across the
+chunk and spilled registers at Dk = 128). `ScoredValueOutputKernel` (`chunk/scores.py`) runs the
+blocks one after the other for a chunk past SPAN_LIMIT; with f16 operands this kernel takes a
+program per block (grid [B, H, NC * C / SUB * Dv / BV])."""
 from __future__ import annotations
 
 from ..l1_builders import f32, for_loop, index, tensor_type, transpose, zeros
