@@ -38,23 +38,21 @@ def _padded(n: int) -> int:
 
 
 def aligned_ok(bundle, tensors: dict) -> bool:
-    """Whether the tensors meet the aligned variant's assumptions (`abi.dense_capture` says which
-    closure tensors it treats as q, k and v, the others taking only a unit last-dim stride):
-    unit last-dim strides, 16-byte aligned base pointers, strides divisible by 16 (but the row
-    statistics' row strides), every stride an i32, and
-    32-bit offsets inside a tile that cannot overflow. The launch path asks once per layout
+    """Whether the tensors meet the aligned variant's assumptions (`abi.aligned_assumption`):
+    unit last-dim strides, and for the ALIGNED ones 16-byte aligned base pointers, strides
+    divisible by 16 (but the row statistics' row strides), every stride an i32, and 32-bit
+    offsets inside a tile that cannot overflow. The launch path asks once per layout
     (`launch_plan`)."""
-    captures = [r for r, t in tensors.items() if abi.is_capture(r) and t is not None]
-    roles = abi.STREAMS + tuple(w.role for w in bundle.workspace) + tuple(
-        r for r in captures if abi.dense_capture(tensors[r].shape))
+    assumed = {role: abi.aligned_assumption(role, t.shape) for role, t in tensors.items() if t is not None}
     config = bundle.meta.get("config", {})
     blocks = [bundle.block_m, bundle.block_n, config.get("dkdv_block_m", 0), config.get("dkdv_block_n", 0)]
     reach = max(blocks + [_padded(t.shape[-1]) for t in bundle.inputs[:3]])
     # A packed GQA tile spans the group's heads: offsets inside it reach (group - 1) head strides.
     group = bundle.inputs[0].shape[1] // bundle.inputs[1].shape[1] if config.get("pack_gqa") else 1
-    for role in roles:
-        t = tensors.get(role)
-        if t is None:
+    for role, t in tensors.items():
+        if assumed.get(role) == abi.UNIT_LAST and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+            return False
+        if assumed.get(role) != abi.ALIGNED:
             continue
         if group > 1 and t.dim() >= 3 and t.stride(1) * group >= 2**31:
             return False
@@ -74,8 +72,7 @@ def aligned_ok(bundle, tensors: dict) -> bool:
             limit = abs(stride) * reach if d == t.dim() - 2 else abs(stride)
             if limit >= 2**31:
                 return False
-    # The other closure tensors: a unit last-dim stride only.
-    return all(tensors[r].dim() == 0 or tensors[r].shape[-1] == 1 or tensors[r].stride(-1) == 1 for r in captures)
+    return True
 
 
 _STRIDE, _TABLE, _TENSOR = range(3)

@@ -34,7 +34,7 @@ op by op into tt/arith/math/scf ops on tensors:
   `attn.tables` on the tt.func.
 
 `assume-aligned` (default) specializes for the common layout of q/k/v/out/lse, the workspaces
-and the closure tensors with rows of a multiple of 16 elements (`abi.dense_capture`): unit stride
+and the closure tensors with rows of a multiple of 16 elements (`abi.aligned_assumption`): unit stride
 in the last dimension (no argument for it), 16-byte aligned base pointers and strides that are
 multiples of 16 elements (`tt.divisibility` hints, which vectorized loads need), i32 strides and
 32-bit offsets inside a tile; the offset of a tile's origin is always computed in i64. Of the

@@ -65,13 +65,24 @@ def is_capture(role: str) -> bool:
     return role.startswith("c") and role[1:].isdigit()
 
 
-def dense_capture(shape) -> bool:
-    """Whether the aligned Triton variant assumes of a closure tensor of this shape what it does
-    of q, k and v (16-byte aligned pointer, strides multiples of 16, a unit last one), so that
-    its tiles load as vectors: a tensor of rows of a multiple of 16 elements (GLA's g [B, H, L,
-    Dk]). Of any other closure (a bias table with rows of L = 1000, say) it assumes a unit last
-    stride alone, so that such a table does not send the whole call to the general variant."""
-    return len(shape) >= 2 and shape[-1] % 16 == 0
+# What the aligned Triton variant assumes of a tensor argument (`aligned_assumption`).
+ALIGNED = "aligned"  # a unit last stride, a 16-byte aligned pointer, the other strides i32 multiples of 16
+UNIT_LAST = "unit last stride"  # a unit last stride alone
+
+
+def aligned_assumption(role: str, shape) -> str | None:
+    """What the aligned Triton variant assumes of the tensor of `role` and `shape` (ALIGNED,
+    UNIT_LAST or nothing), which its lowering specializes for and the runtime checks a call
+    against. The streams and workspaces (the caller or the runtime lays them out) are ALIGNED, and
+    so are closure tensors of rows of a multiple of 16 elements (GLA's g [B, H, L, Dk]), whose
+    tiles then load as vectors (a runtime last stride read g one f32 at a time). Any other
+    closure (a bias table with rows of L = 1000, say) is UNIT_LAST, so that such a table does
+    not send the whole call to the general variant."""
+    if role in STREAMS or is_workspace(role):
+        return ALIGNED
+    if is_capture(role):
+        return ALIGNED if len(shape) >= 2 and shape[-1] % 16 == 0 else UNIT_LAST
+    return None
 
 
 def closure_grad(i: int) -> str:

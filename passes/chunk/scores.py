@@ -222,13 +222,20 @@ class ScoreKernel(ScoresWorkspace, BlockedKernel):
         return diagonal
 
 
-class ScoredOutputKernel(ScoresWorkspace, OutputKernel):
-    """Every chunk's output from its scores (workspace w2), G (w1) and the state entering it (w0)."""
+class ScoredOutput(ScoresWorkspace):
+    """An output kernel that reads the scores kernel's workspace w2: a program per chunk and V
+    block, from the chunk's scores, G (w1) and the state entering it (w0)."""
 
     def build(self) -> None:
         extra = [(DECAYS, self.g_cum_type), (SCORES, self.scores_type), (STATES, self.h_type),
                  ("out", self.out_type)]
         self.define(extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
+
+    body = OutputKernel.body
+
+
+class ScoredOutputKernel(ScoredOutput, OutputKernel):
+    """Every chunk's output from its scores (workspace w2), G (w1) and the state entering it (w0)."""
 
     def chunk_output(self, t0, state, out):
         from mlir.dialects import arith
@@ -244,7 +251,7 @@ class ScoredOutputKernel(ScoresWorkspace, OutputKernel):
         return self.store_rows(self.output_elements(o), t0, c, out)
 
 
-class ScoredValueOutputKernel(ScoresWorkspace, BlockedValueOutputKernel):
+class ScoredValueOutputKernel(ScoredOutput, BlockedValueOutputKernel):
     """The output kernel of "token_value_dim" from its scores A (workspace w2): a program per
     chunk and SLICE V columns at most (grid [B, H, NC * Dv / BV]). While the chunk's |G| over the
     program's columns stays under SPAN_LIMIT, its output is
@@ -258,13 +265,6 @@ class ScoredValueOutputKernel(ScoresWorkspace, BlockedValueOutputKernel):
     kernel that fed its own q @ k^T (rounded to bf16) to the product with v as a register
     operand got every row of a 64-row chunk after the first 16 wrong, and its interpreted
     Triton IR right."""
-
-    def build(self) -> None:
-        extra = [(DECAYS, self.g_cum_type), (SCORES, self.scores_type), (STATES, self.h_type),
-                 ("out", self.out_type)]
-        self.define(extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
-
-    body = OutputKernel.body
 
     def chunk_output(self, t0, state, out):
         from mlir.dialects import arith

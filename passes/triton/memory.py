@@ -44,14 +44,8 @@ class Memory(TileBuilder):
                 raise fail(self.func, f"argument {i} ({label}) must be a statically shaped tensor, got {ty}")
             shape = tuple(ty.shape)
             elt = element_type(ty)
-            # The aligned variant specializes the attention operands, outputs and workspaces (the
-            # caller or the runtime lays them out), and closure tensors where
-            # `abi.dense_capture`; of the other closures it assumes a unit last-dim stride alone (a
-            # runtime one read GLA's g one f32 at a time).
-            capture = self.aligned and abi.is_capture(label)
-            aligned = self.aligned and (label in abi.STREAMS or abi.is_workspace(label)
-                                        or (capture and abi.dense_capture(shape)))
-            unit_last = aligned or capture
+            assumed = abi.aligned_assumption(label, shape) if self.aligned else None
+            aligned, unit_last = assumed == abi.ALIGNED, assumed is not None
             stored = "i8" if elt == "i1" else elt
             ptr_attrs = "tt.divisibility = 16 : i32" if aligned else ""
             ptr = self.add_param(label, f"!tt.ptr<{stored}>", label, ptr_attrs)
