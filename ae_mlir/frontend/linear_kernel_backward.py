@@ -240,10 +240,13 @@ def _recurrence_gradients(call, order, q, k, v, g, s0, d_out, d_state, final_sta
     if need_g:
         # dq and dk are float32 here: each product promotes q or k inside its kernel, with no
         # float32 copy of them written first.
-        rate = torch.addcmul(q * dq, k, dk, value=-1)  # dL/dG, [B, H, L, Dk]
-        if not per_dim:
-            rate = rate.sum(-1)
-        dg = order.sum_after(rate)
+        if per_dim and order.packing is None:
+            sums = ReverseSums(q, torch.float32)  # -dL/dG written straight into the sums' buffer
+            torch.mul(k, dk, out=sums.negated).addcmul_(q, dq, value=-1)
+            dg = sums.result()
+        else:
+            rate = torch.addcmul(q * dq, k, dk, value=-1)  # dL/dG, [B, H, L, Dk]
+            dg = order.sum_after(rate if per_dim else rate.sum(-1))
         if d_state is not None:
             grows = (d_state.float() * final_state.float()).sum(-1)  # with G_L, [B, H, Dk]
             dg = dg + order.per_token(grows if per_dim else grows.sum(-1))
@@ -318,8 +321,10 @@ class _Order:
         per_token = g.view(1, -1, 1).expand(self.batch, -1, self.tokens) if decay == "head" else g
         # One gather writes g' whole (a flip and a concatenation took two passes and 0.3 ms of
         # GLA's step on an H200): token w reads token L - w, token 0 a placeholder set to 0.
+        # In g's memory order, so that the gather reads and writes one layout (g' then has g's).
         source = torch.arange(self.tokens, 0, -1, device=self.device).clamp_(max=self.tokens - 1)
-        shifted = per_token.index_select(2, source)
+        order = memory_order(per_token)
+        shifted = per_token.permute(order).index_select(order.index(2), source).permute(_inverse(order))
         shifted.narrow(2, 0, 1).zero_()
         if self.packing is None:
             return shifted
@@ -358,20 +363,62 @@ class _Order:
         return (after - padded.index_select(2, ends)).to(rate.dtype)
 
 
-def reverse_cumsum(x, block: int = 64):
-    """sum over t >= u of x[:, :, t] for every u, x [B, H, L(, D)]: in blocks of `block` tokens,
-    the sum from u's block on (its total and the later blocks', summed in float64) less the sum
-    before u in its block. torch scans dim 2 of [B, H, L, D] with a sequential thread per column: GLA's dg (B 8,
-    H 16, L 2048, D 128) took 0.81 ms so on an H200, where scans of `block` steps have L / block
-    times the threads."""
-    length = x.shape[2]
-    blocks = -(-length // block)
-    pad = blocks * block - length
-    padded = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 3) + [0, pad]) if pad else x
-    tiles = padded.unflatten(2, (blocks, block))  # a view in any layout
-    before = tiles.cumsum(3)  # up to and with each token, in its block
-    totals = before.narrow(3, block - 1, 1).double()
-    from_block = totals.flip(2).cumsum(2).flip(2)  # the sums of each block and the later ones
-    sums = from_block.to(x.dtype) - before + tiles
-    return sums.flatten(2, 3).narrow(2, 0, length)
+def memory_order(x) -> list:
+    """x's dims from outermost to innermost in memory: the order in which x is contiguous when it
+    is a permutation of a dense tensor, else x's own order."""
+    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), d))
+    return order if x.permute(order).is_contiguous() else list(range(x.dim()))
 
+
+def _inverse(order: list) -> list:
+    return sorted(range(len(order)), key=order.__getitem__)
+
+
+class ReverseSums:
+    """sum over t >= u of x[:, :, t] for every token u, x [B, H, L(, D)], in x's memory order
+    (`like`'s), where every pass reads and writes contiguous memory: torch's scans copy other
+    layouts to contiguous ones first, and element-wise ops over operands of two layouts (or one
+    broadcast) leave the vectorized kernels. On an H200 those passes took 0.46 ms of GLA's step
+    (B 8, H 16, L 2048, D 128, [B, T, H, D] storage); a scan over all of L takes one sequential
+    thread per column (0.81 ms there), so the sums run in blocks of `block` tokens.
+
+    In memory order x is [outer, L, inner]. A buffer of outer * N + 1 rows (N: L rounded up to
+    blocks) holds -x one row late (`negated`, which the caller fills), so each block of the
+    buffer starts with a row free of its own tokens: `result()` puts there the sum of x from the
+    block on (its carry, summed in float64 from the blocks' totals), and a scan of each block
+    gives the carry less the block's earlier tokens, the sum from each token on."""
+
+    def __init__(self, like, dtype, block: int = 64):
+        self.order = memory_order(like)
+        sizes = [like.shape[d] for d in self.order]
+        at = self.order.index(2)
+        self.outer_sizes, self.inner_sizes = sizes[:at], sizes[at + 1:]
+        self.length, self.block = like.shape[2], block
+        self.blocks = -(-self.length // block)
+        self.outer = int(torch.tensor(self.outer_sizes, dtype=torch.int64).prod())
+        self.inner = int(torch.tensor(self.inner_sizes, dtype=torch.int64).prod())
+        rows = self.blocks * block
+        self.flat = torch.empty(self.outer * rows + 1, self.inner, dtype=dtype, device=like.device)
+        self.late = self.flat[1:].view(self.outer, self.blocks, block, self.inner)
+        late = self.late.view(self.outer, rows, self.inner)
+        late.narrow(1, self.length, rows - self.length).zero_()
+        self.negated = self._logical(late.narrow(1, 0, self.length))
+
+    def _logical(self, rows):
+        """[outer, L, inner] rows as x's [B, H, L(, D)] view."""
+        return rows.view(*self.outer_sizes, self.length, *self.inner_sizes).permute(_inverse(self.order))
+
+    def result(self):
+        blocks = self.late.sum(2, dtype=torch.float64)  # minus each block's total
+        carries = blocks.flip(1).cumsum(1).flip(1).neg_()
+        tiles = self.flat[:-1].view(self.outer, self.blocks, self.block, self.inner)
+        tiles.select(2, 0).copy_(carries)
+        sums = tiles.cumsum(2).view(self.outer, self.blocks * self.block, self.inner)
+        return self._logical(sums.narrow(1, 0, self.length))
+
+
+def reverse_cumsum(x, block: int = 64):
+    """sum over t >= u of x[:, :, t] for every u, x [B, H, L(, D)] in any layout (ReverseSums)."""
+    sums = ReverseSums(x, x.dtype, block)
+    torch.neg(x, out=sums.negated)
+    return sums.result()
