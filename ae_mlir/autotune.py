@@ -99,7 +99,7 @@ def _linear_candidates(problem: Problem, target: str) -> tuple[list[dict], dict]
         if target.startswith("hip"):
             stages = min(stages, 2)
         found.append({"block_v": block_v, "block_k": block_k, "num_warps": warps, "num_stages": stages})
-    return found, presets.linear_config(problem.chunk_size, problem.decay, target)
+    return found, presets.linear_config(problem, target)
 
 
 def _softmax_candidates(problem: Problem, target: str) -> tuple[list[dict], dict]:

@@ -176,23 +176,36 @@ def _backward_overrides(values: dict, typed: dict) -> None:
 _LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3, "decays_num_stages": 1}
 
 
-def linear_config(chunk: int, decay: str, target: str = "cuda:90") -> dict:
+# GLA's chunk-state kernel walks the chunks one after another, a program per (batch, head, block
+# of state rows): with fewer programs than this, 32-row blocks (twice the programs) won on an
+# H200 (bf16, bench/results/h200-linear-configs-2026-12-03-block-k.json): B 2 H 16 L 8192 took
+# 184 us against 304 at D 64 (32 programs of 64 rows) and 236 against 337 at D 128 (64), B 8 H 16
+# L 2048 D 64 75 against 85 (128); at D 128 (256 programs) 64 rows stayed ahead, 137 against 176.
+_STATE_PROGRAMS = 256
+
+
+def linear_config(problem: "Problem", target: str = "cuda:90") -> dict:
     """Launch options of a linear-attention bundle. block_m/block_n are the chunk's rows (what
     the runtime's 32-bit tile-offset check reads). The chunk-state V blocks stay 64 wide: that
     loop is bound by each step's latency, not by the programs in flight, so narrower blocks (more
     programs) only add work. With the "token_dim" decay the output kernel takes all of V (up to
     128 columns) in one program, chosen when that kernel still computed the scores (most of its
     work, not depending on V); the scores kernel now does, and this choice has not been timed
-    again."""
+    again. Its chunk-state kernel, whose steps carry the per-dimension decay, takes 32 state rows
+    per program where 64 would leave fewer than _STATE_PROGRAMS programs."""
+    chunk = problem.chunk_size
     config = dict(_LINEAR, block_m=chunk, block_n=chunk)
     if target.startswith("hip"):
         # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
         config["num_stages"] = 2
-    if decay == "token_dim":
+    if problem.decay == "token_dim":
         config["block_v"] = 128
         # GLA's chunk-state kernel at L 2048, D 128: 137 us in two stages against 164 in three;
         # within 4% either way in the other three suite cases.
         config["states_num_stages"] = 2
+        programs = problem.batch_heads * -(-problem.dk // config["block_k"]) * -(-problem.dv // config["block_v"])
+        if programs < _STATE_PROGRAMS:
+            config["block_k"] = 32
     return config
 
 
@@ -378,7 +391,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if problem is not None and preset == "cpu":
         values.update(cpu_config(problem.lq, problem.lk))
     elif problem is not None and problem.linear:
-        values.update(linear_config(problem.chunk_size, problem.decay, target), linear=True)
+        values.update(linear_config(problem, target), linear=True)
     elif problem is not None:
         if typed.get("backward"):
             values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))

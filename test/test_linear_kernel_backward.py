@@ -315,8 +315,8 @@ def test_reverse_cumsum_in_blocks(shape):
     wide = linear_kernel_backward.reverse_cumsum(x.float())
     assert (wide.double() - want).abs().max() <= 4 * torch.finfo(torch.float32).eps * x.abs().sum(2).max()
     # Tokens not the second-innermost dimension in memory (a [B, H, T, D] view of [B, T, H, D]).
-    # The sums come back in that layout (every pass ran over contiguous memory).
+    # The sums come back in that memory order (every pass ran over contiguous memory).
     strided = x.transpose(1, 2).contiguous().transpose(1, 2)
     sums = linear_kernel_backward.reverse_cumsum(strided)
     torch.testing.assert_close(sums, want, rtol=0, atol=1e-12)
-    assert sums.stride() == strided.stride()
+    assert sums.stride(1) < sums.stride(2) or 1 in shape[1:3]

@@ -4,6 +4,7 @@ what the backends compile. For each L0 module, the Triton IR of `ae-opt --pipeli
 of `ae-opt --pipeline=cpu` is what the CPU backend hands to the JIT."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -155,7 +156,7 @@ def test_linear_and_hip_options():
     options = presets.options_for("triton", _problem("linear-token-dim-bf16"), "hip:gfx942")
     assert (options.block_m, options.block_v, options.num_stages, options.split) == (32, 128, 2, True)
     assert options.launch_config() == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 2,
-                                       "block_v": 128, "block_k": 64, "decays_num_stages": 1,
+                                       "block_v": 128, "block_k": 32, "decays_num_stages": 1,
                                        "states_num_stages": 2}
     assert options.launch_text() == "num-warps=4 num-stages=2 decays-num-stages=1 states-num-stages=2"
     # The cumulative-decay and GLA's chunk-state kernels launch with their own stage counts; a
@@ -169,6 +170,21 @@ def test_linear_and_hip_options():
     tuned = presets.options_for("triton", _problem("linear-token-dim-bf16"), "cuda:90", num_stages="1",
                                 decays_num_stages="2")
     assert [tuned.kernel_launch(*kernel) for kernel in stages] == [(4, 2), (4, 1), (4, 1), (4, 1)]
+
+
+@pytest.mark.parametrize("batch_heads, dk, dv, block_k", [
+    (128, 128, 128, 64),   # 256 chunk-state programs of 64 rows: enough
+    (32, 128, 128, 32),    # 64 programs: 32-row blocks double them
+    (128, 64, 64, 32),     # 128 programs
+    (64, 128, 256, 64),    # two V blocks of 128 columns: 64 x 2 x 2 programs
+    (1024, 64, 64, 64),
+])
+def test_gla_state_rows_follow_the_programs(batch_heads, dk, dv, block_k):
+    """GLA's chunk-state kernel takes 32-row blocks where 64 would leave fewer than 256
+    programs; the other decays keep 64."""
+    problem = presets.Problem(2048, 2048, dk, dv, "bf16", "token_dim", 64, batch_heads)
+    assert presets.linear_config(problem)["block_k"] == block_k
+    assert presets.linear_config(dataclasses.replace(problem, decay="token"))["block_k"] == 64
 
 
 def test_cpu_stages_and_overrides():

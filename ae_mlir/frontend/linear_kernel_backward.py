@@ -409,7 +409,10 @@ class ReverseSums:
         return rows.view(*self.outer_sizes, self.length, *self.inner_sizes).permute(_inverse(self.order))
 
     def result(self):
-        blocks = self.late.sum(2, dtype=torch.float64)  # minus each block's total
+        # Each block's total (negated) in its own dtype: a float64 sum of float32 rows first
+        # copies them all to float64 (0.14 ms of GLA's step on an H200); the carries, sums over up
+        # to L tokens, are summed in float64.
+        blocks = self.late.sum(2).double()
         carries = blocks.flip(1).cumsum(1).flip(1).neg_()
         tiles = self.flat[:-1].view(self.outer, self.blocks, self.block, self.inner)
         tiles.select(2, 0).copy_(carries)
