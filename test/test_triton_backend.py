@@ -274,8 +274,9 @@ def test_linear_gla_scores_numerics(wide, dtype):
     lin = ae.linear_attention(decay="token_dim", chunk_size=64)
     bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), "cuda:90")
     stages = [(s.name, s.grid) for s in bundle.stages]
-    # The cumulative decays: a program per 24 columns of G, walking both chunks.
-    assert stages == [("linear_attention_decays", [2, 2, 1]), ("linear_attention_states", [1, 2, 1]),
+    # The cumulative decays: a program per 24 columns of G, walking both chunks; the chunk
+    # states in two blocks of 24 rows (2 programs of 64 rows would be too few, presets).
+    assert stages == [("linear_attention_decays", [2, 2, 1]), ("linear_attention_states", [2, 2, 1]),
                       ("linear_attention_scores", [2, 2, 1])]  # (chunks, heads, batch)
     assert bundle.grid == [2, 2, 1]
     # Each kernel's own stage count (presets.linear_config).
