@@ -49,6 +49,7 @@ e^{g_0} per state row, and dg is q * dq - k * dk per dimension, summed over late
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -395,8 +396,7 @@ class ReverseSums:
         self.outer_sizes, self.inner_sizes = sizes[:at], sizes[at + 1:]
         self.length, self.block = like.shape[2], block
         self.blocks = -(-self.length // block)
-        self.outer = int(torch.tensor(self.outer_sizes, dtype=torch.int64).prod())
-        self.inner = int(torch.tensor(self.inner_sizes, dtype=torch.int64).prod())
+        self.outer, self.inner = math.prod(self.outer_sizes), math.prod(self.inner_sizes)
         rows = self.blocks * block
         self.flat = torch.empty(self.outer * rows + 1, self.inner, dtype=dtype, device=like.device)
         self.late = self.flat[1:].view(self.outer, self.blocks, block, self.inner)
