@@ -2,6 +2,7 @@
 
     A      = scale * [s <= t] * sum_d q[t,d] k[s,d] exp(G[t,d] - G[s,d])       [C, C]
     o      = A @ v + (scale * q * exp(G)) @ S                                  [C, BV]
+             (= A @ v + scale * exp(G_t) * (q @ S) when G is one value per row: "head", "token")
     S_next = exp(G_end) * S + (k * exp(G_end - G))^T @ v
     z_next = exp(G_end) * z + sum_t k[t] * exp(G_end - G_t)                    (normalize)
 
@@ -159,13 +160,16 @@ class ChunkStep(DecayedKernel):
         fast = self.generic([(products, TILE), (cum, TILE)], v.type, lambda a: arith.mulf(a[0], exp(a[1])))
         return self.exact_past_span_limit(fast, cum, exact)
 
-    def plus_decayed_state(self, o, q_operand, state, cum):
-        """o + scale * (q @ S) * exp(cum): the state's part of a "token_value_dim" output, the
-        decay applied to the product's columns."""
+    def plus_decayed_state(self, o, q_operand, state, cum, dims: tuple = TILE):
+        """o + scale * (q @ S) * exp(cum): the state's part of the output with the decay applied
+        to the product, along its columns ("token_value_dim", `dims` TILE) or its rows (`dims`
+        ROW: G one value per token); no decay when `cum` is None."""
         from mlir.dialects import arith
 
         qs = self.matmul(q_operand, state, zeros(list(o.type.shape)))
-        return self.generic([(o, TILE), (qs, TILE), (cum, TILE)], o.type,
+        if cum is None:
+            return self.generic([(o, TILE), (qs, TILE)], o.type, lambda a: arith.addf(a[0], self.scaled(a[1])))
+        return self.generic([(o, TILE), (qs, TILE), (cum, dims)], o.type,
                             lambda a: arith.addf(a[0], self.scaled(arith.mulf(a[1], exp(a[2])))))
 
     def store_output(self, t0, q: Loaded, k: Loaded, v: Loaded, decay: ChunkDecay | None, state, z, out):
@@ -181,6 +185,12 @@ class ChunkStep(DecayedKernel):
         cd = self.tile_type(c, dk)
         scores = self.scores(q, k, decay)
         o = self.matmul(self.operand(scores), v[1], zeros([c, bv]))
+        if not self.normalize and (decay is None or decay.cum[1] == ROW):
+            # The row factor after the product, not on q before it: q enters both products as
+            # loaded, and the element-wise work is [C, BV] instead of [C, Dk] plus a conversion
+            # back to the operand type (simple GLA's output kernel at Dk = 128).
+            o = self.plus_decayed_state(o, q[1], state, None if decay is None else decay.cum[0], ROW)
+            return self.store_rows(self.output_elements(o), t0, c, out)
         if decay is None:
             q_dec = self.generic([(q[0], TILE)], cd, lambda a: self.scaled(a[0]))
         else:

@@ -45,10 +45,13 @@
 // CHECK: %[[ARG:.*]] = arith.select %[[KEEP]], %[[DIFF]], %cst
 // CHECK: math.exp %[[ARG]]
 // CHECK: %[[OI:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[A]], %[[V]] : tensor<32x32xf32>, tensor<32x16xf32>)
-// Inter-chunk: (scale * q * exp(G)) @ S, accumulated onto the intra-chunk part.
-// CHECK: %[[QD:.*]] = linalg.generic {{.*}} ins(%[[Q]], %[[G]] :
+// Inter-chunk: scale * exp(G_t) * (q @ S)[t] (G is one value per row, so the factor follows the
+// product), added to the intra-chunk part.
+// CHECK: %[[QS:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[Q]], %[[S]] : tensor<32x16xf32>, tensor<16x16xf32>)
+// CHECK: %[[OT:.*]] = linalg.generic {{.*}} ins(%[[OI]], %[[QS]], %[[G]] : tensor<32x16xf32>, tensor<32x16xf32>, tensor<32xf32>)
 // CHECK: math.exp
-// CHECK: %[[OT:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[QD]], %[[S]] : tensor<32x16xf32>, tensor<16x16xf32>) outs(%[[OI]] : tensor<32x16xf32>)
+// CHECK: arith.mulf
+// CHECK: arith.addf
 // CHECK: %[[OV:.*]] = tensor.extract_slice %[[OT]][0, 0] [%[[ROWS]], 16]
 // CHECK: %[[O2:.*]] = tensor.insert_slice %[[OV]] into %[[O]][%[[PB]], %[[PH]], %[[T0]], %[[V0]]] [1, 1, %[[ROWS]], 16]
 // State update: S * exp(G_end) (in place: S is the generic's output) + (k * exp(G_end - G))^T @ v.
