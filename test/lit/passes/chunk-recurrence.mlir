@@ -45,13 +45,10 @@
 // CHECK: %[[ARG:.*]] = arith.select %[[KEEP]], %[[DIFF]], %cst
 // CHECK: math.exp %[[ARG]]
 // CHECK: %[[OI:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[A]], %[[V]] : tensor<32x32xf32>, tensor<32x16xf32>)
-// Inter-chunk: scale * exp(G_t) * (q @ S)[t] (G is one value per row, so the factor follows the
-// product), added to the intra-chunk part.
-// CHECK: %[[QS:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[Q]], %[[S]] : tensor<32x16xf32>, tensor<16x16xf32>)
-// CHECK: %[[OT:.*]] = linalg.generic {{.*}} ins(%[[OI]], %[[QS]], %[[G]] : tensor<32x16xf32>, tensor<32x16xf32>, tensor<32xf32>)
+// Inter-chunk: (scale * q * exp(G)) @ S, accumulated onto the intra-chunk part.
+// CHECK: %[[QD:.*]] = linalg.generic {{.*}} ins(%[[Q]], %[[G]] :
 // CHECK: math.exp
-// CHECK: arith.mulf
-// CHECK: arith.addf
+// CHECK: %[[OT:.*]] = linalg.matmul {attn.precision = "ieee"} ins(%[[QD]], %[[S]] : tensor<32x16xf32>, tensor<16x16xf32>) outs(%[[OI]] : tensor<32x16xf32>)
 // CHECK: %[[OV:.*]] = tensor.extract_slice %[[OT]][0, 0] [%[[ROWS]], 16]
 // CHECK: %[[O2:.*]] = tensor.insert_slice %[[OV]] into %[[O]][%[[PB]], %[[PH]], %[[T0]], %[[V0]]] [1, 1, %[[ROWS]], 16]
 // State update: S * exp(G_end) (in place: S is the generic's output) + (k * exp(G_end - G))^T @ v.
@@ -196,8 +193,18 @@ func.func @token_dim(%q: tensor<1x2x40x16xbf16>, %k: tensor<1x2x40x16xbf16>, %v:
 // SPLIT-NOT: scf.for
 // SPLIT: %[[C:.*]] = arith.divsi
 // SPLIT: %[[S:.*]] = tensor.extract_slice %[[W]][%{{.*}}, %{{.*}}, %[[C]], 0, %{{.*}}] [1, 1, 1, 32, 16]
-// SPLIT: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<16x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<16x16xf32>)
-// SPLIT: linalg.matmul ins(%{{.*}}, %[[S]] : tensor<16x32xbf16>, tensor<32x16xbf16>)
+// SPLIT: %[[Q:.*]] = tensor.pad
+// SPLIT: linalg.matmul ins(%[[Q]], %{{.*}} : tensor<16x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<16x16xf32>)
+// SPLIT: %[[AV:.*]] = linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<16x16xbf16>, tensor<16x16xbf16>)
+// G is one value per row and Dk (32) is wider than the program's 16 V columns: q enters q @ S as
+// loaded, and the product's rows take scale * exp(G) before A @ v is added.
+// SPLIT: %[[QS:.*]] = linalg.matmul ins(%[[Q]], %[[S]] : tensor<16x32xbf16>, tensor<32x16xbf16>)
+// SPLIT: linalg.generic {{.*}} ins(%[[AV]], %[[QS]], %{{.*}} : tensor<16x16xf32>, tensor<16x16xf32>, tensor<16xf32>)
+// SPLIT: math.exp
+// SPLIT: arith.mulf
+// SPLIT: arith.constant 2.500000e-01
+// SPLIT: arith.mulf
+// SPLIT: arith.addf
 // SPLIT: tensor.insert_slice %{{.*}} into %[[OUT]]
 // SPLIT-NOT: scf.for
 func.func @head(%q: tensor<1x2x40x32xbf16>, %k: tensor<1x2x40x32xbf16>, %v: tensor<1x2x40x32xbf16>, %g: tensor<2xf32>) -> (tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>) {
