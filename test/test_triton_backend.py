@@ -254,6 +254,27 @@ def test_linear_attention_numerics(decay):
     torch.testing.assert_close(state, ref_state, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+@pytest.mark.parametrize("decay", [None, "head", "token"])
+def test_linear_output_walks_value_blocks(decay, target):
+    """At the default config, Dk = Dv = 128 (two V blocks of 64): with G one value per row, the
+    output kernel is a program per chunk (the last of 70 tokens 6 rows) that builds the chunk's
+    scores once and walks both V blocks in a loop, scaling q @ S by exp(G) row by row."""
+    b, h, l, d = 1, 2, 70, 128
+    q, k, v = (rand(b, h, l, d, seed=s) for s in (1, 2, 3))
+    g = {None: None, "head": -0.2 * rand(h, seed=4).abs(), "token": -0.3 * rand(b, h, l, seed=4).abs()}[decay]
+    s0 = rand(b, h, d, d, seed=5)
+    lin = ae.linear_attention(decay=decay, chunk_size=64)
+    inputs = [t for t in (g, s0) if t is not None]
+    bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), target)
+    assert bundle.grid == [2, 2, 1]  # (chunks, heads, batch): no V-block axis
+    assert [s.name for s in bundle.stages][-1] == "linear_attention_states"
+    (out, state), _ = interpret(bundle, q, k, v, *inputs)
+    ref_out, ref_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
+    torch.testing.assert_close(out, ref_out, **TOL[torch.float32])
+    torch.testing.assert_close(state, ref_state, **TOL[torch.float32])
+
+
 @pytest.mark.parametrize("wide,dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16)])
 def test_linear_gla_scores_numerics(wide, dtype):
     """The split recurrence's "token_dim" scores kernel: a program per chunk (the last chunk of

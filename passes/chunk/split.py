@@ -212,22 +212,55 @@ class StateKernel(SplitKernel):
 class OutputKernel(SplitKernel):
     """Every chunk's output in parallel, from its q, k, v, the state entering it (workspace w0)
     and its G (workspace w1, for the decays that sum one); a program owns one chunk and a
-    BV-wide column slice."""
+    BV-wide column slice, or, with `loops_values`, the chunk and all its V blocks in turn."""
 
     def build(self) -> None:
         extra = self.arguments(("out", self.out_type))
-        self.define(extra, [self.out_type], [self.b, self.h, self.chunks * self.nv], self.body)
+        blocks = 1 if self.loops_values else self.nv
+        self.define(extra, [self.out_type], [self.b, self.h, self.chunks * blocks], self.body)
+
+    @property
+    def loops_values(self) -> bool:
+        """Whether a program walks its chunk's V blocks, computing the chunk's scores once: with
+        the row-decayed output, whose q and k tiles (Dk wide) are the largest it loads. A
+        program per V block reads them once per block (an H200, simple GLA at Dk 128, BV 64:
+        64 KiB a program, of which the second block's q and k are 32)."""
+        return self.nv > 1 and self.row_decayed_output
 
     def body(self) -> list:
         from mlir.dialects import arith
 
-        it, self.v0 = self.split_id(self.program_ids(sums=not self.loads_decays))
+        third = self.program_ids(sums=not self.loads_decays)
+        it, self.v0 = (third, None) if self.loops_values else self.split_id(third)
         t0 = arith.muli(it, index(self.c))
 
         def store(values):
+            if self.loops_values:
+                return [self.value_blocks(t0, it, values[0])]
             return [self.chunk_output(t0, self.chunk_state(it), values[0])]
 
         return self.if_holding_tokens(t0, [self.dests["out"]], store)
+
+    def value_blocks(self, t0, it, out):
+        """Store the chunk's output rows, one V block after another, from its scores built once."""
+        from mlir.dialects import arith
+
+        dk = self.dk
+        q, k = self.load("q", t0, None, dk), self.load("k", t0, None, dk)
+        decay = self.chunk_decay(t0)
+        scores = self.operand(self.scores(q, k, decay))
+
+        def block(j, values):
+            self.v0 = arith.muli(j, index(self.bv))
+            v = self.load("v", t0, self.v0, self.bv)
+            return [self.store_row_decayed(t0, q, scores, v, decay, self.chunk_state(it), values[0])]
+
+        return for_loop(self.nv, [out], block)[0]
+
+    def chunk_decay(self, t0):
+        """The decay of the chunk at t0 over all Dk columns (G from workspace w1 where one was summed)."""
+        dk = self.dk
+        return self.loaded_decays(t0, None, dk, self.dests[DECAYS]) if self.loads_decays else self.decays(t0, None, dk)
 
     def chunk_state(self, it):
         """The program's [Dk, BV] slice of the state entering its chunk `it` (workspace w0)."""
@@ -238,5 +271,4 @@ class OutputKernel(SplitKernel):
         """Store the output rows of the chunk at t0, S being `state`."""
         dk = self.dk
         q, k, v = self.load("q", t0, None, dk), self.load("k", t0, None, dk), self.load("v", t0, self.v0, self.bv)
-        decay = self.loaded_decays(t0, None, dk, self.dests[DECAYS]) if self.loads_decays else self.decays(t0, None, dk)
-        return self.store_output(t0, q, k, v, decay, state, None, out)
+        return self.store_output(t0, q, k, v, self.chunk_decay(t0), state, None, out)

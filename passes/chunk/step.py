@@ -184,15 +184,9 @@ class ChunkStep(DecayedKernel):
             return self.store_rows(self.output_elements(o), t0, c, out)
         cd = self.tile_type(c, dk)
         scores = self.scores(q, k, decay)
+        if self.row_decayed_output:
+            return self.store_row_decayed(t0, q, self.operand(scores), v, decay, state, out)
         o = self.matmul(self.operand(scores), v[1], zeros([c, bv]))
-        if not self.normalize and (decay is None or decay.cum[1] == ROW) and dk > bv:
-            # The row factor after the product rather than on q before it, where q is the wider
-            # tile: q enters both products as loaded, and the element-wise work is [C, BV]
-            # instead of [C, Dk] plus a conversion back to the operand type. On an H200 (bf16,
-            # simple GLA, BV 64) the output kernel took 136 us against 152 at Dk 128, but 57
-            # against 53 at Dk 64, where the sum of the two products costs a pass of its own.
-            o = self.plus_decayed_state(o, q[1], state, None if decay is None else decay.cum[0], ROW)
-            return self.store_rows(self.output_elements(o), t0, c, out)
         if decay is None:
             q_dec = self.generic([(q[0], TILE)], cd, lambda a: self.scaled(a[0]))
         else:
@@ -203,6 +197,24 @@ class ChunkStep(DecayedKernel):
         else:
             o = self.output_elements(o)
         return self.store_rows(o, t0, c, out)
+
+    @property
+    def row_decayed_output(self) -> bool:
+        """Whether outputs take the state's part as scale * exp(G_t) * (q @ S)[t]: G one value per
+        row (or no decay), no normalizer, and q wider than the program's V columns. The row
+        factor then follows the product instead of decaying q before it: q enters both products
+        as loaded, and the element-wise work is [C, BV] instead of [C, Dk] plus a conversion
+        back to the operand type. On an H200 (bf16, simple GLA, BV 64) the output kernel took
+        136 us against 152 at Dk 128, but 57 against 53 at Dk 64, where the sum of the two
+        products costs a pass of its own."""
+        return not self.normalize and self.decay in ("none", "head", "token") and self.dk > self.bv
+
+    def store_row_decayed(self, t0, q: Loaded, scores, v: Loaded, decay: ChunkDecay | None, state, out):
+        """Insert the chunk's output rows A @ v + scale * exp(G) * (q @ S) into `out`, `scores`
+        being A as a matmul operand (`row_decayed_output`)."""
+        o = self.matmul(scores, v[1], zeros([self.c, self.bv]))
+        o = self.plus_decayed_state(o, q[1], state, None if decay is None else decay.cum[0], ROW)
+        return self.store_rows(self.output_elements(o), t0, self.c, out)
 
     def normalized(self, o, scores, q_dec, z):
         """o / (rowsum(A) + (scale * q * exp(G)) . z), in the output's element type."""

@@ -186,18 +186,21 @@ func.func @token_dim(%q: tensor<1x2x40x16xbf16>, %k: tensor<1x2x40x16xbf16>, %v:
 // SPLIT: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<16x16xbf16>, tensor<16x16xbf16>) outs(%{{.*}} : tensor<16x16xf32>)
 // SPLIT: scf.yield %{{.*}}, %[[H2]]
 // SPLIT: tensor.insert_slice %[[LOOP]]#0 into %[[ST]][%{{.*}}, %{{.*}}, %[[K0]], %[[V0]]] [1, 1, 16, 16]
-// The output kernel: a program per (b, h, chunk, V block), no loop; the chunk's state from w0.
+// The output kernel: a program per (b, h, chunk). G is one value per row and Dk (32) is wider than
+// the 16 V columns of a block, so the chunk's scores A are built once and a loop walks its two V
+// blocks: A @ v, then q @ S with q as loaded and the product's rows scaled by scale * exp(G), the
+// state's block from w0.
 // SPLIT-LABEL: func.func @head(
 // SPLIT-SAME: %[[W:[a-z0-9]+]]: tensor<1x2x3x32x32xbf16>, %[[OUT:[a-z0-9]+]]: tensor<1x2x40x32xbf16>) -> tensor<1x2x40x32xbf16>
-// SPLIT-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w0", "out"], attn.block_v = 16 : i64, attn.chunk_size = 16 : i64, attn.grid = array<i64: 1, 2, 6>
-// SPLIT-NOT: scf.for
-// SPLIT: %[[C:.*]] = arith.divsi
-// SPLIT: %[[S:.*]] = tensor.extract_slice %[[W]][%{{.*}}, %{{.*}}, %[[C]], 0, %{{.*}}] [1, 1, 1, 32, 16]
+// SPLIT-SAME: attn.arg_roles = ["q", "k", "v", "c0", "w0", "out"], attn.block_v = 16 : i64, attn.chunk_size = 16 : i64, attn.grid = array<i64: 1, 2, 3>
+// SPLIT: %[[C:.*]] = "attn.program_id"() {axis = 2 : i64}
 // SPLIT: %[[Q:.*]] = tensor.pad
-// SPLIT: linalg.matmul ins(%[[Q]], %{{.*}} : tensor<16x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<16x16xf32>)
-// SPLIT: %[[AV:.*]] = linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<16x16xbf16>, tensor<16x16xbf16>)
-// G is one value per row and Dk (32) is wider than the program's 16 V columns: q enters q @ S as
-// loaded, and the product's rows take scale * exp(G) before A @ v is added.
+// SPLIT: %[[QK:.*]] = linalg.matmul ins(%[[Q]], %{{.*}} : tensor<16x32xbf16>, tensor<32x16xbf16>) outs(%{{.*}} : tensor<16x16xf32>)
+// SPLIT: %[[A:.*]] = linalg.generic {{.*}} ins(%{{.*}} : tensor<16x16xf32>) outs(%{{.*}} : tensor<16x16xbf16>)
+// SPLIT: %[[BLOCKS:.*]] = scf.for %[[J:.*]] = %c0 to %c2 step %c1 iter_args(%[[O:.*]] = %[[OUT]])
+// SPLIT: %[[V0:.*]] = arith.muli %[[J]], %c16
+// SPLIT: %[[S:.*]] = tensor.extract_slice %[[W]][%{{.*}}, %{{.*}}, %[[C]], 0, %[[V0]]] [1, 1, 1, 32, 16]
+// SPLIT: %[[AV:.*]] = linalg.matmul ins(%[[A]], %{{.*}} : tensor<16x16xbf16>, tensor<16x16xbf16>)
 // SPLIT: %[[QS:.*]] = linalg.matmul ins(%[[Q]], %[[S]] : tensor<16x32xbf16>, tensor<32x16xbf16>)
 // SPLIT: linalg.generic {{.*}} ins(%[[AV]], %[[QS]], %{{.*}} : tensor<16x16xf32>, tensor<16x16xf32>, tensor<16xf32>)
 // SPLIT: math.exp
@@ -205,8 +208,9 @@ func.func @token_dim(%q: tensor<1x2x40x16xbf16>, %k: tensor<1x2x40x16xbf16>, %v:
 // SPLIT: arith.constant 2.500000e-01
 // SPLIT: arith.mulf
 // SPLIT: arith.addf
-// SPLIT: tensor.insert_slice %{{.*}} into %[[OUT]]
-// SPLIT-NOT: scf.for
+// SPLIT: %[[O2:.*]] = tensor.insert_slice %{{.*}} into %[[O]][%{{.*}}, %{{.*}}, %{{.*}}, %[[V0]]]
+// SPLIT: scf.yield %[[O2]]
+// SPLIT: return %[[BLOCKS]]
 func.func @head(%q: tensor<1x2x40x32xbf16>, %k: tensor<1x2x40x32xbf16>, %v: tensor<1x2x40x32xbf16>, %g: tensor<2xf32>) -> (tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>) {
   %out, %state = "attn.linear_recurrence"(%q, %k, %v, %g) ({}, {}, {}) {decay = "head", scale = 0.25 : f32, normalize = false, chunk_size = 16 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>} : (tensor<1x2x40x32xbf16>, tensor<1x2x40x32xbf16>, tensor<1x2x40x32xbf16>, tensor<2xf32>) -> (tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>)
   return %out, %state : tensor<1x2x40x32xbf16>, tensor<1x2x32x32xf32>
