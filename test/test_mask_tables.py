@@ -176,6 +176,38 @@ def test_call_time_tables_equal_the_mask_mod_ones(mask_mod, lk):
         assert torch.equal(g, w.reshape(w.shape[2:]))
 
 
+@pytest.mark.parametrize("budget", [1, 3 * 16 * 50, 1 << 24], ids=["block", "blocks", "whole"])
+@pytest.mark.parametrize("lq,lk", [(100, 50), (96, 57), (7, 130)])
+def test_classify_passes_over_several_query_blocks(monkeypatch, budget, lq, lk):
+    # However many query blocks one evaluation covers (one, a few with a ragged block left over,
+    # all), the tables are those of the dense mask tile by tile; the mask reads b and h too.
+    from ae_mlir.core import block_tables
+
+    monkeypatch.setattr(block_tables, "GRID_BUDGET", budget)
+    doc = torch.randint(0, 3, (max(lq, lk),), generator=torch.Generator().manual_seed(5)).sort().values
+
+    def mask(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx - kv_idx <= 20 + 7 * h) | ((kv_idx + b) % 11 == 0)
+
+    batch, heads, bm, bn = 2, 3, 16, 16
+    tables = classify(mask, batch, heads, lq, lk, bm, bn, "cpu", full_width=True)
+    dense = mask(torch.arange(batch).view(-1, 1, 1, 1), torch.arange(heads).view(1, -1, 1, 1),
+                 torch.arange(lq).view(1, 1, -1, 1), torch.arange(lk).view(1, 1, 1, -1)).expand(batch, heads, lq, lk)
+    for b in range(batch):
+        for h in range(heads):
+            for m in range(-(-lq // bm)):
+                partial, full = [], []
+                for n in range(-(-lk // bn)):
+                    tile = dense[b, h, m * bm:(m + 1) * bm, n * bn:(n + 1) * bn]
+                    if tile.all() and tile.shape[1] == bn:
+                        full.append(n)
+                    elif tile.any():
+                        partial.append(n)
+                got = [t[b, h, m] for t in tables.tensors()]
+                assert int(got[0]) == len(partial) and got[1][:len(partial)].tolist() == partial
+                assert int(got[2]) == len(full) and got[3][:len(full)].tolist() == full
+
+
 def test_call_time_tables_are_cached_until_a_closure_tensor_changes():
     doc = DOC.clone()
 

@@ -48,13 +48,21 @@ def _pack(flags, device, full_width: bool):
     return count.contiguous(), index.contiguous()
 
 
+# The most mask entries (b, h, query, key) one evaluation of `keep` covers. A query block at a
+# time launched a few dozen torch kernels per block, so classifying took 29 ms at L 8192 on an
+# H200 (64 blocks of 128 rows), where the work itself is a few passes over 67M entries; at this
+# budget the int64 index intermediates of one evaluation take 128 MiB.
+GRID_BUDGET = 1 << 24
+
+
 def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int, block_n: int,
              device="cpu", full_width: bool = False) -> BlockTables:
     """Classify tiles of the mask `keep(b, h, q_idx, kv_idx) -> bool tensor`.
 
-    `keep` is called on broadcastable int64 index tensors, one query block of rows at a time, so
-    memory stays O(batch * heads * block_m * seq_k). `batch` / `heads` of 1 mean the mask does
-    not depend on that index.
+    `keep` is called on broadcastable int64 index tensors, over as many whole query blocks of
+    rows at once as GRID_BUDGET allows (at least one; a ragged last block alone), so memory stays
+    O(max(GRID_BUDGET, batch * heads * block_m * seq_k)). `batch` / `heads` of 1 mean the mask
+    does not depend on that index.
     """
     import torch
 
@@ -65,16 +73,21 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
     h = torch.arange(heads, device=device).view(1, heads, 1, 1)
     kv = torch.arange(seq_k, device=device).view(1, 1, 1, seq_k)
-    for m in range(nm):
-        rows = min(block_m, seq_q - m * block_m)
-        q = torch.arange(m * block_m, m * block_m + rows, device=device).view(1, 1, rows, 1)
+    per_pass = max(1, GRID_BUDGET // (batch * heads * block_m * max(seq_k, 1)))
+    whole = seq_q // block_m
+    passes = [(m, min(per_pass, whole - m), block_m) for m in range(0, whole, per_pass)]
+    if whole < nm:
+        passes.append((whole, 1, seq_q - whole * block_m))
+    for m, blocks, rows in passes:
+        first = m * block_m
+        q = torch.arange(first, first + blocks * rows, device=device).view(1, 1, blocks * rows, 1)
         kept = torch.as_tensor(keep(b, h, q, kv), device=device).to(torch.bool)
-        kept = kept.expand(batch, heads, rows, seq_k)
-        padded = torch.zeros(batch, heads, rows, nn * block_n, dtype=torch.bool, device=device)
+        kept = kept.expand(batch, heads, blocks * rows, seq_k)
+        padded = torch.zeros(batch, heads, blocks * rows, nn * block_n, dtype=torch.bool, device=device)
         padded[..., :seq_k] = kept
-        tiles = padded.view(batch, heads, rows, nn, block_n)
-        any_kept[:, :, m] = tiles.any(dim=4).any(dim=2)
-        all_kept[:, :, m] = tiles.all(dim=4).all(dim=2)
+        tiles = padded.view(batch, heads, blocks, rows, nn, block_n)
+        any_kept[:, :, m:m + blocks] = tiles.any(dim=5).any(dim=3)
+        all_kept[:, :, m:m + blocks] = tiles.all(dim=5).all(dim=3)
     if ragged:
         all_kept[..., nn - 1] = False
     full = any_kept & all_kept
