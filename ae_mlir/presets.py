@@ -198,6 +198,13 @@ def linear_config(problem: "Problem", target: str = "cuda:90") -> dict:
     if target.startswith("hip"):
         # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
         config["num_stages"] = 2
+    if problem.decay == "token" and problem.dk > config["block_v"] and not target.startswith("hip"):
+        # Simple GLA's output kernel walks its V blocks in a loop there (the per-row output form,
+        # passes/chunk/step.py): at D 128 on an H200 it took 110-111 us in two stages against
+        # 119-120 in three, while its chunk-state kernel needs three at L 8192 (106 against 172
+        # us; bench/results/h200-linear-configs-2026-12-03-simple-gla-value-loop.json). Retention's
+        # output kernel has the same loop but was not swept; it keeps three.
+        config.update(num_stages=2, states_num_stages=3)
     if problem.decay == "token_dim":
         config["block_v"] = 128
         # GLA's chunk-state kernel at L 2048, D 128: 137 us in two stages against 164 in three;

@@ -172,6 +172,21 @@ def test_linear_and_hip_options():
     assert [tuned.kernel_launch(*kernel) for kernel in stages] == [(4, 2), (4, 1), (4, 1), (4, 1)]
 
 
+@pytest.mark.parametrize("decay, dk, target, launches", [
+    ("token", 128, "cuda:90", [(4, 1), (4, 3), (4, 2)]),   # the output kernel's value loop: 2 stages
+    ("token", 64, "cuda:90", [(4, 1), (4, 3), (4, 3)]),    # one V block, no loop
+    ("head", 128, "cuda:90", [(4, 1), (4, 3), (4, 3)]),
+    ("token", 128, "hip:gfx942", [(4, 1), (4, 2), (4, 2)]),
+])
+def test_simple_gla_output_stages(decay, dk, target, launches):
+    """Simple GLA's output kernel takes two stages where it walks V blocks (Dk wider than a
+    block), its chunk-state kernel keeps three; MI300 keeps two for all."""
+    problem = presets.Problem(2048, 2048, dk, dk, "bf16", decay, 64, 128)
+    options = presets.options_for("triton", problem, target)
+    kernels = [("l_decays", "decays"), ("l_states", "states"), ("l", None)]
+    assert [options.kernel_launch(*kernel) for kernel in kernels] == launches
+
+
 @pytest.mark.parametrize("batch_heads, dk, dv, block_k", [
     (128, 128, 128, 64),   # 256 chunk-state programs of 64 rows: enough
     (32, 128, 128, 32),    # 64 programs: 32-row blocks double them
