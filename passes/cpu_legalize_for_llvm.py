@@ -118,12 +118,19 @@ def _float_constant(ftype, value: float):
 
 def _horner(coefficients, r, constant):
     """The polynomial with `coefficients` (highest degree first) at `r`, each coefficient made by
-    `constant`, as multiply-adds at the current insertion point."""
+    `constant`, as multiply-adds at the current insertion point.
+
+    The steps may contract to fused multiply-adds (`contract`): the approximations' error bounds
+    hold either way, and on a host with FMA each step is one instruction instead of two (a
+    row block's exp2 is most of the softmax's work). A host without FMA keeps the separate
+    multiply and add; `math.fma` would instead become a libm call per lane there."""
+    from mlir import ir
     from mlir.dialects import arith
 
+    contract = ir.Attribute.parse("#arith.fastmath<contract>")
     p = constant(coefficients[0])
     for c in coefficients[1:]:
-        p = arith.addf(arith.mulf(p, r), constant(c))
+        p = arith.addf(arith.mulf(p, r, fastmath=contract), constant(c), fastmath=contract)
     return p
 
 
@@ -214,7 +221,12 @@ def expand_exponentials(module_op) -> None:
                     attr = ir.FloatAttr.get(elt, value) if isinstance(value, float) else ir.IntegerAttr.get(elt, value)
                     return arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr) if shape is not None else attr)
 
-                clamped = arith.minimumf(arith.maximumf(x, const(ftype, -160.0)), const(ftype, 160.0))
+                # The select below passes NaN through, so the clamp need not: `nnan` lets it be
+                # one min and one max instruction, where NaN-propagating ones take a compare and
+                # a blend each.
+                nnan = ir.Attribute.parse("#arith.fastmath<nnan>")
+                clamped = arith.minnumf(arith.maxnumf(x, const(ftype, -160.0), fastmath=nnan), const(ftype, 160.0),
+                                        fastmath=nnan)
                 if name == "math.exp2":
                     n = math_ops.floor(arith.addf(clamped, const(ftype, 0.5)))
                     p = _horner(EXP2_POLYNOMIAL, arith.subf(clamped, n), lambda c: const(ftype, c))

@@ -34,7 +34,9 @@
 // After bufferization the kernel writes its destination in place and returns nothing. Arguments
 // keep dynamic strides (unit innermost stride unless unit-inner-stride=false), the q tile is a
 // subview of q read by masked vector transfers, no buffer is as large as an input, the captured
-// bias is read by scalar loads, and exp2 is a polynomial (with floor for the exponent).
+// bias is read by scalar loads, and exp2 is a polynomial (with floor for the exponent): its
+// argument is clamped by min/max without NaN propagation (a select passes NaN through after),
+// and its Horner steps may contract to fused multiply-adds.
 // MEM-LABEL: func.func @kernel
 // MEM-SAME: (%[[Q:[a-z0-9]+]]: memref<2x2x12x16xf32, strided<[?, ?, ?, 1], offset: ?>>, %[[BIAS:[a-z0-9]+]]: memref<2xf32, strided<[1], offset: ?>>, %[[OUT:[a-z0-9]+]]: memref<2x2x12x16xf32, strided<[?, ?, ?, 1], offset: ?>>, %{{[a-z0-9]+}}: index, %{{[a-z0-9]+}}: index)
 // MEM-SAME: attributes
@@ -45,7 +47,12 @@
 // MEM: memref.subview %[[Q]]
 // MEM: vector.load
 // MEM: memref.load %[[BIAS]]
+// MEM: arith.maxnumf {{.*}} fastmath<nnan>
+// MEM: arith.minnumf {{.*}} fastmath<nnan>
 // MEM: math.floor
+// MEM: arith.mulf {{.*}} fastmath<contract>
+// MEM: arith.addf {{.*}} fastmath<contract>
+// MEM: arith.cmpf uno
 // MEM: memref.subview %[[OUT]]
 // MEM: memref.dealloc
 // MEM-NEXT: return
