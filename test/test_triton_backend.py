@@ -275,6 +275,34 @@ def test_linear_output_walks_value_blocks(decay, target):
     torch.testing.assert_close(state, ref_state, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+@pytest.mark.parametrize("decay, dk, dv, dtype", [
+    ("head", 96, 80, torch.float32),      # Dk padded to 128 lanes; the second V block 16 of 64 wide
+    ("token", 80, 200, torch.bfloat16),   # four V blocks, the last 8 wide
+    (None, 128, 80, torch.bfloat16),
+])
+def test_linear_value_loop_ragged_blocks(target, decay, dk, dv, dtype):
+    """The output kernel's loop over V blocks at the default config where neither head dim is a
+    multiple of the blocks: the last V block's columns past Dv are neither read nor stored, and
+    q's padded columns add nothing to q @ S."""
+    b, h, l = 1, 2, 70
+    q, k = (rand(b, h, l, dk, seed=s).to(dtype) / dk ** 0.5 for s in (1, 2))
+    v = rand(b, h, l, dv, seed=3).to(dtype)
+    g = {None: None, "head": -0.2 * rand(h, seed=4).abs(), "token": -0.3 * rand(b, h, l, seed=4).abs()}[decay]
+    s0 = rand(b, h, dk, dv, seed=5)
+    lin = ae.linear_attention(decay=decay, chunk_size=64)
+    inputs = [t for t in (g, s0) if t is not None]
+    bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), target)
+    assert bundle.grid == [2, 2, 1]
+    (out, state), _ = interpret(bundle, q, k, v, *inputs)
+    wide = [t.double() for t in (q, k, v)] + [None if g is None else g.double()]
+    ref_out, ref_state = lin(*wide, initial_state=s0.double(), return_state=True, backend="reference")
+    for got, want in ((out, ref_out), (state, ref_state)):
+        # bf16 inputs: products of rounded operands, f32 sums; 1% of the largest value.
+        tol = dict(rtol=0, atol=1e-2 * want.abs().max().item()) if dtype == torch.bfloat16 else TOL[torch.float32]
+        torch.testing.assert_close(got.double(), want, **tol)
+
+
 @pytest.mark.parametrize("wide,dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16)])
 def test_linear_gla_scores_numerics(wide, dtype):
     """The split recurrence's "token_dim" scores kernel: a program per chunk (the last chunk of
