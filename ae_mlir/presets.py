@@ -176,11 +176,10 @@ def _backward_overrides(values: dict, typed: dict) -> None:
 _LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3, "decays_num_stages": 1}
 
 
-# GLA's chunk-state kernel walks the chunks one after another, a program per (batch, head, block
-# of state rows): with fewer programs than this, 32-row blocks (twice the programs) won on an
-# H200 (bf16, bench/results/h200-linear-configs-2026-12-03-block-k.json): B 2 H 16 L 8192 took
-# 184 us against 304 at D 64 (32 programs of 64 rows) and 236 against 337 at D 128 (64), B 8 H 16
-# L 2048 D 64 75 against 85 (128); at D 128 (256 programs) 64 rows stayed ahead, 137 against 176.
+# GLA's chunk-state kernel walks the chunks in turn, a program per (batch, head, state-row block):
+# below this many programs 32-row blocks won on an H200 (h200-linear-configs-2026-12-03-block-k):
+# B 2 H 16 L 8192 184 against 304 us at D 64 (32 programs of 64 rows), 236 against 337 at D 128;
+# B 8 H 16 L 2048 D 64 75 against 85 (128); at D 128 (256 programs) 64 rows kept ahead, 137 / 176.
 _STATE_PROGRAMS = 256
 
 
@@ -189,21 +188,19 @@ def linear_config(problem: "Problem", target: str = "cuda:90") -> dict:
     the runtime's 32-bit tile-offset check reads). The chunk-state V blocks stay 64 wide: that
     loop is bound by each step's latency, not by the programs in flight, so narrower blocks (more
     programs) only add work. With the "token_dim" decay the output kernel takes all of V (up to
-    128 columns) in one program, chosen when that kernel still computed the scores (most of its
-    work, not depending on V); the scores kernel now does, and this choice has not been timed
-    again. Its chunk-state kernel, whose steps carry the per-dimension decay, takes 32 state rows
-    per program where 64 would leave fewer than _STATE_PROGRAMS programs."""
-    chunk = problem.chunk_size
+    128 columns) in one program, chosen when it still computed the scores (not timed since the
+    scores kernel does), and the chunk-state kernel 32 state rows per program where 64 would
+    leave fewer than _STATE_PROGRAMS programs."""
+    chunk, hip = problem.chunk_size, target.startswith("hip")
     config = dict(_LINEAR, block_m=chunk, block_n=chunk)
-    if target.startswith("hip"):
+    if hip:
         # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
         config["num_stages"] = 2
-    if problem.decay == "token" and problem.dk > config["block_v"] and not target.startswith("hip"):
-        # Simple GLA's output kernel walks its V blocks in a loop there (the per-row output form,
-        # passes/chunk/step.py): at D 128 on an H200 it took 110-111 us in two stages against
-        # 119-120 in three, while its chunk-state kernel needs three at L 8192 (106 against 172
-        # us; bench/results/h200-linear-configs-2026-12-03-simple-gla-value-loop.json). Retention's
-        # output kernel has the same loop but was not swept; it keeps three.
+    elif problem.decay == "token" and problem.dk > config["block_v"]:
+        # Simple GLA's output kernel loops over V blocks there (passes/chunk/step.py): 110-111 us
+        # in two stages against 119-120 in three at D 128 on an H200, its chunk-state kernel 106
+        # against 172 in three (L 8192; h200-linear-configs-2026-12-03-simple-gla-value-loop).
+        # Retention's output kernel has the same loop but was not swept; it keeps three.
         config.update(num_stages=2, states_num_stages=3)
     if problem.decay == "token_dim":
         config["block_v"] = 128
