@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from ...core import abi
+from ..index_bounds import IndexBounds
 from .linalg import LinalgOps
 from .ops import ELEMENTWISE, TensorOps
-from .values import PRECISION, Dest, Table, fail
+from .values import PRECISION, Dest, Table, fail, padded_size
 
 
 class Kernel(TensorOps, LinalgOps):
@@ -19,6 +20,7 @@ class Kernel(TensorOps, LinalgOps):
         # Static slices of arguments loaded where they are sliced, by their L1 value.
         self.loaded_slices: dict = {}
         self.grid = [int(x) for x in func.attributes[abi.GRID]]
+        self.index_bounds = IndexBounds(padded_size)
 
     def lower_op(self, op) -> None:
         name = op.name

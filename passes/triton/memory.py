@@ -108,14 +108,29 @@ class Memory(TileBuilder):
         value = self.load(ptrs, mask, arg.elt)
         return replace(value, logical=shape, zero_pad=True)
 
-    def gather(self, arg: Arg, indices: list[Value], user) -> Value:
-        """arg[indices...] for index values of any (lazily broadcast) shape; out of range reads 0."""
+    def gather(self, arg: Arg, indices: list[Value], user, inside: list[bool] | None = None) -> Value:
+        """arg[indices...] for index values of any (lazily broadcast) shape; out of range reads 0.
+        A dimension whose index is known `inside` it needs no bounds mask. The indices the whole
+        tile shares (scalars) offset the base pointer once; the tile's own index along a dimension
+        of unit stride is its 32-bit offset as it is (a closure tensor's dimension holds fewer
+        than 2^31 elements), which spares a 64-bit add and a widening per element."""
         if len(indices) != len(arg.shape):
             raise fail(user, f"indexes a rank-{len(arg.shape)} tensor with {len(indices)} indices")
+        inside = inside or [False] * len(indices)
+        uniform = [d for d, idx in enumerate(indices) if not idx.shape]
+        varying = [d for d, idx in enumerate(indices) if idx.shape]
         # A 0-d closure tensor (e.g. `bias[0]` taken in Python) is one scalar at offset 0.
-        offset, mask = self._offset(arg, indices, range(len(indices)))
-        shape = self.join([offset, mask])
-        value = self.load(self.addptr(self.to_shape(arg.ptr, shape), offset), mask, arg.elt)
+        offset, mask = self._terms(arg, indices, uniform, inside)
+        ptr = arg.ptr if offset is None else self.addptr(arg.ptr, offset)
+        narrow = len(varying) == 1 and arg.strides[varying[0]] == 1 and indices[varying[0]].elt == "i32"
+        offset, tile_mask = self._terms(arg, indices, varying, inside, "i32" if narrow else "i64")
+        mask = tile_mask if mask is None else (mask if tile_mask is None else self.op("arith.andi", mask, tile_mask))
+        shape = self.join([v for v in (offset, mask) if v is not None])
+        if shape:
+            ptr = self.to_shape(ptr, shape)
+        if offset is not None:
+            ptr = self.addptr(ptr, self.to_shape(offset, shape))
+        value = self.load(ptr, mask, arg.elt)
         if arg.bool_bytes:
             value = self.cmpi("ne", value, self.const(0, "i8"))
         return value
@@ -162,18 +177,25 @@ class Memory(TileBuilder):
     def _offset(self, arg: Arg, indices: list, dims) -> tuple[Value, Value]:
         """(i64 offset, in-bounds mask) of arg[indices...] over the dimensions `dims` (0 and
         true over none)."""
+        offset, mask = self._terms(arg, indices, dims, [False] * len(indices))
+        return (self.const(0, "i64") if offset is None else offset,
+                self.const(1, "i1") if mask is None else mask)
+
+    def _terms(self, arg: Arg, indices: list, dims, inside: list[bool], elt: str = "i64") -> tuple:
+        """(offset in `elt`, in-bounds mask) of arg[indices...] over the dimensions `dims`; None
+        for an offset over no dimension and for a mask that every index is known to pass."""
         offset, mask = None, None
         for d in dims:
             idx = indices[d]
-            term = self.cast_int(idx, "i64")
+            term = self.cast_int(idx, elt)
             if arg.strides[d] != 1:
-                term = self.op("arith.muli", term, self.cast_int(arg.strides[d], "i64"))
+                term = self.op("arith.muli", term, self.cast_int(arg.strides[d], elt))
             offset = term if offset is None else self.op("arith.addi", offset, term)
+            if inside[d]:
+                continue
             ok = self.op("arith.andi", self.cmpi("sge", idx, self.const(0, idx.elt)),
                          self.cmpi("slt", idx, self.const(arg.shape[d], idx.elt)))
             mask = ok if mask is None else self.op("arith.andi", mask, ok)
-        if offset is None:
-            return self.const(0, "i64"), self.const(1, "i1")
         return offset, mask
 
     def _add_per_element(self, arg: Arg, values: Value, indices: list, varying: list[int]) -> None:

@@ -159,7 +159,8 @@ class TensorOps(Tables, MathExpansions):
             src = self.table_arg(src)
         if not isinstance(src, Arg):
             raise fail(op, "reads elements of closure tensors, block tables or 0-D tensors only")
-        self.values[op.results[0]] = self.gather(src, lowered, op)
+        inside = [self.index_bounds.within(i, 0, n - 1) for i, n in zip(indices, src.shape)]
+        self.values[op.results[0]] = self.gather(src, lowered, op, inside)
 
     def scf_for(self, op) -> None:
         lb, ub, step = (self.scalar(v, op) for v in list(op.operands)[:3])
@@ -240,15 +241,54 @@ class TensorOps(Tables, MathExpansions):
         rtype = op.results[0].type
         elt = element_type(rtype)
         expand = EXPANSIONS.get(name)
-        if expand is not None:
+        narrowed = self._narrowed(op, elt)
+        if narrowed is not None:
+            out = narrowed
+        elif expand is not None:
             out = expand(self, *operands)
         elif name in _CASTS:
             out = self.cast_int(operands[0], elt, signed=name == "arith.index_cast")
+        elif name == "arith.divf" and _power_of_two(constant_value(op.operands[1])):
+            # Exact: 1/c is representable, so x * (1/c) rounds the same quotient once.
+            out = self.op("arith.mulf", operands[0], self.const(repr(1.0 / constant_value(op.operands[1])), elt))
         else:
             attrs = ", ".join(f"{k} = {op.attributes[k]}" for k in op.attributes)
             out = self.op(name, *operands, elt=elt, attrs=attrs)
         logical = logical_shape(rtype) if hasattr(rtype, "shape") else None
         self.values[op.results[0]] = replace(out, logical=logical)
+
+
+    def _narrowed(self, op, elt: str) -> Value | None:
+        """The 64-bit round trips the frontend writes between `index` and floats (index -> i64 ->
+        f32, f32 -> i64 -> index) taken in 32 bits, where `index` is i32: the float of an i64
+        widened from an i32 is the float of the i32, and a float outside i32 converts saturated
+        rather than wrapped (the clamp into a closure tensor that follows keeps its meaning).
+        Conversions from and to i64 run at a quarter of the i32 rate on NVIDIA GPUs."""
+        source = _defining(op.operands[0])
+        if source is None or source.name not in ("arith.index_cast", "arith.extsi"):
+            if op.name == "arith.index_cast" and elt == "i32" and source is not None \
+                    and source.name == "arith.fptosi":
+                return self.op("arith.fptosi", self.get(source.operands[0], op), elt="i32")
+            return None
+        if op.name != "arith.sitofp":
+            return None
+        narrow = self.get(source.operands[0], op)
+        if not isinstance(narrow, Value) or narrow.elt != "i32":
+            return None
+        return self.op("arith.sitofp", narrow, elt=elt)
+
+
+def _defining(value):
+    from mlir import ir
+
+    return None if isinstance(value.owner, ir.Block) else value.owner
+
+
+def _power_of_two(c) -> bool:
+    if not isinstance(c, float) or c == 0.0 or not math.isfinite(c):
+        return False
+    mantissa, exponent = math.frexp(abs(c))
+    return mantissa == 0.5 and -125 < exponent < 126
 
 
 def _collapsed_by(value):

@@ -1,0 +1,251 @@
+"""Bounds of integer values in L1 kernels: the interval each index can take, from constants, the
+grid (`attn.grid`), loop ranges, `linalg.index` over a generic's static domain and the arith ops
+between them.
+
+Upstream's integer range analysis knows neither `linalg.index` nor `attn.program_id`, and
+`int-range-optimizations` keeps a min/max clamp whose operand it proves inside the clamp; both
+matter here, where every closure-tensor read is clamped into its tensor (the frontend's rule) and
+most such indices (`table[h, q_idx - kv_idx + Lk - 1]`) never leave it. `attn-fold-index-clamps`
+drops the clamps this proves redundant and the Triton lowering drops a gather's bounds mask.
+
+A bound is a closed interval (lo, hi) of Python ints, with -inf/inf for an open side. The kernels
+compute indices in 32 bits (Triton's lowering takes `index` as i32), so an interval that leaves
+the i32 range is unknown: the arithmetic could wrap.
+"""
+from __future__ import annotations
+
+import math
+
+UNKNOWN = (-math.inf, math.inf)
+_I32 = (-(2 ** 31), 2 ** 31 - 1)
+
+
+def _fit(lo, hi) -> tuple:
+    """An interval from min, max and select, which cannot wrap: an open side stays open."""
+    if lo > hi:
+        return UNKNOWN
+    return lo if lo >= _I32[0] else -math.inf, hi if hi <= _I32[1] else math.inf
+
+
+def _exact(*points) -> tuple:
+    """The hull of an arithmetic op's results at its operands' bounds, which holds only where no
+    operand is open (an i32 near an open side could wrap) and the hull stays inside i32."""
+    if any(isinstance(p, float) and not math.isfinite(p) for p in points):
+        return UNKNOWN
+    lo, hi = min(points), max(points)
+    return (lo, hi) if _I32[0] <= lo and hi <= _I32[1] else UNKNOWN
+
+
+class IndexBounds:
+    """Memoized bounds of the values of one function (`bounds(value)`); values of other types or
+    of ops it does not model are UNKNOWN. `lanes(n)` is how many lanes the backend computes a
+    tile dimension of n on, padding included: Triton's lowering pads tiles to powers of two and
+    its padding lanes compute (and load) too, so there `linalg.index` reaches lanes(n) - 1."""
+
+    def __init__(self, lanes=None):
+        self._memo: dict = {}
+        self.lanes = lanes or (lambda n: n)
+
+    def bounds(self, value) -> tuple:
+        key = value
+        if key not in self._memo:
+            self._memo[key] = UNKNOWN  # a value reached again through a loop is not bounded by itself
+            self._memo[key] = self._compute(value)
+        return self._memo[key]
+
+    def within(self, value, lo: int, hi: int) -> bool:
+        """Whether `value` provably lies in [lo, hi]."""
+        b = self.bounds(value)
+        return lo <= b[0] and b[1] <= hi
+
+    def _compute(self, value) -> tuple:
+        from mlir import ir
+
+        if isinstance(value.owner, ir.Block):
+            return self._block_argument(ir.BlockArgument(value))
+        op = value.owner
+        name = op.name
+        handler = _OPS.get(name)
+        if handler is None:
+            return UNKNOWN
+        return handler(self, op)
+
+    def _block_argument(self, arg) -> tuple:
+        parent = arg.owner.owner
+        if parent is not None and parent.name == "scf.for" and arg.arg_number == 0:
+            lb, ub, step = (self.bounds(v) for v in list(parent.operands)[:3])
+            if step[0] < 1:
+                return UNKNOWN
+            return _fit(lb[0], ub[1] - 1)
+        return UNKNOWN
+
+    def operand(self, op, i: int) -> tuple:
+        return self.bounds(op.operands[i])
+
+
+def _constant(_, op) -> tuple:
+    from mlir import ir
+
+    attr = op.attributes["value"]
+    if isinstance(attr, ir.IntegerAttr):
+        if isinstance(attr.type, ir.IntegerType) and attr.type.width == 1:
+            return (0, 1) if attr.value else (0, 0)
+        return _fit(attr.value, attr.value)
+    return UNKNOWN
+
+
+def _dense_extract(ib: IndexBounds, op) -> tuple:
+    """tensor.extract of a constant table (the tile lists attn-tile writes): its values' range."""
+    import numpy as np
+    from mlir import ir
+
+    source = op.operands[0].owner
+    if isinstance(source, ir.Block) or source.name != "arith.constant":
+        return UNKNOWN
+    attr = source.attributes["value"]
+    if not isinstance(attr, ir.DenseIntElementsAttr):
+        return UNKNOWN
+    values = np.array(attr)
+    if values.size == 0:
+        return UNKNOWN
+    return _fit(int(values.min()), int(values.max()))
+
+
+def _program_id(_, op) -> tuple:
+    from mlir import ir
+
+    axis = ir.IntegerAttr(op.attributes["axis"]).value
+    func = op.parent
+    while func is not None and func.name != "func.func":
+        func = func.parent
+    if func is not None and "attn.grid" in func.attributes:
+        grid = ir.DenseI64ArrayAttr(func.attributes["attn.grid"])
+        if axis < len(grid) and grid[axis] > 0:
+            return 0, grid[axis] - 1
+    return 0, _I32[1]
+
+
+def _linalg_index(ib: IndexBounds, op) -> tuple:
+    """linalg.index d of the enclosing generic: [0, lanes(n) - 1] for the domain's static size n,
+    read from an operand whose indexing map sends dimension d straight to one of its own."""
+    from mlir import ir
+
+    dim = ir.IntegerAttr(op.attributes["dim"]).value
+    generic = op.parent
+    if generic is None or generic.name != "linalg.generic":
+        return UNKNOWN
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(generic.attributes["indexing_maps"])]
+    for operand, amap in zip(generic.operands, maps):
+        shape = getattr(operand.type, "shape", None)
+        if shape is None:
+            continue
+        for position, expr in enumerate(amap.results):
+            if isinstance(expr, ir.AffineDimExpr) and expr.position == dim \
+                    and shape[position] != ir.ShapedType.get_dynamic_size():
+                return _fit(0, ib.lanes(shape[position]) - 1)
+    return UNKNOWN
+
+
+def _cast(ib: IndexBounds, op) -> tuple:
+    """A cast keeps the value; from a type wider than 32 bits (i64 to index, an i32 in Triton's
+    kernels) it truncates, which keeps only a bound known on both sides."""
+    a = ib.operand(op, 0)
+    wide = (_width(op.operands[0]) or 0) > 32
+    return UNKNOWN if wide and not all(math.isfinite(x) for x in a) else a
+
+
+def _add(ib, op):
+    a, b = ib.operand(op, 0), ib.operand(op, 1)
+    return _exact(*(x + y for x in a for y in b))
+
+
+def _sub(ib, op):
+    a, b = ib.operand(op, 0), ib.operand(op, 1)
+    return _exact(*(x - y for x in a for y in b))
+
+
+def _mul(ib, op):
+    a, b = ib.operand(op, 0), ib.operand(op, 1)
+    return _exact(*(x * y for x in a for y in b))
+
+
+def _div(ib, op):
+    a, b = ib.operand(op, 0), ib.operand(op, 1)
+    if b[0] != b[1] or b[0] < 1 or a[0] < 0:
+        return UNKNOWN
+    return _fit(a[0] // b[0], a[1] // b[0] if math.isfinite(a[1]) else math.inf)
+
+
+def _rem(ib, op):
+    a, b = ib.operand(op, 0), ib.operand(op, 1)
+    if b[0] != b[1] or b[0] < 1 or a[0] < 0:
+        return UNKNOWN
+    return (a[0], a[1]) if a[1] < b[0] else (0, b[0] - 1)
+
+
+def _max(ib, op):
+    a, b = ib.operand(op, 0), ib.operand(op, 1)
+    return _fit(max(a[0], b[0]), max(a[1], b[1]))
+
+
+def _min(ib, op):
+    a, b = ib.operand(op, 0), ib.operand(op, 1)
+    return _fit(min(a[0], b[0]), min(a[1], b[1]))
+
+
+def _abs(ib, op):
+    a = ib.operand(op, 0)
+    if a[0] >= 0:
+        return a
+    lo = 0 if a[1] >= 0 else -a[1]
+    return _exact(lo, max(-a[0], a[1]))
+
+
+def _select(ib, op):
+    a, b = ib.operand(op, 1), ib.operand(op, 2)
+    return _fit(min(a[0], b[0]), max(a[1], b[1]))
+
+
+def _boolean(*_):
+    return 0, 1
+
+
+def _width(value) -> int | None:
+    from mlir import ir
+
+    return value.type.width if isinstance(value.type, ir.IntegerType) else None
+
+
+def _extsi(ib, op):
+    # An i1 sign-extends to -1 or 0; the bounds model it unsigned (0 or 1).
+    return (-1, 0) if _width(op.operands[0]) == 1 else _cast(ib, op)
+
+
+def _extui(ib, op):
+    a = ib.operand(op, 0)
+    return (0, 1) if _width(op.operands[0]) == 1 else (a if a[0] >= 0 else UNKNOWN)
+
+
+_OPS = {
+    "arith.constant": _constant,
+    "tensor.extract": _dense_extract,
+    "attn.program_id": _program_id,
+    "linalg.index": _linalg_index,
+    "arith.index_cast": _cast,
+    "arith.index_castui": _cast,
+    "arith.extsi": _extsi,
+    "arith.addi": _add,
+    "arith.subi": _sub,
+    "arith.muli": _mul,
+    "arith.divsi": _div,
+    "arith.divui": _div,
+    "arith.floordivsi": _div,
+    "arith.remsi": _rem,
+    "arith.remui": _rem,
+    "arith.maxsi": _max,
+    "arith.minsi": _min,
+    "math.absi": _abs,
+    "arith.select": _select,
+    "arith.cmpi": _boolean,
+    "arith.extui": _extui,
+}
