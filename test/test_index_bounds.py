@@ -1,0 +1,114 @@
+"""The interval analysis behind attn-fold-index-clamps and the Triton gathers' bounds masks
+(passes/index_bounds.py): each op's rule, the i32 wrap-around it must not assume away, padding
+lanes, and that every catalogue variant's kernels keep their closure reads inside their tensors
+at the default GPU configs (the TTIR interpreter faults on any read outside a buffer)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ae_mlir import variants
+from ae_mlir.backends import triton as tb
+from ae_mlir.core.context import new_context, parse_module
+from ae_mlir.passes.index_bounds import UNKNOWN, IndexBounds
+from ae_mlir.passes.triton.values import padded_size
+
+from bundle_interp import interpret
+
+INF = math.inf
+
+BODY = """
+func.func @f(%x: index, %y: i64, %f: f32, %c: i1) -> index attributes {attn.grid = array<i64: 1, 4, 8>} {
+  %c0 = arith.constant 0 : index
+  %c3 = arith.constant 3 : index
+  %c7 = arith.constant 7 : index
+  %c100 = arith.constant 100 : index
+  %cbig = arith.constant 2147483000 : index
+  %pid = "attn.program_id"() {axis = 2 : i64, t = "pid"} : () -> index
+  %tile = arith.muli %pid, %c100 {t = "tile"} : index
+  %wrap = arith.addi %tile, %cbig {t = "wrap"} : index
+  %low = arith.maxsi %x, %c0 {t = "low"} : index
+  %clamped = arith.minsi %low, %c7 {t = "clamped"} : index
+  %open_add = arith.addi %low, %c3 {t = "open_add"} : index
+  %diff = arith.subi %clamped, %c7 {t = "diff"} : index
+  %abs64 = arith.index_cast %diff {t = "abs64"} : index to i64
+  %abs = math.absi %abs64 {t = "abs"} : i64
+  %rem = arith.remsi %tile, %c7 {t = "rem"} : index
+  %div = arith.divsi %tile, %c7 {t = "div"} : index
+  %sel = arith.select %c, %clamped, %c100 {t = "sel"} : index
+  %ylow = arith.maxsi %y, %abs64 {t = "ylow"} : i64
+  %ycast = arith.index_cast %ylow {t = "ycast"} : i64 to index
+  %flag = arith.extsi %c {t = "flag"} : i1 to i64
+  %t = tensor.empty() : tensor<24x128xf32>
+  %g = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>], iterator_types = ["parallel", "parallel"]}
+      outs(%t : tensor<24x128xf32>) {
+  ^bb0(%o: f32):
+    %i = linalg.index 0 : index
+    %j = linalg.index 1 : index
+    %s = arith.addi %i, %j {t = "s"} : index
+    linalg.yield %o : f32
+  } -> tensor<24x128xf32>
+  return %c0 : index
+}
+"""
+
+
+def _values(lanes=None) -> tuple:
+    """The analysis, the values of BODY's ops by their tag `t`, and the module that owns them."""
+    from mlir import ir
+
+    module = parse_module(BODY, new_context())
+    named = {}
+
+    def visit(op):
+        if "t" in op.attributes:
+            named[ir.StringAttr(op.attributes["t"]).value] = op.results[0]
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return IndexBounds(lanes), named, module
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("pid", (0, 7)),                 # attn.grid bounds program id 2
+    ("tile", (0, 700)),
+    ("wrap", UNKNOWN),               # 2147483000 + 700 leaves i32: it could wrap
+    ("low", (0, INF)),               # max/min cannot wrap: an open side stays open
+    ("clamped", (0, 7)),
+    ("open_add", UNKNOWN),           # arithmetic on an open side could wrap
+    ("diff", (-7, 0)),
+    ("abs", (0, 7)),
+    ("rem", (0, 6)),
+    ("div", (0, 100)),
+    ("sel", (0, 100)),
+    ("ylow", (-7, INF)),
+    ("ycast", UNKNOWN),              # an i64 truncated to index keeps only a closed bound
+    ("flag", (-1, 0)),               # an i1 sign-extends to -1 or 0
+])
+def test_rules(name, expected):
+    bounds, named, _module = _values()
+    assert bounds.bounds(named[name]) == expected
+
+
+def test_linalg_index_counts_padding_lanes():
+    exact, named, _m1 = _values()
+    padded, named_p, _m2 = _values(padded_size)
+    # A tile dimension of 24 runs on 32 lanes in Triton; their indices reach 31.
+    assert exact.bounds(named["s"]) == (0, 23 + 127)
+    assert padded.bounds(named_p["s"]) == (0, 31 + 127)
+
+
+@pytest.mark.parametrize("name", ["relative_bias", "t5_bias", "alibi", "document"])
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_catalogue_closure_reads_stay_inside(name, target):
+    """A ragged shape (L = 200 on 128-row and 64-column tiles: padding rows and columns in the
+    last tiles) at the default configs; the interpreter raises OutOfBoundsError on a read outside
+    any buffer, and the output matches the float64 reference."""
+    attn, shape = variants.build(name, variants.Shape(1, 2, 200, 200, 64, 64))
+    q, k, v = variants.inputs(shape, torch.float32)
+    bundle = tb.compile_bundle(attn, q, k, v, target=target)
+    out = interpret(bundle, q, k, v, *attn._build(q, k, v)[1])[0][0]
+    expected = attn(q.double(), k.double(), v.double(), backend="reference")
+    assert (out.double() - expected).abs().max().item() < 1e-4
