@@ -230,12 +230,7 @@ class TensorOps(Tables, MathExpansions):
 
     def elementwise(self, op) -> None:
         name = op.name
-        operands = []
-        for v in op.operands:
-            x = self.get(v, op)
-            if not isinstance(x, Value):
-                raise fail(op, "operates on a tensor the Triton lowering cannot express elementwise")
-            operands.append(self.full(x) if x.logical is not None and self.generic_shape is None else x)
+        operands = [self._elementwise_operand(v, op) for v in op.operands]
         if len(op.results) != 1:
             raise fail(op, "must have one result")
         rtype = op.results[0].type
@@ -248,7 +243,7 @@ class TensorOps(Tables, MathExpansions):
             out = expand(self, *operands)
         elif name in _CASTS:
             out = self.cast_int(operands[0], elt, signed=name == "arith.index_cast")
-        elif name == "arith.divf" and _power_of_two(constant_value(op.operands[1])):
+        elif name == "arith.divf" and elt == "f32" and _power_of_two(constant_value(op.operands[1])):
             # Exact: 1/c is representable, so x * (1/c) rounds the same quotient once.
             out = self.op("arith.mulf", operands[0], self.const(repr(1.0 / constant_value(op.operands[1])), elt))
         else:
@@ -257,6 +252,11 @@ class TensorOps(Tables, MathExpansions):
         logical = logical_shape(rtype) if hasattr(rtype, "shape") else None
         self.values[op.results[0]] = replace(out, logical=logical)
 
+    def _elementwise_operand(self, v, op) -> Value:
+        x = self.get(v, op)
+        if not isinstance(x, Value):
+            raise fail(op, "operates on a tensor the Triton lowering cannot express elementwise")
+        return self.full(x) if x.logical is not None and self.generic_shape is None else x
 
     def _narrowed(self, op, elt: str) -> Value | None:
         """The 64-bit round trips the frontend writes between `index` and floats (index -> i64 ->
@@ -264,18 +264,18 @@ class TensorOps(Tables, MathExpansions):
         widened from an i32 is the float of the i32, and a float outside i32 converts saturated
         rather than wrapped (the clamp into a closure tensor that follows keeps its meaning).
         Conversions from and to i64 run at a quarter of the i32 rate on NVIDIA GPUs."""
-        source = _defining(op.operands[0])
+        source = _defining(op.operands[0]) if len(op.operands) else None
         if source is None or source.name not in ("arith.index_cast", "arith.extsi"):
             if op.name == "arith.index_cast" and elt == "i32" and source is not None \
                     and source.name == "arith.fptosi":
-                return self.op("arith.fptosi", self.get(source.operands[0], op), elt="i32")
+                return self.op("arith.fptosi", self._elementwise_operand(source.operands[0], op), elt="i32")
             return None
         if op.name != "arith.sitofp":
             return None
         narrow = self.get(source.operands[0], op)
         if not isinstance(narrow, Value) or narrow.elt != "i32":
             return None
-        return self.op("arith.sitofp", narrow, elt=elt)
+        return self.op("arith.sitofp", self._elementwise_operand(source.operands[0], op), elt=elt)
 
 
 def _defining(value):
@@ -285,6 +285,7 @@ def _defining(value):
 
 
 def _power_of_two(c) -> bool:
+    """Whether c is a power of two whose reciprocal is a normal f32."""
     if not isinstance(c, float) or c == 0.0 or not math.isfinite(c):
         return False
     mantissa, exponent = math.frexp(abs(c))
