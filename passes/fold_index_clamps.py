@@ -8,6 +8,7 @@ clamps are two integer ops per score for nothing.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -33,18 +34,15 @@ class FoldIndexClamps(ModulePass):
             fold_index_clamps(func, padded_size if self.padded_tiles else None)
 
 
-def fold_index_clamps(func, lanes=None) -> int:
+def fold_index_clamps(func, lanes=None) -> None:
     """Fold the redundant clamps of one function, whose tiles are computed on `lanes(n)` lanes
-    (IndexBounds); returns how many it dropped."""
+    (IndexBounds)."""
     bounds = IndexBounds(lanes)
-    dropped = 0
     for op in [op for name in _CLAMPS for op in walk(func, name)]:
         kept = _redundant(bounds, op)
         if kept is not None:
             op.results[0].replace_all_uses_with(kept)
             op.erase()
-            dropped += 1
-    return dropped
 
 
 def _redundant(bounds: IndexBounds, op):
@@ -55,8 +53,8 @@ def _redundant(bounds: IndexBounds, op):
         lo, hi = bounds.bounds(limit)
         if lo != hi:
             continue
-        if op.name == "arith.maxsi" and bounds.within(other, lo, float("inf")):
+        if op.name == "arith.maxsi" and bounds.within(other, lo, math.inf):
             return other
-        if op.name == "arith.minsi" and bounds.within(other, -float("inf"), hi):
+        if op.name == "arith.minsi" and bounds.within(other, -math.inf, hi):
             return other
     return None

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from ..core import abi
+
 UNKNOWN = (-math.inf, math.inf)
 _I32 = (-(2 ** 31), 2 ** 31 - 1)
 
@@ -47,11 +49,11 @@ class IndexBounds:
         self.lanes = lanes or (lambda n: n)
 
     def bounds(self, value) -> tuple:
-        key = value
-        if key not in self._memo:
-            self._memo[key] = UNKNOWN  # a value reached again through a loop is not bounded by itself
-            self._memo[key] = self._compute(value)
-        return self._memo[key]
+        """The interval of an integer value; of an integer tensor, the interval of its elements."""
+        if value not in self._memo:
+            self._memo[value] = UNKNOWN  # a value reached again through a loop is not bounded by itself
+            self._memo[value] = self._compute(value)
+        return self._memo[value]
 
     def within(self, value, lo: int, hi: int) -> bool:
         """Whether `value` provably lies in [lo, hi]."""
@@ -84,6 +86,9 @@ class IndexBounds:
 
 
 def _constant(_, op) -> tuple:
+    """A scalar constant, or the range of a constant table's elements (the tile lists attn-tile
+    writes, which tensor.extract reads)."""
+    import numpy as np
     from mlir import ir
 
     attr = op.attributes["value"]
@@ -91,24 +96,11 @@ def _constant(_, op) -> tuple:
         if isinstance(attr.type, ir.IntegerType) and attr.type.width == 1:
             return (0, 1) if attr.value else (0, 0)
         return _fit(attr.value, attr.value)
+    if isinstance(attr, ir.DenseIntElementsAttr):
+        values = np.array(attr)
+        if values.size:
+            return _fit(int(values.min()), int(values.max()))
     return UNKNOWN
-
-
-def _dense_extract(ib: IndexBounds, op) -> tuple:
-    """tensor.extract of a constant table (the tile lists attn-tile writes): its values' range."""
-    import numpy as np
-    from mlir import ir
-
-    source = op.operands[0].owner
-    if isinstance(source, ir.Block) or source.name != "arith.constant":
-        return UNKNOWN
-    attr = source.attributes["value"]
-    if not isinstance(attr, ir.DenseIntElementsAttr):
-        return UNKNOWN
-    values = np.array(attr)
-    if values.size == 0:
-        return UNKNOWN
-    return _fit(int(values.min()), int(values.max()))
 
 
 def _program_id(_, op) -> tuple:
@@ -118,11 +110,8 @@ def _program_id(_, op) -> tuple:
     func = op.parent
     while func is not None and func.name != "func.func":
         func = func.parent
-    if func is not None and "attn.grid" in func.attributes:
-        grid = ir.DenseI64ArrayAttr(func.attributes["attn.grid"])
-        if axis < len(grid) and grid[axis] > 0:
-            return 0, grid[axis] - 1
-    return 0, _I32[1]
+    grid = abi.grid(func) if func is not None and abi.GRID in func.attributes else []
+    return (0, grid[axis] - 1) if axis < len(grid) and grid[axis] > 0 else (0, _I32[1])
 
 
 def _linalg_index(ib: IndexBounds, op) -> tuple:
@@ -228,7 +217,7 @@ def _extui(ib, op):
 
 _OPS = {
     "arith.constant": _constant,
-    "tensor.extract": _dense_extract,
+    "tensor.extract": lambda ib, op: ib.operand(op, 0),
     "attn.program_id": _program_id,
     "linalg.index": _linalg_index,
     "arith.index_cast": _cast,
