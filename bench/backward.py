@@ -33,7 +33,7 @@ import harness  # noqa: E402
 import suite  # noqa: E402
 
 CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64),
-         ("sigmoid", 128), ("relu", 128)]
+         ("sigmoid", 128), ("relu", 128), ("retnet", 128)]
 BATCH, HEADS, SEQ = 8, 16, 2048
 # (block_m, block_n, num_warps, num_stages): each kernel of the backward timed alone under each
 # (the `sweep` mode), for full and causal attention.
@@ -48,11 +48,20 @@ def _case(variant: str, dim: int) -> suite.Case:
                       dim=dim)
 
 
-def build(out: str) -> None:
+def _selected(only: str) -> list[tuple[str, int]]:
+    """CASES, or those named in `only` ("retnet_d128,causal_d128")."""
+    names = {n for n in only.split(",") if n}
+    unknown = names - {f"{v}_d{d}" for v, d in CASES}
+    if unknown:
+        raise SystemExit(f"unknown cases: {', '.join(sorted(unknown))}")
+    return [(v, d) for v, d in CASES if not names or f"{v}_d{d}" in names]
+
+
+def build(out: str, only: str = "") -> None:
     from ae_mlir.backends import triton as tb
 
     os.makedirs(out, exist_ok=True)
-    for variant, dim in CASES:
+    for variant, dim in _selected(only):
         case = _case(variant, dim)
         attn, shape = suite.softmax_problem(case, "cpu")
         q, k, v = suite.meta_like(shape, case.dtype)
@@ -140,7 +149,7 @@ def _error(got, want) -> float:
     return max(float((g[:1].float() - w).abs().max() / w.abs().max()) for g, w in zip(got, want))
 
 
-def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
+def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = (), only: str = "") -> None:
     """`baselines`: directories of bundles built by other versions of the compiler, whose backward
     is timed beside this one's in the same process (results labelled by directory name)."""
     import torch
@@ -155,7 +164,7 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
            "date": datetime.date.today().isoformat(), "shape": {"B": BATCH, "H": HEADS, "L": SEQ},
            "dtype": "bfloat16", "method": __doc__, "cases": records}
     torch.manual_seed(0)
-    for variant, dim in CASES:
+    for variant, dim in _selected(only):
         case = _case(variant, dim)
         name = f"{variant}_d{dim}"
         attn, shape = suite.softmax_problem(case, device)
@@ -212,6 +221,10 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = ()) -> None:
         try:
             if attn.normalize == "softmax":  # FlexAttention normalizes by softmax only
                 peers["flex_attention"] = suite.flex_callable(attn, shape, device)
+            elif not isinstance(attn.normalize, str):
+                # No peer runs a user's normalizer: torch autograd through the float32 materialized
+                # attention, 256 query rows at a time, is what one writes without ae-mlir.
+                peers["torch_eager_f32"] = lambda a, b, c: suite.attention_reference(attn, a, b, c, rows)
         except Exception as exc:
             rec["results"]["flex_attention"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         causal = suite.SDPA_EQUIVALENT.get(variant)
@@ -272,18 +285,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("build", "run", "sweep", "cpu"))
     parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", default="", help="only these cases, e.g. retnet_d128,causal_d128")
     parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "backward"))
     parser.add_argument("--baseline", action="append", default=[],
                         help="run: also time this directory's backward bundles (another compiler version)")
     args = parser.parse_args(argv)
     if args.mode == "build":
-        build(args.out)
+        build(args.out, args.cases)
     elif args.mode == "sweep":
         sweep(args.bundles, args.out)
     elif args.mode == "cpu":
         cpu(args.out)
     else:
-        run(args.bundles, args.out, tuple(args.baseline))
+        run(args.bundles, args.out, tuple(args.baseline), args.cases)
     return 0
 
 

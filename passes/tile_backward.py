@@ -1,5 +1,6 @@
-"""`attn-tile-backward`: the backward of a softmax attention, or of one whose normalizer acts
-element by element (sigmoid, relu, none), as two L1 kernels, FlashAttention-2's split: one
+"""`attn-tile-backward`: the backward of a softmax attention, of one whose normalizer acts
+element by element (sigmoid, relu, none), or of a user's online normalizer without a running max
+(tile_backward_online), as two L1 kernels, FlashAttention-2's split: one
 program per (batch, KV head, KV block) accumulates dK and dV over the query blocks that see its
 keys, one program per (batch, head, query block) accumulates dQ over its KV blocks.
 
@@ -13,7 +14,8 @@ attn.score_mod_grad) and replaces both with
                                                     grid [B, Hkv, ceil(Lk / block_n)]
 
 (the element-wise normalizers' kernels take neither out, lse, dlse nor delta: abi's
-ELEMENTWISE_BACKWARD_KERNELS; their P = f(s) and dS = f'(s) dP need no row statistic)
+ELEMENTWISE_BACKWARD_KERNELS; their P = f(s) and dS = f'(s) dP need no row statistic; a user
+normalizer's dQ kernel writes its rows' rscale and delta: ONLINE_BACKWARD_KERNELS)
 
 each naming its arguments' roles in `attn.arg_roles`. `out` and `lse` are the forward's output
 and logsumexp, `do` and `dlse` their gradients (dlse zeros where the caller has none). The dQ
@@ -53,7 +55,8 @@ from .l1_builders import (convert, f32, index, index_value, matmul, program_id, 
                           zeros)
 from .l1_ops import fail, ops_named, shape
 from .tile_backward_rows import Rows
-from .tile_backward_tiles import ROW, TILE, TileGradients
+from .tile_backward_online import OnlineGradients
+from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
 from .tile_tables import classify_blocks, table_constants
 from .tile_varlen import sequences_source
@@ -80,7 +83,7 @@ def _transposed(lists: list[list[int]], nn: int) -> list[list[int]]:
     return out
 
 
-class _Backward(TileGradients):
+class _Backward(OnlineGradients):
     """Builds both kernels of one forward/grad function pair."""
 
     def __init__(self, forward, grad, aggregate, block_m: int, block_n: int, whole_tiles: bool = True,
@@ -122,6 +125,8 @@ class _Backward(TileGradients):
                 if self.kind not in abi.BACKWARD_NORMALIZERS:
                     raise fail(op.operation, f"has no backward kernels for normalize '{self.kind}' yet "
                                              f"({', '.join(abi.BACKWARD_NORMALIZERS)} only)")
+                if self.kind == "online":
+                    self._online(op.operation)
             elif name == "attn.score_mod_grad":
                 self.score_mod_grad = op.operation.regions[0]
             elif name == "attn.closure_grad" and self.with_closure_grads:
@@ -136,6 +141,16 @@ class _Backward(TileGradients):
                 self.mask = op.operation.regions[0]
                 # Per-entry key lengths, read once per program as attn-tile does.
                 self.kv_len = op.operation.operands[0] if len(op.operation.operands) else None
+
+    def _online(self, op) -> None:
+        """A user normalizer's regions (attn.normalize_grad: prob, finalize and their derivatives);
+        only without a running max, whose gradient would reach every score of a row through it."""
+        if op.attributes["stat"].value != "none":
+            raise fail(op, "has no backward kernels for a user normalizer with a running max (rescale) yet")
+        if self.with_closure_grads and any(o.operation.name == "attn.closure_grad"
+                                           for o in self.grad_block.operations):
+            raise fail(op, "has no backward kernels for the closure tensors' gradients under a user normalizer yet")
+        self.prob, self.finalize, self.prob_grad, self.finalize_grad = list(op.regions)
 
     def _closure_grad(self, op):
         """(region, rank, groups) of an attn.closure_grad; records which closure tensor it differentiates."""
@@ -240,11 +255,11 @@ class _Backward(TileGradients):
             (1, shape(self.sources[0][0])[2]), (1, shape(self.sources[1][0])[2]))
         row_t = tensor_type([bq, self.h, lq])
         types = {"out": tensor_type([bq, self.h, lq, self.dv], self.elt), "lse": row_t, "dlse": row_t,
-                 "delta": row_t, "dq": tensor_type([bq, self.h, lq, self.dk], self.elt),
+                 "delta": row_t, "rscale": row_t, "dq": tensor_type([bq, self.h, lq, self.dk], self.elt),
                  "dk": tensor_type([bk, self.hkv, lk, self.dk], self.elt),
                  "dv": tensor_type([bk, self.hkv, lk, self.dv], self.elt)}
         types["do"] = types["out"]
-        ins, outs = abi.backward_roles(part, self.row_statistic)
+        ins, outs = abi.backward_roles(part, self.kind)
         if part == "dq":
             outs = outs + tuple(self.closure_roles)
             types.update({abi.closure_grad(i): tensor_type(list(self.inputs[len(abi.INPUTS) + i].shape))
@@ -264,7 +279,8 @@ class _Backward(TileGradients):
         bm, bn = self.bm, self.bn
         nn = -(-self.lk // bn)
         entry, args = self.signature(name, "dkdv", [self.b, self.hkv, nn])
-        d_out, lse, delta, dk_dest, dv_dest = (args.get(r) for r in ("do", "lse", "delta", "dk", "dv"))
+        d_out, lse, delta, rscale, dk_dest, dv_dest = (args.get(r) for r in ("do", "lse", "delta", "rscale", "dk",
+                                                                             "dv"))
         q, k, v = (self.packed_arg(i) for i in range(3))
         lists = (_transposed(partial, nn), _transposed(full, nn))
         with ir.InsertionPoint(entry):
@@ -293,8 +309,12 @@ class _Backward(TileGradients):
                         delta_row = q_rows.load(delta, h, m0, bm, None)
                     qk_t = matmul(k_tile, transpose(q_tile), zeros([bn, bm]))
                     dp_t = matmul(v_tile, transpose(do_tile), zeros([bn, bm]))
-                    p_t, ds_t = self.tile_gradients(qk_t, dp_t, neg_lse2, delta_row, pb, h, m0, n0, masked,
-                                                    keys_first=True)
+                    if self.kind == "online":
+                        rows = (q_rows.load(rscale, h, m0, bm, None), q_rows.load(delta, h, m0, bm, None))
+                        p_t, ds_t = self.online_gradients(qk_t, dp_t, rows, pb, h, m0, n0, masked)
+                    else:
+                        p_t, ds_t = self.tile_gradients(qk_t, dp_t, neg_lse2, delta_row, pb, h, m0, n0, masked,
+                                                        keys_first=True)
                     dv_acc = matmul(self.to_input_type(p_t), do_tile, acc[1])
                     dk_acc = matmul(self.to_input_type(ds_t), q_tile, acc[0])
                     return [dk_acc, dv_acc]
@@ -350,6 +370,11 @@ class _Backward(TileGradients):
                 inside = arith.cmpi(arith.CmpIPredicate.slt, m0, index_value(q_rows.length))
                 reach = arith.select(inside, k_rows.reach(bn), index(0))
 
+            if self.kind == "online":
+                self.online_dq(q_tile, do_tile, (q_rows, k_rows), (k, v), (pb, ph, hk, pm, m0), (partial, full),
+                               (dq_dest, delta_dest, args["rscale"]), reach)
+                return
+
             def step(nb, acc, masked):
                 n0 = arith.muli(nb, index(bn))
                 k_tile = k_rows.load(k, hk, n0, bn, self.dk)
@@ -374,11 +399,12 @@ class _Backward(TileGradients):
             func.ReturnOp(results + closures)
 
 
+
 @dataclass(frozen=True)
 class AttnTileBackward(ModulePass):
     name: ClassVar[str] = "attn-tile-backward"
-    summary: ClassVar[str] = ("Tile the backward of a softmax or element-wise-normalized attention (after "
-                              "attn-differentiate) into two "
+    summary: ClassVar[str] = ("Tile the backward of a softmax, element-wise-normalized or user-normalized "
+                              "(no running max) attention (after attn-differentiate) into two "
                               "L1 kernels: dK/dV per KV block, dQ per query block")
 
     block_m: int = option(64, "query rows per tile of the dQ kernel")

@@ -1,6 +1,7 @@
 """The math of one backward tile, shared by `attn-tile-backward`'s two kernels: P and dS from the
 tile's products QK^T and dO V^T, the mask and the mods inlined, for softmax (P from the saved
-logsumexp, in the log2 domain as the forward computes it) and the element-wise normalizers."""
+logsumexp, in the log2 domain as the forward computes it) and the element-wise normalizers
+(a user's online normalizer: tile_backward_online)."""
 from __future__ import annotations
 
 from .l1_builders import KernelBuilder, f32, index, index_value, tensor_type

@@ -252,9 +252,9 @@ def test_closure_gradients_only_when_wanted(monkeypatch):
     calls = []
     run_backward = backends.run_backward
 
-    def recording(text, tensors, backend, closure_grads=True):
+    def recording(text, tensors, backend, closure_grads=True, kind=None):
         calls.append(closure_grads)
-        return run_backward(text, tensors, backend, closure_grads)
+        return run_backward(text, tensors, backend, closure_grads, kind)
 
     monkeypatch.setattr(backends, "run_backward", recording)
     attn = VARIANTS["alibi"](CPU_SHAPE)

@@ -2,7 +2,7 @@
 statistic): `attn-tile-backward`'s dQ and dK/dV kernels without lse, delta or the forward's output,
 checked in the L1 interpreter (float64), on the CPU backend through autograd, and as Triton bundles
 in the TTIR interpreter at each target's default config, all against float64 autograd on the
-reference backend. User normalizers keep the torch backward."""
+reference backend (user normalizers: test_backward_online)."""
 from __future__ import annotations
 
 import pytest
@@ -12,10 +12,9 @@ import ae_mlir as ae
 from ae_mlir import presets, variants
 from ae_mlir.backends import triton as tb
 from ae_mlir.core import abi
-from ae_mlir.frontend import autograd
 from bundle_interp import interpret_roles
 from l1_interp import kernels_of, run_by_role
-from test_backward_kernels import _leaves, _refuse, _relative_error, backward_module, kernels_only
+from test_backward_kernels import _leaves, _relative_error, backward_module, kernels_only
 
 
 def _causal(b, h, i, j):
@@ -126,19 +125,6 @@ def test_triton_bundles_at_the_default_config(name, target, dtype, tol):
         torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=tol, rtol=0, msg=role)
 
 
-def test_user_normalizers_keep_the_torch_backward(monkeypatch):
-    from ae_mlir import backends
-
-    monkeypatch.setattr(backends, "run_backward", _refuse)
-    attn, shape = variants.build("retnet", variants.Shape(1, 2, 32, 32, 16, 16))
-    (q, k, v), d_out, want = _problem(attn, shape, seed=9)
-    text, _ = attn._build(q.float(), k.float(), v.float())
-    assert not autograd.compiled_call(attn, text, q.float(), k.float(), v.float(), "cpu").uses_kernels
-    leaves = _leaves(q, k, v, dtype=torch.float32)
-    got = torch.autograd.grad(attn(*leaves, backend="cpu"), leaves, d_out.float())
-    _assert_close(dict(zip(("dq", "dk", "dv"), got)), want, 1e-4)
-
-
 def test_packed_sigmoid_gradients_on_the_cpu():
     # Sequences of 5, 0, 33 and 17 tokens (one empty), causal within each, the mods seeing the
     # position within the sequence; the oracle runs each sequence alone on the reference backend.
@@ -156,7 +142,7 @@ def test_packed_sigmoid_gradients_on_the_cpu():
         out = attn(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")
         out.backward(d_out.float())
     _assert_close(dict(zip(("dq", "dk", "dv"), (t.grad for t in leaves))), want, 1e-4)
-    # A user normalizer has no kernels, and a packed call has no torch backward.
+    # A user normalizer's packed call has no kernels, and a packed call has no torch backward.
     retnet = ae.attention(normalize=variants.retnet_normalizer(), layout="blhd")
     with pytest.raises(ValueError, match=r"normalize='softmax' or 'sigmoid' or 'relu' or 'none'"):
         retnet(*_leaves(q, k, v, dtype=torch.float32), cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")

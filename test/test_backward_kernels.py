@@ -316,9 +316,9 @@ def test_cpu_softmax_backward_runs_the_kernels(monkeypatch):
     calls = []
     run_backward = backends.run_backward
 
-    def counting(text, tensors, backend, closure_grads=True):
+    def counting(text, tensors, backend, closure_grads=True, kind=None):
         calls.append((backend, sorted(tensors), closure_grads))
-        return run_backward(text, tensors, backend, closure_grads)
+        return run_backward(text, tensors, backend, closure_grads, kind)
 
     monkeypatch.setattr(backends, "run_backward", counting)
     attn, (q, k, v) = _catalogue("alibi")  # a closure tensor that wants no gradient
@@ -367,7 +367,12 @@ def test_uses_kernels_decision():
     assert len(captures) == 1 and c.uses_kernels
     c, _ = call(sigmoid, "cpu")
     assert c.uses_kernels
-    c, _ = call(retnet, "cpu")  # a user normalizer
+    c, _ = call(retnet, "cpu")  # a user normalizer without a running max
+    assert c.uses_kernels
+    by_hand = ae.attention(normalize=ae.OnlineNormalizer(
+        prob=lambda s, m: torch.exp(s - m), finalize=lambda acc, l: acc / l,
+        rescale=lambda m_old, m_new: torch.exp(m_old - m_new)))
+    c, _ = call(by_hand, "cpu")  # one with a running max
     assert not c.uses_kernels
 
 
@@ -394,25 +399,29 @@ def test_tile_backward_without_differentiate_is_a_located_error():
         build_pass_manager("builtin.module(attn-tile-backward)", ctx).run(module.operation)
 
 
-def test_tile_backward_of_a_user_normalizer_names_the_kernels_normalizers():
+def test_tile_backward_of_a_running_max_user_normalizer_is_a_located_error():
     from mlir import ir
 
     from ae_mlir.backends import cpu
 
-    supported = r"\(softmax, sigmoid, relu, none only\)"
-    text = _module_text(variants.build("retnet", CPU_SHAPE)[0])
-    with pytest.raises(ir.MLIRError, match=r"no backward kernels for normalize 'online' yet " + supported):
+    by_hand = ae.attention(normalize=ae.OnlineNormalizer(
+        prob=lambda s, m: torch.exp(s - m), finalize=lambda acc, l: acc / l,
+        rescale=lambda m_old, m_new: torch.exp(m_old - m_new)))
+    message = r"no backward kernels for a user normalizer with a running max \(rescale\) yet"
+    text = _module_text(by_hand)
+    with pytest.raises(ir.MLIRError, match=message):
         backward_module(text, 16, 16)
     ctx = new_context()
     module = parse_module(text, ctx)
     with ctx:
         create_pass("attn-differentiate").apply(module.operation)
-        with pytest.raises(CompileError, match=supported):
+        with pytest.raises(CompileError, match=message) as info:
             create_pass("attn-tile-backward").apply(module.operation)
+    assert info.value.diagnostics and info.value.diagnostics[0].line is not None
     # The CPU backend's entry point says so too, before compiling anything.
     q, k, v = variants.inputs(variants.Shape(1, 2, 40, 40, 16, 16))
-    with pytest.raises(CompileError, match=r"'online' yet " + supported):
-        cpu.run_backward(text, {"q": q, "k": k, "v": v, "do": torch.zeros_like(v)})
+    with pytest.raises(CompileError, match=message):
+        cpu.run_backward(text, {"q": q, "k": k, "v": v, "do": torch.zeros_like(v)}, kind="online")
 
 
 @pytest.mark.parametrize("option", ["block-m=24", "block-n=0"])

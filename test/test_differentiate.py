@@ -7,7 +7,6 @@ the forward region, so both sides read the same program and only the chain rule 
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

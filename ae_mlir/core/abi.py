@@ -40,18 +40,25 @@ BACKWARD_KERNELS = (("dq", ("out", "do", "lse", "dlse"), ("dq", "delta")),
 # The same for normalizers applied element by element (sigmoid, relu, none): no row statistic, so
 # neither the forward's output nor its logsumexp enters the gradients.
 ELEMENTWISE_BACKWARD_KERNELS = (("dq", ("do",), ("dq",)), ("dkdv", ("do",), ("dk", "dv")))
+# The same for a user's online normalizer without a running max (RetNet's |row sum| division):
+# the dQ kernel sums each row's l = rowsum(p) and rowsum(p * dP) as it goes and writes, per query
+# row, rscale = finalize(1, l) and delta = d finalize(1, l) / dl * rowsum(p * dP), with which the
+# dK/dV kernel forms P = rscale * p and dS = prob'(s) (rscale * dP + delta).
+ONLINE_BACKWARD_KERNELS = (("dq", ("do",), ("dq", "delta", "rscale")),
+                           ("dkdv", ("do", "delta", "rscale"), ("dk", "dv")))
 # The dQ kernel also writes, after its own roles, one closure_grad(i) per closure tensor c<i> whose
 # gradient the score_mod reaches, summed over every score that reads it (f32, c<i>'s shape).
-# The normalize kinds that have backward kernels: softmax, and those applied element by element.
-BACKWARD_NORMALIZERS = ("softmax", "sigmoid", "relu", "none")
+# The normalize kinds that have backward kernels: softmax, those applied element by element, and
+# "online" (a user's normalizer) without a running max.
+BACKWARD_NORMALIZERS = ("softmax", "sigmoid", "relu", "none", "online")
 # What a caller of softmax's backward gives (after q, k, v, the closure tensors and, for every
 # normalizer, do) and gets back.
 BACKWARD_INPUTS = ("out", "do", "lse", "dlse")
 BACKWARD_OUTPUTS = ("dq", "dk", "dv")
 # Per-row statistics [B, H, L]: their row stride is L, which need not be a multiple of 16.
-ROW_STATS = ("lse", "dlse", "delta")
+ROW_STATS = ("lse", "dlse", "delta", "rscale")
 # Tensors the runtime binds by role (strides, alignment checks).
-STREAMS = INPUTS + ("out", "lse", "state", "do", "dlse", "delta", "dq", "dk", "dv")
+STREAMS = INPUTS + ("out", "lse", "state", "do", "dlse", "delta", "rscale", "dq", "dk", "dv")
 # The call-time tile tables, in argument order (ae_mlir.block_mask.BlockMask.tables gives them so).
 CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index")
 
@@ -104,15 +111,16 @@ def is_workspace(role: str) -> bool:
     return role.startswith("w")
 
 
-def backward_kernels(row_statistic: bool = True) -> tuple:
-    """(part, reads, writes) of the backward kernels in launch order: softmax's, which read the
-    forward's logsumexp (`row_statistic`), or the element-wise normalizers'."""
-    return BACKWARD_KERNELS if row_statistic else ELEMENTWISE_BACKWARD_KERNELS
+def backward_kernels(kind: str = "softmax") -> tuple:
+    """(part, reads, writes) of the backward kernels of normalize `kind` in launch order:
+    softmax's, which read the forward's logsumexp, the online normalizers', or the element-wise
+    normalizers'."""
+    return {"softmax": BACKWARD_KERNELS, "online": ONLINE_BACKWARD_KERNELS}.get(kind, ELEMENTWISE_BACKWARD_KERNELS)
 
 
-def backward_roles(part: str, row_statistic: bool = True) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def backward_roles(part: str, kind: str = "softmax") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the roles it reads, the roles it writes) of backward kernel `part` ("dq" or "dkdv")."""
-    for name, reads, writes in backward_kernels(row_statistic):
+    for name, reads, writes in backward_kernels(kind):
         if name == part:
             return reads, writes
     raise KeyError(part)

@@ -120,7 +120,7 @@ def packed_views(q, k, v, layout: str):
 def check_trainable(attn, backend: str) -> None:
     """Gradients of a packed batch come from the backward kernels alone (the torch evaluation of
     the derivative knows no packing): a built-in normalizer, the CPU or Triton backend."""
-    kinds = abi.BACKWARD_NORMALIZERS
+    kinds = tuple(k for k in abi.BACKWARD_NORMALIZERS if k != "online")
     if backend not in ("cpu", "triton") or not isinstance(attn.normalize, str) or attn.normalize not in kinds:
         raise ValueError("gradients of packed variable-length calls (cu_seqlens) run as backward kernels: "
                          f"normalize={' or '.join(repr(k) for k in kinds)} on the 'cpu' or 'triton' backend, "

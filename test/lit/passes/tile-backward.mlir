@@ -8,11 +8,13 @@
 //                accumulating dV += P^T dO and dK += dS^T Q; GQA heads of the group looped inside.
 // Both recompute P = exp2(scale log2(e) QK^T - lse log2(e)) and dS = P * (dO V^T - delta) per tile; partial tiles
 // (the mask, ragged edges) select, full tiles do not; dK and dQ take the scale once at the end.
-// Element-wise normalizers (the sigmoid case) get the same kernels without lse and delta. The
+// Element-wise normalizers (the sigmoid case) get the same kernels without lse and delta; a
+// user normalizer without a running max (RetNet's) gets a dQ kernel that sums each row's l and
+// rowsum(p dP) with two dQ accumulators and writes the rows' delta and rscale for dK/dV. The
 // forward and @f_grad are gone afterwards (the implicit check-nots). The errors are checked
 // with --verify-diagnostics; split-file gives each part its own pipeline.
 // RUN: split-file %s %t
-// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %t/kernels.mlir --implicit-check-not=_grad --implicit-check-not='@causal(' --implicit-check-not='@gqa(' --implicit-check-not='@sigmoid(' --implicit-check-not='@bias(' --implicit-check-not=attn.score --implicit-check-not=attn.aggregate
+// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %t/kernels.mlir --implicit-check-not=_grad --implicit-check-not='@causal(' --implicit-check-not='@gqa(' --implicit-check-not='@sigmoid(' --implicit-check-not='@bias(' --implicit-check-not='@retnet(' --implicit-check-not=attn.score --implicit-check-not=attn.aggregate
 // RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' | mlir-opt --split-input-file --irdl-file=%attn_irdl > /dev/null
 // RUN: ae-opt %t/no-derivative.mlir --pass-pipeline='builtin.module(attn-tile-backward)' --verify-diagnostics
 // RUN: ae-opt %t/online.mlir --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward)' --verify-diagnostics
@@ -328,6 +330,47 @@ func.func @bias(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: tensor
   return %o, %lse : tensor<1x2x64x16xf32>, tensor<1x2x64xf32>
 }
 
+// -----
+
+// RetNet's normalizer, out = (P V) / max(|rowsum P|, 1), L = 40 in 32x32 tiles: no forward
+// statistic. The dQ kernel carries four accumulators through its KV loops, A = (c dP) K and
+// B = c K (c = dp/ds; here 1) and the rows' l and rowsum(p dP): four products per tile, QK^T,
+// dO V^T and the two. After them, rscale = finalize(1, l) = 1 / max(|l|, 1) and delta =
+// d finalize(1, l)/dl rowsum(p dP); it returns dq, delta and rscale. The dK/dV kernel reads both.
+// CHECK-LABEL: func.func @retnet_bwd_dq(
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<1x1x40x16xf32>, %{{[a-z0-9]+}}: tensor<1x1x40x16xf32>, %{{[a-z0-9]+}}: tensor<1x1x40x16xf32>, %[[DO:[a-z0-9]+]]: tensor<1x1x40x16xf32>,
+// CHECK-SAME: %[[DQ:[a-z0-9]+]]: tensor<1x1x40x16xf32>, %[[DELTA:[a-z0-9]+]]: tensor<1x1x40xf32>, %[[RSCALE:[a-z0-9]+]]: tensor<1x1x40xf32>)
+// CHECK-SAME: -> (tensor<1x1x40x16xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>)
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "do", "dq", "delta", "rscale"]
+// CHECK: scf.for {{.*}} -> (tensor<32x16xf32>, tensor<32x16xf32>, tensor<32xf32>, tensor<32xf32>)
+// CHECK-COUNT-4: linalg.matmul
+// CHECK: scf.yield
+// CHECK: math.absf
+// CHECK-NEXT: arith.maximumf
+// CHECK-NEXT: arith.divf
+// CHECK: return %{{.*}}, %{{.*}}, %{{.*}} : tensor<1x1x40x16xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>
+// CHECK-LABEL: func.func @retnet_bwd_dkdv(
+// CHECK-SAME: %[[DO2:[a-z0-9]+]]: tensor<1x1x40x16xf32>, %{{[a-z0-9]+}}: tensor<1x1x40xf32>, %{{[a-z0-9]+}}: tensor<1x1x40xf32>, %{{[a-z0-9]+}}: tensor<1x1x40x16xf32>, %{{[a-z0-9]+}}: tensor<1x1x40x16xf32>)
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "do", "delta", "rscale", "dk", "dv"]
+// CHECK: scf.for {{.*}} -> (tensor<32x16xf32>, tensor<32x16xf32>)
+// CHECK-COUNT-4: linalg.matmul
+func.func @retnet(%q: tensor<1x1x40x16xf32>, %k: tensor<1x1x40x16xf32>, %v: tensor<1x1x40x16xf32>) -> tensor<1x1x40x16xf32> {
+  %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x1x40x16xf32>, tensor<1x1x40x16xf32>) -> tensor<1x1x40x40xf32>
+  %p = "attn.normalize"(%s) ({
+  ^bb0(%x: f32, %m: f32):
+    "gpu.yield"(%x) : (f32) -> ()
+  }, {}, {
+  ^bb0(%acc: f32, %l: f32):
+    %a = math.absf %l : f32
+    %one = arith.constant 1.0 : f32
+    %d = arith.maximumf %a, %one : f32
+    %r = arith.divf %acc, %d : f32
+    "gpu.yield"(%r) : (f32) -> ()
+  }) {kind = "online", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x40x40xf32>) -> tensor<1x1x40x40xf32>
+  %o = "attn.aggregate"(%p, %v) : (tensor<1x1x40x40xf32>, tensor<1x1x40x16xf32>) -> tensor<1x1x40x16xf32>
+  return %o : tensor<1x1x40x16xf32>
+}
+
 //--- no-derivative.mlir
 
 // Without attn-differentiate first there is no @plain_grad to take the chain rule from.
@@ -341,20 +384,24 @@ func.func @plain(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x
 
 //--- online.mlir
 
-// Softmax and the element-wise normalizers have backward kernels; a user normalizer (here
-// RetNet's abs-sum division) does not, and the error points at the normalizer.
+// A user normalizer with a running max (softmax written by hand: prob exp(s - m), rescale
+// exp(m_old - m_new), finalize acc / l) has no backward kernels yet; the error points at it.
 func.func @online(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32> {
   %s = "attn.score"(%q, %k) {scale = 0.125 : f32} : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
-  // expected-error @+1 {{has no backward kernels for normalize 'online' yet (softmax, sigmoid, relu, none only)}}
+  // expected-error @+1 {{has no backward kernels for a user normalizer with a running max (rescale) yet}}
   %p = "attn.normalize"(%s) ({
   ^bb0(%x: f32, %m: f32):
-    "gpu.yield"(%x) : (f32) -> ()
-  }, {}, {
+    %d = arith.subf %x, %m : f32
+    %e = math.exp %d : f32
+    "gpu.yield"(%e) : (f32) -> ()
+  }, {
+  ^bb0(%old: f32, %new: f32):
+    %d = arith.subf %old, %new : f32
+    %e = math.exp %d : f32
+    "gpu.yield"(%e) : (f32) -> ()
+  }, {
   ^bb0(%acc: f32, %l: f32):
-    %a = math.absf %l : f32
-    %one = arith.constant 1.0 : f32
-    %d = arith.maximumf %a, %one : f32
-    %r = arith.divf %acc, %d : f32
+    %r = arith.divf %acc, %l : f32
     "gpu.yield"(%r) : (f32) -> ()
   }) {kind = "online", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
   %o = "attn.aggregate"(%p, %v) : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>

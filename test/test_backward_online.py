@@ -1,0 +1,128 @@
+"""Backward kernels of user normalizers without a running max (RetNet's division by max(|l|, 1),
+or any prob/finalize pair): the dQ kernel sums each row's l and rowsum(p dP) and writes rscale and
+delta for the dK/dV kernel (abi.ONLINE_BACKWARD_KERNELS). Checked in the L1 interpreter
+(float64), on the CPU backend through autograd, and as Triton bundles in the TTIR interpreter at
+each target's default config, all against float64 autograd on the reference backend. A normalizer
+with a running max, and closure tensors that take gradients under a user normalizer, keep the
+torch backward."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import presets, variants
+from ae_mlir.backends import triton as tb
+from ae_mlir.core import abi
+from ae_mlir.frontend import autograd
+from bundle_interp import interpret_roles
+from l1_interp import kernels_of, run_by_role
+from test_backward_elementwise import _assert_close, _problem
+from test_backward_kernels import _leaves, _refuse, backward_module, kernels_only
+
+
+def _sigmoid_sum():
+    """A normalizer whose prob is not linear and whose finalize is not RetNet's: sigmoid(s)
+    divided by 1 + l."""
+    return ae.OnlineNormalizer(prob=lambda s, m: torch.sigmoid(s), finalize=lambda acc, l: acc / (1.0 + l),
+                               name="sigmoid_sum")
+
+
+def _gated(s, b, h, i, j):
+    return s * (1.0 + 0.25 * h) - 0.01 * (i - j)
+
+
+VARIANTS = {
+    "retnet": lambda shape: variants.build("retnet", shape)[0],  # decay score_mod, causal
+    "sigmoid_sum_window": lambda shape: ae.attention(
+        score_mod=_gated, normalize=_sigmoid_sum(), mask_mod=lambda b, h, i, j: (i - j <= 20) & (j - i <= 20)),
+}
+
+# Lq != Lk, neither a multiple of the tiles; GQA (4 query heads on 2 KV heads).
+RAGGED = variants.Shape(2, 4, 45, 70, 16, 16, heads_kv=2)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_l1_kernels_match_autograd(name):
+    attn = VARIANTS[name](RAGGED)
+    (q, k, v), d_out, want = _problem(attn, RAGGED)
+    text, captures = attn._build(q.float(), k.float(), v.float())
+    ctx, module = backward_module(text, 16, 16)
+    with ctx:
+        kernels = kernels_of(module)
+        assert [abi.arg_roles(f)[3:] for f in kernels] == [["do", "dq", "delta", "rscale"],
+                                                           ["do", "delta", "rscale", "dk", "dv"]]
+        got = run_by_role(module, {"q": q, "k": k, "v": v, "do": d_out})
+    _assert_close(got, want, 1e-6)
+
+
+CPU_SHAPE = variants.Shape(1, 4, 64, 80, 16, 16)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_cpu_autograd_runs_the_kernels(name):
+    attn = VARIANTS[name](CPU_SHAPE)
+    (q, k, v), d_out, want = _problem(attn, CPU_SHAPE, seed=3)
+    leaves = _leaves(q, k, v, dtype=torch.float32)
+    with kernels_only():
+        attn(*leaves, backend="cpu").backward(d_out.float())
+    _assert_close(dict(zip(("dq", "dk", "dv"), (t.grad for t in leaves))), want, 1e-4)
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_triton_bundles_at_the_default_config(name, target, dtype, tol):
+    shape = variants.Shape(1, 4, 77, 77, 64, 64, heads_kv=2)
+    attn = VARIANTS[name](shape)
+    (q, k, v), d_out, want = _problem(attn, shape, seed=6)
+    as_input = (lambda t: t.detach().to(dtype))
+    bundle = tb.build_backward_bundle(attn.mlir(as_input(q), as_input(k), as_input(v)), target)
+    expected = presets.backward_config(77, 77, 64, 64, str(dtype).removeprefix("torch."), target)
+    assert {key: bundle.meta["config"][key] for key in expected} == expected
+    assert sorted(spec.role for spec in bundle.workspace) == ["delta", "rscale"]
+    got = interpret_roles(bundle, {"q": as_input(q), "k": as_input(k), "v": as_input(v), "do": as_input(d_out)})
+    for role, reference in zip(("dq", "dk", "dv"), want):
+        scale = reference.abs().max()
+        assert torch.isfinite(got[role]).all(), role
+        torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=tol, rtol=0, msg=role)
+
+
+def _softmax_by_hand():
+    """Softmax written as a user normalizer: its running max takes the torch backward."""
+    return ae.OnlineNormalizer(prob=lambda s, m: torch.exp(s - m), finalize=lambda acc, l: acc / l,
+                               rescale=lambda m_old, m_new: torch.exp(m_old - m_new), name="softmax_by_hand")
+
+
+def _learnable_bias(shape):
+    bias = torch.randn(shape.heads, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    return ae.attention(score_mod=lambda s, b, h, i, j: s + bias[h], normalize=variants.retnet_normalizer()), bias
+
+
+@pytest.mark.parametrize("case", ["running_max", "closure_grad"])
+def test_what_keeps_the_torch_backward(case, monkeypatch):
+    from ae_mlir import backends
+
+    monkeypatch.setattr(backends, "run_backward", _refuse)
+    shape = variants.Shape(1, 2, 32, 32, 16, 16)
+    if case == "running_max":
+        attn, bias = ae.attention(normalize=_softmax_by_hand()), None
+    else:
+        attn, bias = _learnable_bias(shape)
+    q, k, v = variants.inputs(shape, dtype=torch.float64, seed=9)
+    d_out = torch.randn(*q.shape, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    extra = [] if bias is None else [bias.requires_grad_()]
+    leaves = _leaves(q, k, v)
+    want = torch.autograd.grad(attn(*leaves, backend="reference"), leaves + extra, d_out)
+    if bias is not None:
+        bias.grad = None
+        bias32 = bias.detach().float().requires_grad_()
+        attn = ae.attention(score_mod=lambda s, b, h, i, j: s + bias32[h], normalize=variants.retnet_normalizer())
+        extra = [bias32]
+    text, _ = attn._build(q.float(), k.float(), v.float())
+    assert not autograd.compiled_call(attn, text, q.float(), k.float(), v.float(), "cpu").uses_kernels
+    leaves = _leaves(q, k, v, dtype=torch.float32)
+    got = torch.autograd.grad(attn(*leaves, backend="cpu"), leaves + extra, d_out.float())
+    _assert_close(dict(zip(("dq", "dk", "dv"), got)), want, 1e-4)
+    if bias is not None:
+        assert (got[3].double() - want[3]).abs().max() / want[3].abs().max() < 1e-4
