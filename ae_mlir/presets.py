@@ -455,18 +455,17 @@ def _flag(value: bool) -> str:
 def stages(preset: str, o: PresetOptions) -> list[Stage]:
     """The preset's stages in order: "l1" (L0 -> L1 kernels), then "ttir" or "llvm"."""
     _check_preset(preset)
-    padded = _flag(preset != "cpu")
-    fold = [f"attn-fold-index-clamps{{padded-tiles={padded}}}", f"attn-tabulate-index-terms{{padded-tiles={padded}}}"]
+    fold = f"attn-fold-index-clamps{{padded-tiles={_flag(preset != 'cpu')}}}"
     if o.backward:
         to_l1 = ["attn-verify", "attn-differentiate",
                  f"attn-tile-backward{{block-m={o.block_m} block-n={o.block_n} dkdv-block-m={o.dkdv_block_m} "
                  f"dkdv-block-n={o.dkdv_block_n} whole-tiles={_flag(o.whole_tiles)} "
-                 f"closure-grads={_flag(o.closure_grads)}}}", *fold]
+                 f"closure-grads={_flag(o.closure_grads)}}}", fold]
     else:
         to_l1 = ["attn-verify", "attn-fuse-online-softmax",
                  f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
                  f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)} "
-                 f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)} whole-tiles={_flag(o.whole_tiles)}}}", *fold]
+                 f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)} whole-tiles={_flag(o.whole_tiles)}}}", fold]
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "

@@ -82,13 +82,6 @@ def _source(value) -> tuple:
     return ("other",)
 
 
-def scalar_op(operation, operand_keys) -> ScalarOp:
-    """One MLIR op as a `ScalarOp` reading `operand_keys`."""
-    attrs = tuple((name, str(operation.attributes[name])) for name in operation.attributes)
-    return ScalarOp(operation.name, tuple(operand_keys), attrs, tuple(str(r.type) for r in operation.results),
-                    tuple(str(v.type) for v in operation.operands))
-
-
 def from_region(region) -> ScalarProgram | None:
     """Read a one-block mod region ending in gpu.yield; None for an empty region."""
     blocks = list(region.blocks)
@@ -119,7 +112,10 @@ def from_region(region) -> ScalarProgram | None:
             raise ValueError(f"'{operation.name}' with regions is not supported inside mod regions")
         for j, r in enumerate(operation.results):
             keys[r] = f"v{len(ops)}_{j}"
-        ops.append(scalar_op(operation, operand_keys))
+        attrs = tuple((name, str(operation.attributes[name])) for name in operation.attributes)
+        ops.append(ScalarOp(operation.name, tuple(operand_keys), attrs,
+                            tuple(str(r.type) for r in operation.results),
+                            tuple(str(v.type) for v in operation.operands)))
     if result is None:
         raise ValueError("mod region does not end with gpu.yield")
     return ScalarProgram(tuple(str(a.type) for a in block.arguments), tuple(ops), result, result_type,
