@@ -125,11 +125,11 @@ def test_triton_bundles_at_the_default_config(name, target, dtype, tol):
         torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=tol, rtol=0, msg=role)
 
 
-def test_packed_sigmoid_gradients_on_the_cpu():
-    # Sequences of 5, 0, 33 and 17 tokens (one empty), causal within each, the mods seeing the
-    # position within the sequence; the oracle runs each sequence alone on the reference backend.
+def check_packed_gradients_on_the_cpu(attn):
+    """Sequences of 5, 0, 33 and 17 tokens (one empty) of `attn` (layout "blhd"), the mods seeing
+    the position within the sequence, through the CPU backward kernels alone; the oracle runs each
+    sequence alone on the reference backend. Returns the float64 q, k, v and cu_seqlens."""
     lens, heads, dim = [5, 0, 33, 17], 2, 16
-    attn = ae.attention(score_mod=_gated, mask_mod=_causal, normalize="sigmoid", layout="blhd")
     gen = torch.Generator().manual_seed(11)
     q, k, v, d_out = (torch.randn(sum(lens), heads, dim, generator=gen, dtype=torch.float64) for _ in range(4))
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
@@ -142,7 +142,16 @@ def test_packed_sigmoid_gradients_on_the_cpu():
         out = attn(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")
         out.backward(d_out.float())
     _assert_close(dict(zip(("dq", "dk", "dv"), (t.grad for t in leaves))), want, 1e-4)
-    # A user normalizer's packed call has no kernels, and a packed call has no torch backward.
-    retnet = ae.attention(normalize=variants.retnet_normalizer(), layout="blhd")
-    with pytest.raises(ValueError, match=r"normalize='softmax' or 'sigmoid' or 'relu' or 'none'"):
-        retnet(*_leaves(q, k, v, dtype=torch.float32), cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")
+    return (q, k, v), cu
+
+
+def test_packed_sigmoid_gradients_on_the_cpu():
+    attn = ae.attention(score_mod=_gated, mask_mod=_causal, normalize="sigmoid", layout="blhd")
+    (q, k, v), cu = check_packed_gradients_on_the_cpu(attn)
+    # A normalizer with a running max has no kernels, and a packed call has no torch backward.
+    by_hand = ae.attention(normalize=ae.OnlineNormalizer(
+        prob=lambda s, m: torch.exp(s - m), finalize=lambda acc, l: acc / l,
+        rescale=lambda m_old, m_new: torch.exp(m_old - m_new), name="by_hand"), layout="blhd")
+    with pytest.raises(ValueError, match=r"normalize='softmax' or 'sigmoid' or 'relu' or 'none' or an "
+                                         r"OnlineNormalizer without rescale .* not normalize='by_hand'"):
+        by_hand(*_leaves(q, k, v, dtype=torch.float32), cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")

@@ -17,7 +17,7 @@ from ae_mlir.core import abi
 from ae_mlir.frontend import autograd
 from bundle_interp import interpret_roles
 from l1_interp import kernels_of, run_by_role
-from test_backward_elementwise import _assert_close, _problem
+from test_backward_elementwise import _assert_close, _problem, check_packed_gradients_on_the_cpu
 from test_backward_kernels import _leaves, _refuse, backward_module, kernels_only
 
 
@@ -67,6 +67,12 @@ def test_cpu_autograd_runs_the_kernels(name):
     with kernels_only():
         attn(*leaves, backend="cpu").backward(d_out.float())
     _assert_close(dict(zip(("dq", "dk", "dv"), (t.grad for t in leaves))), want, 1e-4)
+
+
+def test_packed_gradients_on_the_cpu():
+    attn = ae.attention(score_mod=_gated, normalize=_sigmoid_sum(), layout="blhd",
+                        mask_mod=lambda b, h, i, j: i >= j)
+    check_packed_gradients_on_the_cpu(attn)
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
@@ -126,3 +132,34 @@ def test_what_keeps_the_torch_backward(case, monkeypatch):
     _assert_close(dict(zip(("dq", "dk", "dv"), got)), want, 1e-4)
     if bias is not None:
         assert (got[3].double() - want[3]).abs().max() / want[3].abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_packed_bundles_in_the_ttir_interpreter(target):
+    """Sequences of 70, 0, 17 and 129 tokens packed, RetNet's causal decay within each, float32,
+    against each sequence alone in float64 autograd on the reference backend."""
+    from ae_mlir.frontend import varlen
+
+    lens, heads, dim = [70, 0, 17, 129], 2, 32
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s * torch.exp((i - j) * -0.05),
+                        mask_mod=lambda b, h, i, j: i >= j, normalize=variants.retnet_normalizer(), layout="blhd")
+    gen = torch.Generator().manual_seed(12)
+    q, k, v, d_out = (torch.randn(sum(lens), heads, dim, generator=gen, dtype=torch.float64) for _ in range(4))
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    leaves = _leaves(q, k, v)
+    loss = sum((attn(*(t[a:b].unsqueeze(0) for t in leaves), backend="reference")[0] * d_out[a:b]).sum()
+               for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()) if b > a)
+    want = torch.autograd.grad(loss, leaves)
+    text = attn.mlir(q.float(), k.float(), v.float(), cu_seqlens_q=cu, cu_seqlens_k=cu)
+    views = varlen.packed_views(q.float(), k.float(), v.float(), "blhd")
+    d_view = varlen.packed_views(d_out.float(), d_out.float(), d_out.float(), "blhd")[0]
+    sequences = varlen.prepare(views[0], views[1], cu, cu, None, None, False)
+    tensors = {"q": views[0], "k": views[1], "v": views[2], "do": d_view}
+    # The mods read no closure tensor: the sequences' lengths and offsets are c0, c1, c2.
+    tensors.update({abi.capture(i): c for i, c in enumerate((sequences.kv_len, sequences.cu_q, sequences.cu_k))})
+    got = interpret_roles(tb.build_backward_bundle(text, target), tensors)
+    for role, reference in zip(("dq", "dk", "dv"), want):
+        packed = got[role][0].transpose(0, 1).double()
+        scale = reference.abs().max()
+        assert torch.isfinite(packed).all(), role
+        torch.testing.assert_close(packed / scale, reference / scale, atol=1e-5, rtol=0, msg=role)

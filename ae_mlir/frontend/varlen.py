@@ -119,12 +119,19 @@ def packed_views(q, k, v, layout: str):
 
 def check_trainable(attn, backend: str) -> None:
     """Gradients of a packed batch come from the backward kernels alone (the torch evaluation of
-    the derivative knows no packing): a built-in normalizer, the CPU or Triton backend."""
+    the derivative knows no packing): a built-in normalizer or a user's without a running max, the
+    CPU or Triton backend."""
     kinds = tuple(k for k in abi.BACKWARD_NORMALIZERS if k != "online")
-    if backend not in ("cpu", "triton") or not isinstance(attn.normalize, str) or attn.normalize not in kinds:
+    normalize = attn.normalize
+    if isinstance(normalize, str):
+        supported = normalize in kinds
+    else:
+        supported = getattr(normalize, "rescale", None) is None
+    if backend not in ("cpu", "triton") or not supported:
         raise ValueError("gradients of packed variable-length calls (cu_seqlens) run as backward kernels: "
-                         f"normalize={' or '.join(repr(k) for k in kinds)} on the 'cpu' or 'triton' backend, "
-                         f"not normalize={getattr(attn.normalize, 'name', attn.normalize)!r} on {backend!r}")
+                         f"normalize={' or '.join(repr(k) for k in kinds)} or an OnlineNormalizer without "
+                         f"rescale on the 'cpu' or 'triton' backend, "
+                         f"not normalize={getattr(normalize, 'name', normalize)!r} on {backend!r}")
 
 
 def packed_module_lines(body: list, caps, sequences: Sequences, q, k, v, ret_vals: list, ret_types: list,
