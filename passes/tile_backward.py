@@ -147,9 +147,6 @@ class _Backward(OnlineGradients):
         only without a running max, whose gradient would reach every score of a row through it."""
         if op.attributes["stat"].value != "none":
             raise fail(op, "has no backward kernels for a user normalizer with a running max (rescale) yet")
-        if self.with_closure_grads and any(o.operation.name == "attn.closure_grad"
-                                           for o in self.grad_block.operations):
-            raise fail(op, "has no backward kernels for the closure tensors' gradients under a user normalizer yet")
         self.prob, self.finalize, self.prob_grad, self.finalize_grad = list(op.regions)
 
     def _closure_grad(self, op):
@@ -372,7 +369,7 @@ class _Backward(OnlineGradients):
 
             if self.kind == "online":
                 self.online_dq(q_tile, do_tile, (q_rows, k_rows), (k, v), (pb, ph, hk, pm, m0), (partial, full),
-                               (dq_dest, delta_dest, args["rscale"]), reach)
+                               (dq_dest, delta_dest, args["rscale"]), [args[r] for r in self.closure_roles], reach)
                 return
 
             def step(nb, acc, masked):

@@ -21,6 +21,29 @@ class OnlineGradients(TileGradients):
     finalize_grad (attn.normalize_grad's), and from the kernel builder bm, bn, dk, dv, elt,
     to_input_type and walk."""
 
+    def online_modded(self, qk, pb, h, m0, n0, keys_first: bool = False):
+        """The modified scores x = score_mod(scale qk) of a tile."""
+        from mlir.dialects import arith
+
+        def modded(a):
+            s = arith.mulf(a[0], f32(self.scale))
+            if self.score_mod is None:
+                return s
+            qi, kj, qc, kc = self.positions(m0, n0, keys_first)
+            return self.inline(self.score_mod, [s, pb, h, qc, kc])
+
+        return self.generic([(qk, TILE)], tensor_type(list(qk.type.shape)), modded)
+
+    def online_masked(self, value, pb, h, m0, n0, masked: bool, keys_first: bool = False):
+        """`value` (built inside a tile's generic), 0 at the pairs the mask or the sequences drop."""
+        from mlir.dialects import arith
+
+        if not masked:
+            return value
+        qi, kj, qc, kc = self.positions(m0, n0, keys_first)
+        # A masked pair's local derivative may be inf or NaN: select, do not multiply.
+        return arith.select(self.keep(pb, h, qi, kj, qc, kc), value, f32(0.0))
+
     def online_tile(self, qk, pb, h, m0, n0, masked: bool, keys_first: bool = False):
         """(p, c) of a tile under a user's online normalizer without a running max: p = prob(x, 0)
         of the modified scores x, and c = dp/ds, prob's slope at x through the score_mod's at
@@ -30,30 +53,17 @@ class OnlineGradients(TileGradients):
         from mlir.dialects import arith
 
         tile_t = tensor_type(list(qk.type.shape))
-
-        def modded(a):
-            s = arith.mulf(a[0], f32(self.scale))
-            if self.score_mod is None:
-                return s
-            qi, kj, qc, kc = self.positions(m0, n0, keys_first)
-            return self.inline(self.score_mod, [s, pb, h, qc, kc])
-
-        def masked_value(value):
-            if not masked:
-                return value
-            qi, kj, qc, kc = self.positions(m0, n0, keys_first)
-            # A masked pair's local derivative may be inf or NaN: select, do not multiply.
-            return arith.select(self.keep(pb, h, qi, kj, qc, kc), value, f32(0.0))
-
-        x = self.generic([(qk, TILE)], tile_t, modded)
-        p = self.generic([(x, TILE)], tile_t, lambda a: masked_value(self.inline(self.prob, [a[0], f32(0.0)])))
+        where = (pb, h, m0, n0, masked, keys_first)
+        x = self.online_modded(qk, pb, h, m0, n0, keys_first)
+        p = self.generic([(x, TILE)], tile_t, lambda a: self.online_masked(self.inline(self.prob, [a[0], f32(0.0)]),
+                                                                           *where))
 
         def slope(a):
             c = self.inline(self.prob_grad, [a[1], f32(0.0), f32(1.0)])
             if self.score_mod_grad is not None:
                 qi, kj, qc, kc = self.positions(m0, n0, keys_first)
                 c = self.inline(self.score_mod_grad, [arith.mulf(a[0], f32(self.scale)), c, pb, h, qc, kc])
-            return masked_value(c)
+            return self.online_masked(c, *where)
 
         return p, self.generic([(qk, TILE), (x, TILE)], tile_t, slope)
 
@@ -79,11 +89,12 @@ class OnlineGradients(TileGradients):
                           lambda a: arith.mulf(a[0], arith.addf(arith.mulf(a[2], a[1]), a[3])))
         return probs, ds
 
-    def online_dq(self, q_tile, do_tile, sides, kv, program, lists, dests, reach) -> None:
+    def online_dq(self, q_tile, do_tile, sides, kv, program, lists, dests, closure_dests, reach) -> None:
         """The dQ kernel's loop and results under a user's online normalizer without a running
         max: over the row's KV tiles it sums l = rowsum(p), rowsum(p dP), A = (c dP) K and
         B = c K, and at the end writes dQ = scale (rscale A + delta B) with the rows' rscale and
-        delta (`online_rows`), which the dK/dV kernel reads."""
+        delta (`online_rows`), which the dK/dV kernel reads; with closure gradients, a second
+        walk adds each score's share into `closure_dests`."""
         from mlir.dialects import arith, func
 
         q_rows, k_rows = sides
@@ -116,5 +127,21 @@ class OnlineGradients(TileGradients):
                           tensor_type([bm, self.dk], self.elt),
                           lambda a: convert(arith.mulf(arith.addf(arith.mulf(a[2], a[0]), arith.mulf(a[3], a[1])),
                                                        f32(self.scale)), self.elt))
+        closures = []
+        if self.closure_grads:
+            # The scores' gradients need the rows' rscale and delta, known only now: a second
+            # walk over the row's tiles scatters the closure tensors' shares.
+            def scatter(nb, acc, masked):
+                n0 = arith.muli(nb, index(bn))
+                qk = matmul(q_tile, transpose(k_rows.load(k, hk, n0, bn, self.dk)), zeros([bm, bn]))
+                dp = matmul(do_tile, transpose(k_rows.load(v, hk, n0, bn, self.dv)), zeros([bm, bn]))
+                x = self.online_modded(qk, pb, ph, m0, n0)
+                where = (pb, ph, m0, n0, masked)
+                dm = self.generic([(x, TILE), (dp, TILE), (rscale, ROW), (delta, ROW)], tile_t, lambda a: self.online_masked(
+                    arith.mulf(self.inline(self.prob_grad, [a[0], f32(0.0), f32(1.0)]),
+                               arith.addf(arith.mulf(a[2], a[1]), a[3])), *where))
+                return self.scatter_closure_grads(qk, dm, acc, pb, ph, m0, n0, masked)
+
+            closures = self.walk(lists, pm, list(closure_dests), scatter, reach)
         func.ReturnOp([q_rows.store(dq, dq_dest, ph, m0, bm), q_rows.store(delta, delta_dest, ph, m0, bm),
-                       q_rows.store(rscale, rscale_dest, ph, m0, bm)])
+                       q_rows.store(rscale, rscale_dest, ph, m0, bm)] + closures)

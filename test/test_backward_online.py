@@ -2,9 +2,9 @@
 or any prob/finalize pair): the dQ kernel sums each row's l and rowsum(p dP) and writes rscale and
 delta for the dK/dV kernel (abi.ONLINE_BACKWARD_KERNELS). Checked in the L1 interpreter
 (float64), on the CPU backend through autograd, and as Triton bundles in the TTIR interpreter at
-each target's default config, all against float64 autograd on the reference backend. A normalizer
-with a running max, and closure tensors that take gradients under a user normalizer, keep the
-torch backward."""
+each target's default config, all against float64 autograd on the reference backend, closure
+tensors' gradients included (a second walk of the dQ kernel scatters them once rscale and delta
+are known). A normalizer with a running max keeps the torch backward."""
 from __future__ import annotations
 
 import pytest
@@ -103,38 +103,70 @@ def _softmax_by_hand():
                                rescale=lambda m_old, m_new: torch.exp(m_old - m_new), name="softmax_by_hand")
 
 
-def _learnable_bias(shape):
-    bias = torch.randn(shape.heads, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    return ae.attention(score_mod=lambda s, b, h, i, j: s + bias[h], normalize=variants.retnet_normalizer()), bias
-
-
-@pytest.mark.parametrize("case", ["running_max", "closure_grad"])
-def test_what_keeps_the_torch_backward(case, monkeypatch):
+def test_a_running_max_keeps_the_torch_backward(monkeypatch):
     from ae_mlir import backends
 
     monkeypatch.setattr(backends, "run_backward", _refuse)
     shape = variants.Shape(1, 2, 32, 32, 16, 16)
-    if case == "running_max":
-        attn, bias = ae.attention(normalize=_softmax_by_hand()), None
-    else:
-        attn, bias = _learnable_bias(shape)
-    q, k, v = variants.inputs(shape, dtype=torch.float64, seed=9)
-    d_out = torch.randn(*q.shape, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
-    extra = [] if bias is None else [bias.requires_grad_()]
-    leaves = _leaves(q, k, v)
-    want = torch.autograd.grad(attn(*leaves, backend="reference"), leaves + extra, d_out)
-    if bias is not None:
-        bias.grad = None
-        bias32 = bias.detach().float().requires_grad_()
-        attn = ae.attention(score_mod=lambda s, b, h, i, j: s + bias32[h], normalize=variants.retnet_normalizer())
-        extra = [bias32]
+    attn = ae.attention(normalize=_softmax_by_hand())
+    (q, k, v), d_out, want = _problem(attn, shape, seed=9)
     text, _ = attn._build(q.float(), k.float(), v.float())
     assert not autograd.compiled_call(attn, text, q.float(), k.float(), v.float(), "cpu").uses_kernels
     leaves = _leaves(q, k, v, dtype=torch.float32)
-    got = torch.autograd.grad(attn(*leaves, backend="cpu"), leaves + extra, d_out.float())
+    got = torch.autograd.grad(attn(*leaves, backend="cpu"), leaves, d_out.float())
     _assert_close(dict(zip(("dq", "dk", "dv"), got)), want, 1e-4)
-    if bias is not None:
-        assert (got[3].double() - want[3]).abs().max() / want[3].abs().max() < 1e-4
+
+
+def _learnable(dtype):
+    """RetNet with a learnable per-head decay rate and a learnable table [H, 9] of (q - k) // 8
+    (clamped): the closure tensors' gradients under a user normalizer."""
+    gen = torch.Generator().manual_seed(2)
+    rate = (0.05 * torch.rand(4, generator=gen, dtype=torch.float64)).to(dtype).requires_grad_()
+    table = (0.1 * torch.randn(4, 9, generator=gen, dtype=torch.float64)).to(dtype).requires_grad_()
+
+    def decay(s, b, h, i, j):
+        return s * torch.exp(-rate[h] * (i - j)) + table[h, torch.clamp((i - j) // 8, 0, 8)]
+
+    return ae.attention(score_mod=decay, mask_mod=lambda b, h, i, j: i >= j,
+                        normalize=variants.retnet_normalizer()), [rate, table]
+
+
+def _learnable_problem(shape, seed):
+    """float64 q, k, v, dO and the reference's gradients of q, k, v, rate and table."""
+    attn, closures = _learnable(torch.float64)
+    q, k, v = variants.inputs(shape, dtype=torch.float64, seed=seed)
+    d_out = torch.randn(*q.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    leaves = _leaves(q, k, v)
+    return (q, k, v), d_out, torch.autograd.grad(attn(*leaves, backend="reference"), leaves + closures, d_out)
+
+
+def _assert_relative(got, want, names):
+    for name, g, w in zip(names, got, want):
+        err = float((g.double() - w).abs().max() / w.abs().max())
+        assert err < 1e-4, f"{name}: relative error {err:.3g}"
+
+
+def test_closure_gradients_from_the_cpu_kernels():
+    (q, k, v), d_out, want = _learnable_problem(variants.Shape(1, 4, 50, 50, 16, 16), 4)
+    attn, closures = _learnable(torch.float32)
+    leaves = _leaves(q, k, v, dtype=torch.float32)
+    with kernels_only():
+        got = torch.autograd.grad(attn(*leaves, backend="cpu"), leaves + closures, d_out.float())
+    _assert_relative(got, want, ("dq", "dk", "dv", "d_rate", "d_table"))
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_closure_gradients_from_the_triton_bundles(target):
+    (q, k, v), d_out, want = _learnable_problem(variants.Shape(1, 4, 77, 77, 64, 64), 6)
+    attn, closures = _learnable(torch.float32)
+    q, k, v = (t.float() for t in (q, k, v))
+    text, captures = attn._build(q, k, v)
+    tensors = {"q": q, "k": k, "v": v, "do": d_out.float()}
+    tensors.update({abi.capture(i): c.detach() for i, c in enumerate(captures)})
+    got = interpret_roles(tb.build_backward_bundle(text, target), tensors)
+    positions = {id(c): i for i, c in enumerate(captures)}
+    roles = ["dq", "dk", "dv"] + [abi.closure_grad(positions[id(c)]) for c in closures]
+    _assert_relative([got[r] for r in roles], want, roles)
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])

@@ -1,8 +1,8 @@
 """Autograd for `ae_mlir.attention`: a call whose forward is the compiled kernel and whose
 backward is, for softmax, the element-wise normalizers (sigmoid, relu, none) and user normalizers
 without a running max on the CPU and Triton backends, the two kernels `attn-tile-backward` builds
-from the same L0 module (with the gradients of the closure tensors the score_mod reads, except
-under a user normalizer), and otherwise (user normalizers with a running max, the reference
+from the same L0 module (with the gradients of the closure tensors the score_mod reads), and
+otherwise (user normalizers with a running max, the reference
 backend) torch evaluating the derivative regions `attn-differentiate` compiles (`backward.py`).
 
 The forward runs with its logsumexp result (softmax), which the backward uses to recompute the
@@ -52,10 +52,9 @@ class CompiledCall:
     @property
     def uses_kernels(self) -> bool:
         """Whether the backward runs as compiled kernels (attn-tile-backward): a built-in
-        normalizer, or a user's without a running max whose score_mod's closure tensors take no
-        gradient, on the CPU or Triton backend."""
+        normalizer, or a user's without a running max, on the CPU or Triton backend."""
         derivative = self.derivative
-        if derivative.kind == "online" and (derivative.stat != "none" or derivative.closure_grads):
+        if derivative.kind == "online" and derivative.stat != "none":
             return False
         return self.backend in ("cpu", "triton") and derivative.kind in abi.BACKWARD_NORMALIZERS
 

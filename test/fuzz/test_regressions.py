@@ -26,6 +26,25 @@ def test_closure_tensor_indexed_by_a_python_constant(backend):
                                atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("normalize", ["none", "retnet"])
+def test_closure_read_at_a_python_constant_and_at_a_traced_index_takes_both_gradients(normalize):
+    # table[0] taken in Python is a closure tensor of its own (the element) beside table, which
+    # the traced index reads: the kernels' gradients of both reach table through autograd. The
+    # fuzzer's harness compared table's kernel gradient alone with the whole.
+    from ae_mlir import variants
+
+    table = torch.tensor([1.5410, -0.25], requires_grad=True)
+    norm = variants.retnet_normalizer() if normalize == "retnet" else normalize
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + 2 * table[(0 % 1 + 1) % 1] - table[(i + 1) % 1],
+                        normalize=norm)
+    q, k, v, d_out = (torch.randn(1, 1, 40, 16, generator=torch.Generator().manual_seed(n)) for n in range(4))
+    (got,) = torch.autograd.grad(attn(q, k, v, backend="cpu"), [table], d_out)
+    (want,) = torch.autograd.grad(attn(q.double(), k.double(), v.double(), backend="reference"), [table],
+                                  d_out.double())
+    assert float(want.abs().max()) > 0.1
+    torch.testing.assert_close(got.double(), want.double(), atol=1e-4 * float(want.abs().max()), rtol=0)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_index_expression_folding_to_a_constant(backend):
     # ((0 % 1) + 1) % 1 folds to the constant 0 during tracing; the bounds mask of the gather was
