@@ -16,6 +16,8 @@ SOFTCAP = 30.0
 T5_BUCKETS = 32
 T5_MAX_DISTANCE = 128
 RETNET_GAMMA = 1 - 2.0 ** -5
+# The tempered softmax entry: softmax(s / TEMPERATURE) through a user normalizer.
+TEMPERATURE = 0.5
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,33 @@ def _retnet(shape, device, gen):
     return ae.attention(score_mod=decay, mask_mod=_causal, normalize=retnet_normalizer())
 
 
+def tempered_normalizer(temperature: float = TEMPERATURE):
+    """softmax(s / temperature) as a user's normalizer with a running max (the max of s; the
+    built-in softmax's exp2 and log2(e) folding stay out of it)."""
+    import torch
+
+    import ae_mlir as ae
+
+    inverse = 1.0 / temperature
+
+    def prob(s, m):
+        return torch.exp((s - m) * inverse)
+
+    def rescale(m_old, m_new):
+        return torch.exp((m_old - m_new) * inverse)
+
+    def finalize(acc, l):
+        return torch.where(l == 0.0, 0.0, acc / l)
+
+    return ae.OnlineNormalizer(prob=prob, finalize=finalize, rescale=rescale, name="tempered")
+
+
+def _tempered(shape, device, gen):
+    import ae_mlir as ae
+
+    return ae.attention(mask_mod=_causal, normalize=tempered_normalizer())
+
+
 def _dilated(shape, device, gen):
     import ae_mlir as ae
 
@@ -235,6 +264,8 @@ CATALOGUE: dict[str, Variant] = {v.name: v for v in (
     Variant("sigmoid", "sigmoid attention with a -log(L) bias", _sigmoid),
     Variant("relu", "causal ReLU attention scaled by 1/L", _relu, causal_like=True),
     Variant("retnet", "RetNet parallel form: decay mask, abs-sum normalizer", _retnet, causal_like=True),
+    Variant("tempered", f"causal softmax at temperature {TEMPERATURE}, a user normalizer with a running max",
+            _tempered, causal_like=True),
     Variant("gqa", "causal, 4 query heads per KV head", _causal_attention,
             adjust=lambda s: replace(s, heads_kv=max(1, s.heads // 4)), causal_like=True),
     Variant("mla_dims", "causal, Dk = 192 and Dv = 128 (MLA-like)", _causal_attention,

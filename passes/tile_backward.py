@@ -1,6 +1,6 @@
 """`attn-tile-backward`: the backward of a softmax attention, of one whose normalizer acts
-element by element (sigmoid, relu, none), or of a user's online normalizer without a running max
-(tile_backward_online), as two L1 kernels, FlashAttention-2's split: one
+element by element (sigmoid, relu, none), or of a user's online normalizer (tile_backward_online;
+with a running max, tile_backward_running_max), as two L1 kernels, FlashAttention-2's split: one
 program per (batch, KV head, KV block) accumulates dK and dV over the query blocks that see its
 keys, one program per (batch, head, query block) accumulates dQ over its KV blocks.
 
@@ -15,7 +15,9 @@ attn.score_mod_grad) and replaces both with
 
 (the element-wise normalizers' kernels take neither out, lse, dlse nor delta: abi's
 ELEMENTWISE_BACKWARD_KERNELS; their P = f(s) and dS = f'(s) dP need no row statistic; a user
-normalizer's dQ kernel writes its rows' rscale and delta: ONLINE_BACKWARD_KERNELS)
+normalizer's dQ kernel writes its rows' rscale and delta: ONLINE_BACKWARD_KERNELS, and with a
+running max also the rows' max, the key that attains it and the max's gradient:
+ONLINE_MAX_BACKWARD_KERNELS)
 
 each naming its arguments' roles in `attn.arg_roles`. `out` and `lse` are the forward's output
 and logsumexp, `do` and `dlse` their gradients (dlse zeros where the caller has none). The dQ
@@ -55,7 +57,7 @@ from .l1_builders import (convert, f32, index, index_value, matmul, program_id, 
                           zeros)
 from .l1_ops import fail, ops_named, shape
 from .tile_backward_rows import Rows
-from .tile_backward_online import OnlineGradients
+from .tile_backward_running_max import RunningMaxGradients
 from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
 from .tile_tables import classify_blocks, table_constants
@@ -83,7 +85,7 @@ def _transposed(lists: list[list[int]], nn: int) -> list[list[int]]:
     return out
 
 
-class _Backward(OnlineGradients):
+class _Backward(RunningMaxGradients):
     """Builds both kernels of one forward/grad function pair."""
 
     def __init__(self, forward, grad, aggregate, block_m: int, block_n: int, whole_tiles: bool = True,
@@ -114,7 +116,7 @@ class _Backward(OnlineGradients):
         self.inputs = [a.type for a in self.func_block.arguments]
         self.n_closures = len(self.inputs) - 3
         self.score_mod = self.mask = self.score_mod_grad = self.kv_len = None
-        self.kind = "softmax"
+        self.kind, self.stat = "softmax", "max"
         # (region, rank, groups) per closure gradient, and the closure tensors' positions c<i>.
         self.closure_grads, self.closure_positions = [], []
         for op in grad.regions[0].blocks[0].operations:
@@ -125,8 +127,9 @@ class _Backward(OnlineGradients):
                 if self.kind not in abi.BACKWARD_NORMALIZERS:
                     raise fail(op.operation, f"has no backward kernels for normalize '{self.kind}' yet "
                                              f"({', '.join(abi.BACKWARD_NORMALIZERS)} only)")
+                self.stat = op.operation.attributes["stat"].value
                 if self.kind == "online":
-                    self._online(op.operation)
+                    self.prob, self.finalize, self.prob_grad, self.finalize_grad = list(op.operation.regions)
             elif name == "attn.score_mod_grad":
                 self.score_mod_grad = op.operation.regions[0]
             elif name == "attn.closure_grad" and self.with_closure_grads:
@@ -141,13 +144,6 @@ class _Backward(OnlineGradients):
                 self.mask = op.operation.regions[0]
                 # Per-entry key lengths, read once per program as attn-tile does.
                 self.kv_len = op.operation.operands[0] if len(op.operation.operands) else None
-
-    def _online(self, op) -> None:
-        """A user normalizer's regions (attn.normalize_grad: prob, finalize and their derivatives);
-        only without a running max, whose gradient would reach every score of a row through it."""
-        if op.attributes["stat"].value != "none":
-            raise fail(op, "has no backward kernels for a user normalizer with a running max (rescale) yet")
-        self.prob, self.finalize, self.prob_grad, self.finalize_grad = list(op.regions)
 
     def _closure_grad(self, op):
         """(region, rank, groups) of an attn.closure_grad; records which closure tensor it differentiates."""
@@ -251,12 +247,12 @@ class _Backward(OnlineGradients):
         (bq, lq), (bk, lk) = ((self.b, self.lq), (self.b, self.lk)) if self.sources[0] is None else (
             (1, shape(self.sources[0][0])[2]), (1, shape(self.sources[1][0])[2]))
         row_t = tensor_type([bq, self.h, lq])
-        types = {"out": tensor_type([bq, self.h, lq, self.dv], self.elt), "lse": row_t, "dlse": row_t,
-                 "delta": row_t, "rscale": row_t, "dq": tensor_type([bq, self.h, lq, self.dk], self.elt),
+        types = {role: row_t for role in abi.ROW_STATS}
+        types.update({"out": tensor_type([bq, self.h, lq, self.dv], self.elt), "dq": tensor_type([bq, self.h, lq, self.dk], self.elt),
                  "dk": tensor_type([bk, self.hkv, lk, self.dk], self.elt),
-                 "dv": tensor_type([bk, self.hkv, lk, self.dv], self.elt)}
+                 "dv": tensor_type([bk, self.hkv, lk, self.dv], self.elt)})
         types["do"] = types["out"]
-        ins, outs = abi.backward_roles(part, self.kind)
+        ins, outs = abi.backward_roles(part, self.kind, self.stat)
         if part == "dq":
             outs = outs + tuple(self.closure_roles)
             types.update({abi.closure_grad(i): tensor_type(list(self.inputs[len(abi.INPUTS) + i].shape))
@@ -276,8 +272,10 @@ class _Backward(OnlineGradients):
         bm, bn = self.bm, self.bn
         nn = -(-self.lk // bn)
         entry, args = self.signature(name, "dkdv", [self.b, self.hkv, nn])
-        d_out, lse, delta, rscale, dk_dest, dv_dest = (args.get(r) for r in ("do", "lse", "delta", "rscale", "dk",
-                                                                             "dv"))
+        d_out, lse, delta, dk_dest, dv_dest = (args.get(r) for r in ("do", "lse", "delta", "dk", "dv"))
+        # A user normalizer's rows, which its dQ kernel wrote.
+        online_rows = [args[r] for r in abi.backward_roles("dkdv", self.kind, self.stat)[0][1:]] \
+            if self.kind == "online" else []
         q, k, v = (self.packed_arg(i) for i in range(3))
         lists = (_transposed(partial, nn), _transposed(full, nn))
         with ir.InsertionPoint(entry):
@@ -307,8 +305,15 @@ class _Backward(OnlineGradients):
                     qk_t = matmul(k_tile, transpose(q_tile), zeros([bn, bm]))
                     dp_t = matmul(v_tile, transpose(do_tile), zeros([bn, bm]))
                     if self.kind == "online":
-                        rows = (q_rows.load(rscale, h, m0, bm, None), q_rows.load(delta, h, m0, bm, None))
-                        p_t, ds_t = self.online_gradients(qk_t, dp_t, rows, pb, h, m0, n0, masked)
+                        rows = {r: q_rows.load(t, h, m0, bm, None) for r, t in zip(("delta", "rscale", "rowmax",
+                                                                                   "maxkey", "dmax"), online_rows)}
+                        if self.stat == "max":
+                            rows = [rows[r] for r in ("rowmax", "rscale", "delta", "maxkey", "dmax")]
+                            p_t, ds_t, _ = self.max_tile_gradients(qk_t, dp_t, rows, pb, h, m0, n0, masked,
+                                                                   keys_first=True)
+                        else:
+                            p_t, ds_t = self.online_gradients(qk_t, dp_t, (rows["rscale"], rows["delta"]), pb, h,
+                                                              m0, n0, masked)
                     else:
                         p_t, ds_t = self.tile_gradients(qk_t, dp_t, neg_lse2, delta_row, pb, h, m0, n0, masked,
                                                         keys_first=True)
@@ -368,8 +373,10 @@ class _Backward(OnlineGradients):
                 reach = arith.select(inside, k_rows.reach(bn), index(0))
 
             if self.kind == "online":
-                self.online_dq(q_tile, do_tile, (q_rows, k_rows), (k, v), (pb, ph, hk, pm, m0), (partial, full),
-                               (dq_dest, delta_dest, args["rscale"]), [args[r] for r in self.closure_roles], reach)
+                build = self.max_dq if self.stat == "max" else self.online_dq
+                dests = [args[r] for r in abi.backward_roles("dq", self.kind, self.stat)[1]]
+                build(q_tile, do_tile, (q_rows, k_rows), (k, v), (pb, ph, hk, pm, m0), (partial, full), dests,
+                      [args[r] for r in self.closure_roles], reach)
                 return
 
             def step(nb, acc, masked):
@@ -401,7 +408,7 @@ class _Backward(OnlineGradients):
 class AttnTileBackward(ModulePass):
     name: ClassVar[str] = "attn-tile-backward"
     summary: ClassVar[str] = ("Tile the backward of a softmax, element-wise-normalized or user-normalized "
-                              "(no running max) attention (after attn-differentiate) into two "
+                              "attention (after attn-differentiate) into two "
                               "L1 kernels: dK/dV per KV block, dQ per query block")
 
     block_m: int = option(64, "query rows per tile of the dQ kernel")

@@ -34,15 +34,15 @@ class OnlineGradients(TileGradients):
 
         return self.generic([(qk, TILE)], tensor_type(list(qk.type.shape)), modded)
 
-    def online_masked(self, value, pb, h, m0, n0, masked: bool, keys_first: bool = False):
-        """`value` (built inside a tile's generic), 0 at the pairs the mask or the sequences drop."""
+    def online_masked(self, value, pb, h, m0, n0, masked: bool, keys_first: bool = False, fallback: float = 0.0):
+        """`value` (built inside a tile's generic), `fallback` at the pairs the mask or the sequences drop."""
         from mlir.dialects import arith
 
         if not masked:
             return value
         qi, kj, qc, kc = self.positions(m0, n0, keys_first)
         # A masked pair's local derivative may be inf or NaN: select, do not multiply.
-        return arith.select(self.keep(pb, h, qi, kj, qc, kc), value, f32(0.0))
+        return arith.select(self.keep(pb, h, qi, kj, qc, kc), value, f32(fallback))
 
     def online_tile(self, qk, pb, h, m0, n0, masked: bool, keys_first: bool = False):
         """(p, c) of a tile under a user's online normalizer without a running max: p = prob(x, 0)

@@ -252,9 +252,9 @@ def test_closure_gradients_only_when_wanted(monkeypatch):
     calls = []
     run_backward = backends.run_backward
 
-    def recording(text, tensors, backend, closure_grads=True, kind=None):
+    def recording(text, tensors, backend, closure_grads=True, kind=None, stat="none"):
         calls.append(closure_grads)
-        return run_backward(text, tensors, backend, closure_grads, kind)
+        return run_backward(text, tensors, backend, closure_grads, kind, stat)
 
     monkeypatch.setattr(backends, "run_backward", recording)
     attn = VARIANTS["alibi"](CPU_SHAPE)

@@ -148,10 +148,8 @@ def check_packed_gradients_on_the_cpu(attn):
 def test_packed_sigmoid_gradients_on_the_cpu():
     attn = ae.attention(score_mod=_gated, mask_mod=_causal, normalize="sigmoid", layout="blhd")
     (q, k, v), cu = check_packed_gradients_on_the_cpu(attn)
-    # A normalizer with a running max has no kernels, and a packed call has no torch backward.
-    by_hand = ae.attention(normalize=ae.OnlineNormalizer(
-        prob=lambda s, m: torch.exp(s - m), finalize=lambda acc, l: acc / l,
-        rescale=lambda m_old, m_new: torch.exp(m_old - m_new), name="by_hand"), layout="blhd")
+    # A packed call has no torch backward: the reference backend's gradients are refused.
     with pytest.raises(ValueError, match=r"normalize='softmax' or 'sigmoid' or 'relu' or 'none' or an "
-                                         r"OnlineNormalizer without rescale .* not normalize='by_hand'"):
-        by_hand(*_leaves(q, k, v, dtype=torch.float32), cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")
+                                         r"OnlineNormalizer on the 'cpu' or 'triton' backend, not "
+                                         r"normalize='sigmoid' on 'reference'"):
+        attn(*_leaves(q, k, v, dtype=torch.float32), cu_seqlens_q=cu, cu_seqlens_k=cu, backend="reference")

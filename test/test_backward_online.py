@@ -4,7 +4,7 @@ delta for the dK/dV kernel (abi.ONLINE_BACKWARD_KERNELS). Checked in the L1 inte
 (float64), on the CPU backend through autograd, and as Triton bundles in the TTIR interpreter at
 each target's default config, all against float64 autograd on the reference backend, closure
 tensors' gradients included (a second walk of the dQ kernel scatters them once rscale and delta
-are known). A normalizer with a running max keeps the torch backward."""
+are known). Normalizers with a running max: test_backward_running_max."""
 from __future__ import annotations
 
 import pytest
@@ -14,11 +14,10 @@ import ae_mlir as ae
 from ae_mlir import presets, variants
 from ae_mlir.backends import triton as tb
 from ae_mlir.core import abi
-from ae_mlir.frontend import autograd
 from bundle_interp import interpret_roles
 from l1_interp import kernels_of, run_by_role
 from test_backward_elementwise import _assert_close, _problem, check_packed_gradients_on_the_cpu
-from test_backward_kernels import _leaves, _refuse, backward_module, kernels_only
+from test_backward_kernels import _leaves, backward_module, kernels_only
 
 
 def _sigmoid_sum():
@@ -95,26 +94,6 @@ def test_triton_bundles_at_the_default_config(name, target, dtype, tol):
         scale = reference.abs().max()
         assert torch.isfinite(got[role]).all(), role
         torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=tol, rtol=0, msg=role)
-
-
-def _softmax_by_hand():
-    """Softmax written as a user normalizer: its running max takes the torch backward."""
-    return ae.OnlineNormalizer(prob=lambda s, m: torch.exp(s - m), finalize=lambda acc, l: acc / l,
-                               rescale=lambda m_old, m_new: torch.exp(m_old - m_new), name="softmax_by_hand")
-
-
-def test_a_running_max_keeps_the_torch_backward(monkeypatch):
-    from ae_mlir import backends
-
-    monkeypatch.setattr(backends, "run_backward", _refuse)
-    shape = variants.Shape(1, 2, 32, 32, 16, 16)
-    attn = ae.attention(normalize=_softmax_by_hand())
-    (q, k, v), d_out, want = _problem(attn, shape, seed=9)
-    text, _ = attn._build(q.float(), k.float(), v.float())
-    assert not autograd.compiled_call(attn, text, q.float(), k.float(), v.float(), "cpu").uses_kernels
-    leaves = _leaves(q, k, v, dtype=torch.float32)
-    got = torch.autograd.grad(attn(*leaves, backend="cpu"), leaves, d_out.float())
-    _assert_close(dict(zip(("dq", "dk", "dv"), got)), want, 1e-4)
 
 
 def _learnable(dtype):

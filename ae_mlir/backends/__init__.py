@@ -26,16 +26,16 @@ def run(module_text: str, inputs: list, backend: str, out_dtype, autotune: bool 
 
 
 def run_backward(module_text: str, tensors: dict, backend: str, closure_grads: bool = True,
-                 kind: str | None = None) -> dict:
+                 kind: str | None = None, stat: str = "none") -> dict:
     """dq, dk and dv (by role) of the attention `module_text` (softmax, an element-wise
-    normalizer or an online one without a running max: its normalize `kind`, by default softmax
-    when `tensors` has lse) from its backward kernels, and with `closure_grads` the gradients
+    normalizer or a user's online one: its normalize `kind`, by default softmax when `tensors`
+    has lse, and its `stat`, "max" for a running max) from its backward kernels, and with `closure_grads` the gradients
     dc<i> of the closure tensors the score_mod reads; `tensors` holds q, k, v, the closure
     tensors c<i>, do, and for softmax out, lse and dlse, by role."""
     if backend == "cpu":
         from .cpu import run_backward as run_cpu
 
-        return run_cpu(module_text, tensors, closure_grads, kind)
+        return run_cpu(module_text, tensors, closure_grads, kind, stat)
     if backend == "triton":
         from .triton import run_backward as run_triton
 

@@ -385,7 +385,8 @@ def tuned_blocks(module_text: str, inputs: list, unit_inner_stride: bool = True)
                            launcher, timer=autotune.median_wall_ms)
 
 
-def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, kind: str | None = None) -> dict:
+def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, kind: str | None = None,
+                 stat: str = "none") -> dict:
     """dq, dk and dv of the attention `module_text` from its backward kernels (attn-tile-backward),
     run in order; `tensors` holds q, k, v, the closure tensors c0, c1, ..., do, and for softmax
     out, lse and dlse, by role. Returns the three gradients by role, in q's, k's and v's dtypes,
@@ -393,7 +394,7 @@ def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, ki
     tensors = dict(tensors)
     n_closures = sum(1 for r in tensors if r.startswith("c") and r[1:].isdigit())
     first = abi.input_roles(3 + n_closures)
-    kernels = abi.backward_kernels(kind or ("softmax" if "lse" in tensors else "none"))
+    kernels = abi.backward_kernels(kind or ("softmax" if "lse" in tensors else "none"), stat)
     missing = sorted({r for _, reads, _ in kernels for r in reads} - set(tensors) - {w for *_, ws in kernels for w in ws})
     if missing:
         raise ValueError(f"the backward kernels need the tensors {', '.join(missing)}")

@@ -46,19 +46,26 @@ ELEMENTWISE_BACKWARD_KERNELS = (("dq", ("do",), ("dq",)), ("dkdv", ("do",), ("dk
 # dK/dV kernel forms P = rscale * p and dS = prob'(s) (rscale * dP + delta).
 ONLINE_BACKWARD_KERNELS = (("dq", ("do",), ("dq", "delta", "rscale")),
                            ("dkdv", ("do", "delta", "rscale"), ("dk", "dv")))
+# The same with a running max m (the row's largest modified score, 0 for a row that sees no key):
+# the dQ kernel also writes m ("rowmax"), the first key that attains it ("maxkey", a float index;
+# +inf for a row that sees none) and dmax, the loss's derivative in m, which that key's score
+# takes (the gradient of torch.max's first index): p = prob(s, m) and
+# dS = prob'(s) (rscale * dP + delta) + [key == maxkey] dmax.
+ONLINE_MAX_BACKWARD_KERNELS = (("dq", ("do",), ("dq", "delta", "rscale", "rowmax", "maxkey", "dmax")),
+                               ("dkdv", ("do", "delta", "rscale", "rowmax", "maxkey", "dmax"), ("dk", "dv")))
 # The dQ kernel also writes, after its own roles, one closure_grad(i) per closure tensor c<i> whose
 # gradient the score_mod reaches, summed over every score that reads it (f32, c<i>'s shape).
 # The normalize kinds that have backward kernels: softmax, those applied element by element, and
-# "online" (a user's normalizer) without a running max.
+# "online" (a user's normalizer), with or without a running max.
 BACKWARD_NORMALIZERS = ("softmax", "sigmoid", "relu", "none", "online")
 # What a caller of softmax's backward gives (after q, k, v, the closure tensors and, for every
 # normalizer, do) and gets back.
 BACKWARD_INPUTS = ("out", "do", "lse", "dlse")
 BACKWARD_OUTPUTS = ("dq", "dk", "dv")
 # Per-row statistics [B, H, L]: their row stride is L, which need not be a multiple of 16.
-ROW_STATS = ("lse", "dlse", "delta", "rscale")
+ROW_STATS = ("lse", "dlse", "delta", "rscale", "rowmax", "maxkey", "dmax")
 # Tensors the runtime binds by role (strides, alignment checks).
-STREAMS = INPUTS + ("out", "lse", "state", "do", "dlse", "delta", "rscale", "dq", "dk", "dv")
+STREAMS = INPUTS + ("out", "lse", "state", "do") + ROW_STATS[1:] + ("dq", "dk", "dv")
 # The call-time tile tables, in argument order (ae_mlir.block_mask.BlockMask.tables gives them so).
 CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index")
 
@@ -111,16 +118,18 @@ def is_workspace(role: str) -> bool:
     return role.startswith("w")
 
 
-def backward_kernels(kind: str = "softmax") -> tuple:
+def backward_kernels(kind: str = "softmax", stat: str = "none") -> tuple:
     """(part, reads, writes) of the backward kernels of normalize `kind` in launch order:
-    softmax's, which read the forward's logsumexp, the online normalizers', or the element-wise
-    normalizers'."""
+    softmax's, which read the forward's logsumexp, the online normalizers' (with `stat` "max",
+    those of a running max), or the element-wise normalizers'."""
+    if kind == "online" and stat == "max":
+        return ONLINE_MAX_BACKWARD_KERNELS
     return {"softmax": BACKWARD_KERNELS, "online": ONLINE_BACKWARD_KERNELS}.get(kind, ELEMENTWISE_BACKWARD_KERNELS)
 
 
-def backward_roles(part: str, kind: str = "softmax") -> tuple[tuple[str, ...], tuple[str, ...]]:
+def backward_roles(part: str, kind: str = "softmax", stat: str = "none") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the roles it reads, the roles it writes) of backward kernel `part` ("dq" or "dkdv")."""
-    for name, reads, writes in backward_kernels(kind):
+    for name, reads, writes in backward_kernels(kind, stat):
         if name == part:
             return reads, writes
     raise KeyError(part)

@@ -1,9 +1,8 @@
 """Autograd for `ae_mlir.attention`: a call whose forward is the compiled kernel and whose
 backward is, for softmax, the element-wise normalizers (sigmoid, relu, none) and user normalizers
-without a running max on the CPU and Triton backends, the two kernels `attn-tile-backward` builds
-from the same L0 module (with the gradients of the closure tensors the score_mod reads), and
-otherwise (user normalizers with a running max, the reference
-backend) torch evaluating the derivative regions `attn-differentiate` compiles (`backward.py`).
+on the CPU and Triton backends, the two kernels `attn-tile-backward` builds from the same L0 module
+(with the gradients of the closure tensors the score_mod reads), and on the reference backend
+torch evaluating the derivative regions `attn-differentiate` compiles (`backward.py`).
 
 The forward runs with its logsumexp result (softmax), which the backward uses to recompute the
 probabilities a block of query rows at a time instead of saving them.
@@ -52,11 +51,8 @@ class CompiledCall:
     @property
     def uses_kernels(self) -> bool:
         """Whether the backward runs as compiled kernels (attn-tile-backward): a built-in
-        normalizer, or a user's without a running max, on the CPU or Triton backend."""
-        derivative = self.derivative
-        if derivative.kind == "online" and derivative.stat != "none":
-            return False
-        return self.backend in ("cpu", "triton") and derivative.kind in abi.BACKWARD_NORMALIZERS
+        normalizer or a user's, on the CPU or Triton backend."""
+        return self.backend in ("cpu", "triton") and self.derivative.kind in abi.BACKWARD_NORMALIZERS
 
     def backward(self, q, k, v, captures: list, lse, d_out, d_lse, closures_wanted=None, out=None):
         # Softmax's kernels read the forward's output, which is saved only when they run.
@@ -97,7 +93,7 @@ class CompiledCall:
             d_lse = torch.zeros_like(lse, dtype=torch.float32) if d_lse is None else d_lse.float()
             tensors.update(out=out.detach().to(work), lse=lse.detach().float().contiguous(), dlse=d_lse.contiguous())
         grads = backends.run_backward(self.backward_text, tensors, self.backend, closure_grads=wanted,
-                                      kind=self.derivative.kind)
+                                      kind=self.derivative.kind, stat=self.derivative.stat)
         d_captures = [grads.get(abi.closure_grad(i)) if closures_wanted is None or closures_wanted[i] else None
                       for i in range(len(captures))]
         d_captures = [None if g is None else g.to(t.device, t.dtype) for g, t in zip(d_captures, captures)]

@@ -221,7 +221,8 @@ def _online_backward(block: _Block, modded, visible, d_probs, zero):
     if derivative.stat == "max":
         masked = modded.masked_fill(~visible, -torch.inf)
         m = masked.amax(dim=-1, keepdim=True)
-        m = torch.where(torch.isinf(m) & (m < 0), zero, m)
+        unseen = torch.isinf(m) & (m < 0)
+        m = torch.where(unseen, zero, m)
     m_full = torch.broadcast_to(m, modded.shape)
     (p,) = block.run(prob, [modded, m_full], modded)
     p = torch.where(visible, p, zero)
@@ -233,9 +234,9 @@ def _online_backward(block: _Block, modded, visible, d_probs, zero):
     d_modded, d_m = block.run(prob_grad, [modded, m_full, d_p], modded)
     d_modded = torch.where(visible, d_modded, zero)
     if derivative.stat == "max":
-        # d(row max)/ds: the visible entries equal to the max share it evenly, as torch.amax's
-        # gradient does; a row with no visible entry has the constant m = 0.
-        at_max = visible & (masked == m)
-        d_m = torch.where(visible, d_m, zero).sum(dim=-1, keepdim=True)
-        d_modded = d_modded + at_max * (d_m / at_max.sum(dim=-1, keepdim=True).clamp(min=1))
+        # d(row max)/ds goes to the first visible entry equal to the max, as torch.max's gradient
+        # does and the backward kernels do (tile_backward_running_max); a row with no visible
+        # entry has the constant m = 0.
+        d_m = torch.where(visible & ~unseen, d_m, zero).sum(dim=-1, keepdim=True)
+        d_modded = d_modded.scatter_add(-1, masked.argmax(dim=-1, keepdim=True), d_m)
     return probs, d_modded

@@ -119,18 +119,14 @@ def packed_views(q, k, v, layout: str):
 
 def check_trainable(attn, backend: str) -> None:
     """Gradients of a packed batch come from the backward kernels alone (the torch evaluation of
-    the derivative knows no packing): a built-in normalizer or a user's without a running max, the
-    CPU or Triton backend."""
+    the derivative knows no packing): a built-in normalizer or a user's, the CPU or Triton backend."""
     kinds = tuple(k for k in abi.BACKWARD_NORMALIZERS if k != "online")
     normalize = attn.normalize
-    if isinstance(normalize, str):
-        supported = normalize in kinds
-    else:
-        supported = getattr(normalize, "rescale", None) is None
+    supported = normalize in kinds if isinstance(normalize, str) else True
     if backend not in ("cpu", "triton") or not supported:
         raise ValueError("gradients of packed variable-length calls (cu_seqlens) run as backward kernels: "
-                         f"normalize={' or '.join(repr(k) for k in kinds)} or an OnlineNormalizer without "
-                         f"rescale on the 'cpu' or 'triton' backend, "
+                         f"normalize={' or '.join(repr(k) for k in kinds)} or an OnlineNormalizer "
+                         f"on the 'cpu' or 'triton' backend, "
                          f"not normalize={getattr(normalize, 'name', normalize)!r} on {backend!r}")
 
 

@@ -224,7 +224,7 @@ def programs(draw, max_seq: int = 80, dtypes=(torch.float32, torch.bfloat16, tor
     return Program(
         batch=draw(st.integers(1, 2)), heads=heads, heads_kv=heads_kv, seq_q=seq_q, seq_k=seq_k,
         dim_qk=dim_qk, dim_v=dim_v, dtype=draw(st.sampled_from(dtypes)),
-        normalize=draw(st.sampled_from(["softmax", "softmax", "sigmoid", "relu", "none", "retnet"])),
+        normalize=draw(st.sampled_from(["softmax", "softmax", "sigmoid", "relu", "none", "retnet", "plus_one"])),
         score_tree=score_tree, mask_tree=mask_tree, transposed=draw(st.booleans()), seed=seed,
         captures=[bias, table, doc],
     )

@@ -43,9 +43,22 @@ MAX_SEQ = {"small": 80, "cuda:90": 200, "hip:gfx942": 200}
 TOL = {torch.float32: 3e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
 
+def _exp_difference(a, b):
+    return torch.exp(a - b)
+
+
+# Users' online normalizers: RetNet's division by max(|row sum|, 1), no running max; and one with a
+# running max whose output depends on the max (acc / (l + 1) over exp(x - m)), so that the max's
+# own gradient counts.
+USER_NORMALIZERS = {
+    "retnet": variants.retnet_normalizer(),
+    "plus_one": ae.OnlineNormalizer(prob=_exp_difference, finalize=lambda acc, l: acc / (l + 1.0),
+                                    rescale=_exp_difference, name="plus_one"),
+}
+
+
 def _attention(p: Program):
-    # "retnet": a user's online normalizer (RetNet's division by max(|row sum|, 1)), no running max.
-    normalize = variants.retnet_normalizer() if p.normalize == "retnet" else p.normalize
+    normalize = USER_NORMALIZERS.get(p.normalize, p.normalize)
     return ae.attention(score_mod=p.score_mod(), mask_mod=p.mask_mod(), normalize=normalize)
 
 
@@ -237,7 +250,7 @@ def _backward_case(p: Program, target: str):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_backward_with_learnable_closures_at_default_configs(target):
-    # The backward kernels (softmax, the element-wise normalizers and RetNet's), with the gradients
+    # The backward kernels (softmax, the element-wise normalizers and the users'), with the gradients
     # of the closure tensors the random score_mods read scattered by the dQ kernel, in float32
     # against float64 autograd.
     @seed(SEED + 5)

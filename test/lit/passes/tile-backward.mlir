@@ -10,14 +10,15 @@
 // (the mask, ragged edges) select, full tiles do not; dK and dQ take the scale once at the end.
 // Element-wise normalizers (the sigmoid case) get the same kernels without lse and delta; a
 // user normalizer without a running max (RetNet's) gets a dQ kernel that sums each row's l and
-// rowsum(p dP) with two dQ accumulators and writes the rows' delta and rscale for dK/dV. The
-// forward and @f_grad are gone afterwards (the implicit check-nots). The errors are checked
-// with --verify-diagnostics; split-file gives each part its own pipeline.
+// rowsum(p dP) with two dQ accumulators and writes the rows' delta and rscale for dK/dV; one with
+// a running max (softmax written by hand) walks its KV tiles three times and also writes the
+// rows' max, the key that attains it and the max's gradient. The forward and @f_grad are gone
+// afterwards (the implicit check-nots). The errors are checked with --verify-diagnostics;
+// split-file gives each part its own pipeline.
 // RUN: split-file %s %t
-// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %t/kernels.mlir --implicit-check-not=_grad --implicit-check-not='@causal(' --implicit-check-not='@gqa(' --implicit-check-not='@sigmoid(' --implicit-check-not='@bias(' --implicit-check-not='@retnet(' --implicit-check-not=attn.score --implicit-check-not=attn.aggregate
+// RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' --no-mlir-print-op-generic | FileCheck %t/kernels.mlir --implicit-check-not=_grad --implicit-check-not='@causal(' --implicit-check-not='@gqa(' --implicit-check-not='@sigmoid(' --implicit-check-not='@bias(' --implicit-check-not='@retnet(' --implicit-check-not='@by_hand(' --implicit-check-not=attn.score --implicit-check-not=attn.aggregate
 // RUN: ae-opt %t/kernels.mlir --split-input-file --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward{block-m=32 block-n=32},cse)' | mlir-opt --split-input-file --irdl-file=%attn_irdl > /dev/null
 // RUN: ae-opt %t/no-derivative.mlir --pass-pipeline='builtin.module(attn-tile-backward)' --verify-diagnostics
-// RUN: ae-opt %t/online.mlir --pass-pipeline='builtin.module(attn-differentiate,attn-tile-backward)' --verify-diagnostics
 
 //--- kernels.mlir
 
@@ -371,24 +372,43 @@ func.func @retnet(%q: tensor<1x1x40x16xf32>, %k: tensor<1x1x40x16xf32>, %v: tens
   return %o : tensor<1x1x40x16xf32>
 }
 
-//--- no-derivative.mlir
+// -----
 
-// Without attn-differentiate first there is no @plain_grad to take the chain rule from.
-func.func @plain(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x1x8x8xf32>) -> (tensor<1x1x8x8xf32>, tensor<1x1x8xf32>) {
-  %s = "attn.score"(%q, %k) {scale = 0.125 : f32} : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
-  %p, %lse = "attn.normalize"(%s) ({}, {}, {}) {kind = "softmax", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 1>} : (tensor<1x1x8x8xf32>) -> (tensor<1x1x8x8xf32>, tensor<1x1x8xf32>)
-  // expected-error @+1 {{'attn.aggregate' op has no derivative @plain_grad: run attn-differentiate first}}
-  %o = "attn.aggregate"(%p, %v) : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
-  return %o, %lse : tensor<1x1x8x8xf32>, tensor<1x1x8xf32>
-}
-
-//--- online.mlir
-
-// A user normalizer with a running max (softmax written by hand: prob exp(s - m), rescale
-// exp(m_old - m_new), finalize acc / l) has no backward kernels yet; the error points at it.
-func.func @online(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32> {
-  %s = "attn.score"(%q, %k) {scale = 0.125 : f32} : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
-  // expected-error @+1 {{has no backward kernels for a user normalizer with a running max (rescale) yet}}
+// Softmax written by hand as a user normalizer with a running max m: prob exp(x - m), rescale
+// exp(m_old - m_new), finalize acc / l. L = 40 in 32x32 tiles, so each walk is two loops (the
+// partial tiles, then the full one). The dQ kernel walks its KV tiles three times: the rows' max
+// m (QK^T alone); l, rowsum(p dP), rowsum(dp/dm dP), rowsum(dp/dm) and the first key at the max
+// (a float index, min-reduced); then dQ += dS K with dS = dp/dx (rscale dP + delta) plus the
+// max's gradient at that key. It returns dq and five rows: delta, rscale, rowmax, maxkey, dmax,
+// which the dK/dV kernel reads to form P^T and dS^T.
+// CHECK-LABEL: func.func @by_hand_bwd_dq(
+// CHECK-SAME: -> (tensor<1x1x40x16xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>)
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "do", "dq", "delta", "rscale", "rowmax", "maxkey", "dmax"]
+// CHECK: scf.for {{.*}} -> (tensor<32xf32>) {
+// CHECK: linalg.matmul
+// CHECK-NOT: linalg.matmul
+// CHECK: arith.maximumf
+// CHECK: scf.for {{.*}} -> (tensor<32xf32>) {
+// CHECK: linalg.matmul
+// CHECK-NOT: linalg.matmul
+// CHECK: arith.maximumf
+// CHECK: arith.cmpf oeq
+// CHECK: scf.for {{.*}} -> (tensor<32xf32>, tensor<32xf32>, tensor<32xf32>, tensor<32xf32>, tensor<32xf32>) {
+// CHECK-COUNT-2: linalg.matmul
+// CHECK: arith.sitofp
+// CHECK: arith.minimumf
+// CHECK: scf.for {{.*}} -> (tensor<32xf32>, tensor<32xf32>, tensor<32xf32>, tensor<32xf32>, tensor<32xf32>) {
+// CHECK: scf.for {{.*}} -> (tensor<32x16xf32>) {
+// CHECK-COUNT-3: linalg.matmul
+// CHECK: scf.yield
+// CHECK: scf.for {{.*}} -> (tensor<32x16xf32>) {
+// CHECK: return {{.*}} : tensor<1x1x40x16xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>, tensor<1x1x40xf32>
+// CHECK-LABEL: func.func @by_hand_bwd_dkdv(
+// CHECK-SAME: attn.arg_roles = ["q", "k", "v", "do", "delta", "rscale", "rowmax", "maxkey", "dmax", "dk", "dv"]
+// CHECK: scf.for {{.*}} -> (tensor<32x16xf32>, tensor<32x16xf32>)
+// CHECK-COUNT-4: linalg.matmul
+func.func @by_hand(%q: tensor<1x1x40x16xf32>, %k: tensor<1x1x40x16xf32>, %v: tensor<1x1x40x16xf32>) -> tensor<1x1x40x16xf32> {
+  %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x1x40x16xf32>, tensor<1x1x40x16xf32>) -> tensor<1x1x40x40xf32>
   %p = "attn.normalize"(%s) ({
   ^bb0(%x: f32, %m: f32):
     %d = arith.subf %x, %m : f32
@@ -403,7 +423,18 @@ func.func @online(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1
   ^bb0(%acc: f32, %l: f32):
     %r = arith.divf %acc, %l : f32
     "gpu.yield"(%r) : (f32) -> ()
-  }) {kind = "online", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
+  }) {kind = "online", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x1x40x40xf32>) -> tensor<1x1x40x40xf32>
+  %o = "attn.aggregate"(%p, %v) : (tensor<1x1x40x40xf32>, tensor<1x1x40x16xf32>) -> tensor<1x1x40x16xf32>
+  return %o : tensor<1x1x40x16xf32>
+}
+
+//--- no-derivative.mlir
+
+// Without attn-differentiate first there is no @plain_grad to take the chain rule from.
+func.func @plain(%q: tensor<1x1x8x8xf32>, %k: tensor<1x1x8x8xf32>, %v: tensor<1x1x8x8xf32>) -> (tensor<1x1x8x8xf32>, tensor<1x1x8xf32>) {
+  %s = "attn.score"(%q, %k) {scale = 0.125 : f32} : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
+  %p, %lse = "attn.normalize"(%s) ({}, {}, {}) {kind = "softmax", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 1>} : (tensor<1x1x8x8xf32>) -> (tensor<1x1x8x8xf32>, tensor<1x1x8xf32>)
+  // expected-error @+1 {{'attn.aggregate' op has no derivative @plain_grad: run attn-differentiate first}}
   %o = "attn.aggregate"(%p, %v) : (tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) -> tensor<1x1x8x8xf32>
-  return %o : tensor<1x1x8x8xf32>
+  return %o, %lse : tensor<1x1x8x8xf32>, tensor<1x1x8xf32>
 }
