@@ -57,7 +57,7 @@ def _selected(only: str) -> list[tuple[str, int]]:
     return [(v, d) for v, d in CASES if not names or f"{v}_d{d}" in names]
 
 
-def build(out: str, only: str = "") -> None:
+def build(out: str, only: str = "", sweep_configs: bool = True) -> None:
     from ae_mlir.backends import triton as tb
 
     os.makedirs(out, exist_ok=True)
@@ -72,7 +72,7 @@ def build(out: str, only: str = "") -> None:
         # built, as for a call whose tensors do not require grad.
         tb.build_backward_bundle(text, "cuda:90", {"closure_grads": False}).save(
             os.path.join(out, f"{name}.bwd.json"))
-        if (variant, dim) in SWEEP_CASES:
+        if sweep_configs and (variant, dim) in SWEEP_CASES:
             for bm, bn, warps, stages in SWEEP:
                 config = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages,
                           "dkdv_block_m": bm, "dkdv_block_n": bn, "dkdv_num_warps": warps, "dkdv_num_stages": stages}
@@ -287,11 +287,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", default="", help="only these cases, e.g. retnet_d128,causal_d128")
     parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "backward"))
+    parser.add_argument("--no-sweep", action="store_true", help="build: leave out the sweep's bundles")
     parser.add_argument("--baseline", action="append", default=[],
                         help="run: also time this directory's backward bundles (another compiler version)")
     args = parser.parse_args(argv)
     if args.mode == "build":
-        build(args.out, args.cases)
+        build(args.out, args.cases, not args.no_sweep)
     elif args.mode == "sweep":
         sweep(args.bundles, args.out)
     elif args.mode == "cpu":

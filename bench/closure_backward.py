@@ -8,7 +8,9 @@ tensor requiring grad, bf16, B=8 H=16 L=2048 D=128, in the same process.
 
 Cases (the catalogue's entries, their tensors made learnable): alibi (slopes [H], causal: one
 atomic add per tile), relative_bias (table [H, 2L - 1], no mask: one per score), t5_bias (bias
-[H, 32] by log bucket, no mask: one per score into 32 elements per head). For each, the backward
+[H, 32] by log bucket, no mask: the kernels read it composed per distance, [H, 2L - 1], one add
+per score into that, whose gradient reaches the bias through torch's gather backward, timed with
+the kernels). For each, the backward
 alone in ms and TFLOP/s (2.5x the forward's FLOPs), with the tensor's gradient and without it
 (ae-mlir: the bundle built with closure_grads=False; FlexAttention: the tensor not requiring
 grad), so the cost of the gradient shows. ae-mlir's backward is timed alone (both kernels, from
@@ -80,23 +82,28 @@ def run(bundles: str, out_dir: str) -> None:
         attn, shape = suite.softmax_problem(_case(variant), device)
         q, k, v = suite.softmax_inputs(shape, "bfloat16", device)
         d_out = torch.randn(*q.shape[:3], v.shape[3], dtype=q.dtype, device=device)
-        captures = attn._build(q, k, v)[1]
-        (table,) = captures  # each case reads one float tensor
+        (table,) = attn._build(q, k, v, compose=False)[1]  # each case reads one float tensor
         kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device)
         flops = 2.5 * suite.softmax_flops(shape, kept)
         rec = {"case": variant, "table_shape": list(table.shape), "kept_fraction": kept, "backward_flops": flops,
                "results": {}}
         table.requires_grad_(True)
         want_qkv, want_table = _reference(attn, table, q, k, v, d_out)
+        # What the kernels read: the table, or (T5) the table composed per distance from it.
+        (fed,) = attn._build(q, k, v)[1]
+        rec["kernel_table_shape"] = list(fed.shape)
         fwd = runtime.Bundle.load(os.path.join(bundles, f"{variant}.fwd.json"))
-        out, lse = runtime.launch(fwd, q, k, v, table.detach())
+        out, lse = runtime.launch(fwd, q, k, v, fed.detach())
         tensors = {"q": q, "k": k, "v": v, "do": d_out, "out": out, "lse": lse, "dlse": torch.zeros_like(lse),
-                   "c0": table.detach()}
+                   "c0": fed.detach()}
         for label, file in (("ae_mlir", "bwd"), ("ae_mlir_without_table_grad", "bwd_without")):
             bwd = runtime.Bundle.load(os.path.join(bundles, f"{variant}.{file}.json"))
 
             def backward(bwd=bwd):
-                return runtime.launch_roles(bwd, tensors)
+                grads = runtime.launch_roles(bwd, tensors)
+                if "dc0" in grads and fed is not table:
+                    grads["dc0"] = torch.autograd.grad(fed, table, grads["dc0"], retain_graph=True)[0]
+                return grads
 
             try:
                 grads = backward()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from . import checks, index_check
+from . import checks, index_check, relative_reads
 from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
 from .locations import definition_location, user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
@@ -146,11 +146,13 @@ class attention:
         return tuple(checks.to_bhld(t, self.layout) for t in (q, k, v))
 
     def mlir(self, q, k, v, debug_info: bool = False, kv_len=None, block_table=None, cu_seqlens_q=None,
-             cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> str:
+             cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, compose: bool = True) -> str:
         """The L0 `attn` module for these tensors' shapes and dtypes (generic form); with
         `debug_info`, every op ends with its location in the user's source, as compiling sees it.
         The other arguments are as for a call; of kv_len, block_table and the offsets only the
-        shapes are read (with offsets on the "meta" device, give max_seqlen_q and max_seqlen_k)."""
+        shapes are read (with offsets on the "meta" device, give max_seqlen_q and max_seqlen_k).
+        `compose=False` keeps closure reads indexed by a function of kv_idx - q_idx as the
+        score_mod wrote them (the reference backend's module; relative_reads)."""
         if cu_seqlens_q is not None or cu_seqlens_k is not None:
             from . import varlen
 
@@ -162,7 +164,7 @@ class attention:
         q, k, v, block_table = self._validate_cache(q, k, v, block_table)
         if kv_len is not None and tuple(kv_len.shape) != (q.shape[0],):
             raise ValueError(f"kv_len must have shape ({q.shape[0]},), got {tuple(kv_len.shape)}")
-        text, _ = self._build(q, k, v, kv_len=kv_len, block_table=block_table)
+        text, _ = self._build(q, k, v, kv_len=kv_len, block_table=block_table, compose=compose)
         return text if debug_info else strip_locations(text)
 
     def _validate_cache(self, q, k, v, block_table):
@@ -174,13 +176,16 @@ class attention:
         checks.paged_cache(q, k, v, block_table, checks.FORMS[self.layout])
         return q, k, v, block_table
 
-    def _build(self, q, k, v, clamp: bool = True, kv_len=None, block_table=None, sequences=None) -> tuple[str, list]:
+    def _build(self, q, k, v, clamp: bool = True, kv_len=None, block_table=None, sequences=None,
+               compose: bool = True) -> tuple[str, list]:
         """The L0 module with locations: ops a mod produced point at its lines, the mod ops at its
         definition, the rest at the user's call. `kv_len` (int32 [B]) becomes a closure tensor
         after the mods', the mask's operand; with `block_table` (int32 [B, M]) k and v are page
         pools [P, Hkv, S, D] and the table the last closure tensor; with `sequences`
         (varlen.Sequences) q, k, v are packed [1, H, T, D], the offsets the last two closure
-        tensors, and the results are packed back."""
+        tensors, and the results are packed back. With `compose` (and `clamp`), closure reads
+        indexed by a function of kv_idx - q_idx alone read a tensor composed for this call
+        (relative_reads)."""
         b, h, lq, dk = q.shape
         hkv, dv = v.shape[1], v.shape[3]
         lk = v.shape[2] if block_table is None else v.shape[2] * block_table.shape[1]
@@ -209,6 +214,8 @@ class attention:
                 raise TraceError(f"{name} must return a float score, got a boolean")
             if expr.type == INDEX:
                 expr = _as_float(expr)
+            if compose and clamp and kv_len is None and block_table is None and sequences is None:
+                expr = relative_reads.compose(expr, state, lq, lk)
             args = [("%s", "f32"), ("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
             region = _region(expr, args, state, caps, "s", clamp)
             body.append(f'%modded = "attn.score_mod"({scores}) ({region}) : ({ts}) -> {ts}'
@@ -307,25 +314,29 @@ class attention:
 
             out, lse = compiled_attention(self, q, k, v, backend, kv_len, block_table)
             return (self._out(out), lse) if return_lse else self._out(out)
-        text, captures = self._prepare(q, k, v, kv_len, block_table)
+        # The reference backend evaluates the mods as written: it is the oracle of the composition.
+        compose = backend != "reference"
+        text, captures = self._prepare(q, k, v, kv_len, block_table, compose=compose)
         if wants_grad([q, k, v] + captures):
             from .autograd import compiled_call, differentiable_call
 
-            out, lse = differentiable_call(compiled_call(self, text, q, k, v, backend, kv_len=kv_len), q, k, v,
-                                           captures)
+            out, lse = differentiable_call(compiled_call(self, text, q, k, v, backend, kv_len=kv_len, compose=compose),
+                                           q, k, v, captures)
             return (self._out(out), lse) if return_lse else self._out(out)
         results = _execute(text, [q, k, v] + captures, backend, out_dtype=q.dtype, autotune=self.autotune)
         return (self._out(results[0]), results[1]) if return_lse else self._out(results[0])
 
-    def _prepare(self, q, k, v, kv_len=None, block_table=None, sequences=None) -> tuple[str, list]:
+    def _prepare(self, q, k, v, kv_len=None, block_table=None, sequences=None,
+                 compose: bool = True) -> tuple[str, list]:
         """The L0 module for these [B, H, L, D] tensors (and per-entry key lengths, a paged cache,
         packed sequences) and the closure tensors it takes, checked (devices; indices in checked
-        mode)."""
-        text, captures = self._build(q, k, v, kv_len=kv_len, block_table=block_table, sequences=sequences)
+        mode); `compose` as `_build` takes it."""
+        text, captures = self._build(q, k, v, kv_len=kv_len, block_table=block_table, sequences=sequences,
+                                     compose=compose)
         checks.check_capture_devices(captures, q.device)
         if index_check.enabled(self.check_indices) and captures:
-            unclamped, _ = self._build(q, k, v, clamp=False, kv_len=kv_len, block_table=block_table,
-                                       sequences=sequences)
+            unclamped, read = self._build(q, k, v, clamp=False, kv_len=kv_len, block_table=block_table,
+                                          sequences=sequences)
             mods = {(op, 0): index_check.describe(fn, role) for op, fn, role in (
                 ("attn.score_mod", self.score_mod, "score_mod"), ("attn.mask", self.mask_mod, "mask_mod"))
                 if fn is not None}
@@ -334,7 +345,7 @@ class attention:
                 from .varlen import checked_grid
 
                 grid = checked_grid(q, k, kv_len, block_table, sequences)
-            index_check.check_module(unclamped, [q, k, v] + captures, 3, mods, grid)
+            index_check.check_module(unclamped, [q, k, v] + read, 3, mods, grid)
         return text, captures
 
     def _out(self, out):

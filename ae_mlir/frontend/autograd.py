@@ -102,7 +102,7 @@ class CompiledCall:
 
 def compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> CompiledCall:
     """The `CompiledCall` of `attn` for the module `text` (built from q, k, v and `call_args`:
-    kv_len, sequences, as `attn._build` takes them); NotImplementedError naming the mods and the
+    kv_len, sequences, compose, as `attn._build` takes them); NotImplementedError naming the mods and the
     normalizer when the derivative cannot be built."""
     from ..core.context import CompileError
 

@@ -30,7 +30,9 @@ def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest:
         from .varlen import Sequences
 
         sequences, kv_len = Sequences(cu_q, cu_k, kv_len, *longest), None
-    text, traced = attn._prepare(q, k, v, kv_len, block_table, sequences)
+    # The op takes the closure tensors the mods read, as found at construction, so the module must
+    # read those too: no composed relative reads under torch.compile.
+    text, traced = attn._prepare(q, k, v, kv_len, block_table, sequences, compose=False)
     traced = traced[:len(traced) - len(_present(cache))]
     given = _kernel_captures(captures)
     if [(tuple(t.shape), t.dtype) for t in traced] != [(tuple(t.shape), t.dtype) for t in given]:
@@ -39,7 +41,8 @@ def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest:
                            "where they read them when it was constructed; under torch.compile a mod must keep "
                            "reading its closure tensors through the same names: construct the attention again "
                            "after changing what its mods read")
-    return compiled_call(attn, text, q, k, v, backend, kv_len=kv_len, block_table=block_table, sequences=sequences)
+    return compiled_call(attn, text, q, k, v, backend, kv_len=kv_len, block_table=block_table, sequences=sequences,
+                         compose=False)
 
 
 def _present(cache: list) -> list:

@@ -1,0 +1,169 @@
+"""Closure reads indexed by a function of the relative position alone, composed once per call.
+
+T5's bias reads table[h, bucket(kv_idx - q_idx)]: a log and a few selects per score, then a
+gather that depends on them, for a value that depends on the pair only through its distance
+d = kv_idx - q_idx. A call with Lq queries and Lk keys has Lq + Lk - 1 distances; `compose`
+evaluates the index once for each (in int64/float64, as the reference executor evaluates a mod),
+gathers the table along that dimension into a tensor with Lq + Lk - 1 entries there, and the
+score_mod reads it at d + Lq - 1, the form a relative-position bias has. The gather is a torch op,
+so a table that requires grad gets its gradient through torch's autograd from the composed
+tensor's, which the backward kernels compute as for any closure tensor.
+
+This happens on the traced expression rather than as an IR pass because the composed tensor is a
+new closure input computed from the user's tensors on every call, which only the frontend
+holds; the kernels see an ordinary relative-position read. (Tabulating only the bucket at compile
+time, an i32 table read before the bias, ran slower on an NVIDIA H200: two dependent gathers.)
+
+Only for positions 0..Lq-1 and 0..Lk-1 (no per-entry key lengths, paged caches or packed
+sequences, whose positions the distance range does not bound the same way), and only for an
+index that is more than the distance plus a constant (a relative-bias read stays as it is).
+"""
+from __future__ import annotations
+
+from .trace import F32, I1, INDEX, Capture, Expr, TraceState
+
+# The score_mod's arguments (s, b, h, q_idx, kv_idx): positions of the two indices.
+Q_IDX, KV_IDX = 3, 4
+_AFFINE = {"add", "sub", "neg", "const", "cast"}
+
+
+def compose(expr: Expr, state: TraceState, lq: int, lk: int) -> Expr:
+    """`expr` with every composable closure read replaced by a read of its composed tensor (a new
+    capture of `state`, whose captures are renumbered in first-use order)."""
+    replaced: dict[int, Expr] = {}
+
+    def rewrite(e: Expr) -> Expr:
+        if id(e) in replaced:
+            return replaced[id(e)]
+        args = tuple(rewrite(a) for a in e.args)
+        new = _composed_read(e, lq, lk) if e.op == "extract" else None
+        if new is None:
+            new = e if all(a is b for a, b in zip(args, e.args)) else Expr(e.op, e.type, args, e.value, e.loc)
+        replaced[id(e)] = new
+        return new
+
+    out = rewrite(expr)
+    if out is not expr:
+        _renumber(out, state)
+    return out
+
+
+def _distance(e: Expr) -> int | None:
+    """+1 if `e` is kv_idx - q_idx, -1 if q_idx - kv_idx, else None."""
+    if e.op != "sub" or e.type != INDEX or any(a.op != "arg" for a in e.args):
+        return None
+    return {(KV_IDX, Q_IDX): 1, (Q_IDX, KV_IDX): -1}.get(tuple(a.value for a in e.args))
+
+
+def _of_distance(e: Expr, ops: set) -> bool:
+    """Whether `e` reads the positions only through a distance (and nothing else of the pair: no
+    score, batch, head or closure tensor); collects its ops into `ops`."""
+    if _distance(e) is not None:
+        ops.add("distance")
+        return True
+    if e.op in ("arg", "extract"):
+        return False
+    ops.add(e.op)
+    return all(_of_distance(a, ops) for a in e.args)
+
+
+def _composed_read(e: Expr, lq: int, lk: int) -> Expr | None:
+    """A read of the composed tensor replacing the closure read `e`, or None when `e` does not
+    qualify (exactly one index a function of the distance, more than affine)."""
+    cap = e.value
+    found = []
+    for dim, index in enumerate(e.args):
+        ops: set = set()
+        if _of_distance(index, ops) and "distance" in ops:
+            found.append((dim, index, ops))
+    if len(found) != 1 or found[0][2] <= _AFFINE | {"distance"}:
+        return None
+    dim, index, _ = found[0]
+    import torch
+
+    distances = torch.arange(-(lq - 1), lk, dtype=torch.int64)
+    try:
+        positions = _evaluate(index, distances)
+    except (_NotEvaluable, RuntimeError):  # an op it does not know, an integer division by zero
+        return None
+    size = cap.tensor.shape[dim]
+    # The kernels clamp every closure index into the tensor (emit.RegionEmitter._clamp).
+    positions = positions.to(torch.int64).clamp(0, size - 1).to(cap.tensor.device)
+    gathered = cap.tensor.index_select(dim, positions)
+    composed = Capture(gathered, -1, gathered)
+    distance = Expr("sub", INDEX, (Expr("arg", INDEX, value=KV_IDX), Expr("arg", INDEX, value=Q_IDX)), loc=index.loc)
+    shifted = Expr("add", INDEX, (distance, Expr("const", INDEX, value=lq - 1)), loc=index.loc)
+    indices = tuple(shifted if i == dim else a for i, a in enumerate(e.args))
+    return Expr("extract", e.type, indices, composed, e.loc)
+
+
+def _renumber(root: Expr, state: TraceState) -> None:
+    """Keep in `state` the captures `root` reads, numbered in first-use order (as tracing did)."""
+    seen: dict[int, Capture] = {}
+    visited: set[int] = set()
+
+    def walk(e: Expr) -> None:
+        if id(e) in visited:
+            return
+        visited.add(id(e))
+        for a in e.args:
+            walk(a)
+        if e.op == "extract" and id(e.value) not in seen:
+            seen[id(e.value)] = e.value
+
+    walk(root)
+    state.captures = list(seen.values())
+    for i, cap in enumerate(state.captures):
+        cap.position = i
+
+
+class _NotEvaluable(Exception):
+    pass
+
+
+def _evaluate(e: Expr, distances):
+    """The index expression `e` at each of `distances` (kv_idx - q_idx), int64 and float64."""
+    import torch
+
+    memo: dict[int, object] = {}
+    unary = {"exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2, "sqrt": torch.sqrt,
+             "rsqrt": torch.rsqrt, "tanh": torch.tanh, "sin": torch.sin, "cos": torch.cos, "floor": torch.floor,
+             "ceil": torch.ceil, "round": torch.round, "erf": torch.erf, "log1p": torch.log1p,
+             "expm1": torch.expm1, "sigmoid": torch.sigmoid, "neg": torch.neg, "abs": torch.abs,
+             "not": torch.logical_not}
+    binary = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+              "max": torch.maximum, "min": torch.minimum, "and": torch.bitwise_and, "or": torch.bitwise_or,
+              "xor": torch.bitwise_xor, "mod": torch.remainder}
+    compare = {"lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne}
+    dtypes = {F32: torch.float64, INDEX: torch.int64, I1: torch.bool}
+
+    def value(x: Expr):
+        if id(x) in memo:
+            return memo[id(x)]
+        sign = _distance(x)
+        if sign is not None:
+            out = distances * sign
+        elif x.op == "const":
+            out = torch.tensor(x.value, dtype=dtypes[x.type])
+        else:
+            a = [value(y) for y in x.args]
+            if x.op == "cast" or x.op == "trunc":
+                src = x.args[0].type
+                out = (a[0] != 0) if x.type == I1 else (torch.trunc(a[0]) if src == F32 else a[0]).to(dtypes[x.type])
+            elif x.op == "floordiv":
+                out = torch.floor(a[0] / a[1]) if x.type == F32 else torch.div(a[0], a[1], rounding_mode="floor")
+            elif x.op == "select":
+                out = torch.where(a[0], a[1], a[2])
+            elif x.op == "cmp":
+                out = compare[x.value](a[0], a[1])
+            elif x.op in unary:
+                out = unary[x.op](a[0])
+            elif x.op in binary:
+                out = binary[x.op](a[0], a[1])
+            else:
+                raise _NotEvaluable(x.op)
+            out = out.to(dtypes[x.type])
+        memo[id(x)] = out
+        return out
+
+    return torch.broadcast_to(value(e), distances.shape)
