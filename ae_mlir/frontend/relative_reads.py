@@ -20,6 +20,8 @@ index that is more than the distance plus a constant (a relative-bias read stays
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from .trace import F32, I1, INDEX, Capture, Expr, TraceState
 
 # The score_mod's arguments (s, b, h, q_idx, kv_idx): positions of the two indices.
@@ -55,16 +57,20 @@ def _distance(e: Expr) -> int | None:
     return {(KV_IDX, Q_IDX): 1, (Q_IDX, KV_IDX): -1}.get(tuple(a.value for a in e.args))
 
 
-def _of_distance(e: Expr, ops: set) -> bool:
+def _of_distance(e: Expr, ops: set, seen: dict | None = None) -> bool:
     """Whether `e` reads the positions only through a distance (and nothing else of the pair: no
     score, batch, head or closure tensor); collects its ops into `ops`."""
-    if _distance(e) is not None:
-        ops.add("distance")
-        return True
-    if e.op in ("arg", "extract"):
-        return False
-    ops.add(e.op)
-    return all(_of_distance(a, ops) for a in e.args)
+    seen = {} if seen is None else seen
+    if id(e) not in seen:
+        if _distance(e) is not None:
+            ops.add("distance")
+            seen[id(e)] = True
+        elif e.op in ("arg", "extract"):
+            seen[id(e)] = False
+        else:
+            ops.add(e.op)
+            seen[id(e)] = all(_of_distance(a, ops, seen) for a in e.args)
+    return seen[id(e)]
 
 
 def _composed_read(e: Expr, lq: int, lk: int) -> Expr | None:
@@ -79,22 +85,57 @@ def _composed_read(e: Expr, lq: int, lk: int) -> Expr | None:
     if len(found) != 1 or found[0][2] <= _AFFINE | {"distance"}:
         return None
     dim, index, _ = found[0]
-    import torch
-
-    distances = torch.arange(-(lq - 1), lk, dtype=torch.int64)
-    try:
-        positions = _evaluate(index, distances)
-    except (_NotEvaluable, RuntimeError):  # an op it does not know, an integer division by zero
+    positions = _positions(index, lq, lk, cap.tensor.shape[dim], cap.tensor.device)
+    if positions is None:
         return None
-    size = cap.tensor.shape[dim]
-    # The kernels clamp every closure index into the tensor (emit.RegionEmitter._clamp).
-    positions = positions.to(torch.int64).clamp(0, size - 1).to(cap.tensor.device)
     gathered = cap.tensor.index_select(dim, positions)
     composed = Capture(gathered, -1, gathered)
     distance = Expr("sub", INDEX, (Expr("arg", INDEX, value=KV_IDX), Expr("arg", INDEX, value=Q_IDX)), loc=index.loc)
     shifted = Expr("add", INDEX, (distance, Expr("const", INDEX, value=lq - 1)), loc=index.loc)
     indices = tuple(shifted if i == dim else a for i, a in enumerate(e.args))
     return Expr("extract", e.type, indices, composed, e.loc)
+
+
+_POSITIONS: OrderedDict = OrderedDict()
+
+
+def _positions(index: Expr, lq: int, lk: int, size: int, device):
+    """The table positions `index` reads at each distance, clamped into [0, size) as the kernels
+    clamp every closure index (emit.RegionEmitter._clamp), on `device`; None when the index cannot
+    be evaluated. Kept per index expression, shapes and device, so that a call repeated at the
+    same shapes (a CUDA graph's capture included) copies nothing to the device."""
+    import torch
+
+    key = (_fingerprint(index), lq, lk, size, str(device))
+    if key in _POSITIONS:
+        _POSITIONS.move_to_end(key)
+        return _POSITIONS[key]
+    distances = torch.arange(-(lq - 1), lk, dtype=torch.int64)
+    try:
+        positions = _evaluate(index, distances).to(torch.int64).clamp(0, size - 1).to(device)
+    except (_NotEvaluable, RuntimeError):  # an op it does not know, an integer division by zero
+        positions = None
+    _POSITIONS[key] = positions
+    if len(_POSITIONS) > 256:
+        _POSITIONS.popitem(last=False)
+    return positions
+
+
+def _fingerprint(root: Expr) -> tuple:
+    """The structure of an index expression (no closure reads inside: `_of_distance`), a shared
+    node numbered once."""
+    numbers: dict[int, int] = {}
+    nodes = []
+
+    def number(e: Expr) -> int:
+        if id(e) not in numbers:
+            args = tuple(number(a) for a in e.args)
+            numbers[id(e)] = len(nodes)
+            nodes.append((e.op, e.type, e.value, args))
+        return numbers[id(e)]
+
+    number(root)
+    return tuple(nodes)
 
 
 def _renumber(root: Expr, state: TraceState) -> None:
