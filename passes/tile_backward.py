@@ -381,10 +381,7 @@ class _Backward(RunningMaxGradients):
 
             def step(nb, acc, masked):
                 n0 = arith.muli(nb, index(bn))
-                k_tile = k_rows.load(k, hk, n0, bn, self.dk)
-                v_tile = k_rows.load(v, hk, n0, bn, self.dv)
-                qk = matmul(q_tile, transpose(k_tile), zeros([bm, bn]))
-                dp = matmul(do_tile, transpose(v_tile), zeros([bm, bn]))
+                k_tile, qk, dp = self.key_tile_products(q_tile, do_tile, k_rows, (k, v), hk, n0)
                 if not self.closure_grads:
                     _, ds = self.tile_gradients(qk, dp, neg_lse2, delta_row, pb, ph, m0, n0, masked)
                     return [matmul(self.to_input_type(ds), k_tile, acc[0])]

@@ -12,7 +12,7 @@ P = rscale p for dV and dS for dK.
 """
 from __future__ import annotations
 
-from .l1_builders import convert, f32, index, matmul, tensor_type, transpose, zeros
+from .l1_builders import convert, f32, index, matmul, tensor_type, zeros
 from .tile_backward_tiles import ROW, TILE, TileGradients
 
 
@@ -110,10 +110,7 @@ class OnlineGradients(TileGradients):
 
         def step(nb, acc, masked):
             n0 = arith.muli(nb, index(bn))
-            k_tile = k_rows.load(k, hk, n0, bn, self.dk)
-            v_tile = k_rows.load(v, hk, n0, bn, self.dv)
-            qk = matmul(q_tile, transpose(k_tile), zeros([bm, bn]))
-            dp = matmul(do_tile, transpose(v_tile), zeros([bm, bn]))
+            k_tile, qk, dp = self.key_tile_products(q_tile, do_tile, k_rows, (k, v), hk, n0)
             p, c = self.online_tile(qk, pb, ph, m0, n0, masked)
             weighted = self.generic([(p, TILE), (dp, TILE)], tile_t, lambda a: arith.mulf(a[0], a[1]))
             sloped = self.generic([(c, TILE), (dp, TILE)], tile_t, lambda a: arith.mulf(a[0], a[1]))
@@ -133,8 +130,7 @@ class OnlineGradients(TileGradients):
             # walk over the row's tiles scatters the closure tensors' shares.
             def scatter(nb, acc, masked):
                 n0 = arith.muli(nb, index(bn))
-                qk = matmul(q_tile, transpose(k_rows.load(k, hk, n0, bn, self.dk)), zeros([bm, bn]))
-                dp = matmul(do_tile, transpose(k_rows.load(v, hk, n0, bn, self.dv)), zeros([bm, bn]))
+                _, qk, dp = self.key_tile_products(q_tile, do_tile, k_rows, (k, v), hk, n0)
                 x = self.online_modded(qk, pb, ph, m0, n0)
                 where = (pb, ph, m0, n0, masked)
                 dm = self.generic([(x, TILE), (dp, TILE), (rscale, ROW), (delta, ROW)], tile_t, lambda a: self.online_masked(

@@ -19,7 +19,7 @@ the max's share in a third accumulator, but with one [block_m, dk] accumulator l
 """
 from __future__ import annotations
 
-from .l1_builders import f32, fill, empty, index, matmul, tensor_type, transpose, zeros
+from .l1_builders import empty, f32, fill, index, matmul, tensor_type, zeros
 from .tile_backward_online import OnlineGradients
 from .tile_backward_tiles import ROW, TILE
 
@@ -84,12 +84,10 @@ class RunningMaxGradients(OnlineGradients):
         bm, bn = self.bm, self.bn
         tile_t, rows_t = tensor_type([bm, bn]), tensor_type([bm])
 
-        def scores(nb):
+        def products(nb, with_products: bool = True):
+            """(n0, the K tile, QK^T, dO V^T or None) of KV block `nb`."""
             n0 = arith.muli(nb, index(bn))
-            return n0, matmul(q_tile, transpose(k_rows.load(k, hk, n0, bn, self.dk)), zeros([bm, bn]))
-
-        def products(n0):
-            return matmul(do_tile, transpose(k_rows.load(v, hk, n0, bn, self.dv)), zeros([bm, bn]))
+            return (n0,) + self.key_tile_products(q_tile, do_tile, k_rows, (k, v), hk, n0, with_products)
 
         def combine(total, tile, reduce=None, op=arith.addf):
             """total op= the rows of `tile` reduced by `reduce` (row sums by default)."""
@@ -97,7 +95,7 @@ class RunningMaxGradients(OnlineGradients):
             return self.generic([(total, ROW), (reduced, ROW)], rows_t, lambda a: op(a[0], a[1]), rank=1)
 
         def largest(nb, acc, masked):
-            n0, qk = scores(nb)
+            n0, _, qk, _ = products(nb, with_products=False)
             x = self.online_modded(qk, pb, ph, m0, n0)
             visible = self.generic([(x, TILE)], tile_t,
                                    lambda a: self.online_masked(a[0], pb, ph, m0, n0, masked, fallback=-INF))
@@ -109,8 +107,7 @@ class RunningMaxGradients(OnlineGradients):
             arith.cmpf(arith.CmpFPredicate.OEQ, a[0], f32(-INF)), f32(0.0), a[0]), rank=1)
 
         def sums(nb, acc, masked):
-            n0, qk = scores(nb)
-            dp = products(n0)
+            n0, _, qk, dp = products(nb)
             x = self.online_modded(qk, pb, ph, m0, n0)
             where = (pb, ph, m0, n0, masked)
             p = self.generic([(x, TILE), (m, ROW)], tile_t,
@@ -136,9 +133,8 @@ class RunningMaxGradients(OnlineGradients):
         rows = (m, rscale, delta, key, dmax)
 
         def gradients(nb, acc, masked):
-            n0, qk = scores(nb)
-            k_tile = k_rows.load(k, hk, n0, bn, self.dk)
-            _, ds, dx = self.max_tile_gradients(qk, products(n0), rows, pb, ph, m0, n0, masked, with_probs=False)
+            n0, k_tile, qk, dp = products(nb)
+            _, ds, dx = self.max_tile_gradients(qk, dp, rows, pb, ph, m0, n0, masked, with_probs=False)
             closures = self.scatter_closure_grads(qk, dx, acc[1:], pb, ph, m0, n0, masked) if acc[1:] else []
             return [matmul(self.to_input_type(ds), k_tile, acc[0])] + closures
 

@@ -4,7 +4,7 @@ logsumexp, in the log2 domain as the forward computes it) and the element-wise n
 (a user's online normalizer: tile_backward_online)."""
 from __future__ import annotations
 
-from .l1_builders import KernelBuilder, f32, index, index_value, tensor_type
+from .l1_builders import KernelBuilder, f32, index, index_value, matmul, tensor_type, transpose, zeros
 
 ROW, TILE = (0,), (0, 1)
 LOG2E = 1.4426950408889634
@@ -37,7 +37,7 @@ def _d_prob(kind: str, p, dp, delta):
 
 class TileGradients(KernelBuilder):
     """Needs from the kernel builder: kind (the normalize kind), scale, score_mod,
-    score_mod_grad and mask (regions or None), lq, lk and len_q, len_k (static or per program),
+    score_mod_grad and mask (regions or None), bm, bn, dk, dv, lq, lk and len_q, len_k (static or per program),
     and closure_grads ((region, closure rank, groups) per closure gradient the dQ kernel writes)."""
 
     @property
@@ -76,6 +76,17 @@ class TileGradients(KernelBuilder):
         if self.mask is not None:
             inside = arith.andi(inside, self.inline(self.mask, [pb, h, qc, kc]))
         return inside
+
+    def key_tile_products(self, q_tile, do_tile, k_rows, kv, hk, n0, with_products: bool = True):
+        """(the K tile at key n0, QK^T, dO V^T) for a dQ program's query rows; dO V^T is None
+        without `with_products`. `k_rows` loads the key side (tile_backward_rows.Rows)."""
+        k, v = kv
+        k_tile = k_rows.load(k, hk, n0, self.bn, self.dk)
+        v_tile = k_rows.load(v, hk, n0, self.bn, self.dv) if with_products else None
+        qk = matmul(q_tile, transpose(k_tile), zeros([self.bm, self.bn]))
+        if not with_products:
+            return k_tile, qk, None
+        return k_tile, qk, matmul(do_tile, transpose(v_tile), zeros([self.bm, self.bn]))
 
     def tile_gradients(self, qk, dp, neg_lse2, delta_row, pb, h, m0, n0, masked: bool, keys_first: bool = False,
                        with_modded: bool = False):

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import presets, variants
+from ae_mlir import variants
 from ae_mlir.backends import triton as tb
 from ae_mlir.core import abi
 from bundle_interp import interpret_roles
-from l1_interp import kernels_of, run_by_role
-from test_backward_elementwise import _assert_close, _problem, check_packed_gradients_on_the_cpu
-from test_backward_kernels import _leaves, backward_module, kernels_only
+from test_backward_elementwise import (_assert_close, check_bundle_at_default_config, check_cpu_kernels,
+                                       check_packed_gradients_on_the_cpu, l1_gradients, packed_problem)
+from test_backward_kernels import _leaves, kernels_only
 
 
 def _sigmoid_sum():
@@ -46,15 +46,8 @@ RAGGED = variants.Shape(2, 4, 45, 70, 16, 16, heads_kv=2)
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_l1_kernels_match_autograd(name):
-    attn = VARIANTS[name](RAGGED)
-    (q, k, v), d_out, want = _problem(attn, RAGGED)
-    text, captures = attn._build(q.float(), k.float(), v.float())
-    ctx, module = backward_module(text, 16, 16)
-    with ctx:
-        kernels = kernels_of(module)
-        assert [abi.arg_roles(f)[3:] for f in kernels] == [["do", "dq", "delta", "rscale"],
-                                                           ["do", "delta", "rscale", "dk", "dv"]]
-        got = run_by_role(module, {"q": q, "k": k, "v": v, "do": d_out})
+    roles, got, want = l1_gradients(VARIANTS[name](RAGGED))
+    assert roles == [["do", "dq", "delta", "rscale"], ["do", "delta", "rscale", "dk", "dv"]]
     _assert_close(got, want, 1e-6)
 
 
@@ -63,12 +56,7 @@ CPU_SHAPE = variants.Shape(1, 4, 64, 80, 16, 16)
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_cpu_autograd_runs_the_kernels(name):
-    attn = VARIANTS[name](CPU_SHAPE)
-    (q, k, v), d_out, want = _problem(attn, CPU_SHAPE, seed=3)
-    leaves = _leaves(q, k, v, dtype=torch.float32)
-    with kernels_only():
-        attn(*leaves, backend="cpu").backward(d_out.float())
-    _assert_close(dict(zip(("dq", "dk", "dv"), (t.grad for t in leaves))), want, 1e-4)
+    check_cpu_kernels(VARIANTS[name](CPU_SHAPE))
 
 
 def test_packed_gradients_on_the_cpu():
@@ -81,19 +69,7 @@ def test_packed_gradients_on_the_cpu():
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_triton_bundles_at_the_default_config(name, target, dtype, tol):
-    shape = variants.Shape(1, 4, 77, 77, 64, 64, heads_kv=2)
-    attn = VARIANTS[name](shape)
-    (q, k, v), d_out, want = _problem(attn, shape, seed=6)
-    as_input = (lambda t: t.detach().to(dtype))
-    bundle = tb.build_backward_bundle(attn.mlir(as_input(q), as_input(k), as_input(v)), target)
-    expected = presets.backward_config(77, 77, 64, 64, str(dtype).removeprefix("torch."), target)
-    assert {key: bundle.meta["config"][key] for key in expected} == expected
-    assert sorted(spec.role for spec in bundle.workspace) == ["delta", "rscale"]
-    got = interpret_roles(bundle, {"q": as_input(q), "k": as_input(k), "v": as_input(v), "do": as_input(d_out)})
-    for role, reference in zip(("dq", "dk", "dv"), want):
-        scale = reference.abs().max()
-        assert torch.isfinite(got[role]).all(), role
-        torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=tol, rtol=0, msg=role)
+    check_bundle_at_default_config(VARIANTS[name], target, dtype, tol, ["delta", "rscale"])
 
 
 def _learnable(dtype):
@@ -139,7 +115,7 @@ def test_closure_gradients_from_the_triton_bundles(target):
     (q, k, v), d_out, want = _learnable_problem(variants.Shape(1, 4, 77, 77, 64, 64), 6)
     attn, closures = _learnable(torch.float32)
     q, k, v = (t.float() for t in (q, k, v))
-    text, captures = attn._build(q, k, v)
+    text, captures = attn._build(q, k, v, compose=False)  # the table itself, not composed per distance
     tensors = {"q": q, "k": k, "v": v, "do": d_out.float()}
     tensors.update({abi.capture(i): c.detach() for i, c in enumerate(captures)})
     got = interpret_roles(tb.build_backward_bundle(text, target), tensors)
@@ -154,16 +130,9 @@ def test_packed_bundles_in_the_ttir_interpreter(target):
     against each sequence alone in float64 autograd on the reference backend."""
     from ae_mlir.frontend import varlen
 
-    lens, heads, dim = [70, 0, 17, 129], 2, 32
     attn = ae.attention(score_mod=lambda s, b, h, i, j: s * torch.exp((i - j) * -0.05),
                         mask_mod=lambda b, h, i, j: i >= j, normalize=variants.retnet_normalizer(), layout="blhd")
-    gen = torch.Generator().manual_seed(12)
-    q, k, v, d_out = (torch.randn(sum(lens), heads, dim, generator=gen, dtype=torch.float64) for _ in range(4))
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
-    leaves = _leaves(q, k, v)
-    loss = sum((attn(*(t[a:b].unsqueeze(0) for t in leaves), backend="reference")[0] * d_out[a:b]).sum()
-               for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()) if b > a)
-    want = torch.autograd.grad(loss, leaves)
+    (q, k, v), d_out, cu, want = packed_problem(attn, [70, 0, 17, 129], 2, 32, 12)
     text = attn.mlir(q.float(), k.float(), v.float(), cu_seqlens_q=cu, cu_seqlens_k=cu)
     views = varlen.packed_views(q.float(), k.float(), v.float(), "blhd")
     d_view = varlen.packed_views(d_out.float(), d_out.float(), d_out.float(), "blhd")[0]
