@@ -81,6 +81,18 @@ def index_expr(draw, depth: int, names=ATTENTION_NAMES) -> Node:
     return Node(op, (left, index_expr(draw, depth - 1, names)))
 
 
+def _index_or_distance(draw, names) -> Node:
+    """An index expression, or (one time in three, for attention mods) a function of the distance
+    kv_idx - q_idx alone (|d| // c or d // c), which the frontend composes per call (T5's form)."""
+    if "kv_idx" not in names or draw(st.integers(0, 2)) != 0:
+        return index_expr(draw, 1, names)
+    ends = (Node("var", value="kv_idx"), Node("var", value="q_idx"))
+    distance = Node("sub", ends if draw(st.booleans()) else ends[::-1])
+    if draw(st.booleans()):
+        distance = Node("abs", (distance,))
+    return Node("floordiv", (distance, Node("const", value=draw(st.integers(1, 5)))))
+
+
 def bounded_index(node: Node, size: int) -> Node:
     """Map any integer expression into [0, size): ((e % size) + size) % size."""
     wrapped = Node("mod", (node, Node("const", value=size)))
@@ -97,7 +109,7 @@ def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: b
             return Node("const", value=draw(st.floats(-2.0, 2.0, allow_nan=False).map(lambda x: round(x, 3))))
         if kind == 1 and captures and names:
             tensor = draw(st.sampled_from(captures))
-            idx = tuple(bounded_index(index_expr(draw, 1, names), n) for n in tensor.shape)
+            idx = tuple(bounded_index(_index_or_distance(draw, names), n) for n in tensor.shape)
             return Node("capture", value=(tensor, idx))
         if kind == 2 and not symbolic and names:
             return Node("mul", (index_expr(draw, 1, names), Node("const", value=0.05)))

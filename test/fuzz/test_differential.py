@@ -217,7 +217,9 @@ def _backward_case(p: Program, target: str):
 
     attn = _attention(p)
     q, k, v = p.inputs()
-    text, captures = attn._build(q, k, v)
+    # The module as written: the kernels' own gradients of the tables (a table read by a function
+    # of the distance is otherwise composed per call, its gradient then torch's).
+    text, captures = attn._build(q, k, v, compose=False)
     gen = torch.Generator().manual_seed(p.seed + 1)
     d_out = torch.randn(*q.shape[:3], v.shape[3], generator=gen, dtype=torch.float64)
     learnable = [c for c in p.captures if c.dtype.is_floating_point]
