@@ -9,6 +9,8 @@ import torch
 
 import ae_mlir as ae
 from ae_mlir import variants
+from ae_mlir.frontend import relative_reads
+from ae_mlir.frontend.relative_reads import kernel_closures
 from bundle_interp import interpret
 
 SHAPE = variants.Shape(1, 4, 45, 70, 16, 16)
@@ -105,15 +107,53 @@ def test_table_gradients_reach_the_table_through_torch():
         assert err < 1e-4, f"{name}: relative error {err:.3g}"
 
 
-def test_not_composed_for_key_lengths_or_under_torch_compile():
-    table = _table(seed=8)
-    attn = ae.attention(score_mod=_bucketed(table))
+def test_not_composed_for_key_lengths():
+    attn = ae.attention(score_mod=_bucketed(_table(seed=8)))
     q, k, v = variants.inputs(SHAPE, seed=9)
     _, captures = attn._build(q, k, v, kv_len=torch.full((1,), 60, dtype=torch.int32))
     assert tuple(captures[0].shape) == (4, 16)
-    eager = attn(q, k, v, backend="cpu")
-    compiled = torch.compile(lambda q: attn(q, k, v, backend="cpu"), backend="aot_eager", fullgraph=True)(q)
-    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_compile_composes_from_the_tensors_it_fetches():
+    """Under torch.compile the op takes the table itself; the module reads it composed, and the
+    table's gradient is the composed tensor's added back at the positions it gathered. A second
+    table read as written rides along, as does the same table read at a constant."""
+    from test_backward_kernels import kernels_only
+
+    table, other = _table(seed=12).requires_grad_(), _table(buckets=3, seed=13).requires_grad_()
+    bucketed = _bucketed(table)
+
+    def score_mod(s, b, h, i, j):
+        return bucketed(s, b, h, i, j) + other[h, 1] * table[h, 0]
+
+    attn = ae.attention(score_mod=score_mod, mask_mod=lambda b, h, i, j: i >= j)
+    q, k, v = variants.inputs(SHAPE, seed=14)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(15))
+
+    def step(q):
+        return (attn(q, k, v, backend="cpu") * d_out).sum()
+
+    eager_q = q.clone().requires_grad_()
+    step(eager_q).backward()
+    eager = [eager_q.grad, table.grad.clone(), other.grad.clone()]
+    table.grad = other.grad = None
+    compiled_q = q.clone().requires_grad_()
+    fed = []
+
+    def recording(plan, given):
+        out = kernel_closures(plan, given)
+        fed.append(sorted(tuple(t.shape) for t in out))
+        return out
+
+    with kernels_only(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(relative_reads, "kernel_closures", recording)
+        explained = torch._dynamo.explain(step)(q.clone().requires_grad_())
+        assert explained.graph_break_count == 0, explained.break_reasons
+        torch.compile(step, backend="aot_eager", fullgraph=True)(compiled_q).backward()
+    # The forward and the backward op each fed the kernels the composed table beside the others.
+    assert fed and all(shapes == [(4, 3), (4, 16), (4, 114)] for shapes in fed)
+    for got, want in zip((compiled_q.grad, table.grad, other.grad), eager):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_checked_indices_check_the_mods_as_written():

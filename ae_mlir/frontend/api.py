@@ -25,6 +25,8 @@ class _Captures:
     def __init__(self):
         self.tensors: list = []
         self.sources: list = []  # each tensor as the user holds it (see trace.Capture)
+        # (the user's tensor it is composed from, dimension, positions) or None (relative_reads)
+        self.origins: list = []
 
     def add(self, state: TraceState) -> list[int]:
         positions = []
@@ -36,8 +38,18 @@ class _Captures:
             else:
                 self.tensors.append(cap.tensor)
                 self.sources.append(cap.source)
+                self.origins.append(None if cap.origin is None else (cap.origin[0].source,) + cap.origin[1:])
                 positions.append(len(self.tensors) - 1)
         return positions
+
+    def plan(self, written: "_Captures") -> list:
+        """Per tensor here that a mod reads, (the index of the user's tensor it comes from among
+        `written`'s, the module as written, the dimension gathered or None, the positions
+        gathered): what relative_reads.kernel_closures takes. The tensors a call adds (key
+        lengths, a block table, offsets) have no source and no plan."""
+        index = {id(s): j for j, s in enumerate(written.sources) if s is not None}
+        return [(index[id(s)], None, None) if o is None else (index[id(o[0])], o[1], o[2])
+                for s, o in zip(self.sources, self.origins) if s is not None]
 
     def types(self) -> list[str]:
         return [tensor_type(t.shape, mlir_elt(t.dtype)) for t in self.tensors]
@@ -178,6 +190,12 @@ class attention:
 
     def _build(self, q, k, v, clamp: bool = True, kv_len=None, block_table=None, sequences=None,
                compose: bool = True) -> tuple[str, list]:
+        """(the L0 module, its closure tensors): `_build_captures` with the tensors alone."""
+        text, caps = self._build_captures(q, k, v, clamp, kv_len, block_table, sequences, compose)
+        return text, caps.tensors
+
+    def _build_captures(self, q, k, v, clamp: bool = True, kv_len=None, block_table=None, sequences=None,
+                        compose: bool = True) -> tuple[str, "_Captures"]:
         """The L0 module with locations: ops a mod produced point at its lines, the mod ops at its
         definition, the rest at the user's call. `kv_len` (int32 [B]) becomes a closure tensor
         after the mods', the mask's operand; with `block_table` (int32 [B, M]) k and v are page
@@ -237,6 +255,7 @@ class attention:
                 operands, operand_types = f"%c{len(caps.tensors)}", tensor_type(kv_len.shape, "i32")
                 caps.tensors.append(kv_len)
                 caps.sources.append(None)
+                caps.origins.append(None)
             body.append(f'%keep = "attn.mask"({operands}) ({region}) : ({operand_types}) -> {tm}' + mask_loc)
             keep = "%keep"
         with_lse = self.normalize == "softmax"
@@ -262,6 +281,7 @@ class attention:
             table = f"%c{len(caps.tensors)}"
             caps.tensors.append(block_table)
             caps.sources.append(None)
+            caps.origins.append(None)
             body[:0] = [f'%{name}_logical = "attn.gather_pages"(%{name}, {table}) : '
                         f'({tensor_type(t.shape, elt)}, {tensor_type(block_table.shape, "i32")}) -> {logical}' + call
                         for name, t, logical in (("k", k, tk), ("v", v, tv))]
@@ -275,7 +295,7 @@ class attention:
         params = [f"%q: {tensor_type(q.shape, elt)}"] + [f"%{name}: {tensor_type(t.shape, elt)}" for name, t in (("k", k), ("v", v))] + [
             f"%c{i}: {t}" for i, t in enumerate(caps.types())]
         text = _func("attention", params, ret_types, body, call)
-        return text, caps.tensors
+        return text, caps
 
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None,
                  block_table=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):

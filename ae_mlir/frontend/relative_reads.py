@@ -17,6 +17,8 @@ time, an i32 table read before the bias, ran slower on an NVIDIA H200: two depen
 Only for positions 0..Lq-1 and 0..Lk-1 (no per-entry key lengths, paged caches or packed
 sequences, whose positions the distance range does not bound the same way), and only for an
 index that is more than the distance plus a constant (a relative-bias read stays as it is).
+Under torch.compile the custom op takes the tensors the mods read: `kernel_closures` composes
+them there and `written_gradients` adds a composed tensor's gradient back into its table.
 """
 from __future__ import annotations
 
@@ -89,7 +91,7 @@ def _composed_read(e: Expr, lq: int, lk: int) -> Expr | None:
     if positions is None:
         return None
     gathered = cap.tensor.index_select(dim, positions)
-    composed = Capture(gathered, -1, gathered)
+    composed = Capture(gathered, -1, gathered, origin=(cap, dim, positions))
     distance = Expr("sub", INDEX, (Expr("arg", INDEX, value=KV_IDX), Expr("arg", INDEX, value=Q_IDX)), loc=index.loc)
     shifted = Expr("add", INDEX, (distance, Expr("const", INDEX, value=lq - 1)), loc=index.loc)
     indices = tuple(shifted if i == dim else a for i, a in enumerate(e.args))
@@ -156,6 +158,33 @@ def _renumber(root: Expr, state: TraceState) -> None:
     state.captures = list(seen.values())
     for i, cap in enumerate(state.captures):
         cap.position = i
+
+
+def kernel_closures(plan: list, given: list) -> list:
+    """The closure tensors of a composed module from the tensors its mods read (`given`, in the
+    order of the module as written): `plan` holds, per closure tensor of the composed module,
+    (its index in `given`, the dimension gathered, the positions gathered), dimension None for
+    a tensor taken as it is."""
+    out = []
+    for j, dim, positions in plan:
+        t = given[j]
+        out.append(t if dim is None else t.index_select(dim, positions.to(t.device)))
+    return out
+
+
+def written_gradients(plan: list, given: list, grads: list) -> list:
+    """The gradients of `given` (None where none reaches) from those of the composed module's
+    closure tensors: a composed tensor's are added back at the positions it gathered."""
+    import torch
+
+    out = [None] * len(given)
+    for (j, dim, positions), g in zip(plan, grads):
+        if g is None:
+            continue
+        if dim is not None:
+            g = torch.zeros(given[j].shape, dtype=g.dtype, device=g.device).index_add_(dim, positions.to(g.device), g)
+        out[j] = g if out[j] is None else out[j] + g
+    return out
 
 
 class _NotEvaluable(Exception):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import closure_sources, variant_registry
+from . import closure_sources, relative_reads, variant_registry
 from .autograd import CompiledCall, compiled_call
 
 
@@ -22,7 +22,10 @@ def _kernel_captures(captures: list) -> list:
     return [t.reshape(1) if t.dim() == 0 else t for t in captures]
 
 
-def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest: tuple) -> CompiledCall:
+def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest: tuple) -> tuple[CompiledCall, list]:
+    """The call's `CompiledCall` and the plan that makes its module's closure tensors from the op's
+    (relative_reads.kernel_closures: the op takes the tensors the mods read, as found at
+    construction; the module may read tables composed from them)."""
     attn = variant_registry.lookup(key)
     kv_len, block_table, cu_q, cu_k = cache
     sequences = None
@@ -30,9 +33,7 @@ def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest:
         from .varlen import Sequences
 
         sequences, kv_len = Sequences(cu_q, cu_k, kv_len, *longest), None
-    # The op takes the closure tensors the mods read, as found at construction, so the module must
-    # read those too: no composed relative reads under torch.compile.
-    text, traced = attn._prepare(q, k, v, kv_len, block_table, sequences, compose=False)
+    _, traced = attn._prepare(q, k, v, kv_len, block_table, sequences, compose=False)
     traced = traced[:len(traced) - len(_present(cache))]
     given = _kernel_captures(captures)
     if [(tuple(t.shape), t.dtype) for t in traced] != [(tuple(t.shape), t.dtype) for t in given]:
@@ -41,8 +42,12 @@ def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest:
                            "where they read them when it was constructed; under torch.compile a mod must keep "
                            "reading its closure tensors through the same names: construct the attention again "
                            "after changing what its mods read")
-    return compiled_call(attn, text, q, k, v, backend, kv_len=kv_len, block_table=block_table, sequences=sequences,
-                         compose=False)
+    # As eager calls: the reference backend evaluates the mods as written.
+    where = {"kv_len": kv_len, "block_table": block_table, "sequences": sequences,
+             "compose": backend != "reference"}
+    text, composed = attn._build_captures(q, k, v, **where)
+    plan = composed.plan(attn._build_captures(q, k, v, **dict(where, compose=False))[1])
+    return compiled_call(attn, text, q, k, v, backend, **where), plan
 
 
 def _present(cache: list) -> list:
@@ -51,9 +56,9 @@ def _present(cache: list) -> list:
     return [t for t in cache if t is not None]
 
 
-def _with_cache(captures: list, cache: list) -> list:
+def _with_cache(plan: list, captures: list, cache: list) -> list:
     """The kernel's closure tensors."""
-    return _kernel_captures(captures) + _present(cache)
+    return relative_reads.kernel_closures(plan, _kernel_captures(captures)) + _present(cache)
 
 
 def _lse_dtype(q) -> torch.dtype:
@@ -69,8 +74,8 @@ def attention_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor,
     key lengths, block table and a packed batch's offsets are None where it has none (a packed
     batch's as varlen.Sequences holds them, with its longest sequences' bounds)."""
     cache = [kv_len, block_table, cu_seqlens_q, cu_seqlens_k]
-    call = _call(key, backend, q, k, v, captures, cache, (longest_q, longest_k))
-    out, lse = call.forward(q, k, v, _with_cache(captures, cache))
+    call, plan = _call(key, backend, q, k, v, captures, cache, (longest_q, longest_k))
+    out, lse = call.forward(q, k, v, _with_cache(plan, captures, cache))
     if lse is None:
         lse = torch.zeros(q.shape[:3], dtype=_lse_dtype(q), device=q.device)
     return out, lse
@@ -91,11 +96,13 @@ def attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tenso
     """[dq, dk, dv, one gradient per closure tensor]; zeros where none reaches a tensor. No block
     table: the frontend refuses gradients through a paged cache."""
     cache = [kv_len, None, cu_seqlens_q, cu_seqlens_k]
-    call = _call(key, backend, q, k, v, captures, cache, (longest_q, longest_k))
+    call, plan = _call(key, backend, q, k, v, captures, cache, (longest_q, longest_k))
     softmax = call.with_lse
-    wanted = list(closures_wanted) + [False] * len(_present(cache))
-    dq, dk, dv, d_captures = call.backward(q, k, v, _with_cache(captures, cache), lse if softmax else None,
-                                           d_out, d_lse if softmax else None, wanted, out=out)
+    wanted = [closures_wanted[j] for j, _, _ in plan] + [False] * len(_present(cache))
+    dq, dk, dv, d_kernel = call.backward(q, k, v, _with_cache(plan, captures, cache), lse if softmax else None,
+                                         d_out, d_lse if softmax else None, wanted, out=out)
+    given = _kernel_captures(captures)
+    d_captures = relative_reads.written_gradients(plan, given, d_kernel[:len(plan)])
     return [dq, dk, dv] + [t.new_zeros(t.shape, dtype=_grad_dtype(t)) if g is None else g.reshape(t.shape)
                            for g, t in zip(d_captures, captures)]
 

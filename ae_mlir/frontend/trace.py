@@ -48,6 +48,9 @@ class Capture:
     position: int  # order of first use within its trace
     # The tensor as the user holds it: a 0-d tensor travels as a 1-element `tensor`.
     source: object = None
+    # A tensor composed per call from another capture's (relative_reads): (that Capture, the
+    # dimension gathered, the positions gathered), else None.
+    origin: tuple | None = None
 
 
 class TraceState:
