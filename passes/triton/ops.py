@@ -132,6 +132,11 @@ class TensorOps(Tables, MathExpansions):
 
     def reshape(self, op) -> None:
         """tensor.collapse_shape / expand_shape of a tile as tt.reshape (row-major, as both are)."""
+        if isinstance(self.get(op.operands[0], op), Empty):
+            # Canonicalization moves a fill past the reshape of its tensor.empty (a kernel whose
+            # every KV tile is masked zero-fills its output so): still an uninitialized outs.
+            self.values[op.results[0]] = Empty()
+            return
         x = self.tile(op.operands[0], op)
         logical = tuple(op.results[0].type.shape)
         if op.name == "tensor.expand_shape":

@@ -120,3 +120,16 @@ def test_cpu_linear_attention_leaves_the_initial_state_alone():
     want_out, want_state = lin(q, k, v, initial_state=before, return_state=True, backend="reference")
     torch.testing.assert_close(out.double(), want_out.double(), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(state.double(), want_state.double(), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_decoding_rows_whose_every_key_is_masked(target):
+    # Two query rows of 4 heads on 2 KV heads (the packed-GQA decoding form) against 90 keys, a
+    # mask that keeps no pair: the kernel has no KV loop and zero-fills its output, a fill that
+    # canonicalization moves past the reshape of its tensor.empty, which the Triton lowering
+    # refused as a read of an uninitialized tensor.
+    attn = ae.attention(mask_mod=lambda b, h, i, j: j + 1 <= -i, normalize="sigmoid")
+    g = torch.Generator().manual_seed(4)
+    q, k, v = torch.randn(2, 4, 2, 64, generator=g), torch.randn(2, 2, 90, 64, generator=g), torch.randn(2, 2, 90, 64, generator=g)
+    out = triton_interpreted(attn, q, k, v, target, None)
+    torch.testing.assert_close(out, attn(q, k, v, backend="reference"), atol=0, rtol=0)
