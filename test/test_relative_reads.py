@@ -50,9 +50,20 @@ def test_t5_reads_a_table_composed_per_distance():
     assert "tensor<4x32xf32>" in written and "math.log" in written
 
 
+def test_a_table_read_at_q_idx_minus_kv_idx_is_reversed():
+    """The catalogue's relative bias reads table[h, q_idx - kv_idx + Lk - 1]: along a row of keys its
+    addresses fall, which Triton loads one element at a time; the composed tensor is the table
+    reversed, read at kv_idx - q_idx + Lq - 1."""
+    attn, shape = variants.build("relative_bias", SHAPE)
+    q, k, v = variants.inputs(shape)
+    (table,) = attn._build(q, k, v, compose=False)[1]
+    (composed,) = attn._build(q, k, v)[1]
+    torch.testing.assert_close(composed, table.flip(1))
+
+
 @pytest.mark.parametrize("name, score_mod", [
-    # A relative-position bias is already one read per score: kept as written.
-    ("affine", lambda t: lambda s, b, h, i, j: s + t[h, i - j + 69]),
+    # A read at kv_idx - q_idx plus a constant is the composed form already: kept as written.
+    ("affine", lambda t: lambda s, b, h, i, j: s + t[h, j - i + 44]),
     # The index reads a position on its own, or the head inside the bucket's function.
     ("query position", lambda t: lambda s, b, h, i, j: s + t[h, torch.clamp(i // 4, max=15)]),
     ("head inside", lambda t: lambda s, b, h, i, j: s + t[h, torch.clamp((j - i).abs() // 8 + h, max=15)]),

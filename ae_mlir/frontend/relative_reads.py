@@ -15,8 +15,9 @@ holds; the kernels see an ordinary relative-position read. (Tabulating only the 
 time, an i32 table read before the bias, ran slower on an NVIDIA H200: two dependent gathers.)
 
 Only for positions 0..Lq-1 and 0..Lk-1 (no per-entry key lengths, paged caches or packed
-sequences, whose positions the distance range does not bound the same way), and only for an
-index that is more than the distance plus a constant (a relative-bias read stays as it is).
+sequences, whose positions the distance range does not bound the same way), and for any such
+index but kv_idx - q_idx plus a constant, the composed form itself: a relative-position table
+read at q_idx - kv_idx + c is composed too, reversed (`_ascending`).
 Under torch.compile the custom op takes the tensors the mods read: `kernel_closures` composes
 them there and `written_gradients` adds a composed tensor's gradient back into its table.
 """
@@ -77,16 +78,19 @@ def _of_distance(e: Expr, ops: set, seen: dict | None = None) -> bool:
 
 def _composed_read(e: Expr, lq: int, lk: int) -> Expr | None:
     """A read of the composed tensor replacing the closure read `e`, or None when `e` does not
-    qualify (exactly one index a function of the distance, more than affine)."""
+    qualify (exactly one index a function of the distance, other than kv_idx - q_idx plus a
+    constant, the composed form itself)."""
     cap = e.value
     found = []
     for dim, index in enumerate(e.args):
         ops: set = set()
         if _of_distance(index, ops) and "distance" in ops:
             found.append((dim, index, ops))
-    if len(found) != 1 or found[0][2] <= _AFFINE | {"distance"}:
+    if len(found) != 1:
         return None
-    dim, index, _ = found[0]
+    dim, index, ops = found[0]
+    if ops <= _AFFINE | {"distance"} and _ascending(index):
+        return None
     positions = _positions(index, lq, lk, cap.tensor.shape[dim], cap.tensor.device)
     if positions is None:
         return None
@@ -96,6 +100,20 @@ def _composed_read(e: Expr, lq: int, lk: int) -> Expr | None:
     shifted = Expr("add", INDEX, (distance, Expr("const", INDEX, value=lq - 1)), loc=index.loc)
     indices = tuple(shifted if i == dim else a for i, a in enumerate(e.args))
     return Expr("extract", e.type, indices, composed, e.loc)
+
+
+def _ascending(index: Expr) -> bool:
+    """Whether the affine `index` of the distance steps by +1 with kv_idx: its reads along a row of
+    keys are consecutive. A relative-position table read at q_idx - kv_idx + c steps by -1, which
+    Triton's contiguity analysis does not see (it loads one element at a time): composing it
+    reverses the table once per call."""
+    import torch
+
+    try:
+        at = _evaluate(index, torch.tensor([0, 1]))
+    except (_NotEvaluable, RuntimeError):
+        return False
+    return int(at[1] - at[0]) == 1
 
 
 _POSITIONS: OrderedDict = OrderedDict()
