@@ -274,8 +274,8 @@ class _Backward(RunningMaxGradients):
         entry, args = self.signature(name, "dkdv", [self.b, self.hkv, nn])
         d_out, lse, delta, dk_dest, dv_dest = (args.get(r) for r in ("do", "lse", "delta", "dk", "dv"))
         # A user normalizer's rows, which its dQ kernel wrote.
-        online_rows = [args[r] for r in abi.backward_roles("dkdv", self.kind, self.stat)[0][1:]] \
-            if self.kind == "online" else []
+        online_rows = {r: args[r] for r in abi.backward_roles("dkdv", self.kind, self.stat)[0][1:]} \
+            if self.kind == "online" else {}
         q, k, v = (self.packed_arg(i) for i in range(3))
         lists = (_transposed(partial, nn), _transposed(full, nn))
         with ir.InsertionPoint(entry):
@@ -305,15 +305,12 @@ class _Backward(RunningMaxGradients):
                     qk_t = matmul(k_tile, transpose(q_tile), zeros([bn, bm]))
                     dp_t = matmul(v_tile, transpose(do_tile), zeros([bn, bm]))
                     if self.kind == "online":
-                        rows = {r: q_rows.load(t, h, m0, bm, None) for r, t in zip(("delta", "rscale", "rowmax",
-                                                                                   "maxkey", "dmax"), online_rows)}
+                        rows = {r: q_rows.load(t, h, m0, bm, None) for r, t in online_rows.items()}
                         if self.stat == "max":
-                            rows = [rows[r] for r in ("rowmax", "rscale", "delta", "maxkey", "dmax")]
                             p_t, ds_t, _ = self.max_tile_gradients(qk_t, dp_t, rows, pb, h, m0, n0, masked,
                                                                    keys_first=True)
                         else:
-                            p_t, ds_t = self.online_gradients(qk_t, dp_t, (rows["rscale"], rows["delta"]), pb, h,
-                                                              m0, n0, masked)
+                            p_t, ds_t = self.online_gradients(qk_t, dp_t, rows, pb, h, m0, n0, masked)
                     else:
                         p_t, ds_t = self.tile_gradients(qk_t, dp_t, neg_lse2, delta_row, pb, h, m0, n0, masked,
                                                         keys_first=True)
@@ -398,7 +395,6 @@ class _Backward(RunningMaxGradients):
             if self.row_statistic:
                 results.append(q_rows.store(delta_row, delta_dest, ph, m0, bm))
             func.ReturnOp(results + closures)
-
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,15 @@ class OnlineGradients(TileGradients):
 
         return p, self.generic([(qk, TILE), (x, TILE)], tile_t, slope)
 
+    def accumulate_rows(self, total, tile, reduce=None, combine=None):
+        """`total` (a row vector) combined (added by default) with the rows of `tile` reduced by
+        `reduce` (row sums by default)."""
+        from mlir.dialects import arith
+
+        reduced = (reduce or self.row_sum)(tile)
+        return self.generic([(total, ROW), (reduced, ROW)], tensor_type(list(total.type.shape)),
+                            lambda a: (combine or arith.addf)(a[0], a[1]), rank=1)
+
     def online_rows(self, total, products):
         """(rscale, delta) per query row from l = rowsum(p) and rowsum(p * dP): finalize(1, l) and
         finalize's derivative in l at acc = 1 times rowsum(p * dP) (finalize is linear in acc)."""
@@ -77,13 +86,13 @@ class OnlineGradients(TileGradients):
         return rscale, delta
 
     def online_gradients(self, qk_t, dp_t, rows, pb, h, m0, n0, masked: bool):
-        """(P^T, dS^T) of a transposed tile under a user's online normalizer, from the rows'
-        rscale and delta the dQ kernel wrote: P = rscale p, dS = c (rscale dP + delta)."""
+        """(P^T, dS^T) of a transposed tile under a user's online normalizer, from `rows`, the
+        rscale and delta the dQ kernel wrote by role: P = rscale p, dS = c (rscale dP + delta)."""
         from mlir.dialects import arith
 
         tile_t = tensor_type(list(qk_t.type.shape))
         p_t, c_t = self.online_tile(qk_t, pb, h, m0, n0, masked, keys_first=True)
-        rscale, delta = ((row, (1,)) for row in rows)
+        rscale, delta = ((rows[r], (1,)) for r in ("rscale", "delta"))
         probs = self.generic([(p_t, TILE), rscale], tile_t, lambda a: arith.mulf(a[0], a[1]))
         ds = self.generic([(c_t, TILE), (dp_t, TILE), rscale, delta], tile_t,
                           lambda a: arith.mulf(a[0], arith.addf(arith.mulf(a[2], a[1]), a[3])))
@@ -102,11 +111,8 @@ class OnlineGradients(TileGradients):
         pb, ph, hk, pm, m0 = program
         dq_dest, delta_dest, rscale_dest = dests
         bm, bn = self.bm, self.bn
-        tile_t, rows_t = tensor_type([bm, bn]), tensor_type([bm])
-
-        def add_rows(total, tile):
-            return self.generic([(total, ROW), (self.row_sum(tile), ROW)], rows_t,
-                                lambda a: arith.addf(a[0], a[1]), rank=1)
+        tile_t = tensor_type([bm, bn])
+        add_rows = self.accumulate_rows
 
         def step(nb, acc, masked):
             n0 = arith.muli(nb, index(bn))

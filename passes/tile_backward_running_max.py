@@ -19,6 +19,7 @@ the max's share in a third accumulator, but with one [block_m, dk] accumulator l
 """
 from __future__ import annotations
 
+from ..core import abi
 from .l1_builders import empty, f32, fill, index, matmul, tensor_type, zeros
 from .tile_backward_online import OnlineGradients
 from .tile_backward_tiles import ROW, TILE
@@ -39,14 +40,14 @@ class RunningMaxGradients(OnlineGradients):
 
     def max_tile_gradients(self, qk, dp, rows, pb, h, m0, n0, masked: bool, keys_first: bool = False,
                            with_probs: bool = True):
-        """(P, dS, dx) of a tile (transposed with `keys_first`) from the rows' (m, rscale, delta,
-        maxkey, dmax) the dQ kernel found: P = rscale prob(x, m), dx = dp/dx (rscale dP + delta)
+        """(P, dS, dx) of a tile (transposed with `keys_first`) from `rows`, the dQ kernel's rows by
+        role (rowmax m, rscale, delta, maxkey, dmax): P = rscale prob(x, m), dx = dp/dx (rscale dP + delta)
         plus dmax at the row's max key, dS = score_mod_grad(s, dx); all 0 at masked pairs.
         Without `with_probs`, P is None."""
         from mlir.dialects import arith
 
         dims = (1,) if keys_first else (0,)
-        m, rscale, delta, key, dmax = ((row, dims) for row in rows)
+        m, rscale, delta, key, dmax = ((rows[r], dims) for r in ("rowmax", "rscale", "delta", "maxkey", "dmax"))
         tile_t = tensor_type(list(qk.type.shape))
         where = (pb, h, m0, n0, masked, keys_first)
         x = self.online_modded(qk, pb, h, m0, n0, keys_first)
@@ -89,10 +90,7 @@ class RunningMaxGradients(OnlineGradients):
             n0 = arith.muli(nb, index(bn))
             return (n0,) + self.key_tile_products(q_tile, do_tile, k_rows, (k, v), hk, n0, with_products)
 
-        def combine(total, tile, reduce=None, op=arith.addf):
-            """total op= the rows of `tile` reduced by `reduce` (row sums by default)."""
-            reduced = (reduce or self.row_sum)(tile)
-            return self.generic([(total, ROW), (reduced, ROW)], rows_t, lambda a: op(a[0], a[1]), rank=1)
+        combine = self.accumulate_rows
 
         def largest(nb, acc, masked):
             n0, _, qk, _ = products(nb, with_products=False)
@@ -130,7 +128,7 @@ class RunningMaxGradients(OnlineGradients):
         rscale, delta = self.online_rows(total, weighted)
         dmax = self.generic([(rscale, ROW), (slope_weighted, ROW), (delta, ROW), (slopes, ROW)], rows_t,
                             lambda a: arith.addf(arith.mulf(a[0], a[1]), arith.mulf(a[2], a[3])), rank=1)
-        rows = (m, rscale, delta, key, dmax)
+        rows = {"rowmax": m, "rscale": rscale, "delta": delta, "maxkey": key, "dmax": dmax}
 
         def gradients(nb, acc, masked):
             n0, k_tile, qk, dp = products(nb)
@@ -140,7 +138,8 @@ class RunningMaxGradients(OnlineGradients):
 
         dq, *closures = self.walk(lists, pm, [zeros([bm, self.dk])] + list(closure_dests), gradients, reach)
         results = [q_rows.store(self.scaled(dq, self.scale), dests[0], ph, m0, bm)]
-        results += [q_rows.store(row, dest, ph, m0, bm) for row, dest in zip((delta, rscale, m, key, dmax), dests[1:])]
+        roles = abi.backward_roles("dq", "online", "max")[1][1:]
+        results += [q_rows.store(rows[r], dest, ph, m0, bm) for r, dest in zip(roles, dests[1:])]
         func.ReturnOp(results + closures)
 
     def row_max(self, value):

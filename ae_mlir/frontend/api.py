@@ -42,6 +42,14 @@ class _Captures:
                 positions.append(len(self.tensors) - 1)
         return positions
 
+    def add_call_tensor(self, tensor) -> str:
+        """Append a tensor the call adds after the mods' (key lengths, a block table, offsets: no
+        source, no origin); returns its argument name."""
+        self.tensors.append(tensor)
+        self.sources.append(None)
+        self.origins.append(None)
+        return f"%c{len(self.tensors) - 1}"
+
     def plan(self, written: "_Captures") -> list:
         """Per tensor here that a mod reads, (the index of the user's tensor it comes from among
         `written`'s, the module as written, the dimension gathered or None, the positions
@@ -252,10 +260,7 @@ class attention:
                 mask_loc = _defined_at(self.mask_mod, call)
             operands, operand_types = "", ""
             if kv_len is not None:
-                operands, operand_types = f"%c{len(caps.tensors)}", tensor_type(kv_len.shape, "i32")
-                caps.tensors.append(kv_len)
-                caps.sources.append(None)
-                caps.origins.append(None)
+                operands, operand_types = caps.add_call_tensor(kv_len), tensor_type(kv_len.shape, "i32")
             body.append(f'%keep = "attn.mask"({operands}) ({region}) : ({operand_types}) -> {tm}' + mask_loc)
             keep = "%keep"
         with_lse = self.normalize == "softmax"
@@ -278,10 +283,7 @@ class attention:
         )
         body.append(f'%out = "attn.aggregate"(%probs, {values}) : ({ts}, {tv}) -> {to}' + call)
         if block_table is not None:
-            table = f"%c{len(caps.tensors)}"
-            caps.tensors.append(block_table)
-            caps.sources.append(None)
-            caps.origins.append(None)
+            table = caps.add_call_tensor(block_table)
             body[:0] = [f'%{name}_logical = "attn.gather_pages"(%{name}, {table}) : '
                         f'({tensor_type(t.shape, elt)}, {tensor_type(block_table.shape, "i32")}) -> {logical}' + call
                         for name, t, logical in (("k", k, tk), ("v", v, tv))]
@@ -351,8 +353,15 @@ class attention:
         """The L0 module for these [B, H, L, D] tensors (and per-entry key lengths, a paged cache,
         packed sequences) and the closure tensors it takes, checked (devices; indices in checked
         mode); `compose` as `_build` takes it."""
-        text, captures = self._build(q, k, v, kv_len=kv_len, block_table=block_table, sequences=sequences,
-                                     compose=compose)
+        text, caps = self._prepare_captures(q, k, v, kv_len, block_table, sequences, compose)
+        return text, caps.tensors
+
+    def _prepare_captures(self, q, k, v, kv_len=None, block_table=None, sequences=None,
+                          compose: bool = True) -> tuple[str, "_Captures"]:
+        """`_prepare` with the closure tensors as `_build_captures` gives them."""
+        text, caps = self._build_captures(q, k, v, kv_len=kv_len, block_table=block_table, sequences=sequences,
+                                          compose=compose)
+        captures = caps.tensors
         checks.check_capture_devices(captures, q.device)
         if index_check.enabled(self.check_indices) and captures:
             unclamped, read = self._build(q, k, v, clamp=False, kv_len=kv_len, block_table=block_table,
@@ -366,7 +375,7 @@ class attention:
 
                 grid = checked_grid(q, k, kv_len, block_table, sequences)
             index_check.check_module(unclamped, [q, k, v] + read, 3, mods, grid)
-        return text, captures
+        return text, caps
 
     def _out(self, out):
         """The output in the caller's layout (a view); lse stays [B, H, L], as FlashAttention's."""

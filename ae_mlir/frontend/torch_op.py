@@ -33,8 +33,8 @@ def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest:
         from .varlen import Sequences
 
         sequences, kv_len = Sequences(cu_q, cu_k, kv_len, *longest), None
-    _, traced = attn._prepare(q, k, v, kv_len, block_table, sequences, compose=False)
-    traced = traced[:len(traced) - len(_present(cache))]
+    written_text, written = attn._prepare_captures(q, k, v, kv_len, block_table, sequences, compose=False)
+    traced = written.tensors[:len(written.tensors) - len(_present(cache))]
     given = _kernel_captures(captures)
     if [(tuple(t.shape), t.dtype) for t in traced] != [(tuple(t.shape), t.dtype) for t in given]:
         raise RuntimeError(f"the mods of ae_mlir attention {key!r} now read closure tensors "
@@ -45,9 +45,8 @@ def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest:
     # As eager calls: the reference backend evaluates the mods as written.
     where = {"kv_len": kv_len, "block_table": block_table, "sequences": sequences,
              "compose": backend != "reference"}
-    text, composed = attn._build_captures(q, k, v, **where)
-    plan = composed.plan(attn._build_captures(q, k, v, **dict(where, compose=False))[1])
-    return compiled_call(attn, text, q, k, v, backend, **where), plan
+    text, composed = attn._build_captures(q, k, v, **where) if where["compose"] else (written_text, written)
+    return compiled_call(attn, text, q, k, v, backend, **where), composed.plan(written)
 
 
 def _present(cache: list) -> list:

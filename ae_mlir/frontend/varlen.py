@@ -137,10 +137,7 @@ def packed_module_lines(body: list, caps, sequences: Sequences, q, k, v, ret_val
     names and types."""
     from .emit import mlir_elt, tensor_type
 
-    cu_q, cu_k = (f"%c{len(caps.tensors) + i}" for i in range(2))
-    caps.tensors += [sequences.cu_q, sequences.cu_k]
-    caps.sources += [None, None]
-    caps.origins += [None, None]
+    cu_q, cu_k = (caps.add_call_tensor(t) for t in (sequences.cu_q, sequences.cu_k))
     cu_type = tensor_type(sequences.cu_q.shape, "i32")
     elt = mlir_elt(q.dtype)
     lines = []
