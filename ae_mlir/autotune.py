@@ -1,6 +1,6 @@
 """Autotuning: a small search over the kernels' launch configuration per compiled module (variant
 and shapes) and target, the choice kept on disk. On GPUs (Triton) it covers block sizes, warps
-and pipeline stages; on the CPU the tiles (rows per program, keys per KV tile), timed by the
+and pipeline stages (on Hopper, TMA tile loads on or off); on the CPU the tiles (rows per program, keys per KV tile), timed by the
 wall clock (`median_wall_ms`).
 
 `ae.attention(..., autotune=True)` and `ae.linear_attention(..., autotune=True)` ask for it; the
@@ -76,7 +76,12 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         found, default = _linear_candidates(problem, target)
     else:
         found, default = _softmax_candidates(problem, target)
-    return _unique([{}] + [c for c in found if any(default.get(k) != v for k, v in c.items())])
+    kept = _unique([{}] + [c for c in found if any(default.get(k) != v for k, v in c.items())])
+    if target != "host" and not problem.linear and presets.has_tma(target):
+        # TMA tile loads won or lost 2-11% by shape and config on an H200 (presets.has_tma), so
+        # every candidate is tried with them too.
+        kept += [dict(c, tensor_descriptors=True) for c in kept]
+    return kept
 
 
 def _cpu_candidates(problem: Problem) -> tuple[list[dict], dict]:

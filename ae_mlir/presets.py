@@ -223,6 +223,18 @@ def linear_config(problem: "Problem", target: str = "cuda:90") -> dict:
 WHOLE_TILES = {"cpu": True, "triton": False}
 
 
+def has_tma(target: str) -> bool:
+    """Whether `target` can load tiles through TMA tensor descriptors (`tensor_descriptors`):
+    NVIDIA from sm90 (Hopper) on; AMD's gfx942 has none. The preset leaves them off: on an H200
+    (bf16 B*L = 16384 H16, bench/results/h200-attention-configs-2026-12-03-tma.json) they ran
+    full attention at D = 128 3.5% faster at L = 8192 (496 against 479 TFLOP/s, 504 at 128x128
+    tiles) but 2% slower at L = 2048, causal 11% slower at L = 2048 (330 against 372) and D = 64
+    2-6% slower at L = 2048: each program makes its descriptors on the device (a global write and
+    a fence) before its first tile, which short KV loops do not repay. Autotuning tries them."""
+    family, _, arch = target.partition(":")
+    return family == "cuda" and arch.isdigit() and int(arch) >= 90
+
+
 # --- CPU defaults --------------------------------------------------------------------------------
 
 # Rows per program and keys per KV tile: a 64x64 f32 score tile (16 KiB) and the K, V and
@@ -318,6 +330,7 @@ class PresetOptions:
     canonicalize: bool = True      # triton: canonicalize,cse on L1 before attn-lower-to-triton
     assume_aligned: bool = True    # attn-lower-to-triton: the aligned variant
     input_precision: Literal["ieee", "tf32", "tf32x3"] = "ieee"   # attn-lower-to-triton
+    tensor_descriptors: bool = False  # attn-lower-to-triton: TMA tile loads (see has_tma)
     unit_inner_stride: bool = True  # attn-lower-to-cpu
     vector_bits: int = 512         # attn-lower-to-cpu: register tiles for the host's vector width
     no_avx512_bf16: bool = False   # attn-lower-to-cpu: the host has AVX512-BF16 (cpu_target_features)
@@ -476,7 +489,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         to_l1 += ["canonicalize", "cse"]
     return [Stage("l1", tuple(to_l1)),
             Stage("ttir", (f"attn-lower-to-triton{{assume-aligned={_flag(o.assume_aligned)} "
-                           f"input-precision={o.input_precision}}}",))]
+                           f"input-precision={o.input_precision} "
+                           f"tensor-descriptors={_flag(o.tensor_descriptors)}}}",))]
 
 
 def pipeline_text(preset: str, options: PresetOptions, stage: str | None = None) -> str:

@@ -421,6 +421,25 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
     return {spec.role: tensors[spec.role] for spec in bundle.outputs}
 
 
+def _scratch(size: int, alignment: int, stream):
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_scratch_allocator() -> None:
+    """A kernel that makes TMA descriptors on the device writes them to global scratch memory,
+    which Triton's launcher asks the allocator set in the launching thread's context for
+    (autograd runs the backward on threads of its own, whose context starts with none). Where
+    none is set, torch's caching allocator serves it (CUDA-graph capture included); an allocator
+    the caller set is left alone. Triton keeps the current one in a private ContextVar."""
+    import triton
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)
+
+
 def _launch_one(kernel, variant: KernelVariant, target: str, args: list) -> None:
     """Launch one kernel (a Bundle or a Stage) with its compile options."""
     # Hashing the Triton IR on every call would cost more than a short kernel runs.
@@ -429,6 +448,8 @@ def _launch_one(kernel, variant: KernelVariant, target: str, args: list) -> None
         entry = (variant, compile_ttir(variant.ttir, target, kernel.num_warps, kernel.num_stages))
         _LAUNCHABLE[id(variant), target] = entry
     compiled = entry[1]
+    if getattr(compiled.metadata, "global_scratch_size", 0):
+        _ensure_scratch_allocator()
     try:
         compiled[tuple(kernel.grid)](*args)
     except _out_of_resources() as err:

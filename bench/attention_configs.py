@@ -8,6 +8,7 @@ code-generation choices, beside SDPA's cuDNN and flash backends in the same run.
 `ae.attention` would with that config; a choice named `...+ws` also marks the KV loops of the
 Triton IR `tt.warp_specialize`, which Triton 3.6 hands to its Hopper warp-specialization pass.
 That edit is an experiment to decide what the lowering should emit, not something ae-mlir does.
+"pointers" is the lowering without TMA tile loads (`tensor_descriptors`), the others with them.
 `run` times every bundle with `triton.testing.do_bench` (median; warmup 25 ms, rep 100 ms) on fresh
 random bf16 inputs and writes attention-configs.json: TFLOP/s of each choice and of the peers.
 """
@@ -26,14 +27,18 @@ sys.path.insert(0, os.path.dirname(HERE))
 # (name, causal, batch, heads, seq, head dim): B * L = 16384 as in the suite's catalogue part.
 CASES = [(f"{'causal' if causal else 'full'}-d{d}-l{seq}", causal, 16384 // seq, 16, seq, d)
          for causal in (False, True) for d in (64, 128) for seq in (2048, 8192)]
-# (name, config or None for ae-mlir's default, warp-specialize the KV loops)
+# (name, config overrides or None for ae-mlir's default, warp-specialize the KV loops). The
+# default loads tiles through TMA tensor descriptors on sm90; "pointers" is the lowering without.
+_M128N64W4S3 = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3}
+_M128N128W8S3 = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3}
 CHOICES = [
+    ("pointers", {"tensor_descriptors": False}, False),
     ("default", None, False),
     ("default+ws", None, True),
-    ("m128n128w8s2", {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}, False),
-    ("m128n64w8s2", {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}, False),
-    ("m128n64w4s3", {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3}, False),
-    ("m128n128w8s2+ws", {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}, True),
+    ("m128n64w4s3", _M128N64W4S3, False),
+    ("m128n64w4s3+ws", _M128N64W4S3, True),
+    ("m128n128w8s3", _M128N128W8S3, False),
+    ("m128n128w8s3+ws", _M128N128W8S3, True),
 ]
 # bf16 outputs of values within [-1, 1] that agree with cuDNN's to a few bf16 ulps.
 MAX_ERROR = 0.05

@@ -29,6 +29,12 @@ irdl.dialect @tt {
     irdl.parameters(pointee: %pointee)
   }
 
+  // !tt.tensordesc<tensor<...>>: a TMA tensor descriptor loading tiles of the given type.
+  irdl.type @tensordesc {
+    %block = irdl.any
+    irdl.parameters(block: %block)
+  }
+
   // The kernel. Attributes: function_type, sym_name, sym_visibility ("public"), noinline and,
   // optionally, arg_attrs (tt.divisibility hints per argument).
   irdl.operation @func {
@@ -111,6 +117,26 @@ irdl.dialect @tt {
   }
 
   // Masked store.
+  // A 2-D descriptor (the only rank the lowering makes) over a tensor of base, sizes (i32) and
+  // strides (i64).
+  irdl.operation @make_tensor_descriptor {
+    %base = irdl.any
+    %i32 = irdl.is i32
+    %i64 = irdl.is i64
+    %desc = irdl.any
+    irdl.operands(base: %base, rows: %i32, columns: %i32, row_stride: %i64, column_stride: %i64)
+    irdl.results(result: %desc)
+  }
+
+  // The tile of a descriptor at i32 offsets, one per dimension; zeros past the tensor's end.
+  irdl.operation @descriptor_load {
+    %desc = irdl.any
+    %offset = irdl.any
+    %result = irdl.any
+    irdl.operands(desc: %desc, offsets: variadic %offset)
+    irdl.results(result: %result)
+  }
+
   irdl.operation @store {
     %ptr = irdl.any
     %value = irdl.any

@@ -42,6 +42,14 @@ other closure tensors it assumes a unit last stride alone. Without
 it every stride is an i64 argument and every offset 64-bit, for any layout. The runtime checks a
 call against the aligned variant's assumptions and falls back to the general one.
 
+With `tensor-descriptors` the aligned variant loads a 2-D tile of such a float argument through a
+`tt.make_tensor_descriptor` over the argument's last two dimensions at the program's leading
+offsets (batch, head), made once at function level, and `tt.descriptor_load` at the tile's
+offsets: on Hopper a TMA copy, which fills zeros past the tensor's end just as the masked load
+does. Only where the slice is exactly the tile cut at the tensor's end (not a tile cut shorter by
+per-entry lengths, which a descriptor would read past) and its leading offsets do not vary in a
+loop; every other load keeps its pointers.
+
 `attn.kernel_args` on the tt.func names each kernel argument (`q`, `q.stride0`, ..., `c0`,
 `out`, `lse`, `table0`), from the L1 function's `attn.arg_roles` where it has them (`w0`,
 `state`, ...); `attn.block_m`/`attn.block_n` are kept. A module of several kernels (the split
@@ -94,6 +102,9 @@ class LowerToTriton(ModulePass):
                                         "dense closure tensors (32-bit tile offsets)")
     input_precision: Literal["ieee", "tf32", "tf32x3"] = option(
         "ieee", "how tt.dot multiplies f32 tiles (16-bit inputs always use tensor cores)")
+    tensor_descriptors: bool = option(
+        False, "with assume-aligned, load 2-D tiles of aligned float arguments through TMA tensor "
+               "descriptors made once per program (NVIDIA sm90 and later)")
 
     def apply(self, module_op) -> None:
         from mlir import ir
@@ -105,7 +116,8 @@ class LowerToTriton(ModulePass):
             raise CompileError("attn-lower-to-triton needs an L1 kernel (a func.func with attn.grid); "
                                "run attn-tile first")
         for func in kernels:
-            text = Kernel(func, self.assume_aligned, self.input_precision).build()
+            text = Kernel(func, self.assume_aligned, self.input_precision,
+                          self.assume_aligned and self.tensor_descriptors).build()
             parsed = parse_module(text, module_op.context, "<attn-lower-to-triton>")
             with module_op.context:
                 parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(func))

@@ -148,7 +148,7 @@ def test_triton_text_names_every_option():
         "attn-chunk-recurrence{split=true block-v=64 block-k=64},"
         "attn-tile{block-m=128 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false},"
         "attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,"
-        "attn-lower-to-triton{assume-aligned=true input-precision=ieee})")
+        "attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false})")
     assert (options.num_warps, options.num_stages) == (4, 3)
 
 

@@ -106,6 +106,21 @@ def test_numerics(name):
     check(ae.attention(**attn_kwargs), q, k, v, config=config)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_numerics_with_tma_tile_loads(name):
+    """TMA tile loads (tensor_descriptors, an autotuning choice on sm90): ragged tiles, head dims
+    padded past the tensor (D = 80), Lq != Lk and GQA read zeros past the tensor's end as the
+    masked loads do; a one-row sequence keeps its pointers."""
+    attn_kwargs, shape, config = CASES[name]
+    q, k, v = qkv(**shape)
+    if config is None:
+        dtype = str(q.dtype).removeprefix("torch.")
+        config = presets.default_config(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dtype, "cuda:90")
+    _, _, bundle = check(ae.attention(**attn_kwargs), q, k, v, config=dict(config, tensor_descriptors=True),
+                         expect_variant="aligned")
+    assert ('"tt.descriptor_load"' in bundle.variants["aligned"].ttir) == (q.shape[2] > 1)
+
+
 @pytest.mark.parametrize("name", ["alibi-causal-gqa-bf16", "softcap-fp32-D80-lq-ne-lk", "document-bf16",
                                   "dk64-dv16-fp32"])
 def test_numerics_of_uncanonicalized_l1(name):
@@ -417,6 +432,17 @@ def test_ttir_structure_is_flash_attention():
     # loaded in it, where each step does Q K^T and P V on tt.dot and exp2.
     assert len(q_loads) == 1 and q_loads[0] < loop
     assert len(kv_loads) == 2 and all(pos > loop for pos in kv_loads)
+    assert "descriptor" not in ttir
+    # With TMA tile loads (an autotuning choice on sm90) the same three tiles load through
+    # descriptors made before the loop, and no tile through pointers.
+    tma = tb.compile_bundle(ae.attention(), q, k, v, target="cuda:90", config={"tensor_descriptors": True})
+    ttir = tma.variants["aligned"].ttir
+    loop = ttir.index('"scf.for"')
+    loads = [m.start() for m in re.finditer(r'"tt.descriptor_load"', ttir)]
+    descriptors = [m.start() for m in re.finditer(r'"tt.make_tensor_descriptor"', ttir)]
+    assert len(loads) == 3 and sum(pos > loop for pos in loads) == 2
+    assert len(descriptors) == 3 and all(pos < loop for pos in descriptors)
+    assert '"tt.load"' not in ttir and "descriptor" not in tma.variants["generic"].ttir
     assert ttir.count('"scf.for"') == 1
     body = ttir[loop:]
     assert body.count('"tt.dot"') >= 2 and '"math.exp2"' in body and '"tt.reduce"' in body

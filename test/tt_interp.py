@@ -60,7 +60,12 @@ class _Type:
         self.elem = m.group(2) if m else text
         p = re.fullmatch(r"!tt\.ptr<([^,>]+)(?:,\s*\d+)?>", self.elem)
         self.pointee = p.group(1) if p else None
-        if self.pointee is not None:
+        desc = re.fullmatch(r"!tt\.tensordesc<(tensor<.+>)>", text)
+        # A tensor descriptor's value is a _Descriptor; its type keeps the tile's type.
+        self.block = _Type(desc.group(1)) if desc else None
+        if self.block is not None:
+            self.dtype = np.dtype(object)
+        elif self.pointee is not None:
             self.dtype = np.dtype(np.int64)
         elif self.elem in _DTYPES:
             self.dtype = np.dtype(_DTYPES[self.elem])
@@ -439,6 +444,51 @@ def _op_store(f, op):
     return run
 
 
+class _Descriptor:
+    """A tensor descriptor: the base address, and per dimension its size and stride (elements)."""
+
+    def __init__(self, base, sizes, strides):
+        self.base, self.sizes, self.strides = base, sizes, strides
+
+
+def _op_make_tensor_descriptor(f, op):
+    """tt.make_tensor_descriptor(base, sizes..., strides...): sizes and strides, one per dimension."""
+    slots = [f.slot(v) for v in op.operands]
+    rank = (len(slots) - 1) // 2
+    out = f.slot(op.results[0])
+
+    def run(env):
+        values = [int(env[s]) for s in slots[1:]]
+        env[out] = _Descriptor(np.int64(env[slots[0]]), values[:rank], values[rank:])
+    return run
+
+
+def _op_descriptor_load(f, op):
+    """tt.descriptor_load: the block at the offsets; elements past the tensor's sizes (or before
+    its start) read 0, as a TMA copy fills them."""
+    desc, offsets = f.slot(op.operands[0]), [f.slot(v) for v in list(op.operands)[1:]]
+    ty = _Type.of(op.results[0].type)
+    out, program, finish = f.slot(op.results[0]), f.program, _finisher(ty)
+    where = f"tt.descriptor_load at {op.location}"
+
+    def run(env):
+        d = env[desc]
+        addr = np.full(ty.shape, d.base, np.int64)
+        active = np.ones(ty.shape, bool)
+        for k, (n, size, stride) in enumerate(zip(ty.shape, d.sizes, d.strides)):
+            index = int(env[offsets[k]]) + np.arange(n, dtype=np.int64)
+            shape = [1] * len(ty.shape)
+            shape[k] = n
+            index = index.reshape(shape)
+            addr = addr + index * stride
+            active = active & (index >= 0) & (index < size)
+        result = np.zeros(ty.shape, ty.dtype)
+        for buf, sel, idx in program.resolve(addr, active, ty.elem, where):
+            result[sel] = buf[idx]
+        env[out] = finish(result)
+    return run
+
+
 def _op_atomic_rmw(f, op):
     """tt.atomic_rmw fadd (atomic_rmw_op 5): each active lane adds its value to its element, lanes
     on one element all counting (np.add.at); the result is what the elements held before."""
@@ -613,6 +663,8 @@ _HANDLERS = {
     "tt.load": _op_load,
     "tt.store": _op_store,
     "tt.atomic_rmw": _op_atomic_rmw,
+    "tt.make_tensor_descriptor": _op_make_tensor_descriptor,
+    "tt.descriptor_load": _op_descriptor_load,
     "tt.dot": _op_dot,
     "tt.reduce": _op_reduce,
     "tt.scan": _op_scan,

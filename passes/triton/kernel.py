@@ -9,10 +9,11 @@ from .values import PRECISION, Dest, Table, fail, padded_size
 
 
 class Kernel(TensorOps, LinalgOps):
-    def __init__(self, func, aligned: bool, precision: str):
+    def __init__(self, func, aligned: bool, precision: str, descriptors: bool = False):
         super().__init__()
         self.func = func
         self.aligned = aligned
+        self.descriptors = descriptors
         self.precision = PRECISION[precision]
         self.params: list[tuple[str, str, str, str]] = []  # name, type, arg attrs, label
         self.tables: list[Table] = []

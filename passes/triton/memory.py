@@ -7,13 +7,16 @@ from dataclasses import replace
 
 from ...core import abi
 from .builder import TileBuilder
-from .values import Arg, Slice, Value, element_type, fail, padded_size
+from .values import Arg, Slice, Value, element_type, fail, padded_size, tensor_type
 
 # The most destination elements a tile's varying indices may reach for the tile to be summed per
 # element (one loop iteration and one atomic each) rather than added lane by lane: a loop
 # iteration costs a compare, a select and a sum over the tile, which pays where many lanes would
 # serialize on few addresses.
 ONE_HOT_REACH = 64
+
+# The largest tile dimension a TMA tensor descriptor loads (its box dimensions).
+DESCRIPTOR_BLOCK = 256
 
 
 class Memory(TileBuilder):
@@ -57,7 +60,8 @@ class Memory(TileBuilder):
                 hint = "tt.divisibility = 16 : i32" if aligned and label not in abi.ROW_STATS else ""
                 strides.append(self.add_param(f"{label}_stride{d}", "i32" if aligned else "i64",
                                               f"{label}.stride{d}", hint))
-            self.values[arg] = Arg(label, shape, stored, ptr, strides, "i32" if aligned else "i64", elt == "i1")
+            self.values[arg] = Arg(label, shape, stored, ptr, strides, "i32" if aligned else "i64", elt == "i1",
+                                   aligned)
         self.dests = args[len(args) - n_out:]
         self.dest_labels = labels[len(args) - n_out:]
 
@@ -103,10 +107,50 @@ class Memory(TileBuilder):
         if any(s != 1 for s in lead):
             raise fail(user, "must slice a tile out of the trailing dimensions (leading sizes must be 1)")
         padded = padded or tuple(padded_size(n) for n in shape)
+        if self._fits_descriptor(sl, padded):
+            return replace(self._descriptor_load(sl, padded), logical=shape, zero_pad=True)
         extents = [s if isinstance(s, Value) else min(s, n) for s, n in zip(sl.sizes[rank - t:], shape)]
         ptrs, mask = self.tile_pointers(arg, self.origin(arg, sl.offsets), padded, extents)
         value = self.load(ptrs, mask, arg.elt)
         return replace(value, logical=shape, zero_pad=True)
+
+    def _fits_descriptor(self, sl: Slice, padded: tuple) -> bool:
+        """Whether a 2-D tile can load through a TMA tensor descriptor: the option is on, the
+        argument is a float tensor in the aligned layout (16-byte aligned base and row stride),
+        the slice's leading offsets are fixed for the program, and the padded tile read from its
+        offsets, cut at the tensor's end (the descriptor fills zeros past it), is the slice
+        padded with zeros. Rows of one element are left to pointers: the aligned variant does not
+        check the stride of a dimension of size 1, which a descriptor needs."""
+        arg = sl.arg
+        if not (self.descriptors and arg.aligned and sl.spans is not None and len(padded) == 2):
+            return False
+        if arg.elt not in ("bf16", "f16", "f32") or arg.strides[-1] != 1 or min(arg.shape[-2:]) < 2:
+            return False
+        return all(span in (None, size) and size <= DESCRIPTOR_BLOCK for span, size in zip(sl.spans, padded))
+
+    def _descriptor_load(self, sl: Slice, padded: tuple) -> Value:
+        """tt.descriptor_load of the tile at the slice's trailing offsets, from a descriptor over
+        the argument's trailing two dimensions at its leading offsets, made once per program at
+        function level (so Triton's pipeliner sees one descriptor in the loop)."""
+        arg, rank = sl.arg, len(sl.arg.shape)
+        lead = sl.offsets[: rank - 2]
+        desc_type = f"!tt.tensordesc<{tensor_type(padded, arg.elt)}>"
+        key = ("descriptor", arg.label, tuple(o if isinstance(o, int) else o.name for o in lead), padded)
+        if key not in self.cache:
+            with self.em.at_function_level():
+                base = self.origin(arg, list(lead) + [0, 0])
+                operands = [base, self.const(arg.shape[-2], "i32"), self.const(arg.shape[-1], "i32"),
+                            self.cast_int(arg.strides[-2], "i64"), self.const(1, "i64")]
+                types = ", ".join(o.type for o in operands)
+                name = self.em(f'"tt.make_tensor_descriptor"({", ".join(o.name for o in operands)}) : '
+                               f"({types}) -> {desc_type}")
+            self.cache[key] = Value(name, (), desc_type)
+        desc = self.cache[key]
+        offsets = [self.const(o, "i32") if isinstance(o, int) else self.cast_int(o, "i32")
+                   for o in sl.offsets[rank - 2:]]
+        name = self.em(f'"tt.descriptor_load"({desc.name}, {offsets[0].name}, {offsets[1].name}) : '
+                       f"({desc_type}, i32, i32) -> {tensor_type(padded, arg.elt)}")
+        return Value(name, padded, arg.elt)
 
     def gather(self, arg: Arg, indices: list[Value], user, inside: list[bool] | None = None) -> Value:
         """arg[indices...] for index values of any (lazily broadcast) shape; out of range reads 0.

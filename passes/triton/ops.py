@@ -68,7 +68,7 @@ class TensorOps(Tables, MathExpansions):
             raise fail(op, "must have unit strides")
         rtype = op.results[0].type
         if isinstance(src, Arg):
-            sl = Slice(src, offsets, sizes)
+            sl = Slice(src, offsets, sizes, _descriptor_spans(op, src.shape))
             # canonicalize makes a ragged slice of constant size (the last KV tile, or a whole
             # sequence shorter than the block) static while the tensor.pad after it still pads to
             # the block: loaded here at the slice's own power of two, the pad could not widen it.
@@ -308,23 +308,69 @@ def _only_padded(value) -> bool:
     return bool(users) and all(user.name == "tensor.pad" for user in users)
 
 
-def _mixed(kernel: TensorOps, op, first: int) -> tuple[list, list, list]:
-    """Offsets, sizes and strides of a slice op: ints where static, lowered scalars where not."""
-    seg = list(op.attributes["operandSegmentSizes"])
-    dynamic = list(op.operands)[first:]
-    counts = seg[first:]
+def _descriptor_spans(op, shape: tuple) -> tuple | None:
+    """`Slice.spans` of a tensor.extract_slice of an argument of `shape` (see there): read from
+    the L1 ops, where a ragged tile's size is `min(size - offset, block)`."""
+    rank = len(shape)
+    if rank < 2:
+        return None
+    offsets, sizes, _ = _mixed_l1(op, 1)
+    if any(not isinstance(o, int) and not _at_function_level(o) for o in offsets[: rank - 2]):
+        return None
+    spans = []
+    for d in (rank - 2, rank - 1):
+        offset, size = offsets[d], sizes[d]
+        if isinstance(size, int):
+            spans.append(None if isinstance(offset, int) and offset + size == shape[d] else size)
+            continue
+        block = _block_up_to_end(size, offset, shape[d])
+        if block is None:
+            return None
+        spans.append(block)
+    return tuple(spans)
+
+
+def _block_up_to_end(size, offset, extent: int) -> int | None:
+    """C where the L1 value `size` is arith.minsi(extent - offset, C) (either operand order), else None."""
+    owner = getattr(size.owner, "operation", None)
+    if owner is None or owner.name != "arith.minsi":
+        return None
+    for rest, block in (tuple(owner.operands), tuple(owner.operands)[::-1]):
+        c = constant_int(block)
+        sub = getattr(rest.owner, "operation", None)
+        if c is None or sub is None or sub.name != "arith.subi" or constant_int(sub.operands[0]) != extent:
+            continue
+        other = sub.operands[1]
+        if (constant_int(other) == offset) if isinstance(offset, int) else other == offset:
+            return c
+    return None
+
+
+def _at_function_level(value) -> bool:
+    """Whether an L1 value is defined by an op in the function's own block (so it holds one value
+    for the whole program)."""
+    owner = getattr(value.owner, "operation", None)
+    return owner is not None and owner.parent is not None and owner.parent.name == "func.func"
+
+
+def _mixed_l1(op, first: int) -> tuple[list, list, list]:
+    """Offsets, sizes and strides of a slice op: ints where static or constant, L1 values where not."""
+    dynamic = iter(list(op.operands)[first:])
     groups = []
-    pos = 0
-    for key, count in zip(("static_offsets", "static_sizes", "static_strides"), counts):
-        values = dynamic[pos : pos + count]
-        pos += count
-        out, it = [], iter(values)
+    for key in ("static_offsets", "static_sizes", "static_strides"):
+        out = []
         for s in op.attributes[key]:
             if s == DYNAMIC:
-                v = next(it)
+                v = next(dynamic)
                 c = constant_int(v)
-                out.append(c if c is not None else kernel.scalar(v, op))
+                out.append(c if c is not None else v)
             else:
                 out.append(int(s))
         groups.append(out)
     return groups[0], groups[1], groups[2]
+
+
+def _mixed(kernel: TensorOps, op, first: int) -> tuple[list, list, list]:
+    """Offsets, sizes and strides of a slice op: ints where static, lowered scalars where not."""
+    return tuple([x if isinstance(x, int) else kernel.scalar(x, op) for x in group]
+                 for group in _mixed_l1(op, first))

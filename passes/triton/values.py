@@ -118,6 +118,7 @@ class Arg:
     strides: list  # per dimension: a scalar Value, or the int 1 when the layout fixes it
     offset_elt: str = "i64"  # integer type of offsets inside a tile
     bool_bytes: bool = False
+    aligned: bool = False  # abi.ALIGNED in the aligned variant: 16-byte aligned base and strides
 
 
 @dataclass
@@ -128,6 +129,10 @@ class Slice:
     arg: Arg
     offsets: list
     sizes: list
+    # What a tensor descriptor may load it through (`Memory.descriptor_load`): per trailing
+    # dimension the C for which the slice is [offset, min(offset + C, size)) (None: it reaches the
+    # tensor's end); None where the slice has another form or its leading offsets vary in a loop.
+    spans: tuple | None = None
 
 
 @dataclass
@@ -151,6 +156,8 @@ class Emitter:
         self.count = 0
         self.lines: list[str] = []
         self.prologue: list[str] = []
+        # The lines of the regions being captured around the current one, outermost first.
+        self.enclosing: list[list[str]] = []
 
     def fresh(self, hint: str = "v") -> str:
         self.count += 1
@@ -167,7 +174,20 @@ class Emitter:
     @contextlib.contextmanager
     def capture(self):
         saved, self.lines = self.lines, []
+        self.enclosing.append(saved)
         try:
             yield self.lines
+        finally:
+            self.enclosing.pop()
+            self.lines = saved
+
+    @contextlib.contextmanager
+    def at_function_level(self):
+        """Emit into the function's own block, just before the outermost region being captured
+        (where values defined at function level dominate every use inside it)."""
+        saved = self.lines
+        self.lines = self.enclosing[0] if self.enclosing else saved
+        try:
+            yield
         finally:
             self.lines = saved

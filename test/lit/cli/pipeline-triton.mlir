@@ -9,11 +9,11 @@
 // RUN: not ae-opt %s --pipeline=triton --target=host 2>&1 | FileCheck %s --check-prefix=HOST --implicit-check-not=Traceback
 // RUN: not ae-opt %s --pipeline='triton{colour=red}' 2>&1 | FileCheck %s --check-prefix=UNKNOWN --implicit-check-not=Traceback
 
-// CUDA: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=true block-v=64 block-k=64},attn-tile{block-m=16 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=true input-precision=ieee})
+// CUDA: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=true block-v=64 block-k=64},attn-tile{block-m=16 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false})
 // CUDA-NEXT: // launch: num-warps=4 num-stages=3
 // HIP: attn-tile{block-m=16 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false}
 // HIP: // launch: num-warps=4 num-stages=2
-// OVERRIDE: attn-tile{block-m=32 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=false input-precision=ieee})
+// OVERRIDE: attn-tile{block-m=32 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=false input-precision=ieee tensor-descriptors=false})
 // AFTER: IR Dump After AttnTile (attn-tile)
 // AFTER: IR Dump After Canonicalizer (canonicalize)
 // AFTER: IR Dump After CSE (cse)
