@@ -36,6 +36,16 @@ TARGETS = {"cpu": "host", "triton": "cuda:90"}
 # score_mod adds live values, so 128x64. The H200 runs behind these choices are in
 # bench/results/h200-catalogue-*.json and h200-verify-*.json.
 _CUDA_16BIT = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 3)}
+# Masks that cut more KV tiles per query block than a causal diagonal does (2 at 128 x 64: a band
+# cuts 4, a stride all): at D = 128 on an H200 (bf16, B*L = 16384,
+# bench/results/h200-attention-configs-2026-12-03-catalogue.json, medians of three alternating
+# rounds) 64x64 tiles with 4 warps ran the sliding window at 280 / 281 TFLOP/s (L 2048 / 8192)
+# against 232 / 230 at 128x64, causal + sliding 202 / 204 against 170 / 170 and the dilated mask
+# 187 / 210 against 161 / 190, where causal ran 297 / 368 against 375 / 449 and prefix-LM 380 /
+# 444 against 385 / 453. D = 64 and MI300 keep their tiles (not measured).
+CUT_TILES_AT = (128, 64)
+CUT_TILES_MAX = 2.5
+_CUDA_16BIT_CUT = {**_CUDA_16BIT, 128: (64, 64, 4, 3)}
 _CUDA_FP32 = {64: (128, 32, 4, 3), 128: (32, 64, 4, 3), 256: (32, 32, 4, 3)}
 # MI300 (gfx942): mfma 32x32 tiles; one LDS buffer per operand leaves room for 128x64 at D=128.
 _HIP_16BIT = {64: (128, 64, 4, 2), 128: (128, 64, 4, 2), 256: (64, 32, 4, 2)}
@@ -92,11 +102,13 @@ _PACK_GQA_MAX_LQ = 16
 
 
 def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, batch_heads: int | None = None,
-                   group: int = 1, uneven_keys: bool = False) -> dict:
+                   group: int = 1, uneven_keys: bool = False, cut_tiles: float = 0.0) -> dict:
     """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942");
-    with `batch_heads` (B * H), the KV splits and GQA packing too (`uneven_keys`: see
-    Problem)."""
+    with `batch_heads` (B * H), the KV splits and GQA packing too (`uneven_keys`, `cut_tiles`:
+    see Problem)."""
     d, table = _table(dk, dv, dtype, target, (_CUDA_16BIT, _CUDA_FP32, _HIP_16BIT, _HIP_FP32))
+    if table is _CUDA_16BIT and cut_tiles > CUT_TILES_MAX:
+        table = _CUDA_16BIT_CUT
     block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
     block_m = min(block_m, _pow2(lq))
     block_n = min(block_n, _pow2(lk))
@@ -271,6 +283,9 @@ class Problem:
     # Keys read through a page table, or per-entry lengths over more than one entry: programs'
     # work differs or waits on table reads, so decoding splits into more programs.
     uneven_keys: bool = False
+    # The KV tiles the mask cuts per query block at CUT_TILES_AT (positional masks; 0 otherwise):
+    # a causal diagonal cuts 2, the two edges of a band 4, a stride every one.
+    cut_tiles: float = 0.0
 
     @property
     def linear(self) -> bool:
@@ -289,9 +304,12 @@ def read_problem(module) -> Problem | None:
         q, k, v = types[:3]
         decay, chunk, keys, batch, queries = None, 0, k.shape[2], q.shape[0], q.shape[2]
         paged = lengths = False
+        mask = None
         for op in func.regions[0].blocks[0].operations:
             paged = paged or op.operation.name == "attn.gather_pages"
-            lengths = lengths or (op.operation.name == "attn.mask" and len(op.operation.operands) > 0)
+            if op.operation.name == "attn.mask":
+                lengths = lengths or len(op.operation.operands) > 0
+                mask = op.operation.regions[0]
             if op.operation.name == "attn.linear_recurrence":
                 decay = ir.StringAttr(op.operation.attributes["decay"]).value
                 chunk = ir.IntegerAttr(op.operation.attributes["chunk_size"]).value
@@ -300,8 +318,13 @@ def read_problem(module) -> Problem | None:
                 # packed rows: the scores see the logical batch, queries and keys.
                 batch, _, queries, _ = ir.RankedTensorType(op.operation.operands[0].type).shape
                 keys = ir.RankedTensorType(op.operation.operands[1].type).shape[2]
+        cut = 0.0
+        if mask is not None and decay is None and not paged and not lengths:
+            from .passes.tile_tables import cut_tiles
+
+            cut = cut_tiles(mask, queries, keys, *CUT_TILES_AT)
         return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
-                       batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1))
+                       batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut)
     return None
 
 
@@ -414,7 +437,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))
         else:
             values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                         problem.batch_heads, problem.group, problem.uneven_keys))
+                                         problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles))
     if "dkdv_num_warps" in values:  # the Triton backward's two configs
         _backward_overrides(values, typed)
     else:

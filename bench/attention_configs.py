@@ -1,16 +1,22 @@
-"""Time plain softmax attention (full and causal) under several block sizes, launch options and
-code-generation choices, beside SDPA's cuDNN and flash backends in the same run.
+"""Time softmax attention variants (catalogue entries) under several block sizes, launch options and
+code-generation choices, beside SDPA's cuDNN and flash backends (full and causal) in the same run.
 
-    python bench/attention_configs.py build [--out bench/config_bundles]     # here (MLIR)
-    python bench/attention_configs.py run --bundles bench/config_bundles     # on the GPU
+    python bench/attention_configs.py build [--bundles bench/config_bundles] [--variants full,causal]
+                                            [--dims 64,128] [--seqs 2048,8192] [--choices a,b,...]
+    python bench/attention_configs.py run --bundles bench/config_bundles [--rounds 3]   # on the GPU
 
 `build` compiles one bundle per (case, choice) with ae-mlir's Triton lowering, exactly as
-`ae.attention` would with that config; a choice named `...+ws` also marks the KV loops of the
-Triton IR `tt.warp_specialize`, which Triton 3.6 hands to its Hopper warp-specialization pass.
-That edit is an experiment to decide what the lowering should emit, not something ae-mlir does.
-"pointers" is the lowering without TMA tile loads (`tensor_descriptors`), the others with them.
-`run` times every bundle with `triton.testing.do_bench` (median; warmup 25 ms, rep 100 ms) on fresh
-random bf16 inputs and writes attention-configs.json: TFLOP/s of each choice and of the peers.
+`ae.attention` would with that config (the case is bench/suite.py's catalogue entry, B * L =
+16384, H = 16, bf16); a choice named `...+ws` also marks the KV loops of the Triton IR
+`tt.warp_specialize`, which Triton 3.6 hands to its Hopper warp-specialization pass. That edit
+is an experiment to decide what the lowering should emit, not something ae-mlir does.
+"default" is the preset's config (tiles through pointers), "tma..." load tiles through TMA tensor
+descriptors (`tensor_descriptors`).
+`run` times every bundle with `triton.testing.do_bench` (median; warmup 25 ms, rep 100 ms) on
+fresh random inputs, each case's choices in turn for `--rounds` rounds (so that drift over the
+run falls on every choice alike), and writes attention-configs.json: the median TFLOP/s of each
+choice, each round's, and the peers'. Outputs are checked against the first choice's (and
+cuDNN's where it computes the same attention).
 """
 from __future__ import annotations
 
@@ -19,36 +25,47 @@ import datetime
 import json
 import os
 import re
+import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
-# (name, causal, batch, heads, seq, head dim): B * L = 16384 as in the suite's catalogue part.
-CASES = [(f"{'causal' if causal else 'full'}-d{d}-l{seq}", causal, 16384 // seq, 16, seq, d)
-         for causal in (False, True) for d in (64, 128) for seq in (2048, 8192)]
-# (name, config overrides or None for ae-mlir's default, warp-specialize the KV loops). The
-# default loads tiles through TMA tensor descriptors on sm90; "pointers" is the lowering without.
+import suite  # noqa: E402
+
+# (name, config overrides or None for ae-mlir's default, warp-specialize the KV loops).
 _M128N64W4S3 = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3}
 _M128N128W8S3 = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3}
-CHOICES = [
-    ("pointers", {"tensor_descriptors": False}, False),
-    ("default", None, False),
-    ("default+ws", None, True),
-    ("m128n64w4s3", _M128N64W4S3, False),
-    ("m128n64w4s3+ws", _M128N64W4S3, True),
-    ("m128n128w8s3", _M128N128W8S3, False),
-    ("m128n128w8s3+ws", _M128N128W8S3, True),
-]
-# bf16 outputs of values within [-1, 1] that agree with cuDNN's to a few bf16 ulps.
+_M64N64W4S3 = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
+_M64N128W4S3 = {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 3}
+CHOICES = {
+    "default": (None, False),
+    "tma": ({"tensor_descriptors": True}, False),
+    "tma+ws": ({"tensor_descriptors": True}, True),
+    "m128n64w4s3": (_M128N64W4S3, False),
+    "m128n128w8s3": (_M128N128W8S3, False),
+    "tma-m128n128w8s3": (dict(_M128N128W8S3, tensor_descriptors=True), False),
+    "m64n64w4s3": (_M64N64W4S3, False),
+    "m64n128w4s3": (_M64N128W4S3, False),
+    "m64n64w4s3+ws": (_M64N64W4S3, True),
+}
+# Peers that compute the same attention as these catalogue entries.
+SDPA_CAUSAL = {"full": False, "causal": True}
+# bf16 outputs of values within [-1, 1] that agree to a few bf16 ulps (RetNet's unnormalized
+# outputs are not among the cases).
 MAX_ERROR = 0.05
+
+
+def _cases(variants: list[str], dims: list[int], seqs: list[int]) -> list:
+    return [suite.Case("catalogue", variant, suite.TOKENS // seq, suite.HEADS, seq, dim, "bfloat16")
+            for variant in variants for dim in dims for seq in seqs]
 
 
 def _warp_specialized(ttir: str) -> str:
     """The Triton IR with every top-level scf.for (the KV loops) marked tt.warp_specialize."""
-    lines = ttir.splitlines()
     out = []
-    for line in lines:
+    for line in ttir.splitlines():
         # A KV loop closes at the function body's indentation (4 spaces) with its result types.
         if re.match(r"^    \}\) : \(i32, i32, i32, ", line):
             line = line.replace("}) : (", "}) {tt.warp_specialize} : (", 1)
@@ -56,29 +73,26 @@ def _warp_specialized(ttir: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def build(out_dir: str) -> None:
-    import torch
-
-    import ae_mlir as ae
+def build(out_dir: str, cases: list, choices: list[str]) -> None:
     from ae_mlir import runtime
     from ae_mlir.backends import triton as tb
 
     os.makedirs(out_dir, exist_ok=True)
     manifest = []
-    for case, causal, b, h, seq, d in CASES:
-        q = torch.empty(b, h, seq, d, dtype=torch.bfloat16)
-        attn = ae.attention(mask_mod=(lambda b, h, i, j: i >= j) if causal else None)
-        for choice, config, ws in CHOICES:
-            bundle = tb.compile_bundle(attn, q, q, q, target="cuda:90", config=config)
+    for case in cases:
+        attn, shape = suite.softmax_problem(case, "cpu")
+        for choice in choices:
+            config, ws = CHOICES[choice]
+            bundle = tb.compile_bundle(attn, *suite.meta_like(shape, case.dtype), target="cuda:90", config=config)
             if ws:
                 # A copy: the compile cache hands out the same object for the same config.
                 bundle = runtime.Bundle.from_json(bundle.to_json())
                 for variant in bundle.variants.values():
                     variant.ttir = _warp_specialized(variant.ttir)
-            name = f"{case}.{choice}.json"
+            name = f"{case.name}.{choice}.json"
             bundle.save(os.path.join(out_dir, name))
-            manifest.append({"case": case, "choice": choice, "file": name, "causal": causal,
-                             "shape": [b, h, seq, d], "config": bundle.meta.get("config")})
+            manifest.append({"case": case.as_dict(), "choice": choice, "file": name,
+                             "config": bundle.meta.get("config")})
             print("built", name, flush=True)
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
@@ -96,15 +110,66 @@ def _compile(path: str, target: str) -> str:
     return ""
 
 
-def run(bundle_dir: str, out_dir: str) -> None:
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}" if str(exc) else type(exc).__name__
+
+
+def _run_case(case, entries: list, bundle_dir: str, rounds: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    from ae_mlir import runtime
+
+    attn, shape = suite.softmax_problem(case, "cuda")
+    q, k, v = suite.softmax_inputs(shape, case.dtype, "cuda")
+    captures = attn._build(q, k, v)[1]
+    flops = suite.softmax_flops(shape, suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, "cuda"))
+    rec = {"case": case.as_dict(), "tflops": {}, "rounds": {}, "max_error": {}, "errors": {}, "configs": {}}
+
+    def bench(fn) -> float:
+        return flops / do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e9
+
+    want = None
+    if case.variant in SDPA_CAUSAL:
+        for peer, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            with sdpa_kernel([backend]):
+                def call():
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=SDPA_CAUSAL[case.variant])
+                want = call() if want is None else want
+                rec["tflops"][peer] = bench(call)
+    calls = {}
+    for entry in entries:
+        bundle = runtime.Bundle.load(os.path.join(bundle_dir, entry["file"]))
+        rec["configs"][entry["choice"]] = entry["config"]
+        try:
+            got = runtime.launch(bundle, q, k, v, *captures)[0]
+            want = got if want is None else want
+            err = float((got.float() - want.float()).abs().max())
+            rec["max_error"][entry["choice"]] = err
+            if not err <= MAX_ERROR:
+                raise AssertionError(f"max error {err:.3g} against the reference output, above {MAX_ERROR}")
+            calls[entry["choice"]] = (lambda b=bundle: runtime.launch(b, q, k, v, *captures))
+        except Exception as exc:  # a choice that does not compile, run or agree is recorded, not timed
+            rec["errors"][entry["choice"]] = _error(exc)
+    for _ in range(rounds):
+        for choice, call in calls.items():
+            rec["rounds"].setdefault(choice, []).append(bench(call))
+    for choice, values in rec["rounds"].items():
+        rec["tflops"][choice] = statistics.median(values)
+        print(case.name, choice, round(rec["tflops"][choice], 1), flush=True)
+    for choice, message in rec["errors"].items():
+        print(case.name, choice, "error:", message, flush=True)
+    return rec
+
+
+def run(bundle_dir: str, out_dir: str, rounds: int) -> None:
     import concurrent.futures as futures
     import multiprocessing
 
     import torch
-    import torch.nn.functional as F
     import triton
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
     from ae_mlir import runtime
 
@@ -114,42 +179,18 @@ def run(bundle_dir: str, out_dir: str) -> None:
     paths = [os.path.join(bundle_dir, e["file"]) for e in manifest]
     with futures.ProcessPoolExecutor(min(14, os.cpu_count() or 1), mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile, paths, [runtime.current_target()] * len(paths)))
-    records, wanted = {}, {}
+    by_case: dict = {}
     for entry in manifest:
-        b, h, seq, d = entry["shape"]
-        rec = records.setdefault(entry["case"], {"shape": entry["shape"], "causal": entry["causal"], "tflops": {}})
-        flops = 4 * b * h * seq * seq * d * ((seq + 1) / (2 * seq) if entry["causal"] else 1.0)
-        # Every choice of a case sees the same inputs (seeded by the case), checked against cuDNN's output.
-        gen = torch.Generator(device="cuda").manual_seed(len(records))
-        q, k, v = (torch.randn(b, h, seq, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-        if not rec["tflops"]:
-            rec["reference"] = "SDPA cuDNN output"
-            for peer, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
-                with sdpa_kernel([backend]):
-                    def call():
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=entry["causal"])
-                    if peer == "sdpa_cudnn":
-                        wanted[entry["case"]] = call()
-                    ms = do_bench(call, warmup=25, rep=100, return_mode="median")
-                rec["tflops"][peer] = flops / ms / 1e9
-        bundle = runtime.Bundle.load(os.path.join(bundle_dir, entry["file"]))
-        try:
-            got = runtime.launch(bundle, q, k, v)[0]
-            err = float((got.float() - wanted[entry["case"]].float()).abs().max())
-            rec.setdefault("max_error_vs_cudnn", {})[entry["choice"]] = err
-            if err > MAX_ERROR:
-                raise AssertionError(f"max error {err:.3g} against cuDNN, above {MAX_ERROR}")
-            ms = do_bench(lambda: runtime.launch(bundle, q, k, v), warmup=25, rep=100, return_mode="median")
-            rec["tflops"][entry["choice"]] = flops / ms / 1e9
-        except Exception as e:  # a choice that does not compile, run or agree is recorded, not timed
-            rec.setdefault("errors", {})[entry["choice"]] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        print(entry["case"], entry["choice"], round(rec["tflops"].get(entry["choice"], 0.0), 1), flush=True)
-        del q, k, v
+        by_case.setdefault(json.dumps(entry["case"], sort_keys=True), []).append(entry)
+    records = []
+    for key, entries in by_case.items():
+        records.append(_run_case(suite.Case(**json.loads(key)), entries, bundle_dir, rounds))
         torch.cuda.empty_cache()
     doc = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "triton": triton.__version__,
-           "benchmark": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms; bf16; ae-mlir launches "
-                        "through ae_mlir.runtime.launch (the same path as a call)", "cases": records}
+           "benchmark": f"triton.testing.do_bench median, warmup 25 ms, rep 100 ms, each choice of a case in "
+                        f"turn for {rounds} rounds, median of the rounds; bf16; ae-mlir launches through "
+                        "ae_mlir.runtime.launch (the same path as a call)", "cases": records}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "attention-configs.json"), "w") as f:
         json.dump(doc, f, indent=1)
@@ -160,11 +201,22 @@ def main(argv=None) -> int:
     p.add_argument("mode", choices=("build", "run"))
     p.add_argument("--bundles", default=os.path.join(HERE, "config_bundles"))
     p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--variants", default="full,causal", help="catalogue entries (ae_mlir.variants)")
+    p.add_argument("--dims", default="64,128")
+    p.add_argument("--seqs", default="2048,8192")
+    p.add_argument("--choices", default=",".join(CHOICES), help=f"some of {', '.join(CHOICES)}")
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     if args.mode == "build":
-        build(args.bundles)
+        choices = args.choices.split(",")
+        unknown = [c for c in choices if c not in CHOICES]
+        if unknown:
+            raise SystemExit(f"--choices: unknown {', '.join(unknown)} (known: {', '.join(CHOICES)})")
+        cases = _cases(args.variants.split(","), [int(d) for d in args.dims.split(",")],
+                       [int(s) for s in args.seqs.split(",")])
+        build(args.bundles, cases, choices)
     else:
-        run(args.bundles, args.out)
+        run(args.bundles, args.out, args.rounds)
     return 0
 
 

@@ -63,6 +63,28 @@ def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, at_call_tim
     return Classification(*tables.as_lists())
 
 
+def cut_tiles(mask_region, lq: int, lk: int, bm: int, bn: int) -> float:
+    """How many of its KV tiles a mask of positions alone cuts (partial tiles, which evaluate the
+    mask per element) per query block that visits any, at bm x bn tiles; 0 without a mask or for
+    one read at call time or per (b, h)."""
+    if mask_region is None:
+        return 0.0
+    program = from_region(mask_region)
+    if not _is_positional(program):
+        return 0.0
+    # The presets ask once per compile, the same masks again and again; at L = 8192 a mask takes
+    # seconds to evaluate on the grid.
+    key = (program.to_json(), lq, lk, bm, bn)
+    if key not in _CUT_TILES:
+        tiles = classify_blocks(mask_region, lq, lk, bm, bn)
+        blocks = sum(1 for cut, full in zip(tiles.partial, tiles.full) if cut or full)
+        _CUT_TILES[key] = sum(map(len, tiles.partial)) / blocks if blocks else 0.0
+    return _CUT_TILES[key]
+
+
+_CUT_TILES: dict = {}
+
+
 def _is_positional(program: ScalarProgram) -> bool:
     """True when the mask reads only q_idx, kv_idx and constants (no b, h or closure tensors)."""
     if program.uses_arg(0) or program.uses_arg(1):

@@ -50,6 +50,7 @@ def _modules() -> dict:
 
 
 MODULES = _modules()
+DOC_LONG = torch.arange(1000) // 300
 
 
 def ae_opt(path, *args: str) -> str:
@@ -136,9 +137,29 @@ def _problem(name: str):
 
 
 def test_problem_is_read_from_the_parsed_module():
-    assert _problem("dk64-dv16-f32") == presets.Problem(40, 40, 64, 16, "f32", batch_heads=2)
+    # Causal at L = 40: its one (ragged) 128 x 64 tile is cut.
+    assert _problem("dk64-dv16-f32") == presets.Problem(40, 40, 64, 16, "f32", batch_heads=2, cut_tiles=1.0)
     assert _problem("gqa-f32") == presets.Problem(50, 70, 16, 16, "f32", batch_heads=4, group=2)
     assert _problem("linear-token-dim-bf16") == presets.Problem(96, 96, 16, 16, "bf16", "token_dim", 32, 2)
+
+
+@pytest.mark.parametrize("mask, cut, tiles", [
+    (lambda b, h, q, k: q >= k, 2.0, (128, 64, 8, 3)),
+    (lambda b, h, q, k: (q - k).abs() <= 256, 3.25, (64, 64, 4, 3)),
+    (lambda b, h, q, k: (q >= k) & ((q - k) % 2 == 0), 9.0, (64, 64, 4, 3)),
+    (lambda b, h, q, k: DOC_LONG[q] == DOC_LONG[k], 0.0, (128, 64, 8, 3)),
+])
+def test_masks_that_cut_many_tiles_take_smaller_tiles(mask, cut, tiles):
+    """On CUDA at D = 128 (16-bit) a mask of positions that cuts more KV tiles per query block
+    than a causal diagonal (2 of the 128 x 64 tiles) takes 64 x 64 tiles: a band of 513 keys cuts
+    3.25 on average at L = 1000 (fewer at its ends), a causal stride every tile it visits (9); a
+    mask that reads a closure tensor is classified at call time, so the presets do not know it (0)."""
+    text = _softmax(ae.attention(mask_mod=mask), lq=1000, dk=128, dtype=torch.bfloat16)
+    problem = presets.read_problem(parse_module(text, new_context()))
+    assert problem.cut_tiles == pytest.approx(cut)
+    options = presets.options_for("triton", problem, "cuda:90")
+    assert (options.block_m, options.block_n, options.num_warps, options.num_stages) == tiles
+    assert presets.options_for("triton", problem, "hip:gfx942").block_m == 128
 
 
 def test_triton_text_names_every_option():
