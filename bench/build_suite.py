@@ -25,7 +25,7 @@ import suite  # noqa: E402
 
 
 def build_one(case: suite.Case, target: str, config: dict | None = None):
-    from ae_mlir.backends.triton import build_bundle, compile_bundle
+    from ae_mlir.backends.triton import build_bundle, call_time_tiles, compile_bundle
 
     if case.part == "linear":
         text = suite.linear_attention(case).mlir(*suite.linear_meta(case))
@@ -33,6 +33,12 @@ def build_one(case: suite.Case, target: str, config: dict | None = None):
         bundle.meta["l0"] = text
         return bundle
     attn, shape = suite.softmax_problem(case, "cpu")
+    if not config:
+        # What a call on the GPU launches: a mask read at call time may choose its tiles from its
+        # tables on the call's tensors (the case's own inputs, made again there from its seed).
+        inputs = suite.softmax_inputs(shape, case.dtype, "cpu", empty=True)
+        text = attn.mlir(*inputs)
+        config = call_time_tiles(text, target, [*inputs, *attn._build(*inputs)[1]]) or None
     return compile_bundle(attn, *suite.meta_like(shape, case.dtype), target=target, config=config)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core import abi
-from ..core.block_tables import classify, unmasked
+from ..core.block_tables import classify, cut_per_block, unmasked
 from ..core.regions import ScalarProgram, from_region
 from ..core.scalar_eval import bind_externals, evaluate
 
@@ -76,9 +76,9 @@ def cut_tiles(mask_region, lq: int, lk: int, bm: int, bn: int) -> float:
     # seconds to evaluate on the grid.
     key = (program.to_json(), lq, lk, bm, bn)
     if key not in _CUT_TILES:
-        tiles = classify_blocks(mask_region, lq, lk, bm, bn)
-        blocks = sum(1 for cut, full in zip(tiles.partial, tiles.full) if cut or full)
-        _CUT_TILES[key] = sum(map(len, tiles.partial)) / blocks if blocks else 0.0
+        constants = bind_externals(program, [])
+        tables = classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], constants), 1, 1, lq, lk, bm, bn)
+        _CUT_TILES[key] = cut_per_block(tables)
     return _CUT_TILES[key]
 
 

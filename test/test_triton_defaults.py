@@ -87,3 +87,27 @@ def _sweep():
 def test_default_config_sweep(target, dtype, lq, lk, dim):
     q, k, v = qkv(b=1, h=1, lq=lq, lk=lk, dk=dim, dtype=dtype, seed=lq * 7 + lk + dim)
     check_default_config(q, k, v, target)
+
+
+@pytest.mark.parametrize("name, keep, tiles", [
+    ("documents", lambda doc: lambda b, h, q, kv: doc[q] == doc[kv], (64, 64, 4, 3)),
+    ("padding", lambda doc: lambda b, h, q, kv: doc[kv] < 3, (128, 64, 8, 3)),
+])
+def test_call_time_masks_take_the_tiles_their_first_tables_ask_for(name, keep, tiles):
+    """A mask that reads a closure tensor is classified at call time; its first call's tables at
+    the preset's 128 x 64 tiles (16-bit, D = 128) say how many tiles it cuts per query block: a
+    block diagonal of documents of 100-300 tokens cuts more than a causal diagonal does, so the
+    module runs at 64 x 64 from then on; a padding mask over keys cuts one, and keeps the tiles.
+    The bundle chosen is checked in the TTIR interpreter against the reference."""
+    doc = torch.repeat_interleave(torch.arange(6), torch.tensor([130, 250, 100, 300, 120, 100]))
+    attn = ae.attention(mask_mod=keep(doc))
+    q, k, v = qkv(b=1, h=2, lq=1000, dk=128, dtype=torch.bfloat16, seed=3)
+    text = attn.mlir(q, k, v)
+    inputs = [q, k, v, *attn._build(q, k, v)[1]]
+    bundle = tb._default_bundle(text, "cuda:90", inputs)
+    config = bundle.meta["config"]
+    assert (config["block_m"], config["block_n"], config["num_warps"], config["num_stages"]) == tiles
+    assert tb._default_bundle(text, "cuda:90", inputs) is bundle
+    (out, _), _ = interpret(bundle, *inputs)
+    ref_out, _ = run_module_text(text, inputs, torch.float64)
+    torch.testing.assert_close(out.double(), ref_out, **TOL[torch.bfloat16])

@@ -202,7 +202,8 @@ def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | Non
 
     q, k, v (and `kv_len`, `block_table`, packed batches' cu_seqlens_q/k as for a call) may be
     tensors on any device (including "meta") or (shape, dtype) pairs; closure tensors the mods
-    capture are read from `attn` itself. No GPU is needed.
+    capture are read from `attn` itself. No GPU is needed. A mask that reads closure tensors gets
+    the preset's tiles here, where a call may take others from its tables (`call_time_tiles`).
     """
     q, k, v = (_as_tensor(x) for x in (q, k, v))
     kv_len, block_table = (None if x is None else _as_tensor(x) for x in (kv_len, block_table))
@@ -353,8 +354,45 @@ def run(module_text: str, inputs: list, out_dtype, autotune: bool = False) -> li
     """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures]; with
     `autotune`, the bundle of the fastest candidate configuration (`tuned_bundle`)."""
     target = runtime.current_target()
-    bundle = tuned_bundle(module_text, target, inputs) if autotune else get_bundle(module_text, target)
+    bundle = tuned_bundle(module_text, target, inputs) if autotune else _default_bundle(module_text, target, inputs)
     return runtime.launch(bundle, *inputs)
+
+
+def _default_bundle(l0_text: str, target: str, inputs: list) -> runtime.Bundle:
+    """The preset's bundle for this call, at the tiles `call_time_tiles` chose for its mask."""
+    return get_bundle(l0_text, target, config=call_time_tiles(l0_text, target, inputs) or None)
+
+
+def call_time_tiles(l0_text: str, target: str, inputs: list) -> dict:
+    """The launch options (block sizes, warps, stages) a call of the module takes over the
+    preset's, {} for none. A mask that reads closure tensors is classified on the call's tensors
+    (`runtime.call_time_tables`), so only then is it known how many tiles it cuts
+    (`presets.Problem.cut_tiles`); where the first call's tables ask the preset for other tiles
+    (a document mask's block diagonal), the module launches with those from then on: deciding on
+    every call would classify a mask whose tensors change at every step twice."""
+    from .. import presets
+
+    tiles = _TILES_BY_MODULE.get((l0_text, target))
+    if tiles is None:
+        bundle = get_bundle(l0_text, target)
+        tables = runtime.call_time_tables(bundle, *inputs)
+        tiles = {}
+        if tables and (bundle.block_m, bundle.block_n) == presets.CUT_TILES_AT:
+            from ..core.block_tables import BlockTables, cut_per_block
+
+            problem = presets.read_problem(_parse_l0(l0_text))
+            config = presets.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
+                                            problem.batch_heads, problem.group, problem.uneven_keys,
+                                            cut_per_block(BlockTables(*tables)))
+            if any(bundle.meta["config"][key] != config[key] for key in _TILES):
+                tiles = {key: config[key] for key in _TILES}
+        _TILES_BY_MODULE[(l0_text, target)] = tiles
+    return tiles
+
+
+# The launch options a module's first call-time tables chose ({}: the preset's), by module and target.
+_TILES = ("block_m", "block_n", "num_warps", "num_stages")
+_TILES_BY_MODULE: dict = {}
 
 
 # --- ae-opt --emit=ttir|ptx|amdgcn --------------------------------------------------------------

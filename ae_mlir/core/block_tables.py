@@ -97,6 +97,13 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     return BlockTables(pc, pi, fc, fi)
 
 
+def cut_per_block(tables: BlockTables) -> float:
+    """The tiles the mask cuts (partial tiles, which evaluate it per element) per query block that
+    visits any: a causal diagonal cuts 2 of its 128 x 64 tiles, a band's two edges 4."""
+    visits = int(((tables.partial_count + tables.full_count) > 0).sum())
+    return float(tables.partial_count.sum()) / visits if visits else 0.0
+
+
 def unmasked(seq_q: int, seq_k: int, block_m: int, block_n: int, device="cpu") -> BlockTables:
     """Tables without a mask: every tile full, except a ragged last KV tile (bounds only)."""
     import torch
