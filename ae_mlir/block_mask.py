@@ -21,12 +21,13 @@ def _program(program_json: str) -> ScalarProgram:
 
 
 def classify_program(program: ScalarProgram, operands: list, seq_q: int, seq_k: int, block_m: int,
-                     block_n: int, device) -> list:
-    """The four tables (partial count/index, full count/index; [NM] and [NM, NN] int32) of the
-    mask `program`, whose outer values are `operands` (the kernel's inputs) or constants."""
+                     block_n: int, device, layout: str = "forward") -> list:
+    """The four tables (partial count/index, full count/index; [NM] and [NM, NN] int32, or per
+    KV block for the "dkdv" layout: see `core.block_tables.classify`) of the mask `program`, whose
+    outer values are `operands` (the kernel's inputs) or constants."""
     externals = bind_externals(program, operands, device)
     tables = classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], externals, device),
-                      1, 1, seq_q, seq_k, block_m, block_n, device, full_width=True)
+                      1, 1, seq_q, seq_k, block_m, block_n, device, full_width=True, layout=layout)
     return [t.reshape(t.shape[2:]) for t in tables.tensors()]
 
 
@@ -34,18 +35,20 @@ _CACHE: dict = {}
 
 
 def call_time_tables(program_json: str, operands: list, seq_q: int, seq_k: int, block_m: int, block_n: int,
-                     device) -> list:
+                     device, layout: str = "forward") -> list:
     """`classify_program`, cached per program, shape, blocks, device and the identities and
     versions of the closure tensors it reads, so calling the same attention again (the common
     case: the same document ids for many layers) costs nothing; changing a closure tensor in
     place bumps its version and reclassifies."""
     program = _program(program_json)
     reads = tuple(operands[s[1]] for s in program.sources if s[0] == "operand")
-    key = (program_json, seq_q, seq_k, block_m, block_n, str(device), tuple((id(t), t._version) for t in reads))
+    key = (program_json, seq_q, seq_k, block_m, block_n, str(device), layout,
+           tuple((id(t), t._version) for t in reads))
     entry = _CACHE.get(key)
     if entry is None:
         if len(_CACHE) > 64:
             _CACHE.clear()
         # The entry holds the closure tensors: while it lives, no other tensor can take their ids.
-        entry = _CACHE[key] = (reads, classify_program(program, operands, seq_q, seq_k, block_m, block_n, device))
+        entry = _CACHE[key] = (reads, classify_program(program, operands, seq_q, seq_k, block_m, block_n, device,
+                                                       layout))
     return entry[1]

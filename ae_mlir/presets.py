@@ -445,6 +445,9 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         if "num_stages" in typed:  # the kernels with their own stage count follow, unless given it
             for own in _OWN_STAGES.values():
                 values[own] = typed.get(own, 0)
+    if values.get("tensor_descriptors") and not has_tma(target):
+        raise CompileError(f"preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on "
+                           f"(TMA), got '{target}'")
     return PresetOptions(target=target, **values)
 
 
@@ -496,7 +499,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         to_l1 = ["attn-verify", "attn-differentiate",
                  f"attn-tile-backward{{block-m={o.block_m} block-n={o.block_n} dkdv-block-m={o.dkdv_block_m} "
                  f"dkdv-block-n={o.dkdv_block_n} whole-tiles={_flag(o.whole_tiles)} "
-                 f"closure-grads={_flag(o.closure_grads)}}}", fold]
+                 f"closure-grads={_flag(o.closure_grads)} "
+                 f"call-time-tables={_flag(o.call_time_tables and preset == 'triton')}}}", fold]
     else:
         to_l1 = ["attn-verify", "attn-fuse-online-softmax",
                  f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",

@@ -374,6 +374,29 @@ def call_time_tables(bundle: Bundle, q, k, v, *captures) -> list:
                     q.device)
 
 
+def backward_call_time_tables(bundle: Bundle, given: dict, device) -> dict:
+    """The call-time tile tables of a backward bundle's kernels by role (abi.backward_table_roles),
+    classified from its mask program on the given q, k, v and closure tensors (by role) with each
+    kernel's blocks; {} for a bundle without them."""
+    program = bundle.meta.get(MASK_PROGRAM)
+    if program is None:
+        return {}
+    from .block_mask import call_time_tables as classify
+
+    roles = [spec.role for spec in bundle.inputs]
+    operands = [given[role] for role in roles if role in abi.INPUTS or abi.is_capture(role)]
+    config = bundle.meta["config"]
+    blocks = {"dq": (config["block_m"], config["block_n"]),
+              "dkdv": (config.get("dkdv_block_m") or config["block_m"], config.get("dkdv_block_n") or config["block_n"])}
+    tables = {}
+    for part, (bm, bn) in blocks.items():
+        names = abi.backward_table_roles(part)
+        if names[0] in roles:
+            found = classify(program, operands, given["q"].shape[2], given["k"].shape[2], bm, bn, device, part)
+            tables.update(zip(names, found))
+    return tables
+
+
 _LAUNCHABLE: dict = {}
 
 
@@ -407,8 +430,9 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
     device = given["q"].device
     tensors = {}
     inputs, outputs, workspace = _binding(bundle)
+    tables = backward_call_time_tables(bundle, given, device)
     for role, shape, dtype, spec in inputs:
-        t = given.get(role)
+        t = given.get(role, tables.get(role))
         if t is None or t.shape != shape or t.dtype != dtype:
             got = "nothing" if t is None else f"{t.dtype}{list(t.shape)}"
             raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)}, got {got}")

@@ -33,14 +33,20 @@ import harness  # noqa: E402
 import suite  # noqa: E402
 
 CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64),
-         ("sigmoid", 128), ("relu", 128), ("retnet", 128), ("tempered", 128)]
+         ("sigmoid", 128), ("relu", 128), ("retnet", 128), ("tempered", 128), ("sliding_window", 128),
+         ("causal_sliding", 128), ("document", 128), ("dilated", 128)]
 BATCH, HEADS, SEQ = 8, 16, 2048
 # (block_m, block_n, num_warps, num_stages): each kernel of the backward timed alone under each
 # (the `sweep` mode), for full and causal attention.
 SWEEP = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2), (128, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 3),
          (32, 128, 4, 3), (64, 128, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3), (128, 128, 8, 2), (32, 128, 8, 2),
          (32, 128, 8, 3), (64, 128, 8, 3), (128, 128, 8, 3)]
-SWEEP_CASES = [("full", 128), ("causal", 128), ("causal", 64)]
+SWEEP_CASES = [("full", 128), ("causal", 128), ("causal", 64), ("sliding_window", 128), ("document", 128),
+               ("dilated", 128)]
+# The masks that cut many tiles (presets.CUT_TILES_MAX) sweep these alone.
+SWEEP_CUT = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 8, 3), (64, 128, 4, 3), (32, 64, 4, 3), (32, 128, 4, 3),
+             (64, 32, 4, 3), (128, 64, 8, 2)]
+CUT_MASKS = ("sliding_window", "causal_sliding", "document", "dilated")
 
 
 def _case(variant: str, dim: int) -> suite.Case:
@@ -59,6 +65,7 @@ def _selected(only: str) -> list[tuple[str, int]]:
 
 def build(out: str, only: str = "", sweep_configs: bool = True) -> None:
     from ae_mlir.backends import triton as tb
+    from build_suite import build_one
 
     os.makedirs(out, exist_ok=True)
     for variant, dim in _selected(only):
@@ -67,13 +74,13 @@ def build(out: str, only: str = "", sweep_configs: bool = True) -> None:
         q, k, v = suite.meta_like(shape, case.dtype)
         text = attn.mlir(q, k, v)
         name = f"{variant}_d{dim}"
-        tb.compile_bundle(attn, q, k, v, target="cuda:90").save(os.path.join(out, f"{name}.fwd.json"))
+        build_one(case, "cuda:90").save(os.path.join(out, f"{name}.fwd.json"))
         # The catalogue's closure tensors (ALiBi's slopes) are constants: no gradient of theirs is
         # built, as for a call whose tensors do not require grad.
         tb.build_backward_bundle(text, "cuda:90", {"closure_grads": False}).save(
             os.path.join(out, f"{name}.bwd.json"))
         if sweep_configs and (variant, dim) in SWEEP_CASES:
-            for bm, bn, warps, stages in SWEEP:
+            for bm, bn, warps, stages in (SWEEP_CUT if variant in CUT_MASKS else SWEEP):
                 config = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages,
                           "dkdv_block_m": bm, "dkdv_block_n": bn, "dkdv_num_warps": warps, "dkdv_num_stages": stages}
                 tb.build_backward_bundle(text, "cuda:90", config).save(
@@ -93,6 +100,31 @@ def _kernel_alone(bundle, part: str):
                                stages=[])
 
 
+def _compile_bundle(path: str) -> str:
+    """Compile a backward bundle's aligned kernels (its stage's and its own), for Triton's disk
+    cache; an error is recorded again when the kernel is timed."""
+    from ae_mlir import runtime
+
+    bundle = runtime.Bundle.load(path)
+    try:
+        for kernel in [bundle] + list(bundle.stages):
+            runtime.compile_ttir(kernel.variants["aligned"].ttir, runtime.current_target(), kernel.num_warps,
+                                 kernel.num_stages)
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return ""
+
+
+def _compile_all(paths: list[str]) -> None:
+    """Compile the bundles in parallel processes first: one at a time, in the timing process, the
+    sweep's kernels took most of its time."""
+    import concurrent.futures as futures
+    import multiprocessing
+
+    with futures.ProcessPoolExecutor(min(14, os.cpu_count() or 1), mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile_bundle, paths))
+
+
 def sweep(bundles: str, out_dir: str) -> None:
     """Each backward kernel alone under each SWEEP config, in milliseconds (median of do_bench)."""
     import torch
@@ -102,6 +134,7 @@ def sweep(bundles: str, out_dir: str) -> None:
 
     device = torch.device("cuda")
     os.makedirs(out_dir, exist_ok=True)
+    _compile_all([os.path.join(bundles, f) for f in sorted(os.listdir(bundles)) if ".sweep_" in f])
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": datetime.date.today().isoformat(), "shape": {"B": BATCH, "H": HEADS, "L": SEQ},
            "dtype": "bfloat16", "method": sweep.__doc__, "cases": []}
@@ -112,10 +145,12 @@ def sweep(bundles: str, out_dir: str) -> None:
             continue
         attn, shape = suite.softmax_problem(_case(variant, dim), device)
         q, k, v = suite.softmax_inputs(shape, "bfloat16", device)
+        captures = attn._build(q, k, v)[1]
         d_out = torch.randn(*q.shape[:3], v.shape[3], dtype=q.dtype, device=device)
         fwd = runtime.Bundle.load(os.path.join(bundles, f"{name}.fwd.json"))
-        out, lse = runtime.launch(fwd, q, k, v)
+        out, lse = runtime.launch(fwd, q, k, v, *captures)
         tensors = {"q": q, "k": k, "v": v, "out": out, "do": d_out, "lse": lse, "dlse": torch.zeros_like(lse)}
+        tensors.update({f"c{i}": t for i, t in enumerate(captures)})
         rec = {"case": name, "dq_ms": {}, "dkdv_ms": {}}
         for file in sorted(f for f in os.listdir(bundles) if f.startswith(name + ".sweep_")):
             label = file.removeprefix(name + ".sweep_").removesuffix(".json")

@@ -32,8 +32,11 @@ every run and on the CPU, whose programs run on threads that cannot share an acc
 
 Tiles are classified as in `attn-tile` (positional masks at compile time, tables as constants;
 the dK/dV kernel reads the transposed lists), with the tiles on a ragged edge of either sequence
-partial: their masked form also drops padded query rows. Masks that read closure tensors or the
-batch/head visit every tile with the mask.
+partial: their masked form also drops padded query rows. With `call-time-tables`, a mask that
+reads closure tensors (not b or h; no per-entry lengths or packed sequences) is classified at each
+call as the forward's is: each kernel takes its four tables as arguments (abi.backward_table_roles,
+the dK/dV kernel's per KV block) and carries the mask program. Other masks that read closure
+tensors or the batch/head visit every tile with the mask.
 
 The gradients of the float closure tensors the score_mod reads (attn.closure_grad: learnable bias
 tables, ALiBi slopes) are sums over every score that reads an element. The dQ kernel, which visits
@@ -60,7 +63,7 @@ from .tile_backward_rows import Rows
 from .tile_backward_running_max import RunningMaxGradients
 from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
-from .tile_tables import classify_blocks, table_constants
+from .tile_tables import Classification, classify_blocks, table_constants
 from .tile_varlen import sequences_source
 
 
@@ -89,9 +92,13 @@ class _Backward(RunningMaxGradients):
     """Builds both kernels of one forward/grad function pair."""
 
     def __init__(self, forward, grad, aggregate, block_m: int, block_n: int, whole_tiles: bool = True,
-                 closure_grads: bool = False):
+                 closure_grads: bool = False, call_time_tables: bool = False):
         super().__init__(aggregate, forward)
         self.whole_tiles = whole_tiles
+        self.call_time_tables = call_time_tables
+        # A mask classified at call time: its program, and the kernel's four table arguments.
+        self.program = None
+        self.table_args: list = []
         self.with_closure_grads = closure_grads
         self.grad = grad
         self.grad_block = grad.regions[0].blocks[0]
@@ -170,6 +177,13 @@ class _Backward(RunningMaxGradients):
         return super().kernel_arg(value, what)
 
     def lists(self):
+        if self.call_time_tables and self.sources[0] is None and self.kv_len is None:
+            classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn, at_call_time=True)
+            if classification.at_call_time:
+                # The kernel walks the tables it is given (signature, walk); the runtime classifies
+                # with the ragged edges partial, as _ragged_partial does here.
+                self.program = classification.program
+                return [], []
         classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn)
         if self.sources[0] is not None or self.kv_len is not None:
             # A packed sequence or an entry's keys may end inside any tile: every tile drops the
@@ -215,15 +229,19 @@ class _Backward(RunningMaxGradients):
 
     def walk(self, lists_pair, block_id, state: list, step, reach=None) -> list:
         """Loops over the block ids `block_id`'s partial then full lists name (each list a
-        constant table), `step(other_block, state, masked)` building one iteration; with `reach`
-        (an index value), only over the listed blocks below it."""
+        constant table, or the kernel's call-time table arguments), `step(other_block, state,
+        masked)` building one iteration; with `reach` (an index value), only over the listed
+        blocks below it (compile-time lists only)."""
         from mlir import ir
         from mlir.dialects import arith, scf, tensor
 
-        for masked, lists in zip((True, False), lists_pair):
-            if not any(lists):
+        for masked, lists, position in zip((True, False), lists_pair, (0, 2)):
+            if self.table_args:
+                count_tab, index_tab = self.table_args[position:position + 2]
+            elif not any(lists):
                 continue
-            count_tab, index_tab = self.tables(lists)
+            else:
+                count_tab, index_tab = self.tables(lists)
             count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, [block_id]))
             if reach is not None:
                 width = max(n for row in lists for n in row) + 1
@@ -257,12 +275,25 @@ class _Backward(RunningMaxGradients):
             outs = outs + tuple(self.closure_roles)
             types.update({abi.closure_grad(i): tensor_type(list(self.inputs[len(abi.INPUTS) + i].shape))
                           for i in self.closure_positions})
+        if self.program is not None:
+            # [blocks] counts and [blocks, other blocks] indices, blocks along the grid's last axis.
+            blocks, others = (-(-self.lq // self.bm), -(-self.lk // self.bn))[::1 if part == "dq" else -1]
+            i32 = ir.IntegerType.get_signless(32)
+            tables = abi.backward_table_roles(part)
+            types.update(zip(tables, [tensor_type([blocks], i32), tensor_type([blocks, others], i32)] * 2))
+            ins = ins + tables
         roles = abi.input_roles(len(self.inputs)) + list(ins) + list(outs)
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
                       abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn),
                       abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in roles])}
+        if self.program is not None:
+            attributes.update({key: ir.Attribute.parse(text) for key, text in
+                               Classification([], [], self.program).kernel_attributes()})
         entry = self.function(name, self.inputs + [types[r] for r in ins + outs], [types[r] for r in outs], attributes)
-        return entry, dict(zip(ins + outs, self.kernel_args[len(self.inputs):]))
+        args = dict(zip(ins + outs, self.kernel_args[len(self.inputs):]))
+        if self.program is not None:
+            self.table_args = [args[r] for r in abi.backward_table_roles(part)]
+        return entry, args
 
     # --- the kernels ---------------------------------------------------------------------------
     def build_dkdv(self, name: str, partial, full) -> None:
@@ -412,6 +443,9 @@ class AttnTileBackward(ModulePass):
                                      "slice, without padding: no row masks or bounds checks in the lowerings")
     closure_grads: bool = option(True, "the dQ kernel also writes the gradients of the float closure tensors the "
                                        "score_mod reads (dc<i>); false leaves them out (none is wanted)")
+    call_time_tables: bool = option(False, "a mask that reads closure tensors (not b or h) is classified at each "
+                                           "call: each kernel takes its four tile tables as arguments (roles "
+                                           "dq_* and dkdv_*) and carries the mask program, as attn-tile's do")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n),
@@ -430,9 +464,10 @@ class AttnTileBackward(ModulePass):
                 raise fail(aggregate, f"has no derivative @{name}{GRAD_SUFFIX}: run attn-differentiate first")
             grad = grads[0]
             dkdv = _Backward(forward, grad, aggregate, self.dkdv_block_m or self.block_m,
-                             self.dkdv_block_n or self.block_n, self.whole_tiles)
+                             self.dkdv_block_n or self.block_n, self.whole_tiles,
+                             call_time_tables=self.call_time_tables)
             dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n, self.whole_tiles,
-                           self.closure_grads)
+                           self.closure_grads, self.call_time_tables)
             with aggregate.location:
                 dq.build_dq(abi.backward_kernel_name(name, "dq"), *dq.lists())
                 dkdv.build_dkdv(abi.backward_kernel_name(name, "dkdv"), *dkdv.lists())

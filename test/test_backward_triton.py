@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import presets, variants
+from ae_mlir import presets, runtime, variants
+from ae_mlir.core import abi
 from ae_mlir.backends import triton as tb
 from bundle_interp import interpret, interpret_roles
 
@@ -73,6 +74,22 @@ def test_tma_tile_loads_ragged_gqa(dtype, tol):
     kernels = [bundle] + list(bundle.stages)
     assert sum(k.variants["aligned"].ttir.count('"tt.descriptor_load"') for k in kernels) >= 4
     assert all("descriptor" not in k.variants["generic"].ttir for k in kernels)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_document_mask_tables_classified_at_call_time(dtype, tol):
+    """A mask that reads a closure tensor (document ids) is classified at each call for both
+    backward kernels, as for the forward: the dQ kernel's tables per query block, the dK/dV
+    kernel's per KV block, ragged edges partial (L = 201), under GQA; tiles of other documents
+    are skipped."""
+    doc = torch.repeat_interleave(torch.arange(4), torch.tensor([61, 50, 40, 50]))
+    attn = ae.attention(mask_mod=lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv))
+    bundle = _check(attn, dtype, "cuda:90", tol, h=4, hkv=2, lq=201, lk=201, closures=[doc])
+    q = torch.empty(1, 4, 201, 32, dtype=dtype)
+    tables = runtime.backward_call_time_tables(bundle, {"q": q, "k": q[:, :2], "v": q[:, :2], "c0": doc}, "cpu")
+    for part in ("dq", "dkdv"):
+        partial, index, full, _ = (tables[role] for role in abi.backward_table_roles(part))
+        assert 0 < int(partial.sum() + full.sum()) < index.numel(), part
 
 
 def test_lq_differs_from_lk_and_dk_from_dv():

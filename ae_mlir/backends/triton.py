@@ -172,6 +172,12 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         n_results = len(abi.result_types(first))
         roles = abi.arg_roles(first)
         inputs = _specs(abi.input_types(first)[:-n_results], roles[:-n_results])
+        # The dK/dV kernel's call-time tables are inputs too, which the runtime classifies.
+        for kernel in abi.kernels(module)[1:]:
+            for role, ty in zip(abi.arg_roles(kernel), abi.input_types(kernel)):
+                if abi.backward_table_part(role) and role not in [spec.role for spec in inputs]:
+                    inputs += _specs([ty], [role])
+        program = abi.mask_program(first)
         written = []
         for kernel in abi.kernels(module):
             written += _specs(abi.result_types(kernel), abi.arg_roles(kernel)[-len(abi.result_types(kernel)):])
@@ -189,6 +195,8 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
     aligned, generic, facts = kernels[-1]
     warps, n_stages = options.kernel_launch(facts["name"], facts["chunk_stage"])
     meta = {"input_precision": input_precision, "config": options.launch_config(), "backward": True}
+    if program is not None:
+        meta[runtime.MASK_PROGRAM] = program
     return runtime.Bundle(
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
         variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],

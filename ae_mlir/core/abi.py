@@ -174,6 +174,21 @@ def output_roles(linear: bool) -> tuple[str, ...]:
     return LINEAR_OUTPUTS if linear else SOFTMAX_OUTPUTS
 
 
+def backward_table_roles(part: str) -> tuple[str, ...]:
+    """The roles of the four call-time tile tables (CALL_TIME_TABLE_ORDER) of the backward kernel
+    `part` ("dq": per query block, over KV blocks; "dkdv": per KV block, over query blocks), which
+    the runtime classifies from the bundle's mask program at each call."""
+    return tuple(f"{part}_{name}" for name in CALL_TIME_TABLE_ORDER)
+
+
+def backward_table_part(role: str) -> str | None:
+    """The backward kernel ("dq" or "dkdv") whose call-time table `role` is, else None."""
+    for part in ("dq", "dkdv"):
+        if role in backward_table_roles(part):
+            return part
+    return None
+
+
 def call_time_table_roles(n_captures: int) -> list[str]:
     """The roles of the four call-time tables: the closure roles after the kernel's own."""
     return [capture(n_captures + i) for i in range(len(CALL_TIME_TABLE_ORDER))]

@@ -56,8 +56,13 @@ GRID_BUDGET = 1 << 24
 
 
 def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int, block_n: int,
-             device="cpu", full_width: bool = False) -> BlockTables:
+             device="cpu", full_width: bool = False, layout: str = "forward") -> BlockTables:
     """Classify tiles of the mask `keep(b, h, q_idx, kv_idx) -> bool tensor`.
+
+    `layout` "forward" lists KV blocks per query block, a ragged last KV tile partial; the
+    backward kernels' "dq" also makes the tiles of a ragged last query block partial (their
+    masked form drops the padded rows), and "dkdv" lists those per KV block instead (NM and NN
+    swapped in the tables).
 
     `keep` is called on broadcastable int64 index tensors, over as many whole query blocks of
     rows at once as GRID_BUDGET allows (at least one; a ragged last block alone), so memory stays
@@ -90,8 +95,14 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
         all_kept[:, :, m:m + blocks] = tiles.all(dim=5).all(dim=3)
     if ragged:
         all_kept[..., nn - 1] = False
+    if layout != "forward" and seq_q % block_m:
+        all_kept[..., nm - 1, :] = False
     full = any_kept & all_kept
     partial = any_kept & ~all_kept
+    if layout == "dkdv":
+        full, partial = full.transpose(-1, -2).contiguous(), partial.transpose(-1, -2).contiguous()
+    elif layout not in ("forward", "dq"):
+        raise ValueError(f"layout must be forward, dq or dkdv, got {layout!r}")
     pc, pi = _pack(partial, device, full_width)
     fc, fi = _pack(full, device, full_width)
     return BlockTables(pc, pi, fc, fi)

@@ -59,17 +59,23 @@ def main(argv=None):
     parser.add_argument("--minutes", type=float, default=None, help="stop running programs after this")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--kinds", default="attention,linear", help="which programs: attention, linear or both")
+    parser.add_argument("--tma", action="store_true",
+                        help="attention programs for cuda:90 only, with TMA tile loads (tensor_descriptors, "
+                             "an autotuning choice there) over the default config")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds or set(kinds) - {"attention", "linear"}:
         parser.error(f"--kinds takes attention and/or linear, got {args.kinds!r}")
     cells = [cell for cell in CELLS if cell[0] in kinds]
+    if args.tma:
+        cells = [("attention", "cuda:90")]
+    config = {"tensor_descriptors": True} if args.tma else None
     date = datetime.date.today().isoformat()
     out = args.out or HERE.parent.parent / "bench" / "results" / f"fuzz-defaults-{date}.json"
     warnings.filterwarnings("ignore")
     record = {
         "what": "random programs at the default config of each target, interpreted Triton IR vs the "
-                "float64 reference", "cells": [f"{kind} {target}" for kind, target in cells],
+                "float64 reference", "config_overrides": config, "cells": [f"{kind} {target}" for kind, target in cells],
         "command": " ".join(["python", "test/fuzz/campaign.py"] + (sys.argv[1:] if argv is None else argv)),
         "n_requested": args.n, "seed": args.seed, "minutes_limit": args.minutes, "programs_run": 0,
         "per_cell": {f"{kind} {target}": 0 for kind, target in cells}, "mismatches": 0, "crashes": 0,
@@ -92,7 +98,7 @@ def main(argv=None):
         def run(program):
             try:
                 if kind == "attention":
-                    check_triton(program, target, None)
+                    check_triton(program, target, config)
                 else:
                     check_triton_linear(program, target)
             except Exception as e:  # every failure is counted; none stops the campaign

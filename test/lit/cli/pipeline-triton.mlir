@@ -8,6 +8,8 @@
 // RUN: ae-opt %s --pipeline=triton --mlir-print-ir-after-all 2>&1 >/dev/null | FileCheck %s --check-prefix=AFTER
 // RUN: not ae-opt %s --pipeline=triton --target=host 2>&1 | FileCheck %s --check-prefix=HOST --implicit-check-not=Traceback
 // RUN: not ae-opt %s --pipeline='triton{colour=red}' 2>&1 | FileCheck %s --check-prefix=UNKNOWN --implicit-check-not=Traceback
+// RUN: not ae-opt %s --pipeline='triton{tensor-descriptors=true}' --target=hip:gfx942 2>&1 | FileCheck %s --check-prefix=NOTMA --implicit-check-not=Traceback
+// RUN: ae-opt %s --pipeline='triton{tensor-descriptors=true}' --emit=ttir | FileCheck %s --check-prefix=TMA
 
 // CUDA: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=true block-v=64 block-k=64},attn-tile{block-m=16 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false})
 // CUDA-NEXT: // launch: num-warps=4 num-stages=3
@@ -20,6 +22,9 @@
 // AFTER: IR Dump After LowerToTriton (attn-lower-to-triton)
 // HOST: error: pipeline 'triton' compiles for a cuda or hip target, got 'host'
 // UNKNOWN: error: the presets have no option 'colour'
+// NOTMA: error: preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on (TMA), got 'hip:gfx942'
+// TMA: "tt.make_tensor_descriptor"
+// TMA: "tt.descriptor_load"
 func.func @attention(%q: tensor<1x2x8x16xf32>, %k: tensor<1x2x8x16xf32>, %v: tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xf32> {
   %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>) -> tensor<1x2x8x8xf32>
   %p = "attn.normalize"(%s) ({}, {}, {}) {kind = "softmax", operandSegmentSizes = array<i32: 1, 0>, resultSegmentSizes = array<i32: 1, 0>} : (tensor<1x2x8x8xf32>) -> tensor<1x2x8x8xf32>
