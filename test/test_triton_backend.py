@@ -732,3 +732,34 @@ def test_one_attention_called_from_two_lines_is_one_bundle():
     second, _ = attn._build(q, q, q)
     assert first != second
     assert tb._key(first, "cuda:90", None, "ieee") == tb._key(second, "cuda:90", None, "ieee")
+
+
+def test_scratch_allocator_is_set_only_where_none_is():
+    """Kernels that make TMA descriptors need Triton's global scratch allocator in the launching
+    thread's context (autograd's backward runs on threads of its own); the runtime sets one
+    backed by torch where none is set and leaves a caller's own alone."""
+    import contextvars
+    import threading
+
+    from triton.runtime import _allocation
+
+    def in_fresh_thread(before):
+        seen = []
+
+        def body():
+            if before is not None:
+                _allocation._allocator.set(before)
+            runtime._ensure_scratch_allocator()
+            seen.append(_allocation._allocator.get())
+
+        thread = threading.Thread(target=contextvars.Context().run, args=(body,))
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    assert in_fresh_thread(None) is runtime._scratch
+
+    def own(size, alignment, stream):
+        return torch.empty(size, dtype=torch.int8)
+
+    assert in_fresh_thread(own) is own
