@@ -144,10 +144,20 @@ _HIP_BWD_16BIT = {64: ((64, 64, 4, 1),) * 2, 128: ((64, 32, 4, 1),) * 2, 256: ((
 _HIP_BWD_FP32 = {64: ((32, 32, 4, 1),) * 2, 128: ((32, 32, 4, 1),) * 2, 256: ((16, 16, 4, 1),) * 2}
 
 
-def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str) -> dict:
-    """Block sizes and launch options of the backward kernels for one problem shape."""
+# The dK/dV kernel of a mask that cuts many tiles (CUT_TILES_MAX) at D = 128 on CUDA, 16-bit: on an
+# H200 (bf16 B8 H16 L2048, each kernel alone, bench/results/h200-backward-sweep-2026-12-03-*.json)
+# 32x64 tiles on 4 warps and 3 stages took the document mask's dK/dV from 0.44 to 0.30 ms, the
+# sliding window's from 0.40 to 0.37 and the dilated mask's from 0.66 to 0.63.
+_CUDA_BWD_CUT_DKDV = (32, 64, 4, 3)
+
+
+def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, cut_tiles: float = 0.0) -> dict:
+    """Block sizes and launch options of the backward kernels for one problem shape (`cut_tiles`:
+    see Problem)."""
     d, table = _table(dk, dv, dtype, target, (_CUDA_BWD_16BIT, _CUDA_BWD_FP32, _HIP_BWD_16BIT, _HIP_BWD_FP32))
     dq, dkdv = table.get(d, ((16, 16, 4, 1),) * 2)
+    if table is _CUDA_BWD_16BIT and d == 128 and cut_tiles > CUT_TILES_MAX:
+        dkdv = _CUDA_BWD_CUT_DKDV
     config = {"block_m": min(dq[0], _pow2(lq)), "block_n": min(dq[1], _pow2(lk)), "num_warps": dq[2],
               "num_stages": dq[3], "dkdv_block_m": min(dkdv[0], _pow2(lq)), "dkdv_block_n": min(dkdv[1], _pow2(lk)),
               "dkdv_num_warps": dkdv[2], "dkdv_num_stages": dkdv[3]}
@@ -434,7 +444,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         values.update(linear_config(problem, target), linear=True)
     elif problem is not None:
         if typed.get("backward"):
-            values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target))
+            values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
+                                          problem.cut_tiles))
         else:
             values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
                                          problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles))

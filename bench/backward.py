@@ -76,8 +76,12 @@ def build(out: str, only: str = "", sweep_configs: bool = True) -> None:
         name = f"{variant}_d{dim}"
         build_one(case, "cuda:90").save(os.path.join(out, f"{name}.fwd.json"))
         # The catalogue's closure tensors (ALiBi's slopes) are constants: no gradient of theirs is
-        # built, as for a call whose tensors do not require grad.
-        tb.build_backward_bundle(text, "cuda:90", {"closure_grads": False}).save(
+        # built, as for a call whose tensors do not require grad. A mask read at call time takes
+        # the tiles its tables on the case's closure tensors ask for, as a call's does.
+        empty = suite.softmax_inputs(shape, case.dtype, "cpu", empty=True)
+        roles = dict(zip(("q", "k", "v"), empty), **{f"c{i}": t for i, t in enumerate(attn._build(*empty)[1])})
+        tiles = tb.backward_call_time_tiles(text, "cuda:90", roles)
+        tb.build_backward_bundle(text, "cuda:90", dict(tiles, closure_grads=False)).save(
             os.path.join(out, f"{name}.bwd.json"))
         if sweep_configs and (variant, dim) in SWEEP_CASES:
             for bm, bn, warps, stages in (SWEEP_CUT if variant in CUT_MASKS else SWEEP):

@@ -160,6 +160,11 @@ def test_masks_that_cut_many_tiles_take_smaller_tiles(mask, cut, tiles):
     options = presets.options_for("triton", problem, "cuda:90")
     assert (options.block_m, options.block_n, options.num_warps, options.num_stages) == tiles
     assert presets.options_for("triton", problem, "hip:gfx942").block_m == 128
+    # The backward's dK/dV kernel takes 32 x 64 tiles for them; its dQ kernel keeps 64 x 64.
+    backward = presets.options_for("triton", problem, "cuda:90", backward=True)
+    cut = tiles == (64, 64, 4, 3)
+    assert (backward.dkdv_block_m, backward.dkdv_block_n) == ((32, 64) if cut else (64, 128))
+    assert (backward.block_m, backward.block_n) == (64, 64)
 
 
 def test_triton_text_names_every_option():

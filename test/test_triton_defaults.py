@@ -89,11 +89,12 @@ def test_default_config_sweep(target, dtype, lq, lk, dim):
     check_default_config(q, k, v, target)
 
 
-@pytest.mark.parametrize("name, keep, tiles", [
-    ("documents", lambda doc: lambda b, h, q, kv: doc[q] == doc[kv], (64, 64, 4, 3)),
-    ("padding", lambda doc: lambda b, h, q, kv: doc[kv] < 3, (128, 64, 8, 3)),
+@pytest.mark.parametrize("name, keep, tiles, backward", [
+    ("documents", lambda doc: lambda b, h, q, kv: doc[q] == doc[kv], (64, 64, 4, 3),
+     {"dkdv_block_m": 32, "dkdv_block_n": 64, "dkdv_num_warps": 4}),
+    ("padding", lambda doc: lambda b, h, q, kv: doc[kv] < 3, (128, 64, 8, 3), {}),
 ])
-def test_call_time_masks_take_the_tiles_their_first_tables_ask_for(name, keep, tiles):
+def test_call_time_masks_take_the_tiles_their_first_tables_ask_for(name, keep, tiles, backward):
     """A mask that reads a closure tensor is classified at call time; its first call's tables at
     the preset's 128 x 64 tiles (16-bit, D = 128) say how many tiles it cuts per query block: a
     block diagonal of documents of 100-300 tokens cuts more than a causal diagonal does, so the
@@ -108,6 +109,9 @@ def test_call_time_masks_take_the_tiles_their_first_tables_ask_for(name, keep, t
     config = bundle.meta["config"]
     assert (config["block_m"], config["block_n"], config["num_warps"], config["num_stages"]) == tiles
     assert tb._default_bundle(text, "cuda:90", inputs) is bundle
+    # The backward's dK/dV kernel takes its smaller tiles from the same decision.
+    roles = dict(zip(("q", "k", "v", "c0"), inputs))
+    assert tb.backward_call_time_tiles(text, "cuda:90", roles) == backward
     (out, _), _ = interpret(bundle, *inputs)
     ref_out, _ = run_module_text(text, inputs, torch.float64)
     torch.testing.assert_close(out.double(), ref_out, **TOL[torch.bfloat16])

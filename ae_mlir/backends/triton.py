@@ -336,10 +336,11 @@ def tuned_bundle(l0_text: str, target: str, inputs: list, input_precision: str =
 
 
 def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee",
-                        closure_grads: bool = True) -> runtime.Bundle:
+                        closure_grads: bool = True, tiles: dict | None = None) -> runtime.Bundle:
     """The backward bundle of an L0 module for `target` (with the closure tensors' gradients, or
-    without): from the cache, or compiled and cached."""
-    config = None if closure_grads else {"closure_grads": False}
+    without; `tiles` overrides the preset's backward config): from the cache, or compiled and
+    cached."""
+    config = dict(tiles or {}, **({} if closure_grads else {"closure_grads": False})) or None
     key = _key(l0_text, target, dict(config or {}, backward=True), input_precision)
     bundle = runtime.CACHE.get(key)
     if bundle is None:
@@ -354,7 +355,9 @@ def run_backward(module_text: str, tensors: dict, closure_grads: bool = True) ->
     """dq, dk and dv (by role) of an L0 module from its backward kernels, on CUDA/ROCm tensors
     given by role (q, k, v, c<i>, do, and for softmax out, lse, dlse), and with `closure_grads`
     the closure tensors' gradients dc<i>."""
-    bundle = get_backward_bundle(module_text, runtime.current_target(), closure_grads=closure_grads)
+    target = runtime.current_target()
+    tiles = backward_call_time_tiles(module_text, target, tensors)
+    bundle = get_backward_bundle(module_text, target, closure_grads=closure_grads, tiles=tiles)
     return runtime.launch_roles(bundle, tensors)
 
 
@@ -373,34 +376,67 @@ def _default_bundle(l0_text: str, target: str, inputs: list) -> runtime.Bundle:
 
 def call_time_tiles(l0_text: str, target: str, inputs: list) -> dict:
     """The launch options (block sizes, warps, stages) a call of the module takes over the
-    preset's, {} for none. A mask that reads closure tensors is classified on the call's tensors
-    (`runtime.call_time_tables`), so only then is it known how many tiles it cuts
-    (`presets.Problem.cut_tiles`); where the first call's tables ask the preset for other tiles
-    (a document mask's block diagonal), the module launches with those from then on: deciding on
-    every call would classify a mask whose tensors change at every step twice."""
+    preset's, {} for none: those the preset gives a mask read at call time for the tiles its
+    first call's tables cut (`_call_time_cut`)."""
     from .. import presets
 
-    tiles = _TILES_BY_MODULE.get((l0_text, target))
-    if tiles is None:
+    cut = _call_time_cut(l0_text, target, inputs)
+    if not cut:
+        return {}
+    problem = _problem(l0_text)
+    config = presets.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
+                                    problem.batch_heads, problem.group, problem.uneven_keys, cut)
+    preset = get_bundle(l0_text, target).meta["config"]
+    return {key: config[key] for key in _TILES} if any(preset[key] != config[key] for key in _TILES) else {}
+
+
+def backward_call_time_tiles(l0_text: str, target: str, tensors: dict) -> dict:
+    """The backward's counterpart of `call_time_tiles`, from the tensors by role: the overrides
+    of the preset's backward config for the tiles the module's mask cuts."""
+    from .. import presets
+
+    captures = [tensors[role] for role in sorted((r for r in tensors if abi.is_capture(r)), key=lambda r: int(r[1:]))]
+    cut = _call_time_cut(l0_text, target, [tensors["q"], tensors["k"], tensors["v"], *captures])
+    if not cut:
+        return {}
+    p = _problem(l0_text)
+    config = presets.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut)
+    preset = presets.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target)
+    return {key: value for key, value in config.items() if preset[key] != value}
+
+
+def _call_time_cut(l0_text: str, target: str, operands: list) -> float:
+    """The tiles a mask read at call time (a document mask's closure ids) cuts per query block at
+    `presets.CUT_TILES_AT`, from its tables on the module's first call (the runtime classifies
+    the forward's at those tiles anyway); 0 for other masks. Kept per module: deciding on every
+    call would classify a mask whose tensors change at every step once more."""
+    from .. import presets
+
+    key = (l0_text, target)
+    if key not in _CUTS:
         bundle = get_bundle(l0_text, target)
-        tables = runtime.call_time_tables(bundle, *inputs)
-        tiles = {}
-        if tables and (bundle.block_m, bundle.block_n) == presets.CUT_TILES_AT:
+        cut = 0.0
+        if runtime.MASK_PROGRAM in bundle.meta and (bundle.block_m, bundle.block_n) == presets.CUT_TILES_AT:
             from ..core.block_tables import BlockTables, cut_per_block
 
-            problem = presets.read_problem(_parse_l0(l0_text))
-            config = presets.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                            problem.batch_heads, problem.group, problem.uneven_keys,
-                                            cut_per_block(BlockTables(*tables)))
-            if any(bundle.meta["config"][key] != config[key] for key in _TILES):
-                tiles = {key: config[key] for key in _TILES}
-        _TILES_BY_MODULE[(l0_text, target)] = tiles
-    return tiles
+            cut = cut_per_block(BlockTables(*runtime.call_time_tables(bundle, *operands)))
+        _CUTS[key] = cut
+    return _CUTS[key]
 
 
-# The launch options a module's first call-time tables chose ({}: the preset's), by module and target.
+def _problem(l0_text: str):
+    from .. import presets
+
+    if l0_text not in _PROBLEMS:
+        _PROBLEMS[l0_text] = presets.read_problem(_parse_l0(l0_text))
+    return _PROBLEMS[l0_text]
+
+
+# The launch options a mask's tables choose; the first call's cut per module and target; the
+# problem each module poses.
 _TILES = ("block_m", "block_n", "num_warps", "num_stages")
-_TILES_BY_MODULE: dict = {}
+_CUTS: dict = {}
+_PROBLEMS: dict = {}
 
 
 # --- ae-opt --emit=ttir|ptx|amdgcn --------------------------------------------------------------
