@@ -63,6 +63,15 @@ def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, at_call_tim
     return Classification(*tables.as_lists())
 
 
+def call_time_program(mask_region) -> ScalarProgram | None:
+    """The program of a mask that is classified at call time (it reads closure tensors, not b or
+    h), else None."""
+    if mask_region is None:
+        return None
+    program = from_region(mask_region)
+    return program if not _is_positional(program) and _classifiable_at_call_time(program) else None
+
+
 def cut_tiles(mask_region, lq: int, lk: int, bm: int, bn: int) -> float:
     """How many of its KV tiles a mask of positions alone cuts (partial tiles, which evaluate the
     mask per element) per query block that visits any, at bm x bn tiles; 0 without a mask or for

@@ -383,10 +383,11 @@ def call_time_tiles(l0_text: str, target: str, inputs: list) -> dict:
     cut = _call_time_cut(l0_text, target, inputs)
     if not cut:
         return {}
-    problem = _problem(l0_text)
-    config = presets.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                    problem.batch_heads, problem.group, problem.uneven_keys, cut)
-    preset = get_bundle(l0_text, target).meta["config"]
+    p = _facts(l0_text)[0]
+    config = presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, p.batch_heads, p.group,
+                                    p.uneven_keys, cut)
+    preset = presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, p.batch_heads, p.group,
+                                    p.uneven_keys)
     return {key: config[key] for key in _TILES} if any(preset[key] != config[key] for key in _TILES) else {}
 
 
@@ -399,7 +400,7 @@ def backward_call_time_tiles(l0_text: str, target: str, tensors: dict) -> dict:
     cut = _call_time_cut(l0_text, target, [tensors["q"], tensors["k"], tensors["v"], *captures])
     if not cut:
         return {}
-    p = _problem(l0_text)
+    p = _facts(l0_text)[0]
     config = presets.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut)
     preset = presets.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target)
     return {key: value for key, value in config.items() if preset[key] != value}
@@ -407,36 +408,51 @@ def backward_call_time_tiles(l0_text: str, target: str, tensors: dict) -> dict:
 
 def _call_time_cut(l0_text: str, target: str, operands: list) -> float:
     """The tiles a mask read at call time (a document mask's closure ids) cuts per query block at
-    `presets.CUT_TILES_AT`, from its tables on the module's first call (the runtime classifies
-    the forward's at those tiles anyway); 0 for other masks. Kept per module: deciding on every
-    call would classify a mask whose tensors change at every step once more."""
+    `presets.CUT_TILES_AT`, from its tables on the module's first call (the same tables the
+    forward's launch classifies at those tiles, from the cache); 0 for other masks, and where the
+    preset's tiles do not depend on it. Kept per module: deciding on every call would classify a
+    mask whose tensors change at every step once more."""
     from .. import presets
 
     key = (l0_text, target)
     if key not in _CUTS:
-        bundle = get_bundle(l0_text, target)
+        p, program = _facts(l0_text)
         cut = 0.0
-        if runtime.MASK_PROGRAM in bundle.meta and (bundle.block_m, bundle.block_n) == presets.CUT_TILES_AT:
+        past = presets.CUT_TILES_MAX + 1
+        matters = (presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut_tiles=past)
+                   != presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target))
+        if program is not None and matters:
+            from ..block_mask import call_time_tables
             from ..core.block_tables import BlockTables, cut_per_block
 
-            cut = cut_per_block(BlockTables(*runtime.call_time_tables(bundle, *operands)))
+            tables = call_time_tables(program, operands, p.lq, p.lk, *presets.CUT_TILES_AT, operands[0].device)
+            cut = cut_per_block(BlockTables(*tables))
         _CUTS[key] = cut
     return _CUTS[key]
 
 
-def _problem(l0_text: str):
-    from .. import presets
+def _facts(l0_text: str) -> tuple:
+    """(the problem the module poses, the JSON program of its mask if classified at call time)."""
+    if l0_text not in _FACTS:
+        from .. import presets
+        from ..passes.tile_tables import call_time_program
 
-    if l0_text not in _PROBLEMS:
-        _PROBLEMS[l0_text] = presets.read_problem(_parse_l0(l0_text))
-    return _PROBLEMS[l0_text]
+        module = _parse_l0(l0_text)
+        masks = [op.operation for func in abi.functions(module) for op in func.regions[0].blocks[0].operations
+                 if op.operation.name == "attn.mask" and not op.operation.operands]
+        # Per-entry lengths (a mask with operands), paged caches and packed sequences take no
+        # call-time tables (attn-tile).
+        laid_out = "attn.gather_pages" in l0_text or "attn.unpack_sequences" in l0_text
+        program = call_time_program(masks[0].regions[0]) if masks and not laid_out else None
+        _FACTS[l0_text] = (presets.read_problem(module), program.to_json() if program is not None else None)
+    return _FACTS[l0_text]
 
 
-# The launch options a mask's tables choose; the first call's cut per module and target; the
-# problem each module poses.
+# The launch options a mask's tables choose; the first call's cut per module and target; what
+# each module poses.
 _TILES = ("block_m", "block_n", "num_warps", "num_stages")
 _CUTS: dict = {}
-_PROBLEMS: dict = {}
+_FACTS: dict = {}
 
 
 # --- ae-opt --emit=ttir|ptx|amdgcn --------------------------------------------------------------
