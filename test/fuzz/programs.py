@@ -222,7 +222,7 @@ def programs(draw, max_seq: int = 80, dtypes=(torch.float32, torch.bfloat16, tor
         seq_k = draw(st.sampled_from([seq_q, draw(st.integers(1, max_seq))]))
     else:
         seq_k = draw(st.integers(*seq_k_range))
-    dim_qk = draw(st.sampled_from([16, 24, 32, 64]))
+    dim_qk = draw(st.sampled_from([16, 24, 32, 64, 128]))
     dim_v = draw(st.sampled_from([dim_qk, 16, 32]))
     seed = draw(st.integers(0, 2**16))
     gen = torch.Generator().manual_seed(seed)
