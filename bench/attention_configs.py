@@ -49,6 +49,7 @@ CHOICES = {
     "m64n64w4s3": (_M64N64W4S3, False),
     "m64n128w4s3": (_M64N128W4S3, False),
     "m64n64w4s3+ws": (_M64N64W4S3, True),
+    "m64n32w4s3": ({"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 3}, False),
 }
 # Peers that compute the same attention as these catalogue entries.
 SDPA_CAUSAL = {"full": False, "causal": True}
