@@ -296,6 +296,9 @@ class Problem:
     # The KV tiles the mask cuts per query block at CUT_TILES_AT (positional masks; 0 otherwise):
     # a causal diagonal cuts 2, the two edges of a band 4, a stride every one.
     cut_tiles: float = 0.0
+    # The JSON program of a mask classified at call time (it reads closure tensors), whose cut
+    # only a call's tables tell (backends.triton.call_time_tiles); None otherwise.
+    call_time_mask: str | None = None
 
     @property
     def linear(self) -> bool:
@@ -313,10 +316,11 @@ def read_problem(module) -> Problem | None:
             continue
         q, k, v = types[:3]
         decay, chunk, keys, batch, queries = None, 0, k.shape[2], q.shape[0], q.shape[2]
-        paged = lengths = False
+        paged = lengths = packed = False
         mask = None
         for op in func.regions[0].blocks[0].operations:
             paged = paged or op.operation.name == "attn.gather_pages"
+            packed = packed or op.operation.name == "attn.unpack_sequences"
             if op.operation.name == "attn.mask":
                 lengths = lengths or len(op.operation.operands) > 0
                 mask = op.operation.regions[0]
@@ -328,13 +332,16 @@ def read_problem(module) -> Problem | None:
                 # packed rows: the scores see the logical batch, queries and keys.
                 batch, _, queries, _ = ir.RankedTensorType(op.operation.operands[0].type).shape
                 keys = ir.RankedTensorType(op.operation.operands[1].type).shape[2]
-        cut = 0.0
+        cut, program = 0.0, None
         if mask is not None and decay is None and not paged and not lengths:
-            from .passes.tile_tables import cut_tiles
+            from .passes.tile_tables import call_time_program, cut_tiles
 
             cut = cut_tiles(mask, queries, keys, *CUT_TILES_AT)
+            # Packed sequences take no call-time tables (attn-tile).
+            program = None if packed else call_time_program(mask)
         return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
-                       batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut)
+                       batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut,
+                       program.to_json() if program is not None else None)
     return None
 
 

@@ -58,9 +58,13 @@ def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, at_call_tim
             return Classification([], [], program)
         nm, nn = -(-lq // bm), -(-lk // bn)
         return Classification([list(range(nn)) for _ in range(nm)], [[] for _ in range(nm)])
+    return Classification(*_positional_tables(program, lq, lk, bm, bn).as_lists())
+
+
+def _positional_tables(program: ScalarProgram, lq: int, lk: int, bm: int, bn: int):
+    """The tile tables of a mask of positions alone, evaluated here on the index grid."""
     constants = bind_externals(program, [])
-    tables = classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], constants), 1, 1, lq, lk, bm, bn)
-    return Classification(*tables.as_lists())
+    return classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], constants), 1, 1, lq, lk, bm, bn)
 
 
 def call_time_program(mask_region) -> ScalarProgram | None:
@@ -85,9 +89,7 @@ def cut_tiles(mask_region, lq: int, lk: int, bm: int, bn: int) -> float:
     # seconds to evaluate on the grid.
     key = (program.to_json(), lq, lk, bm, bn)
     if key not in _CUT_TILES:
-        constants = bind_externals(program, [])
-        tables = classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], constants), 1, 1, lq, lk, bm, bn)
-        _CUT_TILES[key] = cut_per_block(tables)
+        _CUT_TILES[key] = cut_per_block(_positional_tables(program, lq, lk, bm, bn))
     return _CUT_TILES[key]
 
 

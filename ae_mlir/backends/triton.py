@@ -383,7 +383,7 @@ def call_time_tiles(l0_text: str, target: str, inputs: list) -> dict:
     cut = _call_time_cut(l0_text, target, inputs)
     if not cut:
         return {}
-    p = _facts(l0_text)[0]
+    p = _problem(l0_text)
     config = presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, p.batch_heads, p.group,
                                     p.uneven_keys, cut)
     preset = presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, p.batch_heads, p.group,
@@ -400,7 +400,7 @@ def backward_call_time_tiles(l0_text: str, target: str, tensors: dict) -> dict:
     cut = _call_time_cut(l0_text, target, [tensors["q"], tensors["k"], tensors["v"], *captures])
     if not cut:
         return {}
-    p = _facts(l0_text)[0]
+    p = _problem(l0_text)
     config = presets.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut)
     preset = presets.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target)
     return {key: value for key, value in config.items() if preset[key] != value}
@@ -416,7 +416,8 @@ def _call_time_cut(l0_text: str, target: str, operands: list) -> float:
 
     key = (l0_text, target)
     if key not in _CUTS:
-        p, program = _facts(l0_text)
+        p = _problem(l0_text)
+        program = p.call_time_mask
         cut = 0.0
         past = presets.CUT_TILES_MAX + 1
         matters = (presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut_tiles=past)
@@ -431,28 +432,20 @@ def _call_time_cut(l0_text: str, target: str, operands: list) -> float:
     return _CUTS[key]
 
 
-def _facts(l0_text: str) -> tuple:
-    """(the problem the module poses, the JSON program of its mask if classified at call time)."""
-    if l0_text not in _FACTS:
+def _problem(l0_text: str):
+    """The problem the module poses (`presets.read_problem`), read once per module."""
+    if l0_text not in _PROBLEMS:
         from .. import presets
-        from ..passes.tile_tables import call_time_program
 
-        module = _parse_l0(l0_text)
-        masks = [op.operation for func in abi.functions(module) for op in func.regions[0].blocks[0].operations
-                 if op.operation.name == "attn.mask" and not op.operation.operands]
-        # Per-entry lengths (a mask with operands), paged caches and packed sequences take no
-        # call-time tables (attn-tile).
-        laid_out = "attn.gather_pages" in l0_text or "attn.unpack_sequences" in l0_text
-        program = call_time_program(masks[0].regions[0]) if masks and not laid_out else None
-        _FACTS[l0_text] = (presets.read_problem(module), program.to_json() if program is not None else None)
-    return _FACTS[l0_text]
+        _PROBLEMS[l0_text] = presets.read_problem(_parse_l0(l0_text))
+    return _PROBLEMS[l0_text]
 
 
 # The launch options a mask's tables choose; the first call's cut per module and target; what
 # each module poses.
 _TILES = ("block_m", "block_n", "num_warps", "num_stages")
 _CUTS: dict = {}
-_FACTS: dict = {}
+_PROBLEMS: dict = {}
 
 
 # --- ae-opt --emit=ttir|ptx|amdgcn --------------------------------------------------------------
