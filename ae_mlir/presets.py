@@ -132,12 +132,14 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
 # The backward kernels (attn-tile-backward) hold more tiles live than the forward (Q, dO, K, V,
 # dK and dV accumulators, P and dS), so smaller blocks; each kernel has its own config,
 # (block_m, block_n, num_warps, num_stages) for dQ, then for dK/dV (block_m query rows a step,
-# block_n keys resident). On an H200 (bf16, B8 H16 L2048, each kernel timed alone under 15 configs,
-# bench/results/h200-backward-sweep-2026-12-01-transposed.json) dQ was fastest or within 5% at
-# 64x64 with 4 warps; dK/dV, which computes its tiles transposed, at 64 query rows on 128 keys
-# with 8 warps and 3 stages at D = 128 (causal 0.63 ms against 0.92 at 64x64, full level) and at
-# 32x64 with 3 stages at D = 64. Other head dims, fp32 and MI300 keep one unmeasured config.
-_CUDA_BWD_16BIT = {64: ((64, 64, 4, 2), (32, 64, 4, 3)), 128: ((64, 64, 4, 2), (64, 128, 8, 3)),
+# block_n keys resident). On an H200 (bf16, B8 H16 L2048, each kernel timed alone under 17
+# configs, bench/results/h200-backward-sweep-2026-12-03-dq-tiles.json) dQ was fastest at 128x64
+# with 3 stages (D = 128, 8 warps: full 0.71 ms against 0.81 at 64x64, causal level; D = 64, 4
+# warps: full 0.38 against 0.41, causal 3% behind); dK/dV, which computes its tiles transposed, at
+# 64 query rows on 128 keys with 8 warps and 3 stages at D = 128 (the 2026-12-01 sweep: causal
+# 0.63 ms against 0.92 at 64x64, full level) and at 32x128 on 4 warps at D = 64 (full 0.57
+# against 0.62 at 32x64, causal level). Other head dims, fp32 and MI300 keep one unmeasured config.
+_CUDA_BWD_16BIT = {64: ((128, 64, 4, 3), (32, 128, 4, 3)), 128: ((128, 64, 8, 3), (64, 128, 8, 3)),
                    256: ((32, 32, 4, 1),) * 2}
 _CUDA_BWD_FP32 = {64: ((32, 32, 4, 2),) * 2, 128: ((32, 32, 4, 2),) * 2, 256: ((16, 16, 4, 1),) * 2}
 _HIP_BWD_16BIT = {64: ((64, 64, 4, 1),) * 2, 128: ((64, 32, 4, 1),) * 2, 256: ((32, 32, 4, 1),) * 2}
@@ -149,6 +151,9 @@ _HIP_BWD_FP32 = {64: ((32, 32, 4, 1),) * 2, 128: ((32, 32, 4, 1),) * 2, 256: ((1
 # 32x64 tiles on 4 warps and 3 stages took the document mask's dK/dV from 0.44 to 0.30 ms, the
 # sliding window's from 0.40 to 0.37 and the dilated mask's from 0.66 to 0.63.
 _CUDA_BWD_CUT_DKDV = (32, 64, 4, 3)
+# Their dQ kernel keeps 64x64 tiles on 4 warps: 128-row tiles cut more of a band (the same
+# sweeps: the sliding window's dQ 0.27 ms at 64x64, 0.33 at 128x64; the document mask's 0.90, 1.04).
+_CUDA_BWD_CUT_DQ = (64, 64, 4, 2)
 
 
 def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, cut_tiles: float = 0.0) -> dict:
@@ -157,7 +162,7 @@ def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str,
     d, table = _table(dk, dv, dtype, target, (_CUDA_BWD_16BIT, _CUDA_BWD_FP32, _HIP_BWD_16BIT, _HIP_BWD_FP32))
     dq, dkdv = table.get(d, ((16, 16, 4, 1),) * 2)
     if table is _CUDA_BWD_16BIT and d == 128 and cut_tiles > CUT_TILES_MAX:
-        dkdv = _CUDA_BWD_CUT_DKDV
+        dq, dkdv = _CUDA_BWD_CUT_DQ, _CUDA_BWD_CUT_DKDV
     config = {"block_m": min(dq[0], _pow2(lq)), "block_n": min(dq[1], _pow2(lk)), "num_warps": dq[2],
               "num_stages": dq[3], "dkdv_block_m": min(dkdv[0], _pow2(lq)), "dkdv_block_n": min(dkdv[1], _pow2(lk)),
               "dkdv_num_warps": dkdv[2], "dkdv_num_stages": dkdv[3]}

@@ -89,20 +89,25 @@ def test_ptx_uses_the_launch_options_of_the_bundle(tmp_path):
 
 
 def test_backward_kernels_launch_with_their_own_options(tmp_path):
-    """bf16 at D = 128: the dQ kernel on 4 warps over 64x64 tiles, the dK/dV kernel on 8 warps
-    (256 threads) over 64 query rows and 128 keys; the bundle, the PTX and the dump agree."""
+    """bf16 at D = 128: the dQ kernel on 8 warps over 128x64 tiles, the dK/dV kernel on 8 warps
+    over 64 query rows and 128 keys; given its own warps, the dK/dV kernel launches with them
+    while the dQ kernel keeps the preset's; the bundle, the PTX and the dump agree."""
     text = _softmax(ae.attention(mask_mod=lambda b, h, i, j: i >= j), lq=256, dk=128, dtype=torch.bfloat16)
     path = _write(tmp_path, text)
     bundle = tb.build_backward_bundle(text, "cuda:90")
-    assert (bundle.stages[0].num_warps, bundle.stages[0].num_stages) == (4, 2)
+    assert (bundle.stages[0].num_warps, bundle.stages[0].num_stages) == (8, 3)
     assert (bundle.num_warps, bundle.num_stages) == (8, 3)
-    assert bundle.meta["config"]["dkdv_block_n"] == 128 and bundle.meta["config"]["dkdv_block_m"] == 64
-    ptx = ae_opt(path, "--pipeline=triton{backward=true}", "--emit=ptx").split(".entry")
-    assert [".reqntid 128" in p for p in ptx[1:]] == [True, False]
-    assert [".reqntid 256" in p for p in ptx[1:]] == [False, True]
-    result = subprocess.run([sys.executable, "-m", "ae_mlir.cli", str(path), "--pipeline=triton{backward=true}",
-                             "--dump-pass-pipeline"], capture_output=True, text=True, timeout=600)
-    assert result.stderr.splitlines()[1] == "// launch: num-warps=4 num-stages=2 dkdv-num-warps=8 dkdv-num-stages=3"
+    config = bundle.meta["config"]
+    assert (config["block_m"], config["block_n"], config["dkdv_block_m"], config["dkdv_block_n"]) == (128, 64, 64, 128)
+    bundle = tb.build_backward_bundle(text, "cuda:90", {"dkdv_num_warps": 4})
+    assert (bundle.stages[0].num_warps, bundle.num_warps) == (8, 4)
+    pipeline = "--pipeline=triton{backward=true dkdv-num-warps=4}"
+    ptx = ae_opt(path, pipeline, "--emit=ptx").split(".entry")
+    assert [".reqntid 256" in p for p in ptx[1:]] == [True, False]
+    assert [".reqntid 128" in p for p in ptx[1:]] == [False, True]
+    result = subprocess.run([sys.executable, "-m", "ae_mlir.cli", str(path), pipeline, "--dump-pass-pipeline"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.stderr.splitlines()[1] == "// launch: num-warps=8 num-stages=3 dkdv-num-warps=4 dkdv-num-stages=3"
     # A short sequence's smaller dK/dV tiles take 4 warps.
     short = presets.backward_config(32, 32, 128, 128, "bf16", "cuda:90")
     assert (short["dkdv_block_m"], short["dkdv_block_n"], short["dkdv_num_warps"]) == (32, 32, 4)
@@ -160,11 +165,12 @@ def test_masks_that_cut_many_tiles_take_smaller_tiles(mask, cut, tiles):
     options = presets.options_for("triton", problem, "cuda:90")
     assert (options.block_m, options.block_n, options.num_warps, options.num_stages) == tiles
     assert presets.options_for("triton", problem, "hip:gfx942").block_m == 128
-    # The backward's dK/dV kernel takes 32 x 64 tiles for them; its dQ kernel keeps 64 x 64.
+    # The backward's dK/dV kernel takes 32 x 64 tiles for them, its dQ kernel 64 x 64 (128 x 64
+    # for the others).
     backward = presets.options_for("triton", problem, "cuda:90", backward=True)
     cut = tiles == (64, 64, 4, 3)
     assert (backward.dkdv_block_m, backward.dkdv_block_n) == ((32, 64) if cut else (64, 128))
-    assert (backward.block_m, backward.block_n) == (64, 64)
+    assert (backward.block_m, backward.block_n, backward.num_warps) == ((64, 64, 4) if cut else (128, 64, 8))
 
 
 def test_triton_text_names_every_option():
