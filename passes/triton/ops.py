@@ -280,31 +280,7 @@ class TensorOps(Tables, MathExpansions):
         narrow = self.get(source.operands[0], op)
         if not isinstance(narrow, Value) or narrow.elt != "i32":
             return None
-        split = self._float_of_difference(source.operands[0], elt, op)
-        if split is not None:
-            return split
         return self.op("arith.sitofp", self._elementwise_operand(source.operands[0], op), elt=elt)
-
-    def _float_of_difference(self, value, elt: str, op) -> Value | None:
-        """float(a - b) as float(a) - float(b) where a and b are a row's and a column's indices
-        (`kv_idx - q_idx`, ALiBi's and relative biases' distance): each converts on its own
-        [M, 1] or [1, N] lanes and the tile takes one subtraction, where converting the tile's
-        differences took an integer-to-float conversion per score (a quarter-rate instruction on
-        NVIDIA GPUs, as exp2 is). Exact: integers within 2^24, and their difference, are f32s."""
-        diff = _defining(value)
-        if elt != "f32" or diff is None or diff.name not in ("arith.subi", "arith.addi"):
-            return None
-        parts = [self.get(v, op) for v in diff.operands]
-        if not all(isinstance(x, Value) and x.elt == "i32" for x in parts):
-            return None
-        shape = self.join(parts)
-        if any(math.prod(x.shape) >= math.prod(shape) for x in parts) or self.generic_shape is None:
-            return None
-        exact = (-(1 << 24), 1 << 24)
-        if not all(self.index_bounds.within(v, *exact) for v in (value, *diff.operands)):
-            return None
-        floats = [self.op("arith.sitofp", x, elt=elt) for x in parts]
-        return self.op("arith.subf" if diff.name == "arith.subi" else "arith.addf", *floats)
 
 
 def _defining(value):

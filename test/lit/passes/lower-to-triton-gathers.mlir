@@ -36,20 +36,13 @@ func.func @relative(%q: tensor<1x2x40x64xf16>, %k: tensor<1x2x40x64xf16>, %v: te
 // -----
 
 // T5's bucket arithmetic as the frontend writes it: index -> i64 -> f32 and f32 -> i64 -> index.
-// With `index` lowered to i32 both conversions take 32 bits (fptosi to i32; a 64-bit conversion
-// runs at a quarter of the rate); the distance q - k converts as float(q) - float(k), each on its
-// own row or column (exact: both are below 2^24), not one conversion per score; the division by 8
-// is an exact multiply by 0.125, the division by 3 stays a division.
+// With `index` lowered to i32 both conversions take 32 bits (sitofp of the i32 distance, fptosi to
+// i32; a 64-bit conversion runs at a quarter of the rate); the division by 8 is an exact multiply
+// by 0.125, the division by 3 stays a division.
 // CHECK-LABEL: "tt.func"
 // CHECK: "scf.for"
-// CHECK: %[[QI:.*]] = "arith.minsi"({{.*}} : (tensor<32x1xi32>, tensor<32x1xi32>) -> tensor<32x1xi32>
-// CHECK: %[[KI:.*]] = "arith.minsi"({{.*}} : (tensor<1x32xi32>, tensor<1x32xi32>) -> tensor<1x32xi32>
-// CHECK-NOT: "arith.sitofp"({{.*}}) : (tensor<32x32xi32>)
-// CHECK: %[[QF:.*]] = "arith.sitofp"(%[[QI]]) : (tensor<32x1xi32>) -> tensor<32x1xf32>
-// CHECK: %[[KF:.*]] = "arith.sitofp"(%[[KI]]) : (tensor<1x32xi32>) -> tensor<1x32xf32>
-// CHECK: %[[QB:.*]] = "tt.broadcast"(%[[QF]])
-// CHECK: %[[KB:.*]] = "tt.broadcast"(%[[KF]])
-// CHECK: %[[F:.*]] = "arith.subf"(%[[QB]], %[[KB]]) {{.*}} : (tensor<32x32xf32>, tensor<32x32xf32>) -> tensor<32x32xf32>
+// CHECK: %[[D:.*]] = "arith.subi"({{.*}} : (tensor<32x32xi32>, tensor<32x32xi32>) -> tensor<32x32xi32>
+// CHECK: %[[F:.*]] = "arith.sitofp"(%[[D]]) : (tensor<32x32xi32>) -> tensor<32x32xf32>
 // CHECK: %[[E:.*]] = "arith.mulf"(%[[F]], %{{.*}}) {{.*}} : (tensor<32x32xf32>, tensor<32x32xf32>) -> tensor<32x32xf32>
 // CHECK: %[[T:.*]] = "arith.divf"(%[[E]], %{{.*}}) {{.*}} : (tensor<32x32xf32>, tensor<32x32xf32>) -> tensor<32x32xf32>
 // CHECK: "arith.fptosi"(%[[T]]) : (tensor<32x32xf32>) -> tensor<32x32xi32>
