@@ -162,6 +162,20 @@ irdl.dialect @tt {
     irdl.attributes {"atomic_rmw_op" = %rmw, "sem" = %sem, "scope" = %scope}
   }
 
+  // Inline PTX applied element by element (the lowering's fast tanh: "tanh.approx.f32 $0, $1;").
+  irdl.operation @elementwise_inline_asm {
+    %arg = irdl.any
+    %result = irdl.any
+    %asm = irdl.base "#builtin.string"
+    %constraints = irdl.base "#builtin.string"
+    %packed = irdl.base "#builtin.integer"
+    %pure = irdl.base "#builtin.integer"
+    irdl.operands(args: variadic %arg)
+    irdl.results(result: variadic %result)
+    irdl.attributes {"asm_string" = %asm, "constraints" = %constraints, "packed_element" = %packed,
+                     "pure" = %pure}
+  }
+
   // d = a @ b + c. inputPrecision (for f32 inputs): 0 = tf32, 1 = tf32x3, 2 = ieee.
   irdl.operation @dot {
     %a = irdl.base "!builtin.tensor"

@@ -105,6 +105,9 @@ class LowerToTriton(ModulePass):
     tensor_descriptors: bool = option(
         False, "with assume-aligned, load 2-D tiles of aligned float arguments through TMA tensor "
                "descriptors made once per program (NVIDIA sm90 and later)")
+    fast_tanh: bool = option(
+        False, "f32 math.tanh as the hardware's approximation (PTX tanh.approx.f32, NVIDIA sm75 and later; "
+               "2^-11 relative error) rather than the exact expansion")
 
     def apply(self, module_op) -> None:
         from mlir import ir
@@ -117,7 +120,7 @@ class LowerToTriton(ModulePass):
                                "run attn-tile first")
         for func in kernels:
             text = Kernel(func, self.assume_aligned, self.input_precision,
-                          self.assume_aligned and self.tensor_descriptors).build()
+                          self.assume_aligned and self.tensor_descriptors, self.fast_tanh).build()
             parsed = parse_module(text, module_op.context, "<attn-lower-to-triton>")
             with module_op.context:
                 parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(func))

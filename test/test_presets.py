@@ -180,7 +180,7 @@ def test_triton_text_names_every_option():
         "attn-chunk-recurrence{split=true block-v=64 block-k=64},"
         "attn-tile{block-m=128 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false},"
         "attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,"
-        "attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false})")
+        "attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false fast-tanh=true})")
     assert (options.num_warps, options.num_stages) == (4, 3)
 
 
@@ -276,3 +276,30 @@ def test_cli_rejects_a_cpu_pipeline_for_a_gpu_target(tmp_path):
                              "--pipeline=cpu", "--target=cuda:90"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 1
     assert "error: pipeline 'cpu' compiles for --target=host, got 'cuda:90'" in result.stderr
+
+
+SOFTCAP = ae.attention(score_mod=lambda s, b, h, i, j: 30.0 * torch.tanh(s / 30.0),
+                       mask_mod=lambda b, h, i, j: i >= j)
+
+
+@pytest.mark.parametrize("dtype, target, fast", [(torch.bfloat16, "cuda:90", True), (torch.float16, "cuda:90", True),
+                                                 (torch.float32, "cuda:90", False),
+                                                 (torch.bfloat16, "hip:gfx942", False)])
+def test_fast_tanh_for_16_bit_attention_on_nvidia(dtype, target, fast):
+    """16-bit attention on NVIDIA GPUs lowers a score_mod's tanh to tanh.approx.f32, forward and
+    backward; fp32 and AMD keep the exact expansion (exp2 and a division)."""
+    text = _softmax(SOFTCAP, lq=96, dk=32, dtype=dtype)
+    problem = presets.read_problem(parse_module(text, new_context()))
+    assert presets.options_for("triton", problem, target).fast_tanh is fast
+    for bundle in (tb.build_bundle(text, target), tb.build_backward_bundle(text, target)):
+        for kernel in [bundle] + list(bundle.stages):
+            ttir = kernel.variants["aligned"].ttir
+            assert ("tanh.approx.f32" in ttir) is fast
+            assert ('"math.exp2"' in ttir)  # the softmax's own exp2 either way
+
+
+def test_fast_tanh_needs_an_nvidia_target():
+    problem = presets.read_problem(parse_module(_softmax(SOFTCAP, dtype=torch.bfloat16), new_context()))
+    with pytest.raises(CompileError, match="fast-tanh"):
+        presets.options_for("triton", problem, "hip:gfx942", fast_tanh="true")
+    assert presets.options_for("triton", problem, "cuda:90", fast_tanh="false").fast_tanh is False

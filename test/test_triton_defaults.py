@@ -115,3 +115,32 @@ def test_call_time_masks_take_the_tiles_their_first_tables_ask_for(name, keep, t
     (out, _), _ = interpret(bundle, *inputs)
     ref_out, _ = run_module_text(text, inputs, torch.float64)
     torch.testing.assert_close(out.double(), ref_out, **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_fast_tanh_at_the_default_config(backward):
+    """bf16 soft-capping on cuda:90 at its default config takes tanh.approx.f32 (the interpreter
+    computes it as tanh: this checks the lowering around it), forward and backward, against float64."""
+    torch.manual_seed(3)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: 20.0 * torch.tanh(s / 20.0),
+                        mask_mod=lambda b, h, i, j: i >= j)
+    q, k, v = ((torch.randn(1, 2, 150, 64) * 3).to(torch.bfloat16) for _ in range(3))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    want, want_lse = attn(*leaves, backend="reference", return_lse=True)
+    if not backward:
+        bundle = tb.compile_bundle(attn, q, k, v, target="cuda:90")
+        assert "tanh.approx.f32" in bundle.variants["aligned"].ttir
+        (out, _), _ = interpret(bundle, q, k, v)
+        torch.testing.assert_close(out.double(), want.detach(), **TOL[torch.bfloat16])
+        return
+    from bundle_interp import interpret_roles
+
+    d_out = torch.randn(1, 2, 150, 64).to(torch.bfloat16)
+    grads = torch.autograd.grad(want, leaves, d_out.double())
+    bundle = tb.build_backward_bundle(attn.mlir(q, k, v), "cuda:90")
+    assert all("tanh.approx.f32" in kern.variants["aligned"].ttir for kern in [bundle] + list(bundle.stages))
+    got = interpret_roles(bundle, {"q": q, "k": k, "v": v, "out": want.detach().to(torch.bfloat16), "do": d_out,
+                                   "lse": want_lse.detach().float(), "dlse": torch.zeros(1, 2, 150)})
+    for role, reference in zip(("dq", "dk", "dv"), grads):
+        scale = reference.abs().max()
+        torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=3e-2, rtol=0, msg=role)

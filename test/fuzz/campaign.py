@@ -1,7 +1,8 @@
 """A fuzzing campaign at the configs users get: N random programs compiled at the default config
-of each target (cuda:90 and hip:gfx942), attention and linear attention, each run as interpreted
-Triton IR against the float64 reference. Programs go round-robin over the four (kind, target)
-cells (those of one kind with `--kinds attention` or `--kinds linear`) in batches of 20; a
+of each target (cuda:90 and hip:gfx942), attention, linear attention and attention's backward
+kernels, each run as interpreted Triton IR against the float64 reference (the backward: against
+float64 autograd, with the closure tensors learnable). Programs go round-robin over the (kind,
+target) cells of the kinds asked for (`--kinds`; attention and linear by default) in batches of 20; a
 failure is counted (an assertion is a mismatch, any other exception a crash) and the run goes
 on. The record is rewritten after each batch, so a stopped run leaves an honest count.
 
@@ -29,10 +30,11 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from hypothesis import given, seed, settings  # noqa: E402
 from linear_programs import linear_programs  # noqa: E402
 from programs import programs  # noqa: E402
-from test_differential import FUZZ, TARGETS, check_triton  # noqa: E402
+from test_differential import FUZZ, TARGETS, check_backward, check_triton  # noqa: E402
 from test_linear_differential import check_triton_linear  # noqa: E402
 
-CELLS = [(kind, target) for kind in ("attention", "linear") for target in TARGETS]
+KINDS = ("attention", "linear", "backward")
+CELLS = [(kind, target) for kind in KINDS for target in TARGETS]
 KEEP_FAILURES = 50  # the first failures' programs and messages go in the record
 BATCH = 20
 
@@ -58,14 +60,15 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--minutes", type=float, default=None, help="stop running programs after this")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--kinds", default="attention,linear", help="which programs: attention, linear or both")
+    parser.add_argument("--kinds", default="attention,linear",
+                        help="which programs, comma-separated: attention, linear, backward")
     parser.add_argument("--tma", action="store_true",
                         help="attention programs for cuda:90 only, with TMA tile loads (tensor_descriptors, "
                              "an autotuning choice there) over the default config")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
-    if not kinds or set(kinds) - {"attention", "linear"}:
-        parser.error(f"--kinds takes attention and/or linear, got {args.kinds!r}")
+    if not kinds or set(kinds) - set(KINDS):
+        parser.error(f"--kinds takes {', '.join(KINDS)}, got {args.kinds!r}")
     cells = [cell for cell in CELLS if cell[0] in kinds]
     if args.tma:
         cells = [("attention", "cuda:90")]
@@ -75,7 +78,7 @@ def main(argv=None):
     warnings.filterwarnings("ignore")
     record = {
         "what": "random programs at the default config of each target, interpreted Triton IR vs the "
-                "float64 reference", "config_overrides": config, "cells": [f"{kind} {target}" for kind, target in cells],
+                "float64 reference (backward kernels: vs float64 autograd)", "config_overrides": config, "cells": [f"{kind} {target}" for kind, target in cells],
         "command": " ".join(["python", "test/fuzz/campaign.py"] + (sys.argv[1:] if argv is None else argv)),
         "n_requested": args.n, "seed": args.seed, "minutes_limit": args.minutes, "programs_run": 0,
         "per_cell": {f"{kind} {target}": 0 for kind, target in cells}, "mismatches": 0, "crashes": 0,
@@ -94,11 +97,13 @@ def main(argv=None):
 
         @seed(args.seed * 1_000_003 + number)
         @settings(FUZZ, max_examples=count)
-        @given(programs(max_seq=200) if kind == "attention" else linear_programs())
+        @given(linear_programs() if kind == "linear" else programs(max_seq=200))
         def run(program):
             try:
                 if kind == "attention":
                     check_triton(program, target, config)
+                elif kind == "backward":
+                    check_backward(program, target)
                 else:
                     check_triton_linear(program, target)
             except Exception as e:  # every failure is counted; none stops the campaign
