@@ -28,14 +28,15 @@ import json
 import math
 from pathlib import Path
 
-from . import presets, progress
+from . import launch_defaults, progress
 from .disk_cache import atomic_write, cache_dir
-from .presets import Problem, _pow2
+from .launch_defaults import _pow2
+from .presets import Problem
 
 # Candidates by head dim (padded to a power of two) for 16-bit inputs on CUDA, as overrides of
 # (block_m, block_n, num_warps, num_stages); the preset's default is always tried first. They
 # span the tiles FlashAttention-2/FlexAttention use on Hopper and the ones the committed defaults
-# were picked from (presets.py's H200 notes).
+# were picked from (launch_defaults.py's H200 notes).
 _CUDA_16BIT = {
     64: [(128, 128, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3),
          (128, 64, 4, 4), (128, 64, 4, 2)],
@@ -61,7 +62,7 @@ _LDS_KIB = 64
 # two measurements of one bundle.
 _MARGIN = 0.03
 # Queries at most this long (decoding) are not tuned: their split count, not their tiles, sets
-# their speed (presets.kv_splits), and one launch takes microseconds.
+# their speed (launch_defaults.kv_splits), and one launch takes microseconds.
 _MIN_TUNED_LQ = 17
 
 
@@ -77,8 +78,8 @@ def candidates(problem: Problem, target: str) -> list[dict]:
     else:
         found, default = _softmax_candidates(problem, target)
     kept = _unique([{}] + [c for c in found if any(default.get(k) != v for k, v in c.items())])
-    if target != "host" and not problem.linear and presets.has_tma(target):
-        # TMA tile loads won or lost 2-11% by shape and config on an H200 (presets.has_tma), so
+    if target != "host" and not problem.linear and launch_defaults.has_tma(target):
+        # TMA tile loads won or lost 2-11% by shape and config on an H200 (launch_defaults.has_tma), so
         # every candidate is tried with them too.
         kept += [dict(c, tensor_descriptors=True) for c in kept]
     return kept
@@ -89,7 +90,7 @@ def _cpu_candidates(problem: Problem) -> tuple[list[dict], dict]:
     # recurrence has no launch configuration to tune there.
     if problem.linear:
         return [], {}
-    default = presets.cpu_config(problem.lq, problem.lk)
+    default = launch_defaults.cpu_config(problem.lq, problem.lk)
 
     def fit(n: int, length: int) -> int:
         return min(n, 1 << max(0, length - 1).bit_length())
@@ -104,7 +105,7 @@ def _linear_candidates(problem: Problem, target: str) -> tuple[list[dict], dict]
         if target.startswith("hip"):
             stages = min(stages, 2)
         found.append({"block_v": block_v, "block_k": block_k, "num_warps": warps, "num_stages": stages})
-    return found, presets.linear_config(problem, target)
+    return found, launch_defaults.linear_config(problem, target)
 
 
 def _softmax_candidates(problem: Problem, target: str) -> tuple[list[dict], dict]:
@@ -116,12 +117,12 @@ def _softmax_candidates(problem: Problem, target: str) -> tuple[list[dict], dict
     found = []
     for block_m, block_n, warps, stages in table.get(d, []):
         block_m, block_n = min(block_m, _pow2(problem.lq)), min(block_n, _pow2(problem.lk))
-        # MI300 keeps one LDS buffer per operand at two stages (presets.py).
+        # MI300 keeps one LDS buffer per operand at two stages (launch_defaults.py).
         buffers = max(stages - 1, 1) if hip else stages
         shared = (buffers * block_n * (problem.dk + problem.dv) + block_m * problem.dk) * bytes_per
         if shared <= _shared_limit(target):
             found.append({"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages})
-    default = presets.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
+    default = launch_defaults.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
                                      problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles)
     return found, default
 

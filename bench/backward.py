@@ -43,7 +43,7 @@ SWEEP = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2), (128, 64, 4, 2), (128, 
          (32, 128, 8, 3), (64, 128, 8, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3)]
 SWEEP_CASES = [("full", 128), ("causal", 128), ("full", 64), ("causal", 64), ("sliding_window", 128),
                ("document", 128), ("dilated", 128)]
-# The masks that cut many tiles (presets.CUT_TILES_MAX) sweep these alone.
+# The masks that cut many tiles (launch_defaults.CUT_TILES_MAX) sweep these alone.
 SWEEP_CUT = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 8, 3), (64, 128, 4, 3), (32, 64, 4, 3), (32, 128, 4, 3),
              (64, 32, 4, 3), (128, 64, 8, 2)]
 CUT_MASKS = ("sliding_window", "causal_sliding", "document", "dilated")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import autotune, presets, runtime
+from ae_mlir import autotune, launch_defaults, presets, runtime
 from ae_mlir.backends import triton as tb
 from inputs import qkv
 
@@ -60,7 +60,7 @@ def test_candidates_start_with_the_default_and_fit_the_targets_memory():
 
 def test_candidates_leave_out_the_default_they_would_repeat():
     short = presets.Problem(lq=40, lk=40, dk=16, dv=16, dtype="f32")
-    default = presets.default_config(40, 40, 16, 16, "f32", "cuda:90")
+    default = launch_defaults.default_config(40, 40, 16, 16, "f32", "cuda:90")
     found = [c for c in autotune.candidates(short, "cuda:90") if "tensor_descriptors" not in c]
     assert len(found) > 1 and all(any(default[k] != v for k, v in c.items()) for c in found[1:])
     cpu = autotune.candidates(short, "host")

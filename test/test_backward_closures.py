@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import presets, variants
+from ae_mlir import launch_defaults, variants
 from ae_mlir.backends import triton as tb
 from ae_mlir.core import abi
 from bundle_interp import interpret_roles
@@ -229,7 +229,7 @@ def test_triton_bundles_at_the_default_config(name, target, dtype, tol):
     out, lse = attn(*rounded, backend="reference", return_lse=True)
     text = attn.mlir(q, k, v, compose=False)
     bundle = tb.build_backward_bundle(text, target)
-    expected = presets.backward_config(77, 77, 64, 64, str(dtype).removeprefix("torch."), target)
+    expected = launch_defaults.backward_config(77, 77, 64, 64, str(dtype).removeprefix("torch."), target)
     assert {key: bundle.meta["config"][key] for key in expected} == expected
     names = _grad_names(captures)
     assert [spec.role for spec in bundle.outputs] == ["dq"] + names[3:] + ["dk", "dv"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import presets, variants
+from ae_mlir import launch_defaults, variants
 from ae_mlir.backends import triton as tb
 from ae_mlir.core import abi
 from bundle_interp import interpret_roles
@@ -83,7 +83,7 @@ def check_bundle_at_default_config(build, target, dtype, tol, workspace: list[st
     (q, k, v), d_out, want = _problem(attn, shape, seed=6)
     q, k, v, d_out = (t.detach().to(dtype) for t in (q, k, v, d_out))
     bundle = tb.build_backward_bundle(attn.mlir(q, k, v), target)
-    expected = presets.backward_config(77, 77, 64, 64, str(dtype).removeprefix("torch."), target)
+    expected = launch_defaults.backward_config(77, 77, 64, 64, str(dtype).removeprefix("torch."), target)
     assert {key: bundle.meta["config"][key] for key in expected} == expected
     assert sorted(spec.role for spec in bundle.workspace) == workspace
     got = interpret_roles(bundle, {"q": q, "k": k, "v": v, "do": d_out})

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import presets, runtime, variants
+from ae_mlir import launch_defaults, runtime, variants
 from ae_mlir.core import abi
 from ae_mlir.backends import triton as tb
 from bundle_interp import interpret, interpret_roles
@@ -35,7 +35,7 @@ def _check(attn, dtype, target, tol, b=1, h=2, hkv=2, lq=77, lk=None, dk=32, dv=
     as_input = (lambda t: t.detach().to(dtype))
     text = attn.mlir(as_input(q), as_input(k), as_input(v))
     bundle = tb.build_backward_bundle(text, target, config)
-    expected = presets.backward_config(lq, lk, dk, dv, str(dtype).removeprefix("torch."), target)
+    expected = launch_defaults.backward_config(lq, lk, dk, dv, str(dtype).removeprefix("torch."), target)
     if config is None:
         assert {key: bundle.meta["config"][key] for key in expected} == expected
     tensors = {"q": as_input(q), "k": as_input(k), "v": as_input(v), "out": as_input(out), "do": as_input(d_out),
@@ -113,7 +113,7 @@ def test_cli_prints_the_backward_bundles_triton_ir(tmp_path):
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
 def test_whole_tiles_as_static_slices(target):
-    """whole-tiles=true (the CPU preset's; the Triton preset keeps row masks, see presets.WHOLE_TILES):
+    """whole-tiles=true (the CPU preset's; the Triton preset keeps row masks, see launch_defaults.WHOLE_TILES):
     with L a multiple of the blocks, the forward and backward kernels load every tile with no mask
     and compute what the masked ones do."""
     attn = ae.attention(score_mod=lambda s, b, h, i, j: s - 0.01 * (i - j), mask_mod=lambda b, h, i, j: i >= j)

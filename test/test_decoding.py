@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import presets
+from ae_mlir import launch_defaults, presets
 from ae_mlir.backends import triton as tb
 from ae_mlir.core.context import new_context, parse_module
 from ae_mlir.passes import build_pass_manager
@@ -78,14 +78,14 @@ def test_normalizers_without_a_row_max_are_not_split():
 def test_the_preset_splits_only_grids_that_leave_the_gpu_idle():
     # One wave of split programs (the most that fit on the 132 SMs, at least two splits), and no
     # more than 128 tiles a split.
-    assert presets.kv_splits(programs=4, kv_tiles=2048, target="cuda:90") == 33
-    assert presets.kv_splits(programs=32, kv_tiles=2048, target="cuda:90") == 16
-    assert presets.kv_splits(programs=32, kv_tiles=256, target="cuda:90") == 4
-    assert presets.kv_splits(programs=100, kv_tiles=200, target="cuda:90") == 2
-    assert presets.kv_splits(programs=32, kv_tiles=16, target="cuda:90") == 2
-    assert presets.kv_splits(programs=32, kv_tiles=8, target="cuda:90") == 1
-    assert presets.kv_splits(programs=132, kv_tiles=2048, target="cuda:90") == 1
-    assert presets.kv_splits(programs=1, kv_tiles=100000, target="hip:gfx942") == 128
+    assert launch_defaults.kv_splits(programs=4, kv_tiles=2048, target="cuda:90") == 33
+    assert launch_defaults.kv_splits(programs=32, kv_tiles=2048, target="cuda:90") == 16
+    assert launch_defaults.kv_splits(programs=32, kv_tiles=256, target="cuda:90") == 4
+    assert launch_defaults.kv_splits(programs=100, kv_tiles=200, target="cuda:90") == 2
+    assert launch_defaults.kv_splits(programs=32, kv_tiles=16, target="cuda:90") == 2
+    assert launch_defaults.kv_splits(programs=32, kv_tiles=8, target="cuda:90") == 1
+    assert launch_defaults.kv_splits(programs=132, kv_tiles=2048, target="cuda:90") == 1
+    assert launch_defaults.kv_splits(programs=1, kv_tiles=100000, target="hip:gfx942") == 128
     q = torch.empty(1, 32, 1, 128, dtype=torch.bfloat16, device="meta")
     kv = torch.empty(1, 8, 131072, 128, dtype=torch.bfloat16, device="meta")
     options = presets.options_for("triton", presets.read_problem(parse_module(ae.attention().mlir(q, kv, kv),
@@ -93,10 +93,10 @@ def test_the_preset_splits_only_grids_that_leave_the_gpu_idle():
     # Packed: 8 programs (one per KV head), each 4 query heads x 1 row, so 16 splits fill a wave.
     assert (options.pack_gqa, options.kv_splits, options.block_m) == (True, 16, 16)
     # Four query tokens of 8 heads a KV head: 32 rows a tile.
-    config = presets.default_config(4, 8192, 128, 128, "bf16", "cuda:90", 8 * 32, 8)
+    config = launch_defaults.default_config(4, 8192, 128, 128, "bf16", "cuda:90", 8 * 32, 8)
     assert (config["pack_gqa"], config["block_m"], config["kv_splits"]) == (True, 32, 4)
     # Per-entry lengths over several entries, or a paged cache: two waves of split programs.
-    assert presets.kv_splits(programs=8, kv_tiles=2048, target="cuda:90", uneven_keys=True) == 33
+    assert launch_defaults.kv_splits(programs=8, kv_tiles=2048, target="cuda:90", uneven_keys=True) == 33
     attn = ae.attention()
     for batch, paged, splits in ((8, False, 5), (1, False, 16), (1, True, 33)):
         qb = torch.empty(batch, 32, 1, 128, dtype=torch.bfloat16, device="meta")
@@ -111,7 +111,7 @@ def test_the_preset_splits_only_grids_that_leave_the_gpu_idle():
         options = presets.options_for("triton", presets.read_problem(parse_module(text, new_context())), "cuda:90")
         assert options.kv_splits == splits, (batch, paged)
     # Prefill fills the GPU unsplit and unpacked.
-    config = presets.default_config(2048, 2048, 128, 128, "bf16", "cuda:90", 8 * 16, 4)
+    config = launch_defaults.default_config(2048, 2048, 128, 128, "bf16", "cuda:90", 8 * 16, 4)
     assert "kv_splits" not in config and "pack_gqa" not in config
 
 
@@ -171,10 +171,10 @@ def test_packed_default_config_bundle_in_the_ttir_interpreter(target):
 
 def test_packing_needs_two_rows_a_head_and_head_dims_of_16():
     # 16 query heads a KV head at Lq = 1: a 32-row tile (two rows a head), not 16 one-row heads.
-    config = presets.default_config(1, 4096, 128, 128, "bf16", "cuda:90", 64, 16)
+    config = launch_defaults.default_config(1, 4096, 128, 128, "bf16", "cuda:90", 64, 16)
     assert (config["pack_gqa"], config["block_m"]) == (True, 32)
     # A group too big for the target's tiles is not packed (and no division by zero).
-    config = presets.default_config(1, 512, 128, 128, "f32", "cuda:90", 64, 64)
+    config = launch_defaults.default_config(1, 512, 128, 128, "f32", "cuda:90", 64, 64)
     assert "pack_gqa" not in config and config["kv_splits"] >= 1
     attn = ae.attention()
     q, k, v = _inputs(1, 8, 1, 1, 100, 8)

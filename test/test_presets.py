@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import presets
+from ae_mlir import launch_defaults, presets
 from ae_mlir.backends import cpu
 from ae_mlir.backends import triton as tb
 from ae_mlir.core.context import CompileError, new_context, parse_module
@@ -109,7 +109,7 @@ def test_backward_kernels_launch_with_their_own_options(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.stderr.splitlines()[1] == "// launch: num-warps=8 num-stages=3 dkdv-num-warps=4 dkdv-num-stages=3"
     # A short sequence's smaller dK/dV tiles take 4 warps.
-    short = presets.backward_config(32, 32, 128, 128, "bf16", "cuda:90")
+    short = launch_defaults.backward_config(32, 32, 128, 128, "bf16", "cuda:90")
     assert (short["dkdv_block_m"], short["dkdv_block_n"], short["dkdv_num_warps"]) == (32, 32, 4)
     # An override of a shared option sets both kernels' unless the dK/dV kernel's own is given.
     problem = presets.read_problem(parse_module(text, new_context()))
@@ -230,8 +230,8 @@ def test_gla_state_rows_follow_the_programs(batch_heads, dk, dv, block_k):
     """GLA's chunk-state kernel takes 32-row blocks where 64 would leave fewer than 256
     programs; the other decays keep 64."""
     problem = presets.Problem(2048, 2048, dk, dv, "bf16", "token_dim", 64, batch_heads)
-    assert presets.linear_config(problem)["block_k"] == block_k
-    assert presets.linear_config(dataclasses.replace(problem, decay="token"))["block_k"] == 64
+    assert launch_defaults.linear_config(problem)["block_k"] == block_k
+    assert launch_defaults.linear_config(dataclasses.replace(problem, decay="token"))["block_k"] == 64
 
 
 def test_cpu_stages_and_overrides():

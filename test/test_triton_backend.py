@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import ae_mlir as ae
-from ae_mlir import disk_cache, presets, runtime
+from ae_mlir import disk_cache, launch_defaults, runtime
 from ae_mlir.backends import triton as tb
 from inputs import qkv, rand
 from bundle_interp import interpret
@@ -102,7 +102,7 @@ def test_numerics(name):
     q, k, v = qkv(**shape)
     if config is None:
         dtype = str(q.dtype).removeprefix("torch.")
-        config = presets.default_config(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dtype, "cuda:90")
+        config = launch_defaults.default_config(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dtype, "cuda:90")
     check(ae.attention(**attn_kwargs), q, k, v, config=config)
 
 
@@ -115,7 +115,7 @@ def test_numerics_with_tma_tile_loads(name):
     q, k, v = qkv(**shape)
     if config is None:
         dtype = str(q.dtype).removeprefix("torch.")
-        config = presets.default_config(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dtype, "cuda:90")
+        config = launch_defaults.default_config(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dtype, "cuda:90")
     _, _, bundle = check(ae.attention(**attn_kwargs), q, k, v, config=dict(config, tensor_descriptors=True),
                          expect_variant="aligned")
     assert ('"tt.descriptor_load"' in bundle.variants["aligned"].ttir) == (q.shape[2] > 1)
@@ -343,7 +343,7 @@ def test_linear_gla_scores_numerics(wide, dtype):
     assert stages == [("linear_attention_decays", [2, 2, 1]), ("linear_attention_states", [2, 2, 1]),
                       ("linear_attention_scores", [2, 2, 1])]  # (chunks, heads, batch)
     assert bundle.grid == [2, 2, 1]
-    # Each kernel's own stage count (presets.linear_config).
+    # Each kernel's own stage count (launch_defaults.linear_config).
     assert [s.num_stages for s in bundle.stages] + [bundle.num_stages] == [1, 2, 3, 3]
     (out, state), _ = interpret(bundle, q, k, v, g, s0)
     if dtype == torch.bfloat16:

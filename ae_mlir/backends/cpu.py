@@ -307,7 +307,7 @@ def compile_module(module_text: str, block_m: int | None = None, block_n: int | 
     """The compiled kernel for an L0 module: from the in-memory cache, else the disk cache
     (`cpu_cache`, no MLIR needed), else compiled and stored in both.
 
-    Block sizes default to the cpu preset's (`presets.cpu_config`). With `unit_inner_stride`
+    Block sizes default to the cpu preset's (`launch_defaults.cpu_config`). With `unit_inner_stride`
     (the usual case: torch's layouts, transposes of them included) tile rows load as vectors;
     without it any strides work, with element-wise tile loads.
     """

@@ -378,15 +378,15 @@ def call_time_tiles(l0_text: str, target: str, inputs: list) -> dict:
     """The launch options (block sizes, warps, stages) a call of the module takes over the
     preset's, {} for none: those the preset gives a mask read at call time for the tiles its
     first call's tables cut (`_call_time_cut`)."""
-    from .. import presets
+    from .. import launch_defaults
 
     cut = _call_time_cut(l0_text, target, inputs)
     if not cut:
         return {}
     p = _problem(l0_text)
-    config = presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, p.batch_heads, p.group,
+    config = launch_defaults.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, p.batch_heads, p.group,
                                     p.uneven_keys, cut)
-    preset = presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, p.batch_heads, p.group,
+    preset = launch_defaults.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, p.batch_heads, p.group,
                                     p.uneven_keys)
     return {key: config[key] for key in _TILES} if any(preset[key] != config[key] for key in _TILES) else {}
 
@@ -394,39 +394,39 @@ def call_time_tiles(l0_text: str, target: str, inputs: list) -> dict:
 def backward_call_time_tiles(l0_text: str, target: str, tensors: dict) -> dict:
     """The backward's counterpart of `call_time_tiles`, from the tensors by role: the overrides
     of the preset's backward config for the tiles the module's mask cuts."""
-    from .. import presets
+    from .. import launch_defaults
 
     captures = [tensors[role] for role in sorted((r for r in tensors if abi.is_capture(r)), key=lambda r: int(r[1:]))]
     cut = _call_time_cut(l0_text, target, [tensors["q"], tensors["k"], tensors["v"], *captures])
     if not cut:
         return {}
     p = _problem(l0_text)
-    config = presets.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut)
-    preset = presets.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target)
+    config = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut)
+    preset = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target)
     return {key: value for key, value in config.items() if preset[key] != value}
 
 
 def _call_time_cut(l0_text: str, target: str, operands: list) -> float:
     """The tiles a mask read at call time (a document mask's closure ids) cuts per query block at
-    `presets.CUT_TILES_AT`, from its tables on the module's first call (the same tables the
+    `launch_defaults.CUT_TILES_AT`, from its tables on the module's first call (the same tables the
     forward's launch classifies at those tiles, from the cache); 0 for other masks, and where the
     preset's tiles do not depend on it. Kept per module: deciding on every call would classify a
     mask whose tensors change at every step once more."""
-    from .. import presets
+    from .. import launch_defaults
 
     key = (l0_text, target)
     if key not in _CUTS:
         p = _problem(l0_text)
         program = p.call_time_mask
         cut = 0.0
-        past = presets.CUT_TILES_MAX + 1
-        matters = (presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut_tiles=past)
-                   != presets.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target))
+        past = launch_defaults.CUT_TILES_MAX + 1
+        matters = (launch_defaults.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut_tiles=past)
+                   != launch_defaults.default_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target))
         if program is not None and matters:
             from ..block_mask import call_time_tables
             from ..core.block_tables import BlockTables, cut_per_block
 
-            tables = call_time_tables(program, operands, p.lq, p.lk, *presets.CUT_TILES_AT, operands[0].device)
+            tables = call_time_tables(program, operands, p.lq, p.lk, *launch_defaults.CUT_TILES_AT, operands[0].device)
             cut = cut_per_block(BlockTables(*tables))
         _CUTS[key] = cut
     return _CUTS[key]

@@ -1,0 +1,267 @@
+"""The measured launch defaults the presets start from: block sizes, warps and stages per
+target, head dim and dtype for the forward, backward and linear-attention kernels, the rules
+that adjust them (masks that cut many tiles, split-KV decoding, packed GQA), and the switches
+whose choice a measurement settled (whole tiles, TMA loads, the fast tanh). `presets` turns
+them into pass options; each table's comment names the run behind it (bench/results/)."""
+from __future__ import annotations
+
+import typing
+
+if typing.TYPE_CHECKING:
+    from .presets import Problem
+
+# --- Triton launch defaults ----------------------------------------------------------------------
+
+# (block_m, block_n, num_warps, num_stages) by head dim (padded to a power of two); 16-bit inputs
+# run tt.dot on wgmma. At D = 128, 128x128 tiles run out of shared memory, so 128x64 with 8 warps
+# and 3 stages; at D = 64, 128x128 with 4 warps (FlexAttention's choice) spills registers once a
+# score_mod adds live values, so 128x64. The H200 runs behind these choices are in
+# bench/results/h200-catalogue-*.json and h200-verify-*.json.
+_CUDA_16BIT = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 3)}
+# Masks that cut more KV tiles per query block than a causal diagonal does (2 at 128 x 64: a band
+# cuts 4, a stride all): at D = 128 on an H200 (bf16, B*L = 16384,
+# bench/results/h200-attention-configs-2026-12-03-catalogue.json, medians of three alternating
+# rounds) 64x64 tiles with 4 warps ran the sliding window at 280 / 281 TFLOP/s (L 2048 / 8192)
+# against 232 / 230 at 128x64, causal + sliding 202 / 204 against 170 / 170 and the dilated mask
+# 187 / 210 against 161 / 190, where causal ran 297 / 368 against 375 / 449 and prefix-LM 380 /
+# 444 against 385 / 453. D = 64 and MI300 keep their tiles (not measured).
+CUT_TILES_AT = (128, 64)
+CUT_TILES_MAX = 2.5
+_CUDA_16BIT_CUT = {**_CUDA_16BIT, 128: (64, 64, 4, 3)}
+_CUDA_FP32 = {64: (128, 32, 4, 3), 128: (32, 64, 4, 3), 256: (32, 32, 4, 3)}
+# MI300 (gfx942): mfma 32x32 tiles; one LDS buffer per operand leaves room for 128x64 at D=128.
+_HIP_16BIT = {64: (128, 64, 4, 2), 128: (128, 64, 4, 2), 256: (64, 32, 4, 2)}
+_HIP_FP32 = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 2)}
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _table(dk: int, dv: int, dtype: str, target: str, tables: tuple) -> tuple[int, dict]:
+    """(the head dim a launch table is indexed by, the one of `tables` -- cuda 16-bit, cuda fp32,
+    hip 16-bit, hip fp32 -- for this dtype and target)."""
+    wide = dtype in ("bfloat16", "float16", "bf16", "f16")
+    return max(_pow2(dk), _pow2(dv), 64), tables[2 * target.startswith("hip") + (not wide)]
+
+
+# Streaming processors of the targets' GPUs (H100/H200: 132 SMs; MI300X: 304 CUs). When the
+# (batch, head, query block) programs are fewer, split-KV attention splits each program's KV tiles
+# so that the split programs fill one wave (the most that fit, at least two splits) and no split
+# walks more than _MAX_TILES_PER_SPLIT tiles (4 MB of bf16 K and V at D = 128). On an H200 (bf16
+# decoding, GQA 32/8, D 128, bench/results/h200-decoding-2026-12-01-splits2.json and -one-wave):
+# B=1 Lk=131072 ran 3.62 TB/s at 16 splits (one wave) against 3.45 at 33 and 2.87 at 66; B=8
+# Lk=32768 4.16 at 4 splits against 4.05 at 2 (one wave) and 3.89 at 5; one wave alone left B=8
+# caches filled 30-100% (per-entry kv_len) unbalanced, 2.64 TB/s against 3.41 at 5 splits, and
+# paged caches (a table read per tile) want more programs in flight: B=1 pages of 256 ran 3.31
+# TB/s at 33 splits, 2.39 at 16. So keys that vary per entry or come through a table get two
+# waves (bench/results/h200-serving-2026-12-01-run2.json and -one-wave.json).
+# Only decoding shapes (Lq <= 16) split: a split call launches two kernels and allocates
+# workspaces, which on an H200 cost more than they saved at B=2 H=4 L=1000 (about 210 us
+# against 25 us unsplit, bench/results/h200-verify-2026-12-01.json).
+_PROCESSORS = {"cuda": 132, "hip": 304}
+_MIN_TILES_PER_SPLIT = 8
+_MAX_TILES_PER_SPLIT = 128
+_MAX_SPLITS = 128
+_SPLIT_MAX_LQ = 16
+
+
+def kv_splits(programs: int, kv_tiles: int, target: str, uneven_keys: bool = False) -> int:
+    """KV splits per query block (attn-tile kv-splits) for a grid of `programs` programs that each
+    walk `kv_tiles` KV tiles: 1 once the grid fills the GPU; two waves with `uneven_keys`."""
+    processors = _PROCESSORS["hip" if target.startswith("hip") else "cuda"]
+    if programs >= processors:
+        return 1
+    if uneven_keys:
+        wanted = -(-2 * processors // programs)
+    else:
+        wanted = max(2, processors // programs, -(-kv_tiles // _MAX_TILES_PER_SPLIT))
+    return max(1, min(wanted, kv_tiles // _MIN_TILES_PER_SPLIT, _MAX_SPLITS))
+
+
+# Queries at most this long (decoding) with GQA pack a KV head's query heads into one tile.
+_PACK_GQA_MAX_LQ = 16
+
+
+def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, batch_heads: int | None = None,
+                   group: int = 1, uneven_keys: bool = False, cut_tiles: float = 0.0) -> dict:
+    """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942");
+    with `batch_heads` (B * H), the KV splits and GQA packing too (`uneven_keys`, `cut_tiles`:
+    see Problem)."""
+    d, table = _table(dk, dv, dtype, target, (_CUDA_16BIT, _CUDA_FP32, _HIP_16BIT, _HIP_FP32))
+    if table is _CUDA_16BIT and cut_tiles > CUT_TILES_MAX:
+        table = _CUDA_16BIT_CUT
+    block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
+    block_m = min(block_m, _pow2(lq))
+    block_n = min(block_n, _pow2(lk))
+    if block_m * block_n <= 64 * 64:
+        warps = 4
+    config = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+    if batch_heads is None or lq > _SPLIT_MAX_LQ:
+        return config
+    rows, programs = block_m, batch_heads
+    packed_m = max(block_m, _pow2(lq * group), 2 * group)
+    # A packed tile holds at least two rows of each head (a [group, 1, D] slice has no tile layout
+    # the lowering pads to) and no more rows than the target's tiles at this head dim.
+    if group > 1 and lq <= _PACK_GQA_MAX_LQ and group & (group - 1) == 0 and packed_m <= table.get(d, (32,))[0]:
+        block_m = config["block_m"] = packed_m
+        rows, programs = block_m // group, batch_heads // group
+        config["pack_gqa"] = True
+    config["kv_splits"] = kv_splits(programs * -(-lq // rows), -(-lk // block_n), target, uneven_keys)
+    return config
+
+
+# The backward kernels (attn-tile-backward) hold more tiles live than the forward (Q, dO, K, V,
+# dK and dV accumulators, P and dS), so smaller blocks; each kernel has its own config,
+# (block_m, block_n, num_warps, num_stages) for dQ, then for dK/dV (block_m query rows a step,
+# block_n keys resident). On an H200 (bf16, B8 H16 L2048, each kernel timed alone under 17
+# configs, bench/results/h200-backward-sweep-2026-12-03-dq-tiles.json) dQ was fastest at 128x64
+# with 3 stages (D = 128, 8 warps: full 0.71 ms against 0.81 at 64x64, causal level; D = 64, 4
+# warps: full 0.38 against 0.41, causal 3% behind); dK/dV, which computes its tiles transposed, at
+# 64 query rows on 128 keys with 8 warps and 3 stages at D = 128 (the 2026-12-01 sweep: causal
+# 0.63 ms against 0.92 at 64x64, full level) and at 32x128 on 4 warps at D = 64 (full 0.57
+# against 0.62 at 32x64, causal level). Other head dims, fp32 and MI300 keep one unmeasured config.
+_CUDA_BWD_16BIT = {64: ((128, 64, 4, 3), (32, 128, 4, 3)), 128: ((128, 64, 8, 3), (64, 128, 8, 3)),
+                   256: ((32, 32, 4, 1),) * 2}
+_CUDA_BWD_FP32 = {64: ((32, 32, 4, 2),) * 2, 128: ((32, 32, 4, 2),) * 2, 256: ((16, 16, 4, 1),) * 2}
+_HIP_BWD_16BIT = {64: ((64, 64, 4, 1),) * 2, 128: ((64, 32, 4, 1),) * 2, 256: ((32, 32, 4, 1),) * 2}
+_HIP_BWD_FP32 = {64: ((32, 32, 4, 1),) * 2, 128: ((32, 32, 4, 1),) * 2, 256: ((16, 16, 4, 1),) * 2}
+
+
+# The dK/dV kernel of a mask that cuts many tiles (CUT_TILES_MAX) at D = 128 on CUDA, 16-bit: on an
+# H200 (bf16 B8 H16 L2048, each kernel alone, bench/results/h200-backward-sweep-2026-12-03-*.json)
+# 32x64 tiles on 4 warps and 3 stages took the document mask's dK/dV from 0.44 to 0.30 ms, the
+# sliding window's from 0.40 to 0.37 and the dilated mask's from 0.66 to 0.63.
+_CUDA_BWD_CUT_DKDV = (32, 64, 4, 3)
+# Their dQ kernel keeps 64x64 tiles on 4 warps: 128-row tiles cut more of a band (the same
+# sweeps: the sliding window's dQ 0.27 ms at 64x64, 0.33 at 128x64; the document mask's 0.90, 1.04).
+_CUDA_BWD_CUT_DQ = (64, 64, 4, 2)
+
+
+def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, cut_tiles: float = 0.0) -> dict:
+    """Block sizes and launch options of the backward kernels for one problem shape (`cut_tiles`:
+    see Problem)."""
+    d, table = _table(dk, dv, dtype, target, (_CUDA_BWD_16BIT, _CUDA_BWD_FP32, _HIP_BWD_16BIT, _HIP_BWD_FP32))
+    dq, dkdv = table.get(d, ((16, 16, 4, 1),) * 2)
+    if table is _CUDA_BWD_16BIT and d == 128 and cut_tiles > CUT_TILES_MAX:
+        dq, dkdv = _CUDA_BWD_CUT_DQ, _CUDA_BWD_CUT_DKDV
+    config = {"block_m": min(dq[0], _pow2(lq)), "block_n": min(dq[1], _pow2(lk)), "num_warps": dq[2],
+              "num_stages": dq[3], "dkdv_block_m": min(dkdv[0], _pow2(lq)), "dkdv_block_n": min(dkdv[1], _pow2(lk)),
+              "dkdv_num_warps": dkdv[2], "dkdv_num_stages": dkdv[3]}
+    _fit_dkdv_warps(config)
+    return config
+
+
+def _fit_dkdv_warps(config: dict) -> None:
+    """8 dK/dV warps are for its 64x128 tiles; smaller ones (a short sequence's, or a user's) take 4."""
+    rows, keys = config["dkdv_block_m"] or config["block_m"], config["dkdv_block_n"] or config["block_n"]
+    if rows * keys < 64 * 128:
+        config["dkdv_num_warps"] = min(config["dkdv_num_warps"], 4)
+
+
+_SHARED = {"block_m": "dkdv_block_m", "block_n": "dkdv_block_n", "num_warps": "dkdv_num_warps",
+           "num_stages": "dkdv_num_stages"}
+
+
+def backward_overrides(values: dict, typed: dict) -> None:
+    """Apply a user's overrides to the backward's two configs: an override of a shared option
+    (block_m, num_warps, ...) sets both kernels' unless the dK/dV kernel's own is given too (0:
+    it follows the dQ kernel's); given no warps, smaller dK/dV tiles take 4 (_fit_dkdv_warps)."""
+    values.update(typed)
+    for shared, own in _SHARED.items():
+        if shared in typed and own not in typed:
+            values[own] = 0
+    if not {"num_warps", "dkdv_num_warps"} & typed.keys():
+        _fit_dkdv_warps(values)
+
+
+# Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
+# blocks of 64 columns, as flash-linear-attention's chunk kernels use, and 4 warps: 8 warps left
+# the output kernels slower and the stage count barely mattered in the per-kernel sweep,
+# bench/results/h200-linear-configs-*.json (`python bench/linear_configs.py`).
+# The cumulative-decay kernel takes one stage: GLA's (D 128, L 2048, B 8, H 16) ran 204 us in
+# one, 407 in two and 446 in three (pipelining its loop over chunks only holds more registers);
+# the per-token decays' took 25 us in each (passes/chunk/split.py, DECAY_CHUNKS).
+_LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3, "decays_num_stages": 1}
+
+
+# GLA's chunk-state kernel walks the chunks in turn, a program per (batch, head, state-row block):
+# below this many programs 32-row blocks won on an H200 (h200-linear-configs-2026-12-03-block-k):
+# B 2 H 16 L 8192 184 against 304 us at D 64 (32 programs of 64 rows), 236 against 337 at D 128;
+# B 8 H 16 L 2048 D 64 75 against 85 (128); at D 128 (256 programs) 64 rows kept ahead, 137 / 176.
+_STATE_PROGRAMS = 256
+
+
+def linear_config(problem: Problem, target: str = "cuda:90") -> dict:
+    """Launch options of a linear-attention bundle. block_m/block_n are the chunk's rows (what
+    the runtime's 32-bit tile-offset check reads). The chunk-state V blocks stay 64 wide: that
+    loop is bound by each step's latency, not by the programs in flight, so narrower blocks (more
+    programs) only add work. With the "token_dim" decay the output kernel takes all of V (up to
+    128 columns) in one program, chosen when it still computed the scores (not timed since the
+    scores kernel does), and the chunk-state kernel 32 state rows per program where 64 would
+    leave fewer than _STATE_PROGRAMS programs."""
+    chunk, hip = problem.chunk_size, target.startswith("hip")
+    config = dict(_LINEAR, block_m=chunk, block_n=chunk)
+    if hip:
+        # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
+        config["num_stages"] = 2
+    elif problem.decay == "token" and problem.dk > config["block_v"]:
+        # Simple GLA's output kernel loops over V blocks there (passes/chunk/step.py): 110-111 us
+        # in two stages against 119-120 in three at D 128 on an H200, its chunk-state kernel 106
+        # against 172 in three (L 8192; h200-linear-configs-2026-12-03-simple-gla-value-loop).
+        # Retention's output kernel has the same loop but was not swept; it keeps three.
+        config.update(num_stages=2, states_num_stages=3)
+    if problem.decay == "token_dim":
+        config["block_v"] = 128
+        # GLA's chunk-state kernel at L 2048, D 128: 137 us in two stages against 164 in three;
+        # within 4% either way in the other three suite cases.
+        config["states_num_stages"] = 2
+        programs = problem.batch_heads * -(-problem.dk // config["block_k"]) * -(-problem.dv // config["block_v"])
+        if programs < _STATE_PROGRAMS:
+            config["block_k"] = 32
+    return config
+
+
+# Whether 16-bit attention on NVIDIA GPUs takes the hardware's tanh approximation
+# (attn-lower-to-triton{fast-tanh}: PTX tanh.approx.f32, 2^-11 relative error, as FlashAttention's
+# soft-capping does) for the score_mod's f32 tanh: its error is below what rounding 16-bit inputs
+# already puts in the scores; fp32 attention and AMD GPUs keep the exact expansion.
+FAST_TANH = True
+
+
+# Whether attn-tile and attn-tile-backward load the tiles of sequences that are a multiple of the
+# block as static slices, without padding (row masks in Triton, bounds checks on the CPU). On the
+# 2-core AVX2 CPU the causal demo (fp32 B1 H4 L1024 D64) ran 0.79x torch SDPA's speed with them
+# against 0.69x without (medians of ratios over five alternating runs each, 2026-12-01); on an H200
+# (bf16 B8 H16 L2048) the causal forward at D = 128 ran 363 TFLOP/s with them against 371-372
+# without, and the backward within run-to-run noise (bench/results/h200-backward-2026-12-01-*), so
+# the Triton preset keeps the masks.
+WHOLE_TILES = {"cpu": True, "triton": False}
+
+
+def has_tma(target: str) -> bool:
+    """Whether `target` can load tiles through TMA tensor descriptors (`tensor_descriptors`):
+    NVIDIA from sm90 (Hopper) on; AMD's gfx942 has none. The preset leaves them off: on an H200
+    (bf16 B*L = 16384 H16, bench/results/h200-attention-configs-2026-12-03-tma.json) they ran
+    full attention at D = 128 3.5% faster at L = 8192 (496 against 479 TFLOP/s, 504 at 128x128
+    tiles) but 2% slower at L = 2048, causal 11% slower at L = 2048 (330 against 372) and D = 64
+    2-6% slower at L = 2048: each program makes its descriptors on the device (a global write and
+    a fence) before its first tile, which short KV loops do not repay. Autotuning tries them."""
+    family, _, arch = target.partition(":")
+    return family == "cuda" and arch.isdigit() and int(arch) >= 90
+
+
+# --- CPU defaults --------------------------------------------------------------------------------
+
+# Rows per program and keys per KV tile: a 64x64 f32 score tile (16 KiB) and the K, V and
+# accumulator tiles stay in L1/L2 for head dims up to 128. Shorter sequences take the power of two
+# at or above their length.
+CPU_BLOCK_M = 64
+CPU_BLOCK_N = 64
+
+
+def cpu_config(lq: int, lk: int) -> dict:
+    def pow2(n: int) -> int:
+        return 1 << max(0, n - 1).bit_length()
+
+    return {"block_m": min(CPU_BLOCK_M, pow2(lq)), "block_n": min(CPU_BLOCK_N, pow2(lk))}
