@@ -15,16 +15,30 @@ against float32 autograd. Writes atomic-dq-probe.json.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
+import sys
 
 import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 LOG2E = 1.4426950408889634
 MODES = {"none": 0, "atomics": 1, "descriptor": 2}
+
+
+@triton.jit
+def _rows(ptr, rows, D: tl.constexpr):
+    """The [len(rows), D] pointers of `rows` of a row-major [L, D] head."""
+    return ptr + rows[:, None] * D + tl.arange(0, D)[None, :]
+
+
+@triton.jit
+def _row_tiles(A, B, base, rows, D: tl.constexpr):
+    """Tiles of the same rows of two [L, D] heads at `base`."""
+    return tl.load(_rows(A + base, rows, D)), tl.load(_rows(B + base, rows, D))
 
 
 @triton.jit
@@ -34,17 +48,14 @@ def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQ, qk_scale, sm_scale, SEQ: t
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * SEQ * D
     offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_d = tl.arange(0, D)
-    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :])
-    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :])
+    k, v = _row_tiles(K, V, base, offs_n, D)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
     if DQ_MODE == 2:
         desc = tl.make_tensor_descriptor(DQ + base, shape=[SEQ, D], strides=[D, 1], block_shape=[BM, D])
     for m0 in range(0, SEQ, BM):
         offs_m = m0 + tl.arange(0, BM)
-        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :])
-        do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :])
+        q, do = _row_tiles(Q, DO, base, offs_m, D)
         lse2 = tl.load(LSE2 + bh * SEQ + offs_m)
         delta = tl.load(DELTA + bh * SEQ + offs_m)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
@@ -54,12 +65,12 @@ def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQ, qk_scale, sm_scale, SEQ: t
         dk = tl.dot(ds_t, q, dk)
         if DQ_MODE == 1:
             dq = tl.dot(tl.trans(ds_t), k) * sm_scale
-            tl.atomic_add(DQ + base + offs_m[:, None] * D + offs_d[None, :], dq, sem="relaxed")
+            tl.atomic_add(_rows(DQ + base, offs_m, D), dq, sem="relaxed")
         elif DQ_MODE == 2:
             dq = tl.dot(tl.trans(ds_t), k) * sm_scale
             desc.atomic_add([m0, 0], dq)
-    tl.store(DK + base + offs_n[:, None] * D + offs_d[None, :], (dk * sm_scale).to(k.dtype))
-    tl.store(DV + base + offs_n[:, None] * D + offs_d[None, :], dv.to(v.dtype))
+    tl.store(_rows(DK + base, offs_n, D), (dk * sm_scale).to(k.dtype))
+    tl.store(_rows(DV + base, offs_n, D), dv.to(v.dtype))
 
 
 @triton.jit
@@ -69,21 +80,18 @@ def dq_kernel(Q, K, V, DO, LSE2, DELTA, DQ, qk_scale, sm_scale, SEQ: tl.constexp
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * SEQ * D
     offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :])
-    do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :])
+    q, do = _row_tiles(Q, DO, base, offs_m, D)
     lse2 = tl.load(LSE2 + bh * SEQ + offs_m)
     delta = tl.load(DELTA + bh * SEQ + offs_m)
     dq = tl.zeros([BM, D], tl.float32)
     for n0 in range(0, SEQ, BN):
         offs_n = n0 + tl.arange(0, BN)
-        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :])
-        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :])
+        k, v = _row_tiles(K, V, base, offs_n, D)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         dp = tl.dot(do, tl.trans(v))
         ds = (p * (dp - delta[:, None])).to(k.dtype)
         dq = tl.dot(ds, k, dq)
-    tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(q.dtype))
+    tl.store(_rows(DQ + base, offs_m, D), (dq * sm_scale).to(q.dtype))
 
 
 CONFIGS = [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 2), (32, 64, 4, 3),
@@ -179,15 +187,11 @@ def main() -> int:
                           **{f"fused_{m}": min(v) if v else None for m, v in fused.items()}}
         print(d, rec["best_ms"], {k_: rec["tflops"][k_] for k_ in ("sdpa_cudnn", "sdpa_flash")}, flush=True)
         records.append(rec)
-    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "date": datetime.date.today().isoformat(),
-           "method": "do_bench median (warmup 25 ms, rep 200 ms), bf16, B8 H16 L2048, full attention; fused times "
-                     "include zeroing the f32 dQ buffer and converting it to bf16; SDPA's backward is forward + "
-                     "backward less forward",
-           "records": records}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "atomic-dq-probe.json"), "w") as f:
-        json.dump(doc, f, indent=1)
+    doc = harness.results_doc(args.out, "do_bench median (warmup 25 ms, rep 200 ms), bf16, B8 H16 L2048, full "
+                                        "attention; fused times include zeroing the f32 dQ buffer and converting it "
+                                        "to bf16; SDPA's backward is forward + backward less forward")
+    doc["cases"] = records
+    harness.save(doc, args.out, "atomic-dq-probe.json")
     return 0
 
 

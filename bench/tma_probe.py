@@ -14,15 +14,17 @@ tma-probe.json.
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import os
+import sys
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 LOG2E = 1.4426950408889634
 FORMS = ("pointers", "device_descriptors", "rank4_descriptors", "host_descriptors")
@@ -173,12 +175,9 @@ def main() -> int:
                 rec["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else type(e).__name__
             print(d, seq, name, round(rec["tflops"].get(name, 0.0), 1), rec["errors"].get(name, ""), flush=True)
         records.append(rec)
-    doc = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "benchmark": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms), bf16",
-           "cases": records}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "tma-probe.json"), "w") as f:
-        json.dump(doc, f, indent=1)
+    doc = harness.results_doc(args.out, "triton.testing.do_bench median (warmup 25 ms, rep 100 ms), bf16")
+    doc["cases"] = records
+    harness.save(doc, args.out, "tma-probe.json")
     return 0
 
 
