@@ -144,3 +144,30 @@ def test_fast_tanh_at_the_default_config(backward):
     for role, reference in zip(("dq", "dk", "dv"), grads):
         scale = reference.abs().max()
         torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=3e-2, rtol=0, msg=role)
+
+
+def test_fast_logistic_at_the_default_config():
+    """bf16 sigmoid attention on cuda:90 at its default config: the normalizer's 1 / (1 + e^-s)
+    as 0.5 + 0.5 tanh(s / 2) through tanh.approx.f32 (interpreted as tanh), forward and backward,
+    against float64."""
+    from bundle_interp import interpret_roles
+
+    torch.manual_seed(4)
+    attn = ae.attention(normalize="sigmoid", mask_mod=lambda b, h, i, j: i >= j)
+    q, k, v = ((torch.randn(1, 2, 150, 64) * 2).to(torch.bfloat16) for _ in range(3))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    want = attn(*leaves, backend="reference")
+    bundle = tb.compile_bundle(attn, q, k, v, target="cuda:90")
+    assert "tanh.approx.f32" in bundle.variants["aligned"].ttir
+    assert '"arith.divf"' not in bundle.variants["aligned"].ttir
+    (out, *_), _ = interpret(bundle, q, k, v)
+    # Unnormalized: P is rounded to bf16 before P @ V over up to 150 keys, so relative to the largest.
+    scale = want.abs().max()
+    torch.testing.assert_close(out.double() / scale, want.detach() / scale, atol=1e-2, rtol=0)
+    d_out = torch.randn(1, 2, 150, 64).to(torch.bfloat16)
+    grads = torch.autograd.grad(want, leaves, d_out.double())
+    backward = tb.build_backward_bundle(attn.mlir(q, k, v), "cuda:90")
+    got = interpret_roles(backward, {"q": q, "k": k, "v": v, "do": d_out})
+    for role, reference in zip(("dq", "dk", "dv"), grads):
+        scale = reference.abs().max()
+        torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=3e-2, rtol=0, msg=role)

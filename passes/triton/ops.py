@@ -248,6 +248,13 @@ class TensorOps(Tables, MathExpansions):
             out = expand(self, *operands)
         elif name in _CASTS:
             out = self.cast_int(operands[0], elt, signed=name == "arith.index_cast")
+        elif name == "arith.divf" and elt == "f32" and self.fast_tanh and _logistic_argument(op) is not None:
+            # The logistic 1 / (1 + e^-x) (the sigmoid normalizer's) as 0.5 + 0.5 tanh(x / 2): one
+            # approximate tanh where the exponential and the division took two transcendental
+            # instructions and their range checks.
+            half = self.const(0.5, elt)
+            x = self._elementwise_operand(_logistic_argument(op), op)
+            out = self.op("arith.addf", half, self.op("arith.mulf", half, self.tanh(self.op("arith.mulf", half, x))))
         elif name == "arith.divf" and elt == "f32" and _power_of_two(constant_value(op.operands[1])):
             # Exact: 1/c is representable, so x * (1/c) rounds the same quotient once.
             out = self.op("arith.mulf", operands[0], self.const(repr(1.0 / constant_value(op.operands[1])), elt))
@@ -287,6 +294,22 @@ def _defining(value):
     from mlir import ir
 
     return None if isinstance(value.owner, ir.Block) else value.owner
+
+
+def _logistic_argument(op):
+    """x where `op` (an arith.divf) is 1 / (1 + exp(-x)), else None."""
+    if constant_value(op.operands[0]) != 1.0:
+        return None
+    total = _defining(op.operands[1])
+    if total is None or total.name != "arith.addf":
+        return None
+    for one, other in (tuple(total.operands), tuple(total.operands)[::-1]):
+        exp = _defining(other)
+        if constant_value(one) == 1.0 and exp is not None and exp.name == "math.exp":
+            neg = _defining(exp.operands[0])
+            if neg is not None and neg.name == "arith.negf":
+                return neg.operands[0]
+    return None
 
 
 def _power_of_two(c) -> bool:

@@ -32,3 +32,4 @@ func.func @softcap(%q: tensor<1x2x64x32xbf16>, %k: tensor<1x2x64x32xbf16>, %v: t
   %o = "attn.aggregate"(%p, %v) : (tensor<1x2x64x64xf32>, tensor<1x2x64x32xbf16>) -> tensor<1x2x64x32xbf16>
   return %o : tensor<1x2x64x32xbf16>
 }
+
