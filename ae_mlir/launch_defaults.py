@@ -224,8 +224,11 @@ def linear_config(problem: Problem, target: str = "cuda:90") -> dict:
 
 # Whether 16-bit attention on NVIDIA GPUs takes the hardware's tanh approximation
 # (attn-lower-to-triton{fast-tanh}: PTX tanh.approx.f32, 2^-11 relative error, as FlashAttention's
-# soft-capping does) for the score_mod's f32 tanh: its error is below what rounding 16-bit inputs
-# already puts in the scores; fp32 attention and AMD GPUs keep the exact expansion.
+# soft-capping does) for the score_mod's f32 tanh and the logistic (the sigmoid normalizer's, as
+# 0.5 + 0.5 tanh(x / 2)): its error is below what rounding 16-bit inputs already puts in the
+# scores. On an H200 (bf16, B*L = 16384, bench/results/h200-catalogue-2026-12-03-fast-tanh.json,
+# -fast-logistic.json) soft-capping went from 233 / 277 to 308 / 373 TFLOP/s (L 2048 / 8192) and
+# sigmoid attention from 385 / 414 to 497 / 535. fp32 attention and AMD GPUs keep the exact expansions.
 FAST_TANH = True
 
 

@@ -106,8 +106,9 @@ class LowerToTriton(ModulePass):
         False, "with assume-aligned, load 2-D tiles of aligned float arguments through TMA tensor "
                "descriptors made once per program (NVIDIA sm90 and later)")
     fast_tanh: bool = option(
-        False, "f32 math.tanh as the hardware's approximation (PTX tanh.approx.f32, NVIDIA sm75 and later; "
-               "2^-11 relative error) rather than the exact expansion")
+        False, "f32 math.tanh, and the logistic 1 / (1 + exp(-x)) as 0.5 + 0.5 tanh(x / 2), through the "
+               "hardware's tanh approximation (PTX tanh.approx.f32, NVIDIA sm75 and later; 2^-11 relative "
+               "error) rather than the exact expansions")
 
     def apply(self, module_op) -> None:
         from mlir import ir
