@@ -148,15 +148,18 @@ def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str,
     config = {"block_m": min(dq[0], _pow2(lq)), "block_n": min(dq[1], _pow2(lk)), "num_warps": dq[2],
               "num_stages": dq[3], "dkdv_block_m": min(dkdv[0], _pow2(lq)), "dkdv_block_n": min(dkdv[1], _pow2(lk)),
               "dkdv_num_warps": dkdv[2], "dkdv_num_stages": dkdv[3]}
-    _fit_dkdv_warps(config)
+    _fit_warps(config)
     return config
 
 
-def _fit_dkdv_warps(config: dict) -> None:
-    """8 dK/dV warps are for its 64x128 tiles; smaller ones (a short sequence's, or a user's) take 4."""
+def _fit_warps(config: dict, dq: bool = True, dkdv: bool = True) -> None:
+    """8 warps are for the dK/dV kernel's 64x128 tiles and the dQ kernel's 128x64; smaller ones (a
+    short sequence's, or a user's) take 4."""
     rows, keys = config["dkdv_block_m"] or config["block_m"], config["dkdv_block_n"] or config["block_n"]
-    if rows * keys < 64 * 128:
+    if dkdv and rows * keys < 64 * 128:
         config["dkdv_num_warps"] = min(config["dkdv_num_warps"], 4)
+    if dq and config["block_m"] * config["block_n"] < 64 * 128:
+        config["num_warps"] = min(config["num_warps"], 4)
 
 
 _SHARED = {"block_m": "dkdv_block_m", "block_n": "dkdv_block_n", "num_warps": "dkdv_num_warps",
@@ -166,13 +169,12 @@ _SHARED = {"block_m": "dkdv_block_m", "block_n": "dkdv_block_n", "num_warps": "d
 def backward_overrides(values: dict, typed: dict) -> None:
     """Apply a user's overrides to the backward's two configs: an override of a shared option
     (block_m, num_warps, ...) sets both kernels' unless the dK/dV kernel's own is given too (0:
-    it follows the dQ kernel's); given no warps, smaller dK/dV tiles take 4 (_fit_dkdv_warps)."""
+    it follows the dQ kernel's); a kernel given no warps takes 4 for smaller tiles (_fit_warps)."""
     values.update(typed)
     for shared, own in _SHARED.items():
         if shared in typed and own not in typed:
             values[own] = 0
-    if not {"num_warps", "dkdv_num_warps"} & typed.keys():
-        _fit_dkdv_warps(values)
+    _fit_warps(values, dq="num_warps" not in typed, dkdv=not {"num_warps", "dkdv_num_warps"} & typed.keys())
 
 
 # Linear attention (the split chunked recurrence, passes/chunk_recurrence.py): V and state-row
@@ -222,14 +224,25 @@ def linear_config(problem: Problem, target: str = "cuda:90") -> dict:
     return config
 
 
-# Whether 16-bit attention on NVIDIA GPUs takes the hardware's tanh approximation
-# (attn-lower-to-triton{fast-tanh}: PTX tanh.approx.f32, 2^-11 relative error, as FlashAttention's
-# soft-capping does) for the score_mod's f32 tanh and the logistic (the sigmoid normalizer's, as
-# 0.5 + 0.5 tanh(x / 2)): its error is below what rounding 16-bit inputs already puts in the
-# scores. On an H200 (bf16, B*L = 16384, bench/results/h200-catalogue-2026-12-03-fast-tanh.json,
+# Whether 16-bit softmax attention on NVIDIA GPUs takes the hardware's tanh approximation
+# (attn-lower-to-triton{fast-tanh}: PTX tanh.approx.f32, max relative error 2^-11, as
+# FlashAttention's soft-capping does) for f32 tanh and the logistic (as 0.5 + 0.5 tanh(x / 2)),
+# where their values stay continuous (not where they reach a comparison: a mask must decide as
+# its compile-time classification does). For tanh the error is below what rounding 16-bit inputs
+# already puts in the scores. The logistic's is absolute (about 2^-12 near 0 for large negative
+# x, large relative to a small probability); at the catalogue's sigmoid attention (a -log L bias,
+# probabilities near 1/L) the outputs' error against a float32 reference stayed at 1.8e-3 / 6.1e-4
+# (6.4e-4 before). On an H200 (bf16, B*L = 16384, bench/results/h200-catalogue-2026-12-03-fast-tanh.json,
 # -fast-logistic.json) soft-capping went from 233 / 277 to 308 / 373 TFLOP/s (L 2048 / 8192) and
-# sigmoid attention from 385 / 414 to 497 / 535. fp32 attention and AMD GPUs keep the exact expansions.
+# sigmoid attention from 385 / 414 to 497 / 535. fp32 attention, linear attention (not measured)
+# and AMD GPUs keep the exact expansions.
 FAST_TANH = True
+
+
+def has_fast_tanh(target: str) -> bool:
+    """Whether `target` has tanh.approx.f32: NVIDIA from sm75 on."""
+    family, _, arch = target.partition(":")
+    return family == "cuda" and arch.isdigit() and int(arch) >= 75
 
 
 # Whether attn-tile and attn-tile-backward load the tiles of sequences that are a multiple of the

@@ -8,7 +8,7 @@ parsed IR (the function's types, the linear recurrence's attributes), and the ta
     options = options_for(module, "triton", "cuda:90")     # block sizes, warps, stages, ...
     pipeline_text("triton", options)                        # every pass with its options
     builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{...},attn-tile{...},
-                   canonicalize,cse,attn-lower-to-triton{assume-aligned=true input-precision=ieee})
+                   canonicalize,cse,attn-lower-to-triton{...})
 
 `ae-opt --pipeline=NAME` runs exactly that text; the backends run the same stages one at a time,
 because they read the L1 kernels between the two (argument specs, call-time tables), and the
@@ -25,7 +25,7 @@ from typing import Literal
 from .core import abi
 from .core.context import CompileError
 from .launch_defaults import (CUT_TILES_AT, FAST_TANH, WHOLE_TILES, backward_config, backward_overrides, cpu_config,
-                              default_config, has_tma, linear_config)
+                              default_config, has_fast_tanh, has_tma, linear_config)
 
 PRESETS = ("cpu", "triton")
 TARGETS = {"cpu": "host", "triton": "cuda:90"}
@@ -199,7 +199,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     typed = _typed(overrides)
     values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset]}
     if problem is not None and preset == "triton":
-        values["fast_tanh"] = FAST_TANH and target.startswith("cuda") and problem.dtype in ("bf16", "f16")
+        values["fast_tanh"] = (FAST_TANH and has_fast_tanh(target) and not problem.linear
+                               and problem.dtype in ("bf16", "f16"))
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, host_vector_bits
 
@@ -226,8 +227,9 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if values.get("tensor_descriptors") and not has_tma(target):
         raise CompileError(f"preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on "
                            f"(TMA), got '{target}'")
-    if values.get("fast_tanh") and not target.startswith("cuda"):
-        raise CompileError(f"preset option 'fast-tanh' needs an NVIDIA target (PTX tanh.approx), got '{target}'")
+    if values.get("fast_tanh") and not has_fast_tanh(target):
+        raise CompileError(f"preset option 'fast-tanh' needs an NVIDIA target from sm75 on (PTX tanh.approx), "
+                           f"got '{target}'")
     return PresetOptions(target=target, **values)
 
 

@@ -7,7 +7,7 @@ is in --bundles, each kernel (the stages in launch order, then the output kernel
 case's inputs under every (num_warps, num_stages) of CONFIGS (or --configs); the Triton IR does not
 change, only how Triton compiles it. Pointing --bundles at bundles built with other block sizes
 compares those. Writes NAME.json (default linear-configs): per case and kernel, the median ms of each
-configuration (triton.testing.do_bench), from which ae_mlir.presets' linear defaults are
+configuration (triton.testing.do_bench), from which ae_mlir.launch_defaults' linear defaults are
 chosen. The compiles run first, in parallel worker processes (Triton's disk cache keeps them).
 """
 from __future__ import annotations

@@ -108,7 +108,7 @@ class LowerToTriton(ModulePass):
     fast_tanh: bool = option(
         False, "f32 math.tanh, and the logistic 1 / (1 + exp(-x)) as 0.5 + 0.5 tanh(x / 2), through the "
                "hardware's tanh approximation (PTX tanh.approx.f32, NVIDIA sm75 and later; 2^-11 relative "
-               "error) rather than the exact expansions")
+               "error) rather than the exact expansions, where the value reaches no comparison")
 
     def apply(self, module_op) -> None:
         from mlir import ir

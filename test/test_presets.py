@@ -303,3 +303,40 @@ def test_fast_tanh_needs_an_nvidia_target():
     with pytest.raises(CompileError, match="fast-tanh"):
         presets.options_for("triton", problem, "hip:gfx942", fast_tanh="true")
     assert presets.options_for("triton", problem, "cuda:90", fast_tanh="false").fast_tanh is False
+
+
+def test_fast_tanh_stays_exact_where_it_decides():
+    """A tanh whose value reaches a comparison (a mask's) keeps the exact expansion under fast-tanh,
+    so the kernel decides as the compile-time tile classification does; the score_mod's tanh in
+    the same module takes the approximation."""
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: 30.0 * torch.tanh(s / 30.0),
+                        mask_mod=lambda b, h, i, j: torch.tanh((i - j) / 64.0) > -0.5)
+    ttir = tb.build_bundle(_softmax(attn, lq=96, dk=32, dtype=torch.bfloat16), "cuda:90").variants["aligned"].ttir
+    assert ttir.count("tanh.approx.f32") == 1
+    assert '"math.exp2"' in ttir and '"arith.cmpf"' in ttir
+
+
+@pytest.mark.parametrize("target, fast", [("cuda:75", True), ("cuda:70", False)])
+def test_fast_tanh_needs_sm75(target, fast):
+    problem = presets.read_problem(parse_module(_softmax(SOFTCAP, dtype=torch.bfloat16), new_context()))
+    assert presets.options_for("triton", problem, target).fast_tanh is fast
+    if not fast:
+        with pytest.raises(CompileError, match="sm75"):
+            presets.options_for("triton", problem, target, fast_tanh="true")
+
+
+def test_linear_attention_keeps_the_exact_tanh():
+    problem = presets.read_problem(parse_module(_linear("head", dtype=torch.bfloat16), new_context()))
+    assert presets.options_for("triton", problem, "cuda:90").fast_tanh is False
+
+
+def test_short_sequences_give_the_dq_kernel_four_warps():
+    """8 dQ warps are for its 128 x 64 tiles; a short sequence's smaller tiles take 4, unless the
+    user gives the warps."""
+    short = launch_defaults.backward_config(32, 32, 128, 128, "bf16", "cuda:90")
+    assert (short["block_m"], short["block_n"], short["num_warps"]) == (32, 32, 4)
+    problem = presets.read_problem(parse_module(_softmax(SOFTCAP, lq=256, dk=128, dtype=torch.bfloat16),
+                                                new_context()))
+    assert presets.options_for("triton", problem, "cuda:90", backward=True, block_m="32").num_warps == 4
+    assert presets.options_for("triton", problem, "cuda:90", backward=True, block_m="32",
+                               num_warps="8").num_warps == 8

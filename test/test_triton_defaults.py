@@ -91,7 +91,8 @@ def test_default_config_sweep(target, dtype, lq, lk, dim):
 
 @pytest.mark.parametrize("name, keep, tiles, backward", [
     ("documents", lambda doc: lambda b, h, q, kv: doc[q] == doc[kv], (64, 64, 4, 3),
-     {"dkdv_block_m": 32, "dkdv_block_n": 64, "dkdv_num_warps": 4}),
+     {"block_m": 64, "num_warps": 4, "num_stages": 2, "dkdv_block_m": 32, "dkdv_block_n": 64,
+      "dkdv_num_warps": 4}),
     ("padding", lambda doc: lambda b, h, q, kv: doc[kv] < 3, (128, 64, 8, 3), {}),
 ])
 def test_call_time_masks_take_the_tiles_their_first_tables_ask_for(name, keep, tiles, backward):
@@ -109,7 +110,7 @@ def test_call_time_masks_take_the_tiles_their_first_tables_ask_for(name, keep, t
     config = bundle.meta["config"]
     assert (config["block_m"], config["block_n"], config["num_warps"], config["num_stages"]) == tiles
     assert tb._default_bundle(text, "cuda:90", inputs) is bundle
-    # The backward's dK/dV kernel takes its smaller tiles from the same decision.
+    # The backward's kernels take their smaller tiles from the same decision (dQ 64 x 64, dK/dV 32 x 64).
     roles = dict(zip(("q", "k", "v", "c0"), inputs))
     assert tb.backward_call_time_tiles(text, "cuda:90", roles) == backward
     (out, _), _ = interpret(bundle, *inputs)

@@ -10,8 +10,6 @@ FAST_TANH_PTX = "tanh.approx.f32 $0, $1;"
 
 
 class MathExpansions(TileBuilder):
-    """Needs `fast_tanh` (attn-lower-to-triton's option) from the kernel."""
-
     def negf(self, x: Value) -> Value:
         # -0.0 - x flips the sign of zeros too, as negation does.
         return self.op("arith.subf", self.const("-0.0", x.elt), x)
@@ -24,14 +22,15 @@ class MathExpansions(TileBuilder):
         fix = self.op("arith.andi", self.cmpi("ne", r, zero), differ)
         return self.select(fix, self.op("arith.subi", q, self.const(1, a.elt)), q)
 
+    def approximate_tanh(self, x: Value) -> Value:
+        """The hardware's tanh (one MUFU.TANH on NVIDIA sm75+, 2^-11 relative error), which Triton
+        has no op for: inline PTX. The exact expansion (tanh) takes two transcendental
+        instructions (exp2 and a reciprocal) and about fifteen others per element."""
+        return self.generic("tt.elementwise_inline_asm", [x], x.shape, x.elt,
+                            f'asm_string = "{FAST_TANH_PTX}", constraints = "=r,r", '
+                            "packed_element = 1 : i32, pure = true")
+
     def tanh(self, x: Value) -> Value:
-        if self.fast_tanh and x.elt == "f32":
-            # The hardware's approximation (one MUFU.TANH on NVIDIA sm75+, 2^-11 relative error),
-            # which Triton has no op for: inline PTX. The expansion below takes two transcendental
-            # instructions (exp2 and a reciprocal) and about fifteen others per element.
-            return self.generic("tt.elementwise_inline_asm", [x], x.shape, x.elt,
-                                f'asm_string = "{FAST_TANH_PTX}", constraints = "=r,r", '
-                                "packed_element = 1 : i32, pure = true")
         # tanh|x| = (1 - e^-2|x|) / (1 + e^-2|x|); its cancellation near 0 is replaced by the
         # series x - x^3/3 + 2x^5/15, whose error below 0.05 is under 1e-10 relative.
         c = lambda v: self.const(v, x.elt)  # noqa: E731

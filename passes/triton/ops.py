@@ -242,19 +242,27 @@ class TensorOps(Tables, MathExpansions):
         elt = element_type(rtype)
         expand = EXPANSIONS.get(name)
         narrowed = self._narrowed(op, elt)
+        # With fast-tanh, tanh and the logistic take the hardware's approximation where their value
+        # stays continuous: a value that reaches a comparison (a mask's) keeps the exact one.
+        fast = self.fast_tanh and elt == "f32" and name in ("math.tanh", "arith.divf") \
+            and not _reaches_decision(op.results[0])
+        logistic = _logistic_argument(op) if fast and name == "arith.divf" else None
         if narrowed is not None:
             out = narrowed
+        elif fast and name == "math.tanh":
+            out = self.approximate_tanh(operands[0])
+        elif logistic is not None:
+            # 1 / (1 + e^-x) (the sigmoid normalizer's, torch.sigmoid's) as 0.5 + 0.5 tanh(x / 2):
+            # one approximate tanh where the exponential and the division took two transcendental
+            # instructions and their range checks (the exp and negation already emitted are dead).
+            half = self.const(0.5, elt)
+            x = self._elementwise_operand(logistic, op)
+            out = self.op("arith.addf", half,
+                          self.op("arith.mulf", half, self.approximate_tanh(self.op("arith.mulf", half, x))))
         elif expand is not None:
             out = expand(self, *operands)
         elif name in _CASTS:
             out = self.cast_int(operands[0], elt, signed=name == "arith.index_cast")
-        elif name == "arith.divf" and elt == "f32" and self.fast_tanh and _logistic_argument(op) is not None:
-            # The logistic 1 / (1 + e^-x) (the sigmoid normalizer's) as 0.5 + 0.5 tanh(x / 2): one
-            # approximate tanh where the exponential and the division took two transcendental
-            # instructions and their range checks.
-            half = self.const(0.5, elt)
-            x = self._elementwise_operand(_logistic_argument(op), op)
-            out = self.op("arith.addf", half, self.op("arith.mulf", half, self.tanh(self.op("arith.mulf", half, x))))
         elif name == "arith.divf" and elt == "f32" and _power_of_two(constant_value(op.operands[1])):
             # Exact: 1/c is representable, so x * (1/c) rounds the same quotient once.
             out = self.op("arith.mulf", operands[0], self.const(repr(1.0 / constant_value(op.operands[1])), elt))
@@ -294,6 +302,31 @@ def _defining(value):
     from mlir import ir
 
     return None if isinstance(value.owner, ir.Block) else value.owner
+
+
+# Ops that turn a float into a decision or an integer: an approximation there could flip it.
+_DECISIONS = {"arith.cmpf", "arith.fptosi", "arith.fptoui", "math.floor", "math.ceil", "math.round",
+              "math.roundeven", "math.trunc"}
+
+
+def _reaches_decision(value) -> bool:
+    """Whether `value` flows, through float ops, into a comparison or a float-to-integer op."""
+    from mlir import ir
+
+    seen, todo = set(), [value]
+    while todo:
+        for use in todo.pop().uses:
+            owner = use.owner
+            name = owner.name
+            if name in _DECISIONS:
+                return True
+            for result in owner.results:
+                if isinstance(result.type, ir.FloatType) or (
+                        isinstance(result.type, ir.ShapedType) and isinstance(result.type.element_type, ir.FloatType)):
+                    if result not in seen:
+                        seen.add(result)
+                        todo.append(result)
+    return False
 
 
 def _logistic_argument(op):
