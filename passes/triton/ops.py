@@ -11,7 +11,7 @@ from dataclasses import replace
 from .expansions import EXPANSIONS, MathExpansions
 from .tables import Tables
 from .values import (reassociation_of, reshaped_padding, DYNAMIC, Arg, Dest, Empty, Slice, Table, Value, constant_int, constant_value, element_type,
-                     fail, logical_shape, padded_size, scalar_literal)
+                     fail, is_float, logical_shape, padded_size, scalar_literal)
 
 # Ops copied as they are (operands broadcast to a common shape); everything else has a handler.
 ELEMENTWISE = re.compile(r"(arith|math)\.\w+")
@@ -244,14 +244,14 @@ class TensorOps(Tables, MathExpansions):
         narrowed = self._narrowed(op, elt)
         # With fast-tanh, tanh and the logistic take the hardware's approximation where their value
         # stays continuous: a value that reaches a comparison (a mask's) keeps the exact one.
-        fast = self.fast_tanh and elt == "f32" and name in ("math.tanh", "arith.divf") \
+        logistic = _logistic_argument(op) if self.fast_tanh and name == "arith.divf" else None
+        fast = self.fast_tanh and elt == "f32" and (name == "math.tanh" or logistic is not None) \
             and not _reaches_decision(op.results[0])
-        logistic = _logistic_argument(op) if fast and name == "arith.divf" else None
         if narrowed is not None:
             out = narrowed
         elif fast and name == "math.tanh":
             out = self.approximate_tanh(operands[0])
-        elif logistic is not None:
+        elif fast:
             # 1 / (1 + e^-x) (the sigmoid normalizer's, torch.sigmoid's) as 0.5 + 0.5 tanh(x / 2):
             # one approximate tanh where the exponential and the division took two transcendental
             # instructions and their range checks (the exp and negation already emitted are dead).
@@ -311,21 +311,15 @@ _DECISIONS = {"arith.cmpf", "arith.fptosi", "arith.fptoui", "math.floor", "math.
 
 def _reaches_decision(value) -> bool:
     """Whether `value` flows, through float ops, into a comparison or a float-to-integer op."""
-    from mlir import ir
-
     seen, todo = set(), [value]
     while todo:
         for use in todo.pop().uses:
-            owner = use.owner
-            name = owner.name
-            if name in _DECISIONS:
+            if use.owner.name in _DECISIONS:
                 return True
-            for result in owner.results:
-                if isinstance(result.type, ir.FloatType) or (
-                        isinstance(result.type, ir.ShapedType) and isinstance(result.type.element_type, ir.FloatType)):
-                    if result not in seen:
-                        seen.add(result)
-                        todo.append(result)
+            for result in use.owner.results:
+                if is_float(element_type(result.type)) and result not in seen:
+                    seen.add(result)
+                    todo.append(result)
     return False
 
 
