@@ -12,7 +12,11 @@ on the call's own tensors (`median_ms`), takes the fastest and records it in
     {"target": "cuda:90", "candidates": [{}, {"block_n": 128, ...}, ...],
      "ms": [0.412, 0.398, ...], "chosen": {"block_n": 128, ...}}
 
-Later calls (and later processes) launch the chosen bundle without tuning again. A record with
+Later calls (and later processes) launch the chosen bundle without tuning again. The choice is
+also recorded for the module's shape bucket (`shape_bucket`: the same variant with every
+dimension rounded up to a power of two): a module of the bucket that has no record of its own
+takes that choice without a search (`adopt`), so a new sequence length costs one compile, not a
+search; a choice that does not compile for it is searched anew. A record with
 candidates but no choice is what `backends.triton.prepare_tuning` leaves on a machine that
 compiles but has no GPU: the candidates' bundles sit in the same cache, so a GPU machine without
 the MLIR bindings tunes from them (ship the cache directory). Without the bindings and without
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from . import launch_defaults, progress
@@ -144,6 +149,23 @@ def _unique(configs: list[dict]) -> list[dict]:
     return kept
 
 
+# A static shape in MLIR's text: `tensor<1x4x500x64xf32>`, its dimensions "1x4x500x64x".
+_SHAPE = re.compile(r"\b(tensor|memref)<((?:(?:\d+|\?)x)+)")
+
+
+def shape_bucket(module_text: str) -> str:
+    """`module_text` with every static dimension of its tensor types rounded up to a power of two:
+    the modules of one variant whose shapes round alike (lengths 1500 and 2048; batch 3 and 4)
+    share this text, and so a tuning choice. Everything else (the variant's ops, its constants,
+    the softmax scale, which follows the head dim unless given) must match."""
+    def rounded(match: re.Match) -> str:
+        dims = match.group(2).split("x")[:-1]
+        return f"{match.group(1)}<" + "".join(f"{d if d == '?' else 1 << max(0, int(d) - 1).bit_length()}x"
+                                              for d in dims)
+
+    return _SHAPE.sub(rounded, module_text)
+
+
 def record_path(key: str) -> Path:
     return cache_dir() / "tuned" / f"{key}.json"
 
@@ -241,10 +263,12 @@ def search(name: str, configs: list[dict], launches: list, timer=None) -> tuple[
     return configs[best], times
 
 
-def choose(key: str, name: str, target: str, configs: list[dict], launcher, timer=None) -> dict:
-    """Search `configs` (the default first) for module `name` and record the choice under `key`:
-    `launcher(config)` compiles (or fetches) a candidate and returns a function that launches it
-    once (`compiled`); a single candidate is chosen without timing."""
+def choose(key: str, name: str, target: str, configs: list[dict], launcher, timer=None,
+           bucket: str | None = None) -> dict:
+    """Search `configs` (the default first) for module `name` and record the choice under `key`
+    and its shape bucket's key `bucket`: `launcher(config)` compiles (or fetches) a candidate and
+    returns a function that launches it once (`compiled`); a single candidate is chosen without
+    timing."""
     kept, launches = compiled(name, configs, launcher)
     if len(kept) == 1:
         record = {"target": target, "candidates": kept, "chosen": kept[0]}
@@ -252,7 +276,25 @@ def choose(key: str, name: str, target: str, configs: list[dict], launcher, time
         chosen, times = search(name, kept, launches, timer)
         record = {"target": target, "candidates": kept, "ms": times, "chosen": chosen}
     save(key, record)
+    if bucket is not None and len(kept) > 1:
+        save(bucket, dict(record, tuned_as=key))
     return record["chosen"]
+
+
+def bucket_choice(bucket: str) -> dict | None:
+    """The choice recorded for shape bucket `bucket` by a search of another module, or None."""
+    record = load(bucket)
+    return None if record is None else record.get("chosen")
+
+
+def adopt(key: str, name: str, bucket: str) -> None:
+    """Record the bucket's choice as module `name`'s own (under `key`), once it has compiled for
+    it, so that later calls launch it without looking further."""
+    record = load(bucket)
+    save(key, {"target": record["target"], "candidates": record["candidates"], "chosen": record["chosen"],
+               "adopted_from": bucket})
+    progress.emit(f"ae-mlir: autotune: '{name}' takes {_describe(record['chosen'])}, the choice searched for "
+                  f"another shape of its bucket (no search)")
 
 
 def compiled(name: str, configs: list[dict], compile) -> tuple[list[dict], list]:

@@ -122,9 +122,14 @@ def _by_blocks(launch) -> float:
     return config["block_m"] * 0.01 + config["block_n"] * 0.001 + config["num_stages"] * 1e-4
 
 
+def _records(cache_dir) -> list[dict]:
+    return [json.loads(path.read_text()) for path in (cache_dir / "tuned").glob("*.json")]
+
+
 def _record(cache_dir) -> dict:
-    (path,) = (cache_dir / "tuned").glob("*.json")
-    return json.loads(path.read_text())
+    """The one module's own record (its shape bucket's copy says which module it was tuned as)."""
+    (record,) = [r for r in _records(cache_dir) if "tuned_as" not in r]
+    return record
 
 
 def test_a_tuned_module_is_searched_once_and_its_choice_kept_on_disk(cache_dir, monkeypatch):
@@ -295,3 +300,82 @@ def test_the_cpu_backend_tunes_its_tiles(cache_dir, monkeypatch):
     assert len(timed) == len(record["candidates"])  # searched once
     linear = presets.Problem(lq=2048, lk=2048, dk=64, dv=64, dtype="f32", decay="head", chunk_size=64)
     assert autotune.candidates(linear, "host") == [{}]
+
+
+def test_shape_buckets_round_every_static_dimension_up_to_a_power_of_two():
+    text = ('func.func @attention(%q: tensor<3x4x1500x80xbf16>, %t: tensor<?x17xf32>) -> tensor<3x4x1500xf32>'
+            ' {scale = 0.111803398 : f32} memref<1x2048xi32, strided<[?, 1]>> vector<6xf32> %c1500 = 1500')
+    assert autotune.shape_bucket(text) == (
+        'func.func @attention(%q: tensor<4x4x2048x128xbf16>, %t: tensor<?x32xf32>) -> tensor<4x4x2048xf32>'
+        ' {scale = 0.111803398 : f32} memref<1x2048xi32, strided<[?, 1]>> vector<6xf32> %c1500 = 1500')
+
+
+def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(cache_dir, monkeypatch):
+    """Lengths 40 and 50 round to one bucket (64): the second module launches the first's choice,
+    compiled for its own shape, untimed, and keeps it as its own record; length 70 is another
+    bucket, searched anew. A scale of its own makes another variant."""
+    timed = []
+
+    def timer(launch):
+        timed.append(launch.args[0].meta["config"]["block_m"])
+        return _by_blocks(launch)
+
+    monkeypatch.setattr(autotune, "median_ms", timer)
+    said = []
+    monkeypatch.setattr(autotune.progress, "emit", said.append)
+    attn = ae.attention(mask_mod=causal)
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    first = tb.tuned_bundle(attn.mlir(q, k, v), "cuda:90", [q, k, v])
+    searched = len(timed)
+    assert searched > 1 and first.meta["config"]["block_m"] == 32
+    said.clear()
+    q2, k2, v2 = qkv(h=2, lq=50, dk=16)
+    second = tb.tuned_bundle(attn.mlir(q2, k2, v2), "cuda:90", [q2, k2, v2])
+    assert len(timed) == searched and second.key != first.key
+    assert {k: second.meta["config"][k] for k in ("block_m", "block_n", "num_stages")} == {
+        k: first.meta["config"][k] for k in ("block_m", "block_n", "num_stages")}
+    assert said == ["ae-mlir: autotune: 'attention' takes block_m=32 block_n=32 num_warps=4 num_stages=3, the "
+                    "choice searched for another shape of its bucket (no search)"]
+    adopted = [r for r in _records(cache_dir) if "adopted_from" in r]
+    assert len(adopted) == 1 and adopted[0]["chosen"] == {"block_m": 32, "block_n": 32, "num_warps": 4,
+                                                          "num_stages": 3}
+    autotune._RECORDS.clear()  # a new process reads the adopted record: no search, no bucket lookup
+    assert tb.tuned_bundle(attn.mlir(q2, k2, v2), "cuda:90", [q2, k2, v2]).key == second.key
+    q3, k3, v3 = qkv(h=2, lq=70, dk=16)
+    tb.tuned_bundle(attn.mlir(q3, k3, v3), "cuda:90", [q3, k3, v3])
+    assert len(timed) > searched
+    again = len(timed)
+    tb.tuned_bundle(ae.attention(mask_mod=causal, scale=0.3).mlir(q2, k2, v2), "cuda:90", [q2, k2, v2])
+    assert len(timed) > again
+
+
+def test_a_bucket_choice_that_does_not_build_for_a_shape_is_searched_anew(cache_dir, monkeypatch):
+    monkeypatch.setattr(autotune, "median_ms", _by_blocks)
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    text = ae.attention(mask_mod=causal).mlir(q, k, v)
+    bogus = {"block_m": 24}  # not a power of two: the tiling pass rejects it
+    autotune.save(tb.bucket_key(text, "cuda:90"), {"target": "cuda:90", "candidates": [{}, bogus], "chosen": bogus})
+    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"]["block_m"] == 32
+    assert _record(cache_dir)["chosen"]["block_m"] == 32
+
+
+def test_the_cpu_backend_shares_its_tiles_within_a_bucket(cache_dir, monkeypatch):
+    from ae_mlir.backends import cpu
+
+    timed = []
+
+    def clock(launch):
+        kernel = launch.args[0]
+        timed.append((kernel.block_m, kernel.block_n))
+        return kernel.block_m * 0.01 + kernel.block_n * 0.001
+
+    monkeypatch.setattr(autotune, "median_wall_ms", clock)
+    attn = ae.attention(mask_mod=causal, autotune=True)
+    q, k, v = qkv(h=2, lq=40, dk=16)
+    assert cpu.tuned_blocks(attn.mlir(q, k, v), [q, k, v]) == {"block_m": 32, "block_n": 32}
+    searched = len(timed)
+    q2, k2, v2 = qkv(h=2, lq=60, dk=16)
+    torch.testing.assert_close(attn(q2, k2, v2, backend="cpu"), ae.attention(mask_mod=causal)(q2, k2, v2, backend="cpu"),
+                               rtol=1e-5, atol=1e-5)
+    assert len(timed) == searched
+    assert cpu.tuned_blocks(attn.mlir(q2, k2, v2), [q2, k2, v2]) == {"block_m": 32, "block_n": 32}

@@ -368,11 +368,20 @@ def tuned_blocks(module_text: str, inputs: list, unit_inner_stride: bool = True)
 
     # Hashed per call, as compile_module strips every call's module: a CPU kernel runs for
     # milliseconds, not the microseconds a GPU launch path is measured in.
-    key = cpu_cache.key(strip_locations(module_text), {"autotune": True, "unit_inner_stride": unit_inner_stride})
+    text = strip_locations(module_text)
+    key = cpu_cache.key(text, {"autotune": True, "unit_inner_stride": unit_inner_stride})
     record = autotune.load(key)
     if record is not None and record.get("chosen") is not None:
         return record["chosen"]
+    bucket = cpu_cache.key(autotune.shape_bucket(text), {"autotune": "bucket", "unit_inner_stride": unit_inner_stride})
     module = parse_module(module_text, new_context())
+    name = abi.name(abi.functions(module)[0])
+    chosen = autotune.bucket_choice(bucket)
+    if chosen is not None:
+        # The candidates' tiles are capped at the power of two a bucket's lengths round up to, so
+        # the bucket's choice suits each of them.
+        autotune.adopt(key, name, bucket)
+        return chosen
     problem = presets.read_problem(module)
     if problem is None:
         raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
@@ -381,8 +390,8 @@ def tuned_blocks(module_text: str, inputs: list, unit_inner_stride: bool = True)
         return functools.partial(_launch, compile_module(module_text, unit_inner_stride=unit_inner_stride, **config),
                                  inputs)
 
-    return autotune.choose(key, abi.name(abi.functions(module)[0]), "host", autotune.candidates(problem, "host"),
-                           launcher, timer=autotune.median_wall_ms)
+    return autotune.choose(key, name, "host", autotune.candidates(problem, "host"), launcher,
+                           timer=autotune.median_wall_ms, bucket=bucket)
 
 
 def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, kind: str | None = None,

@@ -283,6 +283,14 @@ def tuning_key(l0_text: str, target: str, input_precision: str = "ieee") -> str:
     return _remembered_key(l0_text, target, {"autotune": True}, input_precision)
 
 
+def bucket_key(l0_text: str, target: str, input_precision: str = "ieee") -> str:
+    """The key of the autotuning record of a module's shape bucket (`ae_mlir.autotune.shape_bucket`)."""
+    from .. import autotune
+
+    return _remembered_key(autotune.shape_bucket(strip_locations(l0_text)), target, {"autotune": "bucket"},
+                           input_precision)
+
+
 def _candidates(l0_text: str, target: str) -> list[dict]:
     from .. import autotune, presets
 
@@ -320,7 +328,11 @@ def tuned_bundle(l0_text: str, target: str, inputs: list, input_precision: str =
     record = autotune.load(key)
     if record is not None and record.get("chosen") is not None:
         return get_bundle(l0_text, target, input_precision, record["chosen"])
+    bucket = bucket_key(l0_text, target, input_precision)
     if record is None:
+        shared = _bucket_bundle(l0_text, target, input_precision, key, bucket)
+        if shared is not None:
+            return shared
         if not autotune.can_compile(key):
             return get_bundle(l0_text, target, input_precision)
         configs = _candidates(l0_text, target)
@@ -331,8 +343,25 @@ def tuned_bundle(l0_text: str, target: str, inputs: list, input_precision: str =
     def launcher(config):
         return functools.partial(runtime.launch, get_bundle(l0_text, target, input_precision, config), *inputs)
 
-    chosen = autotune.choose(key, default.name, target, configs, launcher)
+    chosen = autotune.choose(key, default.name, target, configs, launcher, bucket=bucket)
     return get_bundle(l0_text, target, input_precision, chosen)
+
+
+def _bucket_bundle(l0_text: str, target: str, input_precision: str, key: str, bucket: str) -> runtime.Bundle | None:
+    """The bundle of the choice searched for another module of this one's shape bucket, adopted
+    as this module's; None if there is none, or it does not compile here (no MLIR bindings and
+    not cached, or not for this shape), which leaves the module to its own search."""
+    from .. import autotune
+
+    chosen = autotune.bucket_choice(bucket)
+    if chosen is None:
+        return None
+    try:
+        bundle = get_bundle(l0_text, target, input_precision, chosen)
+    except Exception:  # noqa: BLE001 -- a choice that does not build for this shape is searched anew
+        return None
+    autotune.adopt(key, bundle.name, bucket)
+    return bundle
 
 
 def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee",

@@ -104,7 +104,9 @@ class attention:
     `autotune=True` searches the forward kernels' launch configuration for each new module
     (variant and shapes) on its first call, on that call's tensors, and keeps the fastest on disk
     (`ae_mlir.autotune`): block sizes, warps and pipeline stages on the Triton backend, the tiles
-    on the CPU. The default launches the presets' committed configs.
+    on the CPU. A module whose shapes round up to the same powers of two as a searched one's
+    (its shape bucket) takes that choice without a search. The default launches the presets'
+    committed configs.
     """
 
     def __init__(self, score_mod=None, mask_mod=None, normalize="softmax", scale=None, layout="bhld",
