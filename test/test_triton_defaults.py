@@ -172,3 +172,54 @@ def test_fast_logistic_at_the_default_config():
     for role, reference in zip(("dq", "dk", "dv"), grads):
         scale = reference.abs().max()
         torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=3e-2, rtol=0, msg=role)
+
+
+def test_a_machine_without_mlir_runs_the_calls_a_compile_prepared(tmp_path, monkeypatch):
+    """Where kernels only run (a GPU machine without the MLIR bindings, its cache shipped from a
+    machine that compiled), a call still picks the tiles its mask asks for: the problem a module
+    poses is read from the record the compiling machine left beside the bundles, not by parsing
+    the module. Without a record the call takes the preset's tiles, and a missing bundle is the
+    backend's own error, not an import failure."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path / "cache"))
+    runtime.CACHE.clear_memory()
+    tb._PROBLEMS.clear()
+    tb._CUTS.clear()
+    doc = torch.repeat_interleave(torch.arange(6), torch.tensor([130, 250, 100, 300, 120, 100]))
+    attn = ae.attention(mask_mod=lambda b, h, q, kv: doc[q] == doc[kv])
+    q, k, v = qkv(b=1, h=2, lq=1000, dk=128, dtype=torch.bfloat16, seed=3)
+    text = attn.mlir(q, k, v)
+    inputs = [q, k, v, *attn._build(q, k, v)[1]]
+    bundle = tb._default_bundle(text, "cuda:90", inputs)
+    backward = tb.backward_call_time_tiles(text, "cuda:90", dict(zip(("q", "k", "v", "c0"), inputs)))
+    uncompiled = attn.mlir(q[:, :, :500], k[:, :, :500], v[:, :, :500])
+    torch.save({"text": text, "inputs": inputs, "uncompiled": uncompiled}, tmp_path / "call.pt")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["mlir"] = None
+        import torch
+        from ae_mlir.backends import triton as tb
+        from ae_mlir.core.context import CompileError
+        call = torch.load({str(tmp_path / "call.pt")!r})
+        text, inputs = call["text"], call["inputs"]
+        print(tb._default_bundle(text, "cuda:90", inputs).key)
+        print(tb.backward_call_time_tiles(text, "cuda:90", dict(zip(("q", "k", "v", "c0"), inputs))))
+        tb._PROBLEMS.clear(); tb._CUTS.clear()
+        import os, shutil
+        shutil.rmtree(os.path.join(os.environ["AE_MLIR_CACHE_DIR"], "problems"))
+        print(tb._call_time_cut(text, "cuda:90", inputs))
+        try:
+            tb._default_bundle(call["uncompiled"], "cuda:90", [t[:, :, :500] for t in inputs[:3]] + inputs[3:])
+        except CompileError as err:
+            print("CompileError", "MLIR bindings are not installed" in str(err))
+    """)
+    env = dict(os.environ, AE_MLIR_QUIET="1")
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [bundle.key, repr(backward), "0.0", "CompileError True"]

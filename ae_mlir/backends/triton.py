@@ -446,6 +446,9 @@ def _call_time_cut(l0_text: str, target: str, operands: list) -> float:
     key = (l0_text, target)
     if key not in _CUTS:
         p = _problem(l0_text)
+        if p is None:  # not known here: the preset's tiles
+            _CUTS[key] = 0.0
+            return 0.0
         program = p.call_time_mask
         cut = 0.0
         past = launch_defaults.CUT_TILES_MAX + 1
@@ -462,12 +465,36 @@ def _call_time_cut(l0_text: str, target: str, operands: list) -> float:
 
 
 def _problem(l0_text: str):
-    """The problem the module poses (`presets.read_problem`), read once per module."""
+    """The problem the module poses (`presets.read_problem`), read once per module. Reading it
+    parses the module, so a machine with the MLIR bindings also records it in the cache
+    (`<cache_dir>/problems/`), beside the bundles it compiles; a machine without them, which runs
+    bundles compiled elsewhere, reads that record, or gets None where there is none."""
     if l0_text not in _PROBLEMS:
-        from .. import presets
-
-        _PROBLEMS[l0_text] = presets.read_problem(_parse_l0(l0_text))
+        _PROBLEMS[l0_text] = _read_problem(l0_text)
     return _PROBLEMS[l0_text]
+
+
+def _read_problem(l0_text: str):
+    import json
+
+    from .. import presets
+    from ..disk_cache import atomic_write, cache_dir
+
+    path = cache_dir() / "problems" / f"{runtime.cache_key(strip_locations(l0_text), 'problem', {})}.json"
+    try:
+        import mlir  # noqa: F401
+    except ImportError:
+        try:
+            return presets.Problem(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+    problem = presets.read_problem(_parse_l0(l0_text))
+    if problem is not None:
+        try:
+            atomic_write(path, json.dumps(dataclasses.asdict(problem)))
+        except OSError:
+            pass  # a read-only cache: this machine parses the module again next process
+    return problem
 
 
 # The launch options a mask's tables choose; the first call's cut per module and target; what
