@@ -95,7 +95,7 @@ def _cpu_candidates(problem: Problem) -> tuple[list[dict], dict]:
     # recurrence has no launch configuration to tune there.
     if problem.linear:
         return [], {}
-    default = launch_defaults.cpu_config(problem.lq, problem.lk)
+    default = launch_defaults.cpu_config(problem.lq, problem.lk, not problem.masked)
 
     def fit(n: int, length: int) -> int:
         return min(n, 1 << max(0, length - 1).bit_length())

@@ -56,6 +56,8 @@ class Problem:
     # The JSON program of a mask classified at call time (it reads closure tensors), whose cut
     # only a call's tables tell (backends.triton.call_time_tiles); None otherwise.
     call_time_mask: str | None = None
+    # A mask, per-entry lengths, pages or packed sequences: KV tiles may be cut (the CPU's tiles).
+    masked: bool = False
 
     @property
     def linear(self) -> bool:
@@ -98,7 +100,7 @@ def read_problem(module) -> Problem | None:
             program = None if packed else call_time_program(mask)
         return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
                        batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut,
-                       program.to_json() if program is not None else None)
+                       program.to_json() if program is not None else None, mask is not None or paged or packed)
     return None
 
 
@@ -121,6 +123,7 @@ class PresetOptions:
     kv_splits: int = 1             # attn-tile: programs per query block over its KV tiles (decoding)
     pack_gqa: bool = False         # attn-tile: a KV head's query heads in one tile (decoding)
     whole_tiles: bool = True       # attn-tile(-backward): whole tiles as static slices (see WHOLE_TILES)
+    prescale_q: bool = False       # attn-tile: the Q tile scaled once per program (the cpu preset)
     split: bool = False            # attn-chunk-recurrence: the split (multi-kernel) recurrence
     block_v: int = 64              # attn-chunk-recurrence: V columns per program
     block_k: int = 64              # attn-chunk-recurrence: state rows per chunk-state program
@@ -197,7 +200,9 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         raise CompileError(f"pipeline '{preset}' compiles for "
                            f"{'--target=host' if preset == 'cpu' else 'a cuda or hip target'}, got '{target}'")
     typed = _typed(overrides)
-    values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset]}
+    # On the CPU a tile's scores are a pass through memory of their own; Triton multiplies them
+    # in registers on the way to exp2, and the H200 ran level either way.
+    values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset], "prescale_q": preset == "cpu"}
     if problem is not None and preset == "triton":
         values["fast_tanh"] = (FAST_TANH and has_fast_tanh(target) and not problem.linear
                                and problem.dtype in ("bf16", "f16"))
@@ -207,7 +212,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         values["vector_bits"] = host_vector_bits()
         values["no_avx512_bf16"] = host_has_avx512_bf16()
     if problem is not None and preset == "cpu":
-        values.update(cpu_config(problem.lq, problem.lk))
+        values.update(cpu_config(problem.lq, problem.lk, not problem.masked and not typed.get("backward")))
     elif problem is not None and problem.linear:
         values.update(linear_config(problem, target), linear=True)
     elif problem is not None:
@@ -287,7 +292,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         to_l1 = ["attn-verify", "attn-fuse-online-softmax",
                  f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
                  f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)} "
-                 f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)} whole-tiles={_flag(o.whole_tiles)}}}", fold]
+                 f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)} whole-tiles={_flag(o.whole_tiles)} "
+                 f"prescale-q={_flag(o.prescale_q)}}}", fold]
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "

@@ -10,14 +10,19 @@ from . import ModulePass, option
 from .cpu_support import lowered_kernels, run_transform, walk
 
 # Register tiles by vector width in bits: a matmul runs as (rows x columns) outer products, one
-# reduction step at a time, so its accumulator stays in vector registers. At 512 bits 8x32 takes 16
-# of the 32 zmm registers. With 16 registers (AVX2's ymm, SSE's and NEON's 128-bit ones) 8x32
+# reduction step at a time, so its accumulator stays in vector registers. At 512 bits 4x64 takes 16
+# of the 32 zmm registers with one broadcast per four multiply-adds (8x32 needs two: on the 2-core
+# AMD EPYC with AVX-512 the causal demo's full attention ran 3% faster with 4x64 and 2x64 than with
+# 8x32). With 16 registers (AVX2's ymm, SSE's and NEON's 128-bit ones) 8x32
 # spilled most accumulators to the stack in every step; 8 accumulators leave room for the row's
 # vectors and the broadcast (2x32 on AVX2 measured fastest of 8x8, 4x16, 2x32, 8x16, 4x32).
-# Elementwise and row-reduction ops run 8 rows at a time, at most ROW_LENGTH elements of a row at
-# once (ops over more than two loops, one row at a time).
-MATMUL_TILES = {128: (2, 16), 256: (2, 32), 512: (8, 32)}
-ROW_TILE = 8
+MATMUL_TILES = {128: (2, 16), 256: (2, 32), 512: (4, 64)}
+# Elementwise and row-reduction ops run ROW_TILES rows at a time, at most ROW_LENGTH elements of a
+# row at once (ops over more than two loops, one row at a time). At 512 bits 4 rows of a 64-key
+# tile are 16 zmm registers per value: with 8 rows exp2's temporaries spilled, and the demo's full
+# attention ran 3-4% slower (rows 1, 2 and 4 ran level). The narrower widths keep the 8 rows they
+# were measured with.
+ROW_TILES = {128: 8, 256: 8, 512: 4}
 ROW_LENGTH = 256
 TRANSPOSE_TILE = 8
 TILE_ATTR = "ae.cpu_tile"
@@ -55,10 +60,11 @@ class Vectorize(ModulePass):
                              f"got {self.vector_bits}")
 
     def apply(self, module_op) -> None:
-        run_transform(module_op, _vectorize_script(lowered_kernels(module_op), MATMUL_TILES[self.vector_bits]))
+        run_transform(module_op, _vectorize_script(lowered_kernels(module_op), MATMUL_TILES[self.vector_bits],
+                                                   ROW_TILES[self.vector_bits]))
 
 
-def _tile_sizes(op, matmul_tile: tuple[int, int]) -> list[int] | None:
+def _tile_sizes(op, matmul_tile: tuple[int, int], row_tile: int) -> list[int] | None:
     """Tile sizes for one linalg op of a kernel (0: untiled), or None to vectorize it whole.
 
     Vectors stay near register size (LLVM unrolls a long vector into one instruction per
@@ -94,7 +100,7 @@ def _tile_sizes(op, matmul_tile: tuple[int, int]) -> list[int] | None:
         size = tile(domain[0], ROW_LENGTH)
         return [size] if size else None
     if len(domain) == 2:
-        return [fit(domain[0], ROW_TILE), tile(domain[1], ROW_LENGTH)]
+        return [fit(domain[0], row_tile), tile(domain[1], ROW_LENGTH)]
     # Over more loops (the GLA chunk's scores, [C, C, Dk] with the sum over Dk innermost), one
     # row at a time: it runs as fast as 8 rows (measured) in a smaller loop body, and LLVM's
     # instruction scheduling takes time superlinear in a block's length.
@@ -119,7 +125,7 @@ def _loop_extents(generic) -> list[int] | None:
     return None if None in extents else extents
 
 
-def _vectorize_script(kernels, matmul_tile: tuple[int, int]) -> str:
+def _vectorize_script(kernels, matmul_tile: tuple[int, int], row_tile: int) -> str:
     """The tile-and-vectorize transform script for `kernels`; tags each op to tile with its group."""
     from mlir import ir
 
@@ -129,7 +135,7 @@ def _vectorize_script(kernels, matmul_tile: tuple[int, int]) -> str:
             if any(isinstance(v.type, ir.ShapedType) and not ir.ShapedType(v.type).has_static_shape
                    for v in op.operands):
                 continue
-            sizes = _tile_sizes(op, matmul_tile)
+            sizes = _tile_sizes(op, matmul_tile, row_tile)
             if sizes is None:
                 continue
             group = groups.setdefault(tuple(sizes), len(groups))

@@ -44,7 +44,7 @@ ROW, TILE = (0,), (0, 1)  # indexing-map dims of a row vector and of a whole til
 class _Kernel(RowSources, KernelBuilder):
     """Builds one L1 kernel function with the bindings' builders, at the fused op's location."""
 
-    def __init__(self, op, func, block_m: int, block_n: int, whole_tiles: bool = True):
+    def __init__(self, op, func, block_m: int, block_n: int, whole_tiles: bool = True, prescale_q: bool = False):
         super().__init__(op, func)
         self.bm = block_m
         self.bn = block_n
@@ -60,6 +60,11 @@ class _Kernel(RowSources, KernelBuilder):
         self.scale = float(op.attributes["scale"].value)
         self.regions = {name: op.regions[i] if list(op.regions[i].blocks) else None
                         for i, name in enumerate(REGION_NAMES)}
+        # Without a score_mod the log2-domain normalizers take the scale times log2(e).
+        fold = self.log2 and self.regions["score_mod"] is None
+        self.score_scale = self.scale * LOG2E if fold else self.scale
+        # f32 queries only: a 16-bit Q tile times the scale would round twice.
+        self.prescale_q = prescale_q and str(self.elt) == "f32"
         # Softmax needs the row sum; a normalizer without a statistic needs it only if its
         # finalize reads it (RetNet's abs-sum division does, sigmoid's identity does not).
         self.tracks_sum = self.stat == "max" or from_region(self.regions["finalize"]).uses_arg(1)
@@ -168,6 +173,9 @@ class _Kernel(RowSources, KernelBuilder):
         from mlir.dialects import arith, scf, tensor
 
         state = state or self.initial_state()
+        if self.prescale_q:
+            q_tile = self.generic([(q_tile, TILE)], q_tile.type,
+                                  lambda a: arith.mulf(a[0], f32(self.score_scale)))
         reach = None
         if self.kv_len is not None:
             self.keys = entry_length(self.kernel_arg(self.kv_len, "kv_len"), self.pb, self.lk)
@@ -279,14 +287,12 @@ class _Kernel(RowSources, KernelBuilder):
         s_zero = fill(f32(0.0), s_empty)
         qk = matmul(q_tile, k_trans, s_zero)
         score_mod = self.regions["score_mod"]
-        fold = self.log2 and score_mod is None
-        scale = self.scale * LOG2E if fold else self.scale
         mask = self.regions["mask"] if masked else None
         # With per-entry lengths every tile may reach past its entry's last key.
         bounded = masked or self.kv_len is not None
 
         def scores(a):
-            x = arith.mulf(a[0], f32(scale))
+            x = a[0] if self.prescale_q else arith.mulf(a[0], f32(self.score_scale))
             if score_mod is not None or mask is not None or bounded:
                 i = linalg.IndexOp(0).result
                 j = linalg.IndexOp(1).result
@@ -314,7 +320,8 @@ class _Kernel(RowSources, KernelBuilder):
                 p = arith.select(keep, p, zero)
             return p
 
-        s = self.generic([(qk, TILE)], tile_t, scores)
+        plain = self.prescale_q and score_mod is None and not bounded and self.stat == "max"
+        s = qk if plain else self.generic([(qk, TILE)], tile_t, scores)
         if self.stat == "max":
             m_old, l_old, acc = state
             m_new = self.reduce_rows(s, m_old, arith.maximumf)
@@ -369,6 +376,9 @@ class AttnTile(ModulePass):
                                    "time are not packed)")
     whole_tiles: bool = option(True, "load a tile whose rows all exist (L a multiple of the block) as a static "
                                      "slice, without padding: no row masks or bounds checks in the lowerings")
+    prescale_q: bool = option(False, "multiply the Q tile by the score scale once per program instead of each "
+                                     "tile's scores (f32 queries; the cpu preset: one pass less over every "
+                                     "score tile of a program's loop)")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
@@ -383,7 +393,7 @@ class AttnTile(ModulePass):
 
     def _tile(self, op) -> None:
         func = kernel_function(op, "tiled", views=TILE_VIEWS)
-        kernel = _Kernel(op, func, self.block_m, self.block_n, self.whole_tiles)
+        kernel = _Kernel(op, func, self.block_m, self.block_n, self.whole_tiles, self.prescale_q)
         # The tile loops bound per-entry lengths with compile-time lists only.
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables and kernel.kv_len is None)

@@ -143,7 +143,7 @@ def _problem(name: str):
 
 def test_problem_is_read_from_the_parsed_module():
     # Causal at L = 40: its one (ragged) 128 x 64 tile is cut.
-    assert _problem("dk64-dv16-f32") == presets.Problem(40, 40, 64, 16, "f32", batch_heads=2, cut_tiles=1.0)
+    assert _problem("dk64-dv16-f32") == presets.Problem(40, 40, 64, 16, "f32", batch_heads=2, cut_tiles=1.0, masked=True)
     assert _problem("gqa-f32") == presets.Problem(50, 70, 16, 16, "f32", batch_heads=4, group=2)
     assert _problem("linear-token-dim-bf16") == presets.Problem(96, 96, 16, 16, "bf16", "token_dim", 32, 2)
 
@@ -178,7 +178,7 @@ def test_triton_text_names_every_option():
     assert presets.pipeline_text("triton", options) == (
         "builtin.module(attn-verify,attn-fuse-online-softmax,"
         "attn-chunk-recurrence{split=true block-v=64 block-k=64},"
-        "attn-tile{block-m=128 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false},"
+        "attn-tile{block-m=128 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false},"
         "attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,"
         "attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false fast-tanh=true})")
     assert (options.num_warps, options.num_stages) == (4, 3)
@@ -240,7 +240,7 @@ def test_cpu_stages_and_overrides():
     assert [s.name for s in presets.stages("cpu", options)] == ["l1", "llvm"]
     assert (presets.pipeline_text("cpu", options, "llvm")
             == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false vector-bits=256 no-avx512-bf16=true})")
-    tile = "attn-tile{block-m=64 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true}"
+    tile = "attn-tile{block-m=64 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true prescale-q=true}"
     assert tile in presets.pipeline_text("cpu", options, "l1")
     assert "canonicalize" not in presets.pipeline_text(
         "triton", presets.options_for("triton", _problem("plain-f32"), canonicalize=False))

@@ -29,10 +29,16 @@ def _own_dir() -> str:
 def _is_library_file(filename: str) -> bool:
     """ae-mlir's own frames and torch's (its __torch_function__ dispatch, flex_attention's
     and_masks) stand between the user's line and the expression being recorded."""
+    torch = sys.modules.get("torch")
+    return _library_file(filename, None if torch is None else torch.__file__)
+
+
+# Cached: every traced op and every call asks for each frame between it and the user's line.
+@functools.lru_cache(maxsize=4096)
+def _library_file(filename: str, torch_file: str | None) -> bool:
     if filename.startswith(_own_dir()):
         return True
-    torch = sys.modules.get("torch")
-    return torch is not None and filename.startswith(os.path.dirname(torch.__file__) + os.sep)
+    return torch_file is not None and filename.startswith(os.path.dirname(torch_file) + os.sep)
 
 
 @functools.lru_cache(maxsize=256)

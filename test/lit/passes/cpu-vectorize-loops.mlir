@@ -8,8 +8,8 @@
 
 // CHECK-LABEL: func.func @scores(
 // CHECK-SAME: %[[Q:[a-z0-9]+]]: tensor<16x64xf32>, %[[K:[a-z0-9]+]]: tensor<16x64xf32>
-// CHECK: scf.for {{.*}} step %c8
-// CHECK: vector.transfer_write %{{.*}} : vector<8x16xf32>, tensor<16x16xf32>
+// CHECK: scf.for {{.*}} step %c4
+// CHECK: vector.transfer_write %{{.*}} : vector<4x16xf32>, tensor<16x16xf32>
 // CHECK: scf.for %[[T:[a-z0-9]+]] = %c0 to %c16 step %c1
 // CHECK-NEXT: scf.for %[[S:[a-z0-9]+]] = %c0 to %c16 step %c1 iter_args(%[[ACC:[a-z0-9]+]] =
 // CHECK-NEXT: %[[QROW:.*]] = vector.transfer_read %[[Q]][%[[T]], %c0]{{.*}} : tensor<16x64xf32>, vector<1x64xf32>

@@ -1,5 +1,5 @@
-// attn-cpu-vectorize sizes a matmul's register tile by vector-bits: 8x32 f32 accumulators at 512
-// bits (16 of the 32 zmm registers), 2x32 at 256 (8 of the 16 ymm registers: 8x32 spilled most
+// attn-cpu-vectorize sizes a matmul's register tile by vector-bits: 4x64 f32 accumulators at 512
+// bits (16 of the 32 zmm registers, one broadcast per four multiply-adds), 2x32 at 256 (8 of the 16 ymm registers: 8x32 spilled most
 // of its 32 accumulators to the stack on every reduction step on AVX2) and 2x16 at 128.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-cpu-grid-loops,canonicalize,cse,attn-cpu-vectorize{vector-bits=512})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=ZMM
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-cpu-grid-loops,canonicalize,cse,attn-cpu-vectorize{vector-bits=256})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=YMM
@@ -7,9 +7,9 @@
 // RUN: not ae-opt %s --pass-pipeline='builtin.module(attn-cpu-vectorize{vector-bits=384})' 2>&1 | FileCheck %s --check-prefix=BAD
 
 // ZMM-LABEL: func.func @scores(
-// ZMM: scf.for {{.*}} step %c8
-// ZMM: scf.for {{.*}} step %c32
-// ZMM: vector.contract {{.*}} : vector<8x1xf32>, vector<1x32xf32> into vector<8x32xf32>
+// ZMM: scf.for {{.*}} step %c4
+// ZMM: scf.for {{.*}} step %c64
+// ZMM: vector.contract {{.*}} : vector<4x1xf32>, vector<1x64xf32> into vector<4x64xf32>
 
 // YMM-LABEL: func.func @scores(
 // YMM: scf.for {{.*}} step %c2
