@@ -277,11 +277,9 @@ def test_autotune_must_be_a_bool():
         ae.linear_attention(autotune=1)
 
 
-def test_the_cpu_backend_tunes_its_tiles(cache_dir, monkeypatch):
-    """On the CPU the candidates are the tiles (rows per program, keys per KV tile), timed by the
-    wall clock; the stand-in clock makes 32 x 32 tiles the fastest."""
-    from ae_mlir.backends import cpu
-
+def _cpu_clock(monkeypatch) -> list:
+    """A stand-in wall clock for CPU candidates where smaller tiles run faster (32 x 32 wins);
+    returns the list of the tiles it timed."""
     timed = []
 
     def clock(launch):
@@ -290,6 +288,15 @@ def test_the_cpu_backend_tunes_its_tiles(cache_dir, monkeypatch):
         return kernel.block_m * 0.01 + kernel.block_n * 0.001
 
     monkeypatch.setattr(autotune, "median_wall_ms", clock)
+    return timed
+
+
+def test_the_cpu_backend_tunes_its_tiles(cache_dir, monkeypatch):
+    """On the CPU the candidates are the tiles (rows per program, keys per KV tile), timed by the
+    wall clock; the stand-in clock makes 32 x 32 tiles the fastest."""
+    from ae_mlir.backends import cpu
+
+    timed = _cpu_clock(monkeypatch)
     q, k, v = qkv(h=2, lq=40, dk=16)
     plain, tuned = ae.attention(mask_mod=causal), ae.attention(mask_mod=causal, autotune=True)
     torch.testing.assert_close(tuned(q, k, v, backend="cpu"), plain(q, k, v, backend="cpu"), rtol=1e-5, atol=1e-5)
@@ -362,14 +369,7 @@ def test_a_bucket_choice_that_does_not_build_for_a_shape_is_searched_anew(cache_
 def test_the_cpu_backend_shares_its_tiles_within_a_bucket(cache_dir, monkeypatch):
     from ae_mlir.backends import cpu
 
-    timed = []
-
-    def clock(launch):
-        kernel = launch.args[0]
-        timed.append((kernel.block_m, kernel.block_n))
-        return kernel.block_m * 0.01 + kernel.block_n * 0.001
-
-    monkeypatch.setattr(autotune, "median_wall_ms", clock)
+    timed = _cpu_clock(monkeypatch)
     attn = ae.attention(mask_mod=causal, autotune=True)
     q, k, v = qkv(h=2, lq=40, dk=16)
     assert cpu.tuned_blocks(attn.mlir(q, k, v), [q, k, v]) == {"block_m": 32, "block_n": 32}
