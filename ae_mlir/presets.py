@@ -54,7 +54,7 @@ class Problem:
     # a causal diagonal cuts 2, the two edges of a band 4, a stride every one.
     cut_tiles: float = 0.0
     # The JSON program of a mask classified at call time (it reads closure tensors), whose cut
-    # only a call's tables tell (backends.triton.call_time_tiles); None otherwise.
+    # only a call's tables tell (backends.call_time_tiles); None otherwise.
     call_time_mask: str | None = None
     # A mask, per-entry lengths, pages or packed sequences: KV tiles may be cut (the CPU's tiles).
     masked: bool = False

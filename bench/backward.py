@@ -65,6 +65,7 @@ def _selected(only: str) -> list[tuple[str, int]]:
 
 def build(out: str, only: str = "", sweep_configs: bool = True) -> None:
     from ae_mlir.backends import triton as tb
+    from ae_mlir.backends.call_time_tiles import backward_call_time_tiles
     from build_suite import build_one
 
     os.makedirs(out, exist_ok=True)
@@ -80,7 +81,7 @@ def build(out: str, only: str = "", sweep_configs: bool = True) -> None:
         # the tiles its tables on the case's closure tensors ask for, as a call's does.
         empty = suite.softmax_inputs(shape, case.dtype, "cpu", empty=True)
         roles = dict(zip(("q", "k", "v"), empty), **{f"c{i}": t for i, t in enumerate(attn._build(*empty)[1])})
-        tiles = tb.backward_call_time_tiles(text, "cuda:90", roles)
+        tiles = backward_call_time_tiles(text, "cuda:90", roles)
         tb.build_backward_bundle(text, "cuda:90", dict(tiles, closure_grads=False)).save(
             os.path.join(out, f"{name}.bwd.json"))
         if sweep_configs and (variant, dim) in SWEEP_CASES:

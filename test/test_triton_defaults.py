@@ -14,6 +14,7 @@ import torch
 
 import ae_mlir as ae
 from ae_mlir import runtime
+from ae_mlir.backends import call_time_tiles as ctt
 from ae_mlir.backends import triton as tb
 from ae_mlir.reference import run_module_text
 from bundle_interp import interpret
@@ -112,7 +113,7 @@ def test_call_time_masks_take_the_tiles_their_first_tables_ask_for(name, keep, t
     assert tb._default_bundle(text, "cuda:90", inputs) is bundle
     # The backward's kernels take their smaller tiles from the same decision (dQ 64 x 64, dK/dV 32 x 64).
     roles = dict(zip(("q", "k", "v", "c0"), inputs))
-    assert tb.backward_call_time_tiles(text, "cuda:90", roles) == backward
+    assert ctt.backward_call_time_tiles(text, "cuda:90", roles) == backward
     (out, _), _ = interpret(bundle, *inputs)
     ref_out, _ = run_module_text(text, inputs, torch.float64)
     torch.testing.assert_close(out.double(), ref_out, **TOL[torch.bfloat16])
@@ -187,15 +188,15 @@ def test_a_machine_without_mlir_runs_the_calls_a_compile_prepared(tmp_path, monk
 
     monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path / "cache"))
     runtime.CACHE.clear_memory()
-    tb._PROBLEMS.clear()
-    tb._CUTS.clear()
+    ctt._PROBLEMS.clear()
+    ctt._CUTS.clear()
     doc = torch.repeat_interleave(torch.arange(6), torch.tensor([130, 250, 100, 300, 120, 100]))
     attn = ae.attention(mask_mod=lambda b, h, q, kv: doc[q] == doc[kv])
     q, k, v = qkv(b=1, h=2, lq=1000, dk=128, dtype=torch.bfloat16, seed=3)
     text = attn.mlir(q, k, v)
     inputs = [q, k, v, *attn._build(q, k, v)[1]]
     bundle = tb._default_bundle(text, "cuda:90", inputs)
-    backward = tb.backward_call_time_tiles(text, "cuda:90", dict(zip(("q", "k", "v", "c0"), inputs)))
+    backward = ctt.backward_call_time_tiles(text, "cuda:90", dict(zip(("q", "k", "v", "c0"), inputs)))
     backward_key = tb.get_backward_bundle(text, "cuda:90", tiles=backward).key
     uncompiled = attn.mlir(q[:, :, :500], k[:, :, :500], v[:, :, :500])
     torch.save({"text": text, "inputs": inputs, "uncompiled": uncompiled}, tmp_path / "call.pt")
@@ -204,6 +205,7 @@ def test_a_machine_without_mlir_runs_the_calls_a_compile_prepared(tmp_path, monk
         import sys
         sys.modules["mlir"] = None
         import torch
+        from ae_mlir.backends import call_time_tiles as ctt
         from ae_mlir.backends import triton as tb
         from ae_mlir.core.context import CompileError
         call = torch.load({str(tmp_path / "call.pt")!r})
@@ -215,11 +217,11 @@ def test_a_machine_without_mlir_runs_the_calls_a_compile_prepared(tmp_path, monk
         runtime.launch_roles = lambda bundle, tensors: bundle.key
         print(tb.run(text, inputs, torch.bfloat16)[0])
         print(tb.run_backward(text, dict(zip(("q", "k", "v", "c0"), inputs))))
-        print(tb.backward_call_time_tiles(text, "cuda:90", dict(zip(("q", "k", "v", "c0"), inputs))))
-        tb._PROBLEMS.clear(); tb._CUTS.clear()
+        print(ctt.backward_call_time_tiles(text, "cuda:90", dict(zip(("q", "k", "v", "c0"), inputs))))
+        ctt._PROBLEMS.clear(); ctt._CUTS.clear()
         import os, shutil
         shutil.rmtree(os.path.join(os.environ["AE_MLIR_CACHE_DIR"], "problems"))
-        print(tb._call_time_cut(text, "cuda:90", inputs))
+        print(ctt._call_time_cut(text, "cuda:90", inputs))
         try:
             tb._default_bundle(call["uncompiled"], "cuda:90", [t[:, :, :500] for t in inputs[:3]] + inputs[3:])
         except CompileError as err:
