@@ -3,7 +3,8 @@ conversion to the llvm dialect, for what that conversion would reject, miscompil
 
 It reports i1 buffers and vector views of padded rows (which the conversion cannot handle) at the
 op, aligns buffers viewed as vectors, writes expm1 with exp and log (Kahan), replaces f32 exp and
-exp2 and erf by polynomials, and runs math ops on n-D vectors as 1-D ones.
+exp2 and erf by polynomials, runs math ops on n-D vectors as 1-D ones, and lets max/min
+reductions ignore the sign of zero.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class LegalizeForLlvm(ModulePass):
     name: ClassVar[str] = "attn-cpu-legalize-for-llvm"
     summary: ClassVar[str] = ("CPU lowering: reject i1 buffers and padded vector views, align buffers viewed "
                               "as vectors, expm1 as Kahan's formula, exp/exp2/erf as polynomials, math on n-D "
-                              "vectors as 1-D")
+                              "vectors as 1-D, max/min reductions without the sign of zero")
 
     def apply(self, module_op) -> None:
         _reject_bool_buffers(module_op)
@@ -47,6 +48,7 @@ class LegalizeForLlvm(ModulePass):
         expand_expm1(module_op)
         expand_exponentials(module_op)
         flatten_math_vectors(module_op)
+        ignore_zero_signs_of_extrema(module_op)
 
 
 def _reject_bool_buffers(module_op) -> None:
@@ -244,6 +246,24 @@ def expand_exponentials(module_op) -> None:
                 result = arith.select(arith.cmpf(arith.CmpFPredicate.UNO, x, x), x, p)
             op.results[0].replace_all_uses_with(result)
             op.erase()
+
+
+def ignore_zero_signs_of_extrema(module_op) -> None:
+    """Let vector max/min reductions (`maximumf`, `minimumf`) take either zero where both signs
+    are among the candidates (fastmath `nsz`).
+
+    IEEE maximum orders -0 below +0 and propagates NaN; LLVM's x86 lowering spends a sign-bit blend
+    per step on the first, which the reductions of an L1 kernel do not need: they are row maxima
+    of scores (each score then enters exp2(s - m), the same for either zero) and the largest
+    decay span of a chunk (compared with a bound). NaN still propagates, and `nsz`, unlike
+    `nnan`, makes no input poison. On the 2-core AMD EPYC with AVX-512 the forward's kernels ran
+    3-6% faster (full and causal, L 512, one and two threads), with bit-identical outputs."""
+    from mlir import ir
+
+    for op in walk(module_op, "vector.reduction"):
+        kind = str(op.attributes["kind"])
+        if kind.endswith(("<maximumf>", "<minimumf>")):
+            op.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<nsz>", op.context)
 
 
 def flatten_math_vectors(module_op) -> None:
