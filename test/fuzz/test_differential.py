@@ -187,7 +187,8 @@ def test_cache_programs_at_default_configs(target):
 
 @seed(SEED + 1)
 @FUZZ
-@given(programs(max_seq=64))
+# Past 128 keys: the CPU preset's KV tiles are 128 keys wide where no mask cuts them.
+@given(programs(max_seq=300))
 def test_cpu_backend_matches_reference(p: Program):
     attn = _attention(p)
     q, k, v = p.inputs()
