@@ -292,7 +292,9 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = (), only: str =
 def cpu(out_dir: str) -> None:
     """Forward + backward of causal fp32 attention on the CPU (B=1 H=4 L=1024 D=64): ae-mlir's
     kernels (`attn(q, k, v, backend="cpu").sum().backward()`) against torch SDPA's, alternating,
-    median of 7 each after a warm-up, fresh inputs per repetition."""
+    median of 15 each after a warm-up, fresh inputs per repetition, with torch's OpenMP threads
+    sleeping when idle (OMP_WAIT_POLICY=PASSIVE unless the environment sets it, as
+    examples/causal_demo.py does: spinning, they take the cores from whatever runs next)."""
     import platform
     import statistics
     import time
@@ -305,7 +307,7 @@ def cpu(out_dir: str) -> None:
     impls = {"ae_mlir": lambda q, k, v: attn(q, k, v, backend="cpu"),
              "torch_sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)}
     times = {name: [] for name in impls}
-    for rep in range(8):
+    for rep in range(16):
         for name, fn in impls.items():
             q, k, v = (torch.randn(1, 4, 1024, 64, requires_grad=True) for _ in range(3))
             start = time.perf_counter()
@@ -331,6 +333,8 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", action="append", default=[],
                         help="run: also time this directory's backward bundles (another compiler version)")
     args = parser.parse_args(argv)
+    if args.mode == "cpu" and "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.mode == "build":
         build(args.out, args.cases, not args.no_sweep)
     elif args.mode == "sweep":
