@@ -97,11 +97,8 @@ def _cpu_candidates(problem: Problem) -> tuple[list[dict], dict]:
         return [], {}
     default = launch_defaults.cpu_config(problem.lq, problem.lk, not problem.masked)
 
-    def fit(n: int, length: int) -> int:
-        return min(n, 1 << max(0, length - 1).bit_length())
-
-    return ([{"block_m": fit(m, problem.lq), "block_n": fit(n, problem.lk)} for m in _CPU_BLOCKS for n in _CPU_BLOCKS],
-            default)
+    lq, lk = launch_defaults.next_pow2(problem.lq), launch_defaults.next_pow2(problem.lk)
+    return [{"block_m": min(m, lq), "block_n": min(n, lk)} for m in _CPU_BLOCKS for n in _CPU_BLOCKS], default
 
 
 def _linear_candidates(problem: Problem, target: str) -> tuple[list[dict], dict]:
@@ -160,7 +157,7 @@ def shape_bucket(module_text: str) -> str:
     the softmax scale, which follows the head dim unless given) must match."""
     def rounded(match: re.Match) -> str:
         dims = match.group(2).split("x")[:-1]
-        return f"{match.group(1)}<" + "".join(f"{d if d == '?' else 1 << max(0, int(d) - 1).bit_length()}x"
+        return f"{match.group(1)}<" + "".join(f"{d if d == '?' else launch_defaults.next_pow2(int(d))}x"
                                               for d in dims)
 
     return _SHAPE.sub(rounded, module_text)

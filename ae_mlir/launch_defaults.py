@@ -34,8 +34,13 @@ _HIP_16BIT = {64: (128, 64, 4, 2), 128: (128, 64, 4, 2), 256: (64, 32, 4, 2)}
 _HIP_FP32 = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 2)}
 
 
+def next_pow2(n: int) -> int:
+    """The power of two at or above n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def _pow2(n: int) -> int:
-    return max(16, 1 << (max(n, 1) - 1).bit_length())
+    return max(16, next_pow2(n))
 
 
 def _table(dk: int, dv: int, dtype: str, target: str, tables: tuple) -> tuple[int, dict]:
@@ -285,8 +290,5 @@ CPU_BLOCK_N_UNCUT = 128
 def cpu_config(lq: int, lk: int, uncut_forward: bool = False) -> dict:
     """The CPU's tiles for lengths lq, lk; `uncut_forward`: the forward kernels of a problem whose
     KV tiles nothing cuts (no mask, lengths, pages or packed sequences)."""
-    def pow2(n: int) -> int:
-        return 1 << max(0, n - 1).bit_length()
-
     keys = CPU_BLOCK_N_UNCUT if uncut_forward else CPU_BLOCK_N
-    return {"block_m": min(CPU_BLOCK_M, pow2(lq)), "block_n": min(keys, pow2(lk))}
+    return {"block_m": min(CPU_BLOCK_M, next_pow2(lq)), "block_n": min(keys, next_pow2(lk))}

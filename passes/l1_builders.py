@@ -172,6 +172,12 @@ def _block(region, types: list):
     return region.blocks.append(*types, arg_locs=[loc] * len(types))
 
 
+
+def _whole_blocks(length, rows: int, aligned: bool, past_end: bool) -> bool:
+    """Whether a block of `rows` starting at a multiple of `rows` below `length` (`aligned`) is
+    always whole: a static length that is a multiple of `rows`."""
+    return aligned and not past_end and isinstance(length, int) and length % rows == 0
+
 class KernelBuilder:
     """Builder helpers for one L1 kernel that replaces the function `func` holding `op`."""
 
@@ -288,10 +294,13 @@ class KernelBuilder:
 
         return self.reduce_rows(value, zeros([value.type.shape[0]]), arith.addf)
 
-    def rows_left(self, start, length, rows: int, past_end: bool = False):
-        """min(length - start, rows), and at least 0 with `past_end`."""
+    def rows_left(self, start, length, rows: int, past_end: bool = False, aligned: bool = False):
+        """min(length - start, rows), and at least 0 with `past_end`; a constant `rows` where every
+        block is whole (`aligned`, see `load_tile`)."""
         from mlir.dialects import arith
 
+        if _whole_blocks(length, rows, aligned, past_end):
+            return index(rows)
         valid = arith.minsi(arith.subi(index_value(length), start), index(rows))
         return arith.maxsi(valid, index(0)) if past_end else valid
 
@@ -308,7 +317,7 @@ class KernelBuilder:
         from mlir.dialects import arith, tensor
 
         elt = element_type(src)
-        if aligned and not past_end and isinstance(length, int) and length % rows == 0:
+        if _whole_blocks(length, rows, aligned, past_end):
             ones = [1] * len(coords)
             if width is None:
                 return extract_slice(src, list(coords) + [start], ones + [rows], 1)

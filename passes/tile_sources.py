@@ -19,11 +19,9 @@ class RowSources:
         from mlir.dialects import arith
 
         if self.q_seq is None:
-            if self.whole_tiles and self.lq % self.rows == 0:
-                # Every block is whole: a static row count makes the store a static slice, which the
-                # CPU copies in vectors where a dynamic one took a scalar loop.
-                return index(self.rows)
-            return self.rows_left(self.m0, self.lq, self.rows)
+            # With whole blocks a static row count makes the store a static slice, which the CPU
+            # copies in vectors where a dynamic one took a scalar loop.
+            return self.rows_left(self.m0, self.lq, self.rows, aligned=self.whole_tiles)
         lo, hi = self.span(self.q_seq, self.lq)
         return self.rows_left(self.m0, arith.subi(hi, lo), self.rows, past_end=True)
 

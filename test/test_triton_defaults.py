@@ -90,6 +90,15 @@ def test_default_config_sweep(target, dtype, lq, lk, dim):
     check_default_config(q, k, v, target)
 
 
+def _documents_call(keep):
+    """(attention, L0 text, call inputs) of a mask `keep(doc)` over documents of 100-300 tokens
+    (a closure tensor, so classified at call time): bf16, B=1 H=2 L=1000 D=128."""
+    doc = torch.repeat_interleave(torch.arange(6), torch.tensor([130, 250, 100, 300, 120, 100]))
+    attn = ae.attention(mask_mod=keep(doc))
+    q, k, v = qkv(b=1, h=2, lq=1000, dk=128, dtype=torch.bfloat16, seed=3)
+    return attn, attn.mlir(q, k, v), [q, k, v, *attn._build(q, k, v)[1]]
+
+
 @pytest.mark.parametrize("name, keep, tiles, backward", [
     ("documents", lambda doc: lambda b, h, q, kv: doc[q] == doc[kv], (64, 64, 4, 3),
      {"block_m": 64, "num_warps": 4, "num_stages": 2, "dkdv_block_m": 32, "dkdv_block_n": 64,
@@ -102,11 +111,7 @@ def test_call_time_masks_take_the_tiles_their_first_tables_ask_for(name, keep, t
     block diagonal of documents of 100-300 tokens cuts more than a causal diagonal does, so the
     module runs at 64 x 64 from then on; a padding mask over keys cuts one, and keeps the tiles.
     The bundle chosen is checked in the TTIR interpreter against the reference."""
-    doc = torch.repeat_interleave(torch.arange(6), torch.tensor([130, 250, 100, 300, 120, 100]))
-    attn = ae.attention(mask_mod=keep(doc))
-    q, k, v = qkv(b=1, h=2, lq=1000, dk=128, dtype=torch.bfloat16, seed=3)
-    text = attn.mlir(q, k, v)
-    inputs = [q, k, v, *attn._build(q, k, v)[1]]
+    _, text, inputs = _documents_call(keep)
     bundle = tb._default_bundle(text, "cuda:90", inputs)
     config = bundle.meta["config"]
     assert (config["block_m"], config["block_n"], config["num_warps"], config["num_stages"]) == tiles
@@ -190,11 +195,8 @@ def test_a_machine_without_mlir_runs_the_calls_a_compile_prepared(tmp_path, monk
     runtime.CACHE.clear_memory()
     ctt._PROBLEMS.clear()
     ctt._CUTS.clear()
-    doc = torch.repeat_interleave(torch.arange(6), torch.tensor([130, 250, 100, 300, 120, 100]))
-    attn = ae.attention(mask_mod=lambda b, h, q, kv: doc[q] == doc[kv])
-    q, k, v = qkv(b=1, h=2, lq=1000, dk=128, dtype=torch.bfloat16, seed=3)
-    text = attn.mlir(q, k, v)
-    inputs = [q, k, v, *attn._build(q, k, v)[1]]
+    attn, text, inputs = _documents_call(lambda doc: lambda b, h, q, kv: doc[q] == doc[kv])
+    q, k, v = inputs[:3]
     bundle = tb._default_bundle(text, "cuda:90", inputs)
     backward = ctt.backward_call_time_tiles(text, "cuda:90", dict(zip(("q", "k", "v", "c0"), inputs)))
     backward_key = tb.get_backward_bundle(text, "cuda:90", tiles=backward).key
