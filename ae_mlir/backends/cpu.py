@@ -54,25 +54,23 @@ class _ArgSpec:
         return cls(tuple(int(n) for n in d["shape"]), str(d["elt"]))
 
 
-@functools.lru_cache(maxsize=None)
-def _descriptor_type(rank: int):
-    fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
-    if rank:
-        fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
-    return type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+_WORD = ctypes.c_int64
 
 
-def _descriptor(tensor):
-    """A memref descriptor viewing `tensor`'s storage; strides and offset are in elements."""
-    desc = _descriptor_type(tensor.dim())()
-    base = tensor.untyped_storage().data_ptr()
-    desc.allocated = base
-    desc.aligned = base
-    desc.offset = tensor.storage_offset()
-    for i, (size, stride) in enumerate(zip(tensor.shape, tensor.stride())):
-        desc.sizes[i] = size
-        desc.strides[i] = stride
-    return desc
+def _descriptors(tensors: list) -> tuple[ctypes.Array, list[int]]:
+    """The ranked memref descriptors of `tensors` (two base pointers, an offset, the sizes and
+    the strides, in elements) in one block of 64-bit words, and each descriptor's address. The
+    base pointer is the tensor's first element and the offset 0, which addresses the same
+    elements as its storage and storage offset would; one block per call keeps the ctypes work
+    of a call small (it is part of what a short CPU kernel call costs)."""
+    words, starts = [], []
+    for t in tensors:
+        starts.append(len(words))
+        base = t.data_ptr()
+        words += (base, base, 0, *t.shape, *t.stride())
+    block = (_WORD * len(words))(*words)
+    origin = ctypes.addressof(block)
+    return block, [origin + 8 * start for start in starts]
 
 
 @dataclass
@@ -184,23 +182,30 @@ class CompiledKernel:
         self.accumulated = {int(i): role for i, role in record.get("accumulated", {}).items()}
         self._owner = owner  # the JIT engine or the loaded library: keeps the code mapped
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+        # What a call checks its tensors against and allocates, made on the first call (torch is
+        # imported late: building a kernel needs no torch).
+        self._expected: list | None = None
+        self._results: list | None = None
 
     def __call__(self, inputs: list) -> list:
         import torch
 
+        if self._expected is None:
+            self._expected = [(spec.shape, spec.torch_dtype()) for spec in self.inputs]
+            self._results = [((torch.zeros if i in self.accumulated else torch.empty), spec.shape, spec.torch_dtype())
+                             for i, spec in enumerate(self.outputs)]
         if len(inputs) != len(self.inputs):
             raise ValueError(f"the kernel takes {len(self.inputs)} tensors, got {len(inputs)}")
-        for i, (t, spec) in enumerate(zip(inputs, self.inputs)):
+        for i, (t, (shape, dtype)) in enumerate(zip(inputs, self._expected)):
             if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
                 raise ValueError(f"argument {i} of the CPU kernel must be a CPU torch.Tensor")
-            if tuple(t.shape) != spec.shape or t.dtype != spec.torch_dtype():
-                raise ValueError(f"argument {i} of the CPU kernel must be {spec.describe()}, got "
+            if t.shape != shape or t.dtype != dtype:
+                raise ValueError(f"argument {i} of the CPU kernel must be {self.inputs[i].describe()}, got "
                                  f"[{', '.join(map(str, t.shape))}] {str(t.dtype).removeprefix('torch.')}")
             if self.unit_inner_stride and not _unit_inner_stride(t):
                 raise ValueError(f"argument {i} of the CPU kernel needs unit stride in its last dimension "
                                  "(this kernel was compiled with unit-inner-stride)")
-        outputs = [(torch.zeros if i in self.accumulated else torch.empty)(spec.shape, dtype=spec.torch_dtype())
-                   for i, spec in enumerate(self.outputs)]
+        outputs = [make(shape, dtype=dtype) for make, shape, dtype in self._results]
         launch = _Launch(self._entry, list(inputs) + outputs, [len(inputs) + i for i in self.accumulated],
                          self.programs)
         # A copy per piece: one piece per thread keeps the copies few.
@@ -222,31 +227,39 @@ class _Launch:
     def __init__(self, entry, tensors: list, accumulated: list[int] | None = None, programs: int = 0):
         self.entry = entry
         self.tensors = tensors
-        self.pointers = [ctypes.pointer(_descriptor(t)) for t in tensors]
+        # Held until the call returns: the kernel reads the descriptors in this block.
+        self.block, self.addresses = _descriptors(tensors)
         self.accumulated = accumulated or []
         self.total = programs
         self.private: dict[int, list] = {}  # first program of a range -> its copies
         self.lock = threading.Lock()
 
-    def _pointers(self, first: int, last: int) -> list:
+    def _addresses(self, first: int, last: int) -> tuple[list[int], object]:
+        """The descriptor addresses for a range, and what must live while it runs."""
         if not self.accumulated or (first == 0 and last == self.total):
-            return self.pointers
+            return self.addresses, None
         import torch
 
         copies = [torch.zeros_like(self.tensors[i]) for i in self.accumulated]
         with self.lock:
             self.private[first] = copies
-        pointers = list(self.pointers)
-        for i, copy in zip(self.accumulated, copies):
-            pointers[i] = ctypes.pointer(_descriptor(copy))
-        return pointers
+        block, copied = _descriptors(copies)
+        addresses = list(self.addresses)
+        for i, address in zip(self.accumulated, copied):
+            addresses[i] = address
+        return addresses, block
 
     def __call__(self, first: int, last: int) -> None:
-        bounds = (ctypes.c_int64(first), ctypes.c_int64(last))
-        # Held until the call returns: the addresses point into these objects.
-        pointers = self._pointers(first, last)
-        addresses = [ctypes.addressof(p) for p in (*pointers, *bounds)]
-        self.entry((ctypes.c_void_p * len(addresses))(*addresses))
+        addresses, held = self._addresses(first, last)
+        n = len(addresses) + 2
+        # The kernel's arguments, by value: a pointer to each descriptor (the C interface takes
+        # memrefs by pointer) and the range; then the packed entry point's array, the address of
+        # each argument.
+        args = (_WORD * (2 * n))()
+        origin = ctypes.addressof(args)
+        args[:] = [*addresses, first, last, *range(origin, origin + 8 * n, 8)]
+        self.entry(origin + 8 * n)
+        del held
 
     def sum_private_copies(self) -> None:
         for first in sorted(self.private):

@@ -6,6 +6,7 @@ carried as JSON to classify masks at call time, and asked which arguments it rea
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -165,6 +166,8 @@ def float_literal(v: float) -> str:
 _LOC_SUFFIX = re.compile(r' loc\("(?:[^"\\]|\\.)*":\d+:\d+\)')
 
 
+@functools.lru_cache(maxsize=64)
 def strip_locations(text: str) -> str:
-    """Module text without the file locations written after its ops."""
+    """Module text without the file locations written after its ops (cached: each call of an
+    attention strips the module it writes, a few kilobytes of text through a regex)."""
     return _LOC_SUFFIX.sub("", text)

@@ -1,6 +1,8 @@
 """Turn traced expressions into MLIR region bodies and whole L0 modules (text, generic form)."""
 from __future__ import annotations
 
+import functools
+
 from ..core.regions import TextEmitter, float_literal, strip_locations
 from .locations import SourceLoc
 from .trace import F32, I1, INDEX, Expr
@@ -32,6 +34,13 @@ def mlir_elt(dtype) -> str:
 
 
 def tensor_type(shape, elt: str) -> str:
+    return _tensor_type(tuple(shape), elt)
+
+
+# Cached: every call writes its module's types anew, and a call's Python path is part of what a
+# short CPU kernel call costs.
+@functools.lru_cache(maxsize=1024)
+def _tensor_type(shape: tuple, elt: str) -> str:
     dims = "x".join(str(int(d)) for d in shape)
     return f"tensor<{dims}x{elt}>" if dims else f"tensor<{elt}>"
 

@@ -390,7 +390,8 @@ def _flatten(obj):
 def trace(fn, mod_name: str, arg_types: list[str], state: TraceState | None = None) -> tuple[Expr, TraceState]:
     """Run `fn` once on symbolic arguments; return its result expression and the trace state."""
     state = state or TraceState(mod_name)
-    args = [Sym(Expr("arg", ty, value=i), state) for i, ty in enumerate(arg_types)]
+    loc = user_location()  # the arguments' (the call's), found once rather than per argument
+    args = [Sym(Expr("arg", ty, value=i, loc=loc), state) for i, ty in enumerate(arg_types)]
     try:
         out = fn(*args)
     except TraceError:
