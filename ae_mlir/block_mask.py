@@ -36,19 +36,21 @@ _CACHE: dict = {}
 
 def call_time_tables(program_json: str, operands: list, seq_q: int, seq_k: int, block_m: int, block_n: int,
                      device, layout: str = "forward") -> list:
-    """`classify_program`, cached per program, shape, blocks, device and the identities and
-    versions of the closure tensors it reads, so calling the same attention again (the common
-    case: the same document ids for many layers) costs nothing; changing a closure tensor in
-    place bumps its version and reclassifies."""
+    """`classify_program`, cached per program, shape, blocks, device and the memory and versions
+    of the closure tensors it reads, so calling the same attention again (the common case: the
+    same document ids for many layers, and a training step's forward and backward) costs
+    nothing; changing a closure tensor in place bumps its version and reclassifies. The memory
+    (address, sizes, strides), not the Python object, names a tensor: autograd hands the kernels
+    a new detached view of the same tensor at each call, which shares its version counter."""
     program = _program(program_json)
     reads = tuple(operands[s[1]] for s in program.sources if s[0] == "operand")
     key = (program_json, seq_q, seq_k, block_m, block_n, str(device), layout,
-           tuple((id(t), t._version) for t in reads))
+           tuple((str(t.device), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version) for t in reads))
     entry = _CACHE.get(key)
     if entry is None:
         if len(_CACHE) > 64:
             _CACHE.clear()
-        # The entry holds the closure tensors: while it lives, no other tensor can take their ids.
+        # The entry holds the closure tensors: while it lives, no other tensor can take their memory.
         entry = _CACHE[key] = (reads, classify_program(program, operands, seq_q, seq_k, block_m, block_n, device,
                                                        layout))
     return entry[1]

@@ -119,7 +119,7 @@ class PresetOptions:
     target: str
     block_m: int = 64              # attn-tile: query rows per program (linear: the chunk)
     block_n: int = 64              # attn-tile: keys per KV tile
-    call_time_tables: bool = True  # attn-tile: closure-reading masks classified per call
+    call_time_tables: bool = True  # attn-tile(-backward): closure-reading masks classified per call
     kv_splits: int = 1             # attn-tile: programs per query block over its KV tiles (decoding)
     pack_gqa: bool = False         # attn-tile: a KV head's query heads in one tile (decoding)
     whole_tiles: bool = True       # attn-tile(-backward): whole tiles as static slices (see WHOLE_TILES)
@@ -287,7 +287,7 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                  f"attn-tile-backward{{block-m={o.block_m} block-n={o.block_n} dkdv-block-m={o.dkdv_block_m} "
                  f"dkdv-block-n={o.dkdv_block_n} whole-tiles={_flag(o.whole_tiles)} "
                  f"closure-grads={_flag(o.closure_grads)} "
-                 f"call-time-tables={_flag(o.call_time_tables and preset == 'triton')}}}", fold]
+                 f"call-time-tables={_flag(o.call_time_tables)}}}", fold]
     else:
         to_l1 = ["attn-verify", "attn-fuse-online-softmax",
                  f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",

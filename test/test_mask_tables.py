@@ -19,6 +19,7 @@ from ae_mlir.core.block_tables import classify
 from ae_mlir.core.context import new_context, parse_module
 from ae_mlir.core.regions import ScalarProgram, from_region
 from ae_mlir.passes import build_pass_manager
+from ae_mlir.core import abi
 from ae_mlir.core.abi import MASK_PROGRAM
 from bundle_interp import interpret
 from inputs import qkv
@@ -279,3 +280,67 @@ def test_backward_layouts_equal_the_compile_time_lists(lq, lk, bm, bn):
     for layout, want in (("dq", (partial, full)), ("dkdv", (_transposed(partial, nn), _transposed(full, nn)))):
         got = classify(keep, 1, 1, lq, lk, bm, bn, full_width=True, layout=layout).as_lists()
         assert got == want, layout
+
+
+def _document_training(lq: int):
+    """A causal document mask over ragged documents (tiles full, partial and empty at the
+    CPU preset's 64 x 64 backward tiles, the last ones ragged) and inputs that take gradients."""
+    gen = torch.Generator().manual_seed(3)
+    doc = torch.sort(torch.randint(0, 4, (lq,), generator=gen)).values
+
+    def doc_causal(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    q, k, v = (t.requires_grad_() for t in qkv(b=2, h=2, lq=lq, dk=16, seed=4))
+    return ae.attention(mask_mod=doc_causal), doc, (q, k, v)
+
+
+def _gradients(attn, q, k, v, d_out, backend: str):
+    if backend == "reference":
+        q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+        d_out = d_out.double()
+    out = attn(q, k, v, backend=backend)
+    return torch.autograd.grad(out, (q, k, v), d_out)
+
+
+def test_cpu_backward_kernels_take_call_time_tables_and_match_float64():
+    # The backward kernels walk the tiles a call's tables list (dQ per query block, dK/dV per KV
+    # block), as the Triton ones do; a change of the document ids in place reclassifies.
+    from ae_mlir.backends import cpu
+
+    attn, doc, (q, k, v) = _document_training(lq=200)
+    d_out = torch.randn(2, 2, 200, 16, generator=torch.Generator().manual_seed(5))
+    for step in range(2):
+        got = _gradients(attn, q, k, v, d_out, "cpu")
+        want = _gradients(attn, q, k, v, d_out, "reference")
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.double(), w, atol=2e-5, rtol=2e-5)
+        doc[100:] = 9  # one long last document: other tiles kept and cut
+    text = attn.mlir(q.detach(), k.detach(), v.detach())
+    for part in ("dq", "dkdv"):
+        kernel = cpu.compile_module(text, backward=part)
+        reads, _ = abi.backward_roles(part)
+        assert kernel.mask_program is not None, part
+        assert len(kernel.inputs) == 4 + len(reads) + 4, part  # q, k, v, doc, the reads, four tables
+        assert [spec.elt for spec in kernel.inputs[-4:]] == ["i32"] * 4, part
+
+
+def test_a_training_step_classifies_a_closure_mask_once(monkeypatch):
+    # The forward and both backward kernels get their tables from the cache on later steps:
+    # autograd hands the kernels new detached views of the document ids at every call.
+    attn, _, (q, k, v) = _document_training(lq=130)
+    d_out = torch.randn(2, 2, 130, 16)
+    _gradients(attn, q, k, v, d_out, "cpu")
+    layouts = []
+    classify_program = block_mask.classify_program
+
+    def counted(program, operands, *args):
+        layouts.append(args[-1])
+        return classify_program(program, operands, *args)
+
+    monkeypatch.setattr(block_mask, "classify_program", counted)
+    _gradients(attn, q, k, v, d_out, "cpu")
+    assert layouts == []
+    block_mask._CACHE.clear()
+    _gradients(attn, q, k, v, d_out, "cpu")
+    assert sorted(layouts) == ["dkdv", "dq", "forward"]

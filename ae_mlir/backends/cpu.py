@@ -121,10 +121,16 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         outputs = [_spec(t) for t in abi.result_types(kernel)]
         accumulated = {i: role for i, role in enumerate(abi.arg_roles(kernel)[-n_results:]) if abi.is_closure_grad(role)}
         name = report.name = abi.name(kernel)
-    # A mask that reads closure tensors is classified per call (block_mask); its four tile
-    # tables follow the inputs.
-    inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
-    lowered = _Lowered(module, name, inputs, outputs, options.block_m, options.block_n, abi.mask_program(kernel),
+        # A backward kernel's call-time tables (abi.backward_table_roles) are among its inputs,
+        # classified over its own blocks: the dK/dV kernel's may differ from the dQ kernel's.
+        blocks = (options.block_m, options.block_n) if backward == "dq" else (
+            options.dkdv_block_m or options.block_m, options.dkdv_block_n or options.block_n)
+    else:
+        # A mask that reads closure tensors is classified per call (block_mask); its four tile
+        # tables follow the inputs.
+        inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
+        blocks = (options.block_m, options.block_n)
+    lowered = _Lowered(module, name, inputs, outputs, *blocks, abi.mask_program(kernel),
                        math.prod(abi.grid(kernel)), accumulated)
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
@@ -424,6 +430,14 @@ def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, ki
         inputs = [tensors[r] for r in first + list(reads)]
         unit = all(_unit_inner_stride(t) for t in inputs)
         kernel = compile_module(module_text, unit_inner_stride=unit, backward=part, closure_grads=closure_grads)
+        if kernel.mask_program is not None:
+            # A mask that reads closure tensors: the tiles this kernel visits, classified per call
+            # in its layout (dQ: per query block; dK/dV: per KV block) at its blocks.
+            from ..block_mask import call_time_tables
+
+            operands = [tensors[r] for r in first]
+            inputs += call_time_tables(kernel.mask_program, operands, tensors["q"].shape[2], tensors["k"].shape[2],
+                                       kernel.block_m, kernel.block_n, "cpu", part)
         n_writes = len(writes)
         results = kernel(inputs)
         tensors.update(zip(writes, results[:n_writes]))
