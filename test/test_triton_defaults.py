@@ -234,3 +234,51 @@ def test_a_machine_without_mlir_runs_the_calls_a_compile_prepared(tmp_path, monk
                             timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [bundle.key, backward_key, repr(backward), "0.0", "CompileError True"]
+
+
+def test_a_machine_without_mlir_trains_with_the_derivative_a_compile_recorded(tmp_path, monkeypatch):
+    """Autograd through `ae.attention` needs the variant's derivative (which backward kernels,
+    which closure tensors get gradients), built by parsing the module: a machine that compiles
+    records it beside the kernels, and one without the MLIR bindings reads that record, the same
+    derivative; without a record it says what to do instead of failing to import."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from ae_mlir.frontend.backward import Derivative
+
+    monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path / "cache"))
+    slopes = torch.tensor([0.5, 0.25])
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    _, text, _ = _documents_call(lambda doc: lambda b, h, q, kv: doc[q] == doc[kv])
+    recorded, missing = (attn.mlir(*qkv(b=1, h=2, lq=lq, dk=16)) for attn, lq in (
+        (ae.attention(score_mod=alibi, mask_mod=lambda b, h, q, kv: q >= kv), 70), (ae.attention(), 90)))
+    Derivative.of.cache_clear()
+    derivatives = [Derivative.of(t) for t in (text, recorded)]
+    assert derivatives[1].closure_grads and derivatives[1].score_mod_grad is not None
+    torch.save({"texts": [text, recorded], "missing": missing}, tmp_path / "texts.pt")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent(f"""
+        import pickle, sys
+        sys.modules["mlir"] = None
+        import torch
+        from ae_mlir.core.context import CompileError
+        from ae_mlir.frontend.backward import Derivative
+        texts = torch.load({str(tmp_path / "texts.pt")!r})
+        sys.stdout.buffer.write(pickle.dumps([Derivative.of(t) for t in texts["texts"]]))
+        try:
+            Derivative.of(texts["missing"])
+        except CompileError as err:
+            sys.stderr.write("CompileError " + str("ship the cache" in str(err)))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, env=dict(os.environ, AE_MLIR_QUIET="1"),
+                            capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr.decode()
+    import pickle
+
+    assert pickle.loads(result.stdout) == derivatives
+    assert result.stderr.decode().endswith("CompileError True")

@@ -47,7 +47,19 @@ class Derivative:
     @functools.lru_cache(maxsize=64)
     def of(text: str) -> "Derivative":
         """The derivative of the forward module `text`; `CompileError` when attn-differentiate
-        cannot build it."""
+        cannot build it. Building it parses the module, so a machine with the MLIR bindings also
+        records it in the cache (`<cache_dir>/derivatives/`), beside the kernels it compiles; a
+        machine without them, which runs kernels compiled elsewhere, reads that record."""
+        try:
+            import mlir  # noqa: F401
+        except ImportError:
+            return _recorded(text)
+        derivative = Derivative._differentiate(text)
+        _record(text, derivative)
+        return derivative
+
+    @staticmethod
+    def _differentiate(text: str) -> "Derivative":
         from ..core.context import new_context, parse_module
         from ..core.regions import from_region
         from ..passes import create_pass
@@ -240,3 +252,56 @@ def _online_backward(block: _Block, modded, visible, d_probs, zero):
         d_m = torch.where(visible & ~unseen, d_m, zero).sum(dim=-1, keepdim=True)
         d_modded = d_modded.scatter_add(-1, masked.argmax(dim=-1, keepdim=True), d_m)
     return probs, d_modded
+
+
+def _derivative_path(text: str):
+    from .. import runtime
+    from ..core.regions import strip_locations
+    from ..disk_cache import cache_dir
+
+    return cache_dir() / "derivatives" / f"{runtime.cache_key(strip_locations(text), 'derivative', {})}.json"
+
+
+def _program_json(program: ScalarProgram | None):
+    return None if program is None else program.to_json()
+
+
+def _program(data: str | None) -> ScalarProgram | None:
+    return None if data is None else ScalarProgram.from_json(data)
+
+
+def _record(text: str, derivative: Derivative) -> None:
+    """Write the derivative's record, where its programs serialize (each reads only closure
+    tensors and constants) and the cache is writable; otherwise a machine without the MLIR
+    bindings cannot train this attention, and says so (`_recorded`)."""
+    import json
+
+    from ..disk_cache import atomic_write
+
+    d = derivative
+    try:
+        data = {"kind": d.kind, "stat": d.stat, "score_mod": _program_json(d.score_mod), "mask": _program_json(d.mask),
+                "normalizer": [_program_json(p) for p in d.normalizer],
+                "score_mod_grad": _program_json(d.score_mod_grad),
+                "closure_grads": [[position, p.to_json()] for position, p in d.closure_grads],
+                "closures": list(d.closures)}
+        atomic_write(_derivative_path(text), json.dumps(data))
+    except (ValueError, OSError):
+        pass
+
+
+def _recorded(text: str) -> Derivative:
+    import json
+
+    from ..core.context import CompileError
+
+    try:
+        data = json.loads(_derivative_path(text).read_text())
+    except (OSError, ValueError):
+        raise CompileError("the MLIR bindings are not installed to differentiate this attention and no machine "
+                           "that compiled its kernels recorded its derivative in this cache; run the backward "
+                           "once where ae-mlir compiles (it records it beside the kernels) and ship the cache")
+    return Derivative(data["kind"], data["stat"], _program(data["score_mod"]), _program(data["mask"]),
+                      tuple(_program(p) for p in data["normalizer"]), _program(data["score_mod_grad"]),
+                      tuple((int(position), _program(p)) for position, p in data["closure_grads"]),
+                      tuple(int(c) for c in data["closures"]))

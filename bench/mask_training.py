@@ -1,0 +1,124 @@
+"""Training steps through the API on the GPU with a mask read at call time (the catalogue's causal
+document mask, its ids a closure tensor): `torch.autograd.grad(attn(q, k, v), (q, k, v), dO)` with
+q, k, v requiring grad, beside FlexAttention's (its BlockMask built once, outside the step, as its
+users do), bf16, H=16 D=128, in the same process.
+
+    python bench/mask_training.py build --out bench/bundles/mask_training   # here: a kernel cache
+    python bench/mask_training.py run --bundles bench/bundles/mask_training --out DIR   # GPU
+
+`build` fills a kernel cache (AE_MLIR_CACHE_DIR) with what the run's calls need on a machine
+without the MLIR bindings: the forward and backward bundles at the tiles the document mask takes,
+the problem each module poses and the variant's derivative. `run` times each step (median of
+`triton.testing.do_bench`): ae-mlir's as users call it; ae-mlir's again with the tile-table cache
+emptied before each classification ("reclassified", how the API ran before 2026-12-04, when the
+detached views autograd hands the kernels missed the cache at every call: a forward and two
+backward classifications a step); FlexAttention's. ae-mlir's and FlexAttention's forward alone too
+(without grad).
+Gradients of batch 0 against float32 autograd through the materialized attention
+(`suite.attention_reference`), as the largest error relative to the largest gradient.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
+import suite  # noqa: E402
+
+HEADS, DIM, TOKENS = 16, 128, 16384
+LENGTHS = (2048, 8192)
+
+
+def _case(length: int) -> suite.Case:
+    return suite.Case(part="catalogue", variant="document", dtype="bfloat16", batch=TOKENS // length, heads=HEADS,
+                      seq=length, dim=DIM)
+
+
+def build(out: str) -> None:
+    os.environ["AE_MLIR_CACHE_DIR"] = os.path.abspath(out)
+    import torch
+
+    from ae_mlir import runtime
+    from ae_mlir.backends import call_time_tiles as ctt
+    from ae_mlir.backends import triton as tb
+    from ae_mlir.frontend.backward import Derivative
+
+    runtime.CACHE.clear_memory()
+    for length in LENGTHS:
+        attn, shape = suite.softmax_problem(_case(length), "cpu")
+        q, k, v = (torch.zeros(t.shape, dtype=torch.bfloat16) for t in suite.meta_like(shape, "bfloat16"))
+        text, captures = attn._prepare(q, k, v)
+        grads = bool(Derivative.of(text).closure_grads)
+        tb._default_bundle(text, "cuda:90", [q, k, v, *captures])
+        roles = dict(zip(("q", "k", "v"), (q, k, v)), **{f"c{i}": t for i, t in enumerate(captures)})
+        tiles = ctt.backward_call_time_tiles(text, "cuda:90", roles)
+        tb.get_backward_bundle(text, "cuda:90", closure_grads=grads, tiles=tiles)
+        print("built", length, tiles, flush=True)
+
+
+def _error(got, want) -> float:
+    return float((got.float() - want).abs().max() / want.abs().max())
+
+
+def _reference(attn, q, k, v, d_out):
+    """dq, dk, dv of batch 0 from float32 autograd through the materialized attention."""
+    import torch
+
+    leaves = [t[:1].detach().float().requires_grad_() for t in (q, k, v)]
+    out = suite.attention_reference(attn, *leaves, torch.arange(q.shape[2], device=q.device))
+    return torch.autograd.grad(out, leaves, d_out[:1].float())
+
+
+class _Forgetful(dict):
+    """A tile-table cache that keeps nothing: every classification runs again."""
+
+    def __setitem__(self, key, value):
+        pass
+
+
+def run(bundles: str, out_dir: str) -> None:
+    os.environ["AE_MLIR_CACHE_DIR"] = os.path.abspath(bundles)
+    import torch
+
+    from ae_mlir import block_mask
+
+    device = torch.device("cuda")
+    doc = harness.results_doc(out_dir, __doc__, heads=HEADS, dim=DIM, tokens=TOKENS, dtype="bfloat16")
+    for length in LENGTHS:
+        case = _case(length)
+        attn, shape = suite.softmax_problem(case, device)
+        q, k, v = (t.requires_grad_() for t in suite.softmax_inputs(shape, "bfloat16", device))
+        d_out = torch.randn(q.shape, dtype=q.dtype, device=device)
+        kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device)
+        rec = {"batch": case.batch, "seq": length, "kept_fraction": kept,
+               "step_flops": 3.5 * suite.softmax_flops(shape, kept), "results": {}}
+        want = _reference(attn, q, k, v, d_out)
+        flex = suite.flex_callable(attn, shape, device)
+        for label, fn in (("ae_mlir", attn), ("ae_mlir_reclassified", attn), ("flex_attention", flex)):
+            cache = block_mask._CACHE
+            if label == "ae_mlir_reclassified":
+                block_mask._CACHE = _Forgetful()
+            try:
+                grads = torch.autograd.grad(fn(q, k, v), (q, k, v), d_out)
+                step = harness.bench_ms(lambda fn=fn: torch.autograd.grad(fn(q, k, v), (q, k, v), d_out))
+                result = {"step_ms": step, "step_tflops": rec["step_flops"] / (step * 1e-3) / 1e12,
+                          "max_rel_err": max(_error(g[:1], w) for g, w in zip(grads, want))}
+                if label != "ae_mlir_reclassified":  # a call without grad kept its tables before too
+                    with torch.no_grad():
+                        result["forward_ms"] = harness.bench_ms(lambda fn=fn: fn(q, k, v))
+                rec["results"][label] = result
+            except Exception as exc:
+                rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            finally:
+                block_mask._CACHE = cache
+        doc["cases"].append(rec)
+        print(rec, flush=True)
+        harness.save(doc, out_dir, "mask-training.json")
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(__doc__, build, run, "mask_training"))
