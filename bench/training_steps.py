@@ -1,16 +1,17 @@
-"""Training steps through the API on the GPU with a mask read at call time (the catalogue's causal
-document mask, its ids a closure tensor): `torch.autograd.grad(attn(q, k, v), (q, k, v), dO)` with
-q, k, v requiring grad, beside FlexAttention's (its BlockMask built once, outside the step, as its
-users do), bf16, H=16 D=128, in the same process.
+"""Training steps through the API on the GPU, as users run them: `torch.autograd.grad(attn(q, k,
+v), (q, k, v), dO)` with q, k, v requiring grad, for causal attention and for a mask read at call
+time (the catalogue's causal document mask, its ids a closure tensor), beside FlexAttention's (its
+BlockMask built once, outside the step, as its users do) and, for causal attention, torch SDPA's
+(its default choice, and cuDNN's), bf16, B*L = 16384, H=16 D=128, in the same process.
 
-    python bench/mask_training.py build --out bench/bundles/mask_training   # here: a kernel cache
-    python bench/mask_training.py run --bundles bench/bundles/mask_training --out DIR   # GPU
+    python bench/training_steps.py build --out bench/bundles/training_steps   # here: a kernel cache
+    python bench/training_steps.py run --bundles bench/bundles/training_steps --out DIR   # GPU
 
 `build` fills a kernel cache (AE_MLIR_CACHE_DIR) with what the run's calls need on a machine
 without the MLIR bindings: the forward and backward bundles at the tiles the document mask takes,
 the problem each module poses and the variant's derivative. `run` times each step (median of
-`triton.testing.do_bench`): ae-mlir's as users call it; ae-mlir's again with the tile-table cache
-emptied before each classification ("reclassified", how the API ran before 2026-12-04, when the
+`triton.testing.do_bench`): ae-mlir's as users call it; for the document mask, ae-mlir's again
+with the tile-table cache emptied before each classification ("reclassified", how the API ran before 2026-12-04, when the
 detached views autograd hands the kernels missed the cache at every call: a forward and two
 backward classifications a step); FlexAttention's. ae-mlir's and FlexAttention's forward alone too
 (without grad).
@@ -31,11 +32,16 @@ import suite  # noqa: E402
 
 HEADS, DIM, TOKENS = 16, 128, 16384
 LENGTHS = (2048, 8192)
+VARIANTS = ("causal", "document")
 
 
-def _case(length: int) -> suite.Case:
-    return suite.Case(part="catalogue", variant="document", dtype="bfloat16", batch=TOKENS // length, heads=HEADS,
+def _case(variant: str, length: int) -> suite.Case:
+    return suite.Case(part="catalogue", variant=variant, dtype="bfloat16", batch=TOKENS // length, heads=HEADS,
                       seq=length, dim=DIM)
+
+
+def _cases():
+    return [(variant, length) for variant in VARIANTS for length in LENGTHS]
 
 
 def build(out: str) -> None:
@@ -48,8 +54,8 @@ def build(out: str) -> None:
     from ae_mlir.frontend.backward import Derivative
 
     runtime.CACHE.clear_memory()
-    for length in LENGTHS:
-        attn, shape = suite.softmax_problem(_case(length), "cpu")
+    for variant, length in _cases():
+        attn, shape = suite.softmax_problem(_case(variant, length), "cpu")
         q, k, v = (torch.zeros(t.shape, dtype=torch.bfloat16) for t in suite.meta_like(shape, "bfloat16"))
         text, captures = attn._prepare(q, k, v)
         grads = bool(Derivative.of(text).closure_grads)
@@ -57,7 +63,7 @@ def build(out: str) -> None:
         roles = dict(zip(("q", "k", "v"), (q, k, v)), **{f"c{i}": t for i, t in enumerate(captures)})
         tiles = ctt.backward_call_time_tiles(text, "cuda:90", roles)
         tb.get_backward_bundle(text, "cuda:90", closure_grads=grads, tiles=tiles)
-        print("built", length, tiles, flush=True)
+        print("built", variant, length, tiles, flush=True)
 
 
 def _error(got, want) -> float:
@@ -71,6 +77,20 @@ def _reference(attn, q, k, v, d_out):
     leaves = [t[:1].detach().float().requires_grad_() for t in (q, k, v)]
     out = suite.attention_reference(attn, *leaves, torch.arange(q.shape[2], device=q.device))
     return torch.autograd.grad(out, leaves, d_out[:1].float())
+
+
+def _sdpa(backend: str | None):
+    """torch SDPA's causal attention, with its default backend choice or the one named."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def run(q, k, v):
+        if backend is None:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return run
 
 
 class _Forgetful(dict):
@@ -88,17 +108,22 @@ def run(bundles: str, out_dir: str) -> None:
 
     device = torch.device("cuda")
     doc = harness.results_doc(out_dir, __doc__, heads=HEADS, dim=DIM, tokens=TOKENS, dtype="bfloat16")
-    for length in LENGTHS:
-        case = _case(length)
+    for variant, length in _cases():
+        case = _case(variant, length)
         attn, shape = suite.softmax_problem(case, device)
         q, k, v = (t.requires_grad_() for t in suite.softmax_inputs(shape, "bfloat16", device))
         d_out = torch.randn(q.shape, dtype=q.dtype, device=device)
         kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device)
-        rec = {"batch": case.batch, "seq": length, "kept_fraction": kept,
+        rec = {"variant": variant, "batch": case.batch, "seq": length, "kept_fraction": kept,
                "step_flops": 3.5 * suite.softmax_flops(shape, kept), "results": {}}
         want = _reference(attn, q, k, v, d_out)
-        flex = suite.flex_callable(attn, shape, device)
-        for label, fn in (("ae_mlir", attn), ("ae_mlir_reclassified", attn), ("flex_attention", flex)):
+        runs = [("ae_mlir", attn)]
+        if variant == "document":
+            runs.append(("ae_mlir_reclassified", attn))
+        runs.append(("flex_attention", suite.flex_callable(attn, shape, device)))
+        if variant == "causal":
+            runs += [("sdpa", _sdpa(None)), ("sdpa_cudnn", _sdpa("CUDNN_ATTENTION"))]
+        for label, fn in runs:
             cache = block_mask._CACHE
             if label == "ae_mlir_reclassified":
                 block_mask._CACHE = _Forgetful()
@@ -117,8 +142,8 @@ def run(bundles: str, out_dir: str) -> None:
                 block_mask._CACHE = cache
         doc["cases"].append(rec)
         print(rec, flush=True)
-        harness.save(doc, out_dir, "mask-training.json")
+        harness.save(doc, out_dir, "training-steps.json")
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(__doc__, build, run, "mask_training"))
+    sys.exit(harness.main(__doc__, build, run, "training_steps"))
