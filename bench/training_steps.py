@@ -14,7 +14,8 @@ the problem each module poses and the variant's derivative. `run` times each ste
 with the tile-table cache emptied before each classification ("reclassified", how the API ran before 2026-12-04, when the
 detached views autograd hands the kernels missed the cache at every call: a forward and two
 backward classifications a step); FlexAttention's. ae-mlir's and FlexAttention's forward alone too
-(without grad).
+(without grad). `--variants causal,document` picks the cases of either mode; `--profile` adds each
+implementation's kernels with their mean time a step (torch.profiler).
 Gradients of batch 0 against float32 autograd through the materialized attention
 (`suite.attention_reference`), as the largest error relative to the largest gradient.
 """
@@ -32,7 +33,8 @@ import suite  # noqa: E402
 
 HEADS, DIM, TOKENS = 16, 128, 16384
 LENGTHS = (2048, 8192)
-VARIANTS = ("causal", "document")
+VARIANTS = ["causal", "document"]
+PROFILE = False  # --profile: also each implementation's kernels and their mean times a step
 
 
 def _case(variant: str, length: int) -> suite.Case:
@@ -135,6 +137,9 @@ def run(bundles: str, out_dir: str) -> None:
                 if label != "ae_mlir_reclassified":  # a call without grad kept its tables before too
                     with torch.no_grad():
                         result["forward_ms"] = harness.bench_ms(lambda fn=fn: fn(q, k, v))
+                if PROFILE:
+                    result["kernels_us"] = harness.kernel_times(
+                        lambda fn=fn: torch.autograd.grad(fn(q, k, v), (q, k, v), d_out))
                 rec["results"][label] = result
             except Exception as exc:
                 rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
@@ -145,5 +150,22 @@ def run(bundles: str, out_dir: str) -> None:
         harness.save(doc, out_dir, "training-steps.json")
 
 
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
+    parser.add_argument("--profile", action="store_true")
+    known, rest = parser.parse_known_args(argv)
+    global PROFILE
+    PROFILE = known.profile
+    chosen = [c for c in known.variants.split(",") if c]
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; expected some of {VARIANTS}")
+    VARIANTS[:] = chosen
+    return harness.main(__doc__, build, run, "training_steps", rest)
+
+
 if __name__ == "__main__":
-    sys.exit(harness.main(__doc__, build, run, "training_steps"))
+    sys.exit(main())
