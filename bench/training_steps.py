@@ -14,7 +14,8 @@ the problem each module poses and the variant's derivative. `run` times each ste
 with the tile-table cache emptied before each classification ("reclassified", how the API ran before 2026-12-04, when the
 detached views autograd hands the kernels missed the cache at every call: a forward and two
 backward classifications a step); FlexAttention's. ae-mlir's and FlexAttention's forward alone too
-(without grad). `--variants causal,document` picks the cases of either mode; `--profile` adds each
+(without grad), and each step captured in a CUDA graph and replayed (`graph_step_ms`: the GPU's time
+without the host's). `--variants causal,document` picks the cases of either mode; `--profile` adds each
 implementation's kernels with their mean time a step (torch.profiler).
 Gradients of batch 0 against float32 autograd through the materialized attention
 (`suite.attention_reference`), as the largest error relative to the largest gradient.
@@ -95,6 +96,31 @@ def _sdpa(backend: str | None):
     return run
 
 
+def _graphed(fn, q, k, v, d_out, want) -> dict:
+    """The step captured in a CUDA graph and replayed (no host work per step): its median ms and
+    the replayed gradients' error, or why it could not be captured."""
+    import torch
+
+    def step():
+        return torch.autograd.grad(fn(q, k, v), (q, k, v), d_out)
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch's CUDA graph docs do
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            grads = step()
+        graph.replay()
+        return {"graph_step_ms": harness.bench_ms(graph.replay),
+                "graph_max_rel_err": max(_error(g[:1], w) for g, w in zip(grads, want))}
+    except Exception as exc:
+        return {"graph_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
 class _Forgetful(dict):
     """A tile-table cache that keeps nothing: every classification runs again."""
 
@@ -137,6 +163,8 @@ def run(bundles: str, out_dir: str) -> None:
                 if label != "ae_mlir_reclassified":  # a call without grad kept its tables before too
                     with torch.no_grad():
                         result["forward_ms"] = harness.bench_ms(lambda fn=fn: fn(q, k, v))
+                if label != "ae_mlir_reclassified":
+                    result.update(_graphed(fn, q, k, v, d_out, want))
                 if PROFILE:
                     result["kernels_us"] = harness.kernel_times(
                         lambda fn=fn: torch.autograd.grad(fn(q, k, v), (q, k, v), d_out))
