@@ -87,6 +87,48 @@ def test_a_thread_that_finishes_early_takes_more_pieces(monkeypatch):
     assert sum(ident != slow for ident in ran_by.values()) == 7
 
 
+def test_a_piece_that_raises_raises_in_the_caller_after_the_others_finish(monkeypatch):
+    # Whichever thread runs the failing piece, the call raises its error, and only once every
+    # other piece has returned: the caller may free what the pieces write into.
+    monkeypatch.setenv(THREADS, "2")
+    for failing in (0, 7):
+        done = []
+
+        def call(first, last, failing=failing):
+            if first == failing:
+                raise ZeroDivisionError(f"piece {first}")
+            done.append(first)
+
+        with pytest.raises(ZeroDivisionError, match=f"piece {failing}"):
+            cpu_threads.run(call, 8, per_thread=4)
+        assert sorted(done) == [p for p in range(8) if p != failing]
+    seen = []
+    cpu_threads.run(lambda first, last: seen.append(first), 8)  # the pool still serves calls
+    assert sorted(seen) == list(range(8))
+
+
+def test_calls_from_several_threads_share_the_pool(monkeypatch):
+    # Two callers at once: one waits for the pool threads the other holds, and each gets the
+    # outputs a call alone gives.
+    monkeypatch.setenv(THREADS, "2")
+    attn, (q, k, v) = ATTENTION_CASES["causal"]()
+    alone = attn(q, k, v, backend="cpu")
+    results, errors = [None] * 4, []
+
+    def caller(i):
+        try:
+            results[i] = attn(q, k, v, backend="cpu")
+        except Exception as err:  # noqa: BLE001 -- reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and all(torch.equal(r, alone) for r in results)
+
+
 # --- bit-identical outputs ---------------------------------------------------------------------------
 
 
