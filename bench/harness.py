@@ -75,6 +75,16 @@ def main(description: str, build, run, bundles: str, argv=None) -> int:
     return 0
 
 
+def pick(parser, names: list, given: str, what: str) -> None:
+    """Narrow `names` in place to the comma-separated `given`, in its order; an unknown name is
+    the parser's error."""
+    chosen = [c for c in given.split(",") if c]
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        parser.error(f"unknown {what} {unknown}; expected some of {names}")
+    names[:] = chosen
+
+
 def results_doc(out_dir: str, method: str, **fields) -> dict:
     """The results document of a run on this GPU (its name, the torch and triton versions, the
     date, how it was measured, and `fields`), with an empty "cases" list to fill; makes out_dir."""

@@ -152,11 +152,7 @@ def main(argv=None) -> int:
     known, rest = parser.parse_known_args(argv)
     global PROFILE, PEERS
     PROFILE, PEERS = known.profile, not known.no_peers
-    chosen = [c for c in known.cases.split(",") if c]
-    unknown = sorted(set(chosen) - set(CASES))
-    if unknown:
-        parser.error(f"unknown cases {unknown}; expected some of {CASES}")
-    CASES[:] = chosen
+    harness.pick(parser, CASES, known.cases, "cases")
     return harness.main(__doc__, build, run, "linear_backward", rest)
 
 

@@ -187,11 +187,7 @@ def main(argv=None) -> int:
     known, rest = parser.parse_known_args(argv)
     global PROFILE
     PROFILE = known.profile
-    chosen = [c for c in known.variants.split(",") if c]
-    unknown = sorted(set(chosen) - set(VARIANTS))
-    if unknown:
-        parser.error(f"unknown variants {unknown}; expected some of {VARIANTS}")
-    VARIANTS[:] = chosen
+    harness.pick(parser, VARIANTS, known.variants, "variants")
     return harness.main(__doc__, build, run, "training_steps", rest)
 
 
