@@ -207,12 +207,12 @@ class KernelBuilder:
             return self.kernel_args[ir.BlockArgument(value).arg_number]
         raise fail(self.op, f"{what} must be an argument of the enclosing function")
 
-    def inline(self, region, args: list, constants_first: bool = False, result: int = 0):
+    def inline(self, region, args: list, constants_first: bool = False, result: int = 0, created: list | None = None):
         """Clone the ops of a one-block mod region at the insertion point, its block arguments
         bound to `args`; returns the image of the value it yields (of its `result`-th one). Of the outer values it reads,
         the replaced function's arguments become the kernel's and constants are cloned here:
         where first read, or with `constants_first` all before the region's ops, in the order
-        they are first read."""
+        they are first read. The clones are appended to `created`, if given."""
 
         block = region.blocks[0]
         images = dict(zip(block.arguments, args))
@@ -220,7 +220,10 @@ class KernelBuilder:
         def image(value):
             if value not in images:
                 if constant_op(value) is not None:
-                    images[value] = constant_op(value).clone().result
+                    clone = constant_op(value).clone()
+                    images[value] = clone.result
+                    if created is not None:
+                        created.append(clone)
                 else:
                     images[value] = self.kernel_arg(value, "a value a region reads (other than a constant)")
             return images[value]
@@ -241,7 +244,31 @@ class KernelBuilder:
             for i, value in enumerate(operands):
                 clone.operands[i] = value
             images.update(zip(operation.results, clone.results))
+            if created is not None:
+                created.append(clone)
         raise fail(self.op, "a mod region must end with gpu.yield")
+
+    def inline_on_score(self, region, raw, scale: float, args: list, factor: float | None = None):
+        """The mod `region` (a score_mod, or its gradient) on the score raw * scale, its other
+        block arguments bound to `args`, with the mod's products and quotients of the score by
+        constants read from `raw` with the constant in the scale (a soft cap's s / c: one
+        multiply instead of a multiply and a divide per score); with `factor`, factor times its
+        value, the factor distributed through it (`scaled_mods`: the log2-domain softmax's
+        log2(e) rides on the score's scale and the mod's constants instead of costing a multiply
+        per score)."""
+        from mlir.dialects import arith
+
+        from .scaled_mods import rewrite
+
+        created = []
+        score = raw
+        if scale != 1.0:
+            factor_value = f32(scale)
+            score = arith.mulf(raw, factor_value)
+            created = [factor_value.owner.operation, score.owner.operation]
+        value = self.inline(region, [score] + args, created=created)
+        floats = [a for a in args if not isinstance(a, (int, float)) and str(a.type) == "f32"]
+        return rewrite(value, score, lambda k: arith.mulf(raw, f32(scale * k)), created, factor, floats)
 
     def generic(self, ins: list[tuple], out_type, body, rank: int = 2, iterators: list[str] | None = None,
                 init=None, out_dims: tuple[int, ...] | None = None):

@@ -292,7 +292,8 @@ class _Kernel(RowSources, KernelBuilder):
         bounded = masked or self.kv_len is not None
 
         def scores(a):
-            x = a[0] if self.prescale_q else arith.mulf(a[0], f32(self.score_scale))
+            fold = score_mod is not None and self.log2
+            x = a[0] if self.prescale_q or fold else arith.mulf(a[0], f32(self.score_scale))
             if score_mod is not None or mask is not None or bounded:
                 i = linalg.IndexOp(0).result
                 j = linalg.IndexOp(1).result
@@ -302,10 +303,12 @@ class _Kernel(RowSources, KernelBuilder):
                 # closure tensor out of bounds; their results are masked or never stored.
                 qc = arith.minsi(qi, index(self.lq - 1))
                 kc = arith.minsi(kj, index(self.lk - 1))
-            if score_mod is not None:
+            if fold:
+                # x log2(e), the factor on the score's scale (scaled_mods).
+                scale = 1.0 if self.prescale_q else self.score_scale
+                x = self.inline_on_score(score_mod, x, scale, [self.pb, head, qc, kc], LOG2E)
+            elif score_mod is not None:
                 x = self.inline(score_mod, [x, self.pb, head, qc, kc])
-                if self.log2:
-                    x = arith.mulf(x, f32(LOG2E))
             if bounded:
                 keep = arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.keys))
                 if mask is not None:

@@ -118,8 +118,7 @@ class TileGradients(KernelBuilder):
                 if self.score_mod is None:
                     x2 = arith.mulf(a[0], f32(self.scale * LOG2E))
                 else:
-                    x = self.inline(self.score_mod, [arith.mulf(a[0], f32(self.scale)), pb, h, qc, kc])
-                    x2 = arith.mulf(x, f32(LOG2E))
+                    x2 = self.inline_on_score(self.score_mod, a[0], self.scale, [pb, h, qc, kc], LOG2E)
                 p = math.exp2(arith.addf(x2, a[1]))
             else:
                 x = arith.mulf(a[0], f32(self.scale))
@@ -141,7 +140,7 @@ class TileGradients(KernelBuilder):
 
             def through_score_mod(a):
                 qi, kj, qc, kc = positions()
-                ds = self.inline(self.score_mod_grad, [arith.mulf(a[0], f32(self.scale)), a[1], pb, h, qc, kc])
+                ds = self.inline_on_score(self.score_mod_grad, a[0], self.scale, [a[1], pb, h, qc, kc])
                 return arith.select(keep(qi, kj, qc, kc), ds, f32(0.0)) if masked else ds
 
             return p, self.generic([(qk, TILE), (dm, TILE)], tile_t, through_score_mod), dm
@@ -154,8 +153,7 @@ class TileGradients(KernelBuilder):
                 return ds
             qi, kj, qc, kc = positions()
             if self.score_mod_grad is not None:
-                x = arith.mulf(a[0], f32(self.scale))
-                ds = self.inline(self.score_mod_grad, [x, ds, pb, h, qc, kc])
+                ds = self.inline_on_score(self.score_mod_grad, a[0], self.scale, [ds, pb, h, qc, kc])
             # A masked pair's local derivative may be inf or NaN: select, do not multiply.
             return arith.select(keep(qi, kj, qc, kc), ds, f32(0.0)) if select else ds
 
