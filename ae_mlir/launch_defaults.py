@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import typing
 
+from .core import abi
+
 if typing.TYPE_CHECKING:
     from .presets import Problem
 
@@ -160,7 +162,7 @@ def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str,
 def _fit_warps(config: dict, dq: bool = True, dkdv: bool = True) -> None:
     """8 warps are for the dK/dV kernel's 64x128 tiles and the dQ kernel's 128x64; smaller ones (a
     short sequence's, or a user's) take 4."""
-    rows, keys = config["dkdv_block_m"] or config["block_m"], config["dkdv_block_n"] or config["block_n"]
+    rows, keys = abi.backward_blocks("dkdv", config)
     if dkdv and rows * keys < 64 * 128:
         config["dkdv_num_warps"] = min(config["dkdv_num_warps"], 4)
     if dq and config["block_m"] * config["block_n"] < 64 * 128:

@@ -386,12 +386,11 @@ def backward_call_time_tables(bundle: Bundle, given: dict, device) -> dict:
     roles = [spec.role for spec in bundle.inputs]
     operands = [given[role] for role in roles if role in abi.INPUTS or abi.is_capture(role)]
     config = bundle.meta["config"]
-    blocks = {"dq": (config["block_m"], config["block_n"]),
-              "dkdv": (config.get("dkdv_block_m") or config["block_m"], config.get("dkdv_block_n") or config["block_n"])}
     tables = {}
-    for part, (bm, bn) in blocks.items():
+    for part in ("dq", "dkdv"):
         names = abi.backward_table_roles(part)
         if names[0] in roles:
+            bm, bn = abi.backward_blocks(part, config)
             found = classify(program, operands, given["q"].shape[2], given["k"].shape[2], bm, bn, device, part)
             tables.update(zip(names, found))
     return tables

@@ -59,6 +59,10 @@ class _Distributor:
     def reads_score_of(self, value) -> bool:
         return self._depends(value, self.reads_score, lambda v, op: v == self.score)
 
+    def reads_any(self, value, sources: list, memo: dict) -> bool:
+        """Whether `value` is computed from one of `sources`."""
+        return self._depends(value, memo, lambda v, op: any(v == s for s in sources))
+
     def varies(self, value) -> bool:
         """Whether `value` differs between the tile's elements: it reads a block argument of the
         body or a linalg.index."""
@@ -144,11 +148,11 @@ class _Distributor:
             return self._push(op, value, factor)
 
     def _push(self, op, value, factor: float):
-        from mlir import ir
         from mlir.dialects import arith
 
-        if op.name == "arith.constant" and isinstance(op.attributes["value"], ir.FloatAttr):
-            return f32(ir.FloatAttr(op.attributes["value"]).value * factor)
+        constant = _float_constant(value)
+        if constant is not None:
+            return f32(constant * factor)
         if self.varies(value):
             if op.name == "arith.mulf":
                 a, b = op.operands
@@ -173,20 +177,7 @@ def _float_constant(value):
     return ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else None
 
 
-def _reads(value, sources: list, memo: dict) -> bool:
-    """Whether `value` is computed from one of `sources`."""
-    from mlir import ir
-
-    if value in memo:
-        return memo[value]
-    found = any(value == s for s in sources)
-    if not found and not isinstance(value.owner, ir.Block):
-        found = any(_reads(v, sources, memo) for v in value.owner.operation.operands)
-    memo[value] = found
-    return found
-
-
-def _absorb_constant_factors(score, raw_times, inlined: list, data: list) -> dict:
+def _absorb_constant_factors(distributor: _Distributor, inlined: list, data: list) -> dict:
     """Each product or quotient of the score by a constant in the inlined mod, read from the
     unscaled score with the constant folded into its scale (s / c: one multiply by scale / c
     instead of a multiply and a divide per score); any other quotient of a value computed from
@@ -197,6 +188,7 @@ def _absorb_constant_factors(score, raw_times, inlined: list, data: list) -> dic
     from mlir import ir
     from mlir.dialects import arith
 
+    score, raw_times = distributor.score, distributor.raw_times
     replaced, memo = {}, {}
     for op in inlined:
         if op.name not in ("arith.mulf", "arith.divf"):
@@ -210,7 +202,7 @@ def _absorb_constant_factors(score, raw_times, inlined: list, data: list) -> dic
         with ir.InsertionPoint(op), op.location:
             if k is not None:
                 replacement = raw_times(k)
-            elif op.name == "arith.divf" and _float_constant(b) and _reads(a, data, memo):
+            elif op.name == "arith.divf" and _float_constant(b) and distributor.reads_any(a, data, memo):
                 replacement = arith.mulf(a, f32(1.0 / _float_constant(b)))
         if replacement is not None:
             op.result.replace_all_uses_with(replacement)
@@ -228,11 +220,10 @@ def rewrite(value, score, raw_times, inlined: list, factor: float | None = None,
     f32 values."""
     from mlir import ir
 
-    body_owner = ir.InsertionPoint.current.block.owner
-    value = _absorb_constant_factors(score, raw_times, inlined, [score] + list(data or [])).get(value, value)
+    distributor = _Distributor(score, raw_times, ir.InsertionPoint.current.block.owner)
+    value = _absorb_constant_factors(distributor, inlined, [score] + list(data or [])).get(value, value)
     result = value
     if factor is not None:
-        distributor = _Distributor(score, raw_times, body_owner)
         result = distributor.times(value, factor) if distributor.free(value) else distributor.product(value, factor)
     for op in reversed(inlined):
         # The result is read by what the caller builds next: it is unread only so far.

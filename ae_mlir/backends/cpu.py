@@ -123,8 +123,8 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         name = report.name = abi.name(kernel)
         # A backward kernel's call-time tables (abi.backward_table_roles) are among its inputs,
         # classified over its own blocks: the dK/dV kernel's may differ from the dQ kernel's.
-        blocks = (options.block_m, options.block_n) if backward == "dq" else (
-            options.dkdv_block_m or options.block_m, options.dkdv_block_n or options.block_n)
+        blocks = abi.backward_blocks(backward, {key: getattr(options, key) for key in
+                                                ("block_m", "block_n", "dkdv_block_m", "dkdv_block_n")})
     else:
         # A mask that reads closure tensors is classified per call (block_mask); its four tile
         # tables follow the inputs.

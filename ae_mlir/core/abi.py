@@ -181,6 +181,14 @@ def backward_table_roles(part: str) -> tuple[str, ...]:
     return tuple(f"{part}_{name}" for name in CALL_TIME_TABLE_ORDER)
 
 
+def backward_blocks(part: str, config: dict) -> tuple[int, int]:
+    """(block_m, block_n) of backward kernel `part` under a launch `config`: the dK/dV kernel's
+    own where the config sets them (dkdv_block_m/n, 0 or absent: none), else the shared ones."""
+    if part == "dkdv":
+        return config.get("dkdv_block_m") or config["block_m"], config.get("dkdv_block_n") or config["block_n"]
+    return config["block_m"], config["block_n"]
+
+
 def backward_table_part(role: str) -> str | None:
     """The backward kernel ("dq" or "dkdv") whose call-time table `role` is, else None."""
     for part in ("dq", "dkdv"):

@@ -278,6 +278,9 @@ def _record(text: str, derivative: Derivative) -> None:
 
     from ..disk_cache import atomic_write
 
+    path = _derivative_path(text)
+    if path.exists():  # recorded by an earlier process: the same sources give the same record
+        return
     d = derivative
     try:
         data = {"kind": d.kind, "stat": d.stat, "score_mod": _program_json(d.score_mod), "mask": _program_json(d.mask),
@@ -285,7 +288,7 @@ def _record(text: str, derivative: Derivative) -> None:
                 "score_mod_grad": _program_json(d.score_mod_grad),
                 "closure_grads": [[position, p.to_json()] for position, p in d.closure_grads],
                 "closures": list(d.closures)}
-        atomic_write(_derivative_path(text), json.dumps(data))
+        atomic_write(path, json.dumps(data))
     except (ValueError, OSError):
         pass
 
