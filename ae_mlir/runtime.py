@@ -231,16 +231,19 @@ def parse_target(text: str):
 _TARGETS: dict = {}
 
 
-def current_target() -> str:
-    """The target string of the active GPU."""
+def current_target(device=None) -> str:
+    """The target string of `device` (a torch.device), by default the active GPU."""
     import torch
-    from triton.runtime import driver
 
-    index = torch.cuda.current_device()
-    if index not in _TARGETS:
-        t = driver.active.get_current_target()
-        _TARGETS[index] = f"{t.backend}:{t.arch}"
-    return _TARGETS[index]
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    target = _TARGETS.get(index)
+    if target is None:
+        from triton.runtime import driver
+
+        with torch.cuda.device(index):
+            t = driver.active.get_current_target()
+        target = _TARGETS[index] = f"{t.backend}:{t.arch}"
+    return target
 
 
 _KERNELS: dict = {}
@@ -415,8 +418,8 @@ def _launch_all(bundle: Bundle, tensors: dict, device) -> None:
     import torch
 
     plan = launch_plan(bundle, tensors, device, lambda kernel: device_tables(bundle, device, kernel))
+    target = current_target(device)
     with torch.cuda.device(device):
-        target = current_target()
         for launch in plan:
             _launch_one(launch.kernel, launch.variant, target, launch.arguments(tensors))
 

@@ -230,7 +230,7 @@ def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(cache_dir):
 def test_run_with_autotune_launches_the_tuned_bundle(cache_dir, monkeypatch):
     launched = []
     monkeypatch.setattr(autotune, "median_ms", _by_blocks)
-    monkeypatch.setattr(runtime, "current_target", lambda: "cuda:90")
+    monkeypatch.setattr(runtime, "current_target", lambda device=None: "cuda:90")
     monkeypatch.setattr(runtime, "launch", lambda bundle, *inputs: launched.append(bundle) or [None])
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)

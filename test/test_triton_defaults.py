@@ -195,6 +195,7 @@ def test_a_machine_without_mlir_runs_the_calls_a_compile_prepared(tmp_path, monk
     runtime.CACHE.clear_memory()
     ctt._PROBLEMS.clear()
     ctt._CUTS.clear()
+    ctt._BACKWARD_TILES.clear()
     attn, text, inputs = _documents_call(lambda doc: lambda b, h, q, kv: doc[q] == doc[kv])
     q, k, v = inputs[:3]
     bundle = tb._default_bundle(text, "cuda:90", inputs)
@@ -214,13 +215,13 @@ def test_a_machine_without_mlir_runs_the_calls_a_compile_prepared(tmp_path, monk
         text, inputs = call["text"], call["inputs"]
         from ae_mlir import runtime
         # The entry points a call takes, with the launches stubbed: there is no GPU here.
-        runtime.current_target = lambda: "cuda:90"
+        runtime.current_target = lambda device=None: "cuda:90"
         runtime.launch = lambda bundle, *tensors: [bundle.key]
         runtime.launch_roles = lambda bundle, tensors: bundle.key
         print(tb.run(text, inputs, torch.bfloat16)[0])
         print(tb.run_backward(text, dict(zip(("q", "k", "v", "c0"), inputs))))
         print(ctt.backward_call_time_tiles(text, "cuda:90", dict(zip(("q", "k", "v", "c0"), inputs))))
-        ctt._PROBLEMS.clear(); ctt._CUTS.clear()
+        ctt._PROBLEMS.clear(); ctt._CUTS.clear(); ctt._BACKWARD_TILES.clear()
         import os, shutil
         shutil.rmtree(os.path.join(os.environ["AE_MLIR_CACHE_DIR"], "problems"))
         print(ctt._call_time_cut(text, "cuda:90", inputs))

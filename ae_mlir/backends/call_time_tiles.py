@@ -38,14 +38,19 @@ def backward_call_time_tiles(l0_text: str, target: str, tensors: dict) -> dict:
     of the preset's backward config for the tiles the module's mask cuts."""
     from .. import launch_defaults
 
-    captures = [tensors[role] for role in sorted((r for r in tensors if abi.is_capture(r)), key=lambda r: int(r[1:]))]
-    cut = _call_time_cut(l0_text, target, [tensors["q"], tensors["k"], tensors["v"], *captures])
-    if not cut:
-        return {}
-    p = _problem(l0_text)
-    config = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut)
-    preset = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target)
-    return {key: value for key, value in config.items() if preset[key] != value}
+    key = (l0_text, target)
+    found = _BACKWARD_TILES.get(key)
+    if found is None:
+        captures = [tensors[role] for role in sorted((r for r in tensors if abi.is_capture(r)), key=lambda r: int(r[1:]))]
+        cut = _call_time_cut(l0_text, target, [tensors["q"], tensors["k"], tensors["v"], *captures])
+        found = {}
+        if cut:
+            p = _problem(l0_text)
+            config = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut)
+            preset = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target)
+            found = {name: value for name, value in config.items() if preset[name] != value}
+        _BACKWARD_TILES[key] = found
+    return found
 
 
 def _call_time_cut(l0_text: str, target: str, operands: list) -> float:
@@ -113,4 +118,5 @@ def _read_problem(l0_text: str):
 # each module poses.
 _TILES = ("block_m", "block_n", "num_warps", "num_stages")
 _CUTS: dict = {}
+_BACKWARD_TILES: dict = {}  # per (module, target): backward_call_time_tiles' answer
 _PROBLEMS: dict = {}

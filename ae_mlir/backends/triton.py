@@ -371,7 +371,7 @@ def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee"
     without; `tiles` overrides the preset's backward config): from the cache, or compiled and
     cached."""
     config = dict(tiles or {}, **({} if closure_grads else {"closure_grads": False})) or None
-    key = _key(l0_text, target, dict(config or {}, backward=True), input_precision)
+    key = _remembered_key(l0_text, target, dict(config or {}, backward=True), input_precision)
     bundle = runtime.CACHE.get(key)
     if bundle is None:
         _need_mlir()
@@ -385,7 +385,7 @@ def run_backward(module_text: str, tensors: dict, closure_grads: bool = True) ->
     """dq, dk and dv (by role) of an L0 module from its backward kernels, on CUDA/ROCm tensors
     given by role (q, k, v, c<i>, do, and for softmax out, lse, dlse), and with `closure_grads`
     the closure tensors' gradients dc<i>."""
-    target = runtime.current_target()
+    target = runtime.current_target(tensors["q"].device)
     tiles = backward_call_time_tiles(module_text, target, tensors)
     bundle = get_backward_bundle(module_text, target, closure_grads=closure_grads, tiles=tiles)
     return runtime.launch_roles(bundle, tensors)
@@ -394,7 +394,7 @@ def run_backward(module_text: str, tensors: dict, closure_grads: bool = True) ->
 def run(module_text: str, inputs: list, out_dtype, autotune: bool = False) -> list:
     """Compile (or fetch) and launch an L0 module on CUDA/ROCm tensors [q, k, v, *captures]; with
     `autotune`, the bundle of the fastest candidate configuration (`tuned_bundle`)."""
-    target = runtime.current_target()
+    target = runtime.current_target(inputs[0].device)
     bundle = tuned_bundle(module_text, target, inputs) if autotune else _default_bundle(module_text, target, inputs)
     return runtime.launch(bundle, *inputs)
 

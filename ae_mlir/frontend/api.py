@@ -63,13 +63,37 @@ class _Captures:
         return [tensor_type(t.shape, mlir_elt(t.dtype)) for t in self.tensors]
 
 
-def _region(expr, args, state: TraceState, caps: _Captures, prefix: str, clamp: bool) -> str:
+def _region(expr, state: TraceState, args, caps: _Captures, prefix: str, clamp: bool) -> str:
     """Emit a region whose closure tensors are the function arguments %c<i>."""
     positions = caps.add(state)
     all_types = caps.types()
     names = [f"%c{p}" for p in positions]
     types = [all_types[p] for p in positions]
     return emit_region(expr, args, names, types, prefix, clamp=clamp)
+
+
+def _signature(root, positions: list[int]) -> tuple:
+    """What emitting the expression DAG `root` writes depends on, as a hashable value: its nodes
+    in emission order (op, type, operand numbers, value, location), a closure read by the module's
+    position of its tensor, a constant by its Python type and repr (0.0 and -0.0 differ)."""
+    numbers: dict = {}
+    nodes: list = []
+
+    def visit(e) -> int:
+        number = numbers.get(id(e))
+        if number is None:
+            args = tuple(visit(a) for a in e.args)
+            value = e.value
+            if e.op == "extract":
+                value = positions[value.position]
+            elif e.op == "const":
+                value = (type(value), repr(value))
+            nodes.append((e.op, e.type, args, value, e.loc))
+            number = numbers[id(e)] = len(nodes) - 1
+        return number
+
+    visit(root)
+    return tuple(nodes)
 
 
 def _sig(types: list[str]) -> str:
@@ -215,26 +239,40 @@ class attention:
         indexed by a function of kv_idx - q_idx alone read a tensor composed for this call
         (relative_reads)."""
         b, h, lq, dk = q.shape
-        hkv, dv = v.shape[1], v.shape[3]
         lk = v.shape[2] if block_table is None else v.shape[2] * block_table.shape[1]
         if sequences is not None:
             b, lq, lk, kv_len = sequences.kv_len.shape[0], sequences.longest_q, sequences.longest_k, sequences.kv_len
-        scale = checks.default_scale(self.scale, dk)
-        elt = mlir_elt(q.dtype)
-        tq = tensor_type((b, h, lq, dk), elt)
-        tk, tv = tensor_type((b, hkv, lk, dk), elt), tensor_type((b, hkv, lk, dv), elt)
-        ts = tensor_type((b, h, lq, lk), "f32")
-        tm = tensor_type((b, h, lq, lk), "i1")
-        to = tensor_type((b, h, lq, dv), elt)
-        tl = tensor_type((b, h, lq), "f32")
-        call = loc_suffix(user_location())
+        call = user_location()
+        mods = self._trace_mods(lq, lk, compose and clamp and kv_len is None and block_table is None and sequences is None)
         caps = _Captures()
-        body = []
-        scores = "%scores"
-        queries, keys, values = ("%q", "%k", "%v") if block_table is None and sequences is None else (
-            "%q" if sequences is None else "%q_logical", "%k_logical", "%v_logical")
-        body.append(f'%scores = "attn.score"({queries}, {keys}) {{scale = {float_literal(scale)} : f32}} : ({tq}, {tk}) -> {ts}'
-                    + call)
+        positions = [caps.add(state) for _, _, state in mods]
+        added = [kv_len, block_table] + ([] if sequences is None else [sequences.cu_q, sequences.cu_k])
+        for t in added:
+            if t is not None:
+                caps.add_call_tensor(t)
+        scale = checks.default_scale(self.scale, dk)
+        # Everything the text is a function of: a call like an earlier one (the same mods traced to
+        # the same expressions, shapes, dtypes and locations) takes that call's text, unwritten.
+        key = (q.shape, k.shape, v.shape, q.dtype, b, lq, lk, clamp, scale, call, tuple(caps.types()),
+               tuple(None if t is None else tuple(t.shape) for t in added), self._normalizer_key(),
+               tuple((role, definition_location(getattr(self, role)), _signature(expr, where))
+                     for (role, expr, _), where in zip(mods, positions)))
+        texts = self.__dict__.setdefault("_texts", {})
+        text = texts.get(key)
+        if text is None:
+            text, emitted = self._write_module(q, k, v, mods, clamp, kv_len, block_table, sequences, b, lq, lk,
+                                               scale, loc_suffix(call))
+            if [id(t) for t in emitted.tensors] != [id(t) for t in caps.tensors]:
+                raise AssertionError("the module's closure tensors differ from the call's")
+            if len(texts) > 64:
+                texts.clear()
+            texts[key] = text
+        return text, caps
+
+    def _trace_mods(self, lq: int, lk: int, compose: bool) -> list[tuple]:
+        """(role, traced expression, trace state) of the score_mod (composed when `compose`) and
+        the mask_mod that this attention has, in the module's order."""
+        mods = []
         if self.score_mod is not None:
             name = _mod_name(self.score_mod, "score_mod")
             expr, state = trace(self.score_mod, name, SCORE_MOD_ARGS)
@@ -242,23 +280,56 @@ class attention:
                 raise TraceError(f"{name} must return a float score, got a boolean")
             if expr.type == INDEX:
                 expr = _as_float(expr)
-            if compose and clamp and kv_len is None and block_table is None and sequences is None:
+            if compose:
                 expr = relative_reads.compose(expr, state, lq, lk)
+            mods.append(("score_mod", expr, state))
+        if self.mask_mod is not None:
+            name = _mod_name(self.mask_mod, "mask_mod")
+            expr, state = trace(self.mask_mod, name, MASK_MOD_ARGS)
+            if expr.type != I1:
+                raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
+            mods.append(("mask_mod", expr, state))
+        return mods
+
+    def _normalizer_key(self):
+        if isinstance(self.normalize, str):
+            return self.normalize
+        from ..normalizers import region_texts
+
+        return (definition_location(self.normalize.prob), tuple(sorted(region_texts(self.normalize).items())))
+
+    def _write_module(self, q, k, v, mods: list, clamp: bool, kv_len, block_table, sequences, b: int, lq: int,
+                      lk: int, scale: float, call: str) -> tuple[str, "_Captures"]:
+        """The L0 module's text from the traced mods, and the closure tensors in its order."""
+        h, dk = q.shape[1], q.shape[3]
+        hkv, dv = v.shape[1], v.shape[3]
+        elt = mlir_elt(q.dtype)
+        tq = tensor_type((b, h, lq, dk), elt)
+        tk, tv = tensor_type((b, hkv, lk, dk), elt), tensor_type((b, hkv, lk, dv), elt)
+        ts = tensor_type((b, h, lq, lk), "f32")
+        tm = tensor_type((b, h, lq, lk), "i1")
+        to = tensor_type((b, h, lq, dv), elt)
+        tl = tensor_type((b, h, lq), "f32")
+        traced = {role: (expr, state) for role, expr, state in mods}
+        caps = _Captures()
+        body = []
+        scores = "%scores"
+        queries, keys, values = ("%q", "%k", "%v") if block_table is None and sequences is None else (
+            "%q" if sequences is None else "%q_logical", "%k_logical", "%v_logical")
+        body.append(f'%scores = "attn.score"({queries}, {keys}) {{scale = {float_literal(scale)} : f32}} : ({tq}, {tk}) -> {ts}'
+                    + call)
+        if "score_mod" in traced:
             args = [("%s", "f32"), ("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-            region = _region(expr, args, state, caps, "s", clamp)
+            region = _region(*traced["score_mod"], args, caps, "s", clamp)
             body.append(f'%modded = "attn.score_mod"({scores}) ({region}) : ({ts}) -> {ts}'
                         + _defined_at(self.score_mod, call))
             scores = "%modded"
         keep = None
         if self.mask_mod is not None or kv_len is not None:
             mask_loc, region = call, _KEEP_ALL
-            if self.mask_mod is not None:
-                name = _mod_name(self.mask_mod, "mask_mod")
-                expr, state = trace(self.mask_mod, name, MASK_MOD_ARGS)
-                if expr.type != I1:
-                    raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
+            if "mask_mod" in traced:
                 args = [("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-                region = _region(expr, args, state, caps, "m", clamp)
+                region = _region(*traced["mask_mod"], args, caps, "m", clamp)
                 mask_loc = _defined_at(self.mask_mod, call)
             operands, operand_types = "", ""
             if kv_len is not None:

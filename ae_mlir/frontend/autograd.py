@@ -9,6 +9,7 @@ probabilities a block of query rows at a time instead of saving them.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -90,7 +91,7 @@ class CompiledCall:
                 # percents: the float32 backward takes the float32 forward's O and lse.
                 out, lse = _execute(self.backward_text, [tensors[r] for r in ("q", "k", "v")] + list(captures),
                                     self.backend, out_dtype=work)
-            d_lse = torch.zeros_like(lse, dtype=torch.float32) if d_lse is None else d_lse.float()
+            d_lse = _zeros(lse.shape, lse.device) if d_lse is None else d_lse.float()
             tensors.update(out=out.detach().to(work), lse=lse.detach().float().contiguous(), dlse=d_lse.contiguous())
         grads = backends.run_backward(self.backward_text, tensors, self.backend, closure_grads=wanted,
                                       kind=self.derivative.kind, stat=self.derivative.stat)
@@ -117,12 +118,32 @@ def compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> Compil
         backward_text, _ = attn._build(*widened, **call_args)
     # The forward computes with the module's scale, an f32 attribute: the backward recomputes the
     # probabilities from its logsumexp, so it must use that same f32 value (1 / sqrt(12) is not one).
-    scale = float(torch.tensor(checks.default_scale(attn.scale, q.shape[3]), dtype=torch.float32))
+    scale = struct.unpack("f", struct.pack("f", checks.default_scale(attn.scale, q.shape[3])))[0]
     lengths = None
     if call_args.get("kv_len") is not None:
         # The mods' closure tensors come first, then kv_len (paged calls take no gradients).
         lengths = len(attn._build(q, k, v, kv_len=call_args["kv_len"])[1]) - 1
     return CompiledCall(text, backend, scale, derivative, backward_text, lengths, attn.autotune)
+
+
+# Zeros the backward kernels read as dlse when the caller used the output alone (the usual
+# training step): one per shape and device, read-only, instead of an allocation and a fill
+# launched every step.
+_ZEROS: dict = {}
+
+
+def _zeros(shape, device):
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # A fill recorded into a CUDA graph does not run while capturing: kept for eager calls,
+        # the tensor would hold whatever its memory held.
+        return torch.zeros(shape, dtype=torch.float32, device=device)
+    key = (tuple(shape), device)
+    found = _ZEROS.get(key)
+    if found is None:
+        if len(_ZEROS) > 64:
+            _ZEROS.clear()
+        found = _ZEROS[key] = torch.zeros(shape, dtype=torch.float32, device=device)
+    return found
 
 
 def _zero_past(t, lengths):

@@ -41,20 +41,39 @@ def _library_file(filename: str, torch_file: str | None) -> bool:
     return torch_file is not None and filename.startswith(os.path.dirname(torch_file) + os.sep)
 
 
-@functools.lru_cache(maxsize=256)
-def _positions(code) -> tuple:
-    return tuple(code.co_positions())
+# Per code object: whether it is ae-mlir's or torch's, and the location of each instruction
+# offset asked for. Every traced op asks for the user's line (a mod of a few ops traces on every
+# call), so the walk does not go through file names and new SourceLoc objects each time.
+_LIBRARY_CODES: dict = {}
+_LOCATIONS: dict = {}
+
+
+def _is_library_code(code) -> bool:
+    found = _LIBRARY_CODES.get(code)
+    if found is None:
+        found = _LIBRARY_CODES[code] = _is_library_file(code.co_filename)
+    return found
 
 
 def user_location() -> SourceLoc | None:
     """Where the innermost frame outside ae-mlir and torch is: the user's line being run."""
-    frame = sys._getframe(1)
-    while frame is not None and _is_library_file(frame.f_code.co_filename):
+    frame = sys._getframe(1)  # the caller may be ae-mlir's own (the tracer) or the user's
+    while frame is not None and _is_library_code(frame.f_code):
         frame = frame.f_back
     if frame is None:
         return None
+    key = (frame.f_code, frame.f_lasti)
+    loc = _LOCATIONS.get(key)
+    if loc is None:
+        if len(_LOCATIONS) > 65536:
+            _LOCATIONS.clear()
+        loc = _LOCATIONS[key] = _location(frame)
+    return loc
+
+
+def _location(frame) -> SourceLoc:
     # co_positions has one entry per 2-byte code unit; f_lasti is the running instruction's offset.
-    positions = _positions(frame.f_code)
+    positions = tuple(frame.f_code.co_positions())
     index = frame.f_lasti // 2
     line, _, col, _ = positions[index] if 0 <= index < len(positions) else (None, None, None, None)
     return SourceLoc(frame.f_code.co_filename, line or frame.f_lineno, col + 1 if col is not None else 0)

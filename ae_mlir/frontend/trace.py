@@ -360,7 +360,9 @@ class Sym:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        state = next(a.state for a in _flatten((args, kwargs)) if isinstance(a, Sym))
+        # Most calls have a Sym among their direct arguments (an index tuple nests them).
+        state = next((a.state for a in args if isinstance(a, Sym)), None) or next(
+            a.state for a in _flatten((args, kwargs)) if isinstance(a, Sym))
         name = getattr(func, "__name__", str(func))
         from .torch_functions import HANDLERS
 
