@@ -419,7 +419,10 @@ def _launch_all(bundle: Bundle, tensors: dict, device) -> None:
 
     plan = launch_plan(bundle, tensors, device, lambda kernel: device_tables(bundle, device, kernel))
     target = current_target(device)
-    with torch.cuda.device(device):
+    # Triton launches on the current device's stream; entering a device context costs more than
+    # a short kernel's launch, so only a call on another device enters one.
+    here = device.index is None or device.index == torch.cuda.current_device()
+    with contextlib.nullcontext() if here else torch.cuda.device(device):
         for launch in plan:
             _launch_one(launch.kernel, launch.variant, target, launch.arguments(tensors))
 
