@@ -9,12 +9,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class SourceLoc:
-    """A position in the user's Python source; `col` is 1-based, 0 when unknown (MLIR's usage)."""
+class SourceLoc(NamedTuple):
+    """A position in the user's Python source; `col` is 1-based, 0 when unknown (MLIR's usage).
+    A tuple: module texts are cached by keys holding one per traced op, hashed at every call."""
 
     file: str
     line: int
@@ -41,18 +41,20 @@ def _library_file(filename: str, torch_file: str | None) -> bool:
     return torch_file is not None and filename.startswith(os.path.dirname(torch_file) + os.sep)
 
 
-# Per code object: whether it is ae-mlir's or torch's, and the location of each instruction
-# offset asked for. Every traced op asks for the user's line (a mod of a few ops traces on every
-# call), so the walk does not go through file names and new SourceLoc objects each time.
+# Per code object (by id, the object kept to check it): whether it is ae-mlir's or torch's, and
+# the location of each instruction offset asked for. Every traced op asks for the user's line (a
+# mod of a few ops traces on every call), and hashing a code object hashes its bytecode.
 _LIBRARY_CODES: dict = {}
 _LOCATIONS: dict = {}
 
 
 def _is_library_code(code) -> bool:
-    found = _LIBRARY_CODES.get(code)
-    if found is None:
-        found = _LIBRARY_CODES[code] = _is_library_file(code.co_filename)
-    return found
+    found = _LIBRARY_CODES.get(id(code))
+    if found is None or found[0] is not code:
+        if len(_LIBRARY_CODES) > 65536:
+            _LIBRARY_CODES.clear()
+        found = _LIBRARY_CODES[id(code)] = (code, _is_library_file(code.co_filename))
+    return found[1]
 
 
 def user_location() -> SourceLoc | None:
@@ -62,13 +64,14 @@ def user_location() -> SourceLoc | None:
         frame = frame.f_back
     if frame is None:
         return None
-    key = (frame.f_code, frame.f_lasti)
-    loc = _LOCATIONS.get(key)
-    if loc is None:
+    code = frame.f_code
+    key = (id(code), frame.f_lasti)
+    found = _LOCATIONS.get(key)
+    if found is None or found[0] is not code:
         if len(_LOCATIONS) > 65536:
             _LOCATIONS.clear()
-        loc = _LOCATIONS[key] = _location(frame)
-    return loc
+        found = _LOCATIONS[key] = (code, _location(frame))
+    return found[1]
 
 
 def _location(frame) -> SourceLoc:
