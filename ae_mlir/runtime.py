@@ -441,7 +441,9 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
         if t is None or t.shape != shape or t.dtype != dtype:
             got = "nothing" if t is None else f"{t.dtype}{list(t.shape)}"
             raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)}, got {got}")
-        tensors[role] = t.to(device).view(torch.uint8) if dtype == torch.bool else t.to(device)
+        if t.device != device:
+            t = t.to(device)
+        tensors[role] = t.view(torch.uint8) if dtype == torch.bool else t
     for role, shape, dtype, _ in outputs + workspace:
         # The closure tensors' gradients are sums the kernel adds into.
         allocate = torch.zeros if abi.is_closure_grad(role) else torch.empty

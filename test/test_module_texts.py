@@ -116,3 +116,19 @@ def test_every_attention_keeps_its_own_texts():
     first, second = attention(mask_mod=document), attention(mask_mod=lambda b, h, q, kv: q >= kv)
     q, k, v = _qkv()
     assert first._prepare(q, k, v)[0] != second._prepare(q, k, v)[0]
+
+
+def test_a_differentiable_call_reuses_its_compiled_call_and_a_used_attention_pickles():
+    import pickle
+
+    from ae_mlir.frontend.autograd import compiled_call
+
+    attn = ae.attention(score_mod=softcap, mask_mod=document)
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    out = attn(q, k, v, backend="cpu")
+    out.sum().backward()
+    text = attn._prepare(q, k, v)[0]
+    assert compiled_call(attn, text, q, k, v, "cpu") is compiled_call(attn, text, q, k, v, "cpu")
+    copy = pickle.loads(pickle.dumps(attn))
+    assert "_texts" not in copy.__dict__ and "_calls" not in copy.__dict__
+    torch.testing.assert_close(copy(q, k, v, backend="cpu"), out)

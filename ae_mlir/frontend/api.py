@@ -167,6 +167,10 @@ class attention:
         self._key = variant_registry.register(self)
         self._sources = closure_sources.find(self)
 
+    def __getstate__(self):
+        # The per-call caches (module texts, compiled calls) are rebuilt by the copy's own calls.
+        return {key: value for key, value in self.__dict__.items() if key not in ("_texts", "_calls")}
+
     def __setstate__(self, state):
         # A copy is a variant of its own: sharing the original's key would make compiled calls of
         # the copy run the original (or fail once it is gone).

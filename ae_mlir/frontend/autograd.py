@@ -78,8 +78,8 @@ class CompiledCall:
         from .api import _execute
 
         work = q.dtype if self.backward_text == self.text else torch.float32
-        tensors = {"q": q.detach().to(work), "k": k.detach().to(work), "v": v.detach().to(work),
-                   "do": d_out.to(work).contiguous()}
+        tensors = {"q": _as(q.detach(), work), "k": _as(k.detach(), work), "v": _as(v.detach(), work),
+                   "do": _as(d_out, work).contiguous()}
         tensors.update({f"c{i}": t.detach() for i, t in enumerate(captures)})
         wanted = bool(self.derivative.closure_grads) and (
             closures_wanted is None or any(closures_wanted[p] for p, _ in self.derivative.closure_grads))
@@ -92,19 +92,34 @@ class CompiledCall:
                 out, lse = _execute(self.backward_text, [tensors[r] for r in ("q", "k", "v")] + list(captures),
                                     self.backend, out_dtype=work)
             d_lse = _zeros(lse.shape, lse.device) if d_lse is None else d_lse.float()
-            tensors.update(out=out.detach().to(work), lse=lse.detach().float().contiguous(), dlse=d_lse.contiguous())
+            tensors.update(out=_as(out.detach(), work), lse=_as(lse.detach(), torch.float32).contiguous(),
+                           dlse=d_lse.contiguous())
         grads = backends.run_backward(self.backward_text, tensors, self.backend, closure_grads=wanted,
                                       kind=self.derivative.kind, stat=self.derivative.stat)
         d_captures = [grads.get(abi.closure_grad(i)) if closures_wanted is None or closures_wanted[i] else None
                       for i in range(len(captures))]
         d_captures = [None if g is None else g.to(t.device, t.dtype) for g, t in zip(d_captures, captures)]
-        return grads["dq"].to(q.dtype), grads["dk"].to(k.dtype), grads["dv"].to(v.dtype), d_captures
+        return _as(grads["dq"], q.dtype), _as(grads["dk"], k.dtype), _as(grads["dv"], v.dtype), d_captures
 
 
 def compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> CompiledCall:
     """The `CompiledCall` of `attn` for the module `text` (built from q, k, v and `call_args`:
     kv_len, sequences, compose, as `attn._build` takes them); NotImplementedError naming the mods and the
-    normalizer when the derivative cannot be built."""
+    normalizer when the derivative cannot be built. Kept per module text: everything it holds
+    follows from the text (shapes, dtypes, scale, the closure tensors' places), the backend and
+    whether the attention autotunes."""
+    calls = attn.__dict__.setdefault("_calls", {})
+    key = (text, backend, attn.autotune)
+    found = calls.get(key)
+    if found is None:
+        found = _compiled_call(attn, text, q, k, v, backend, **call_args)
+        if len(calls) > 64:
+            calls.clear()
+        calls[key] = found
+    return found
+
+
+def _compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> CompiledCall:
     from ..core.context import CompileError
 
     try:
@@ -124,6 +139,12 @@ def compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> Compil
         # The mods' closure tensors come first, then kv_len (paged calls take no gradients).
         lengths = len(attn._build(q, k, v, kv_len=call_args["kv_len"])[1]) - 1
     return CompiledCall(text, backend, scale, derivative, backward_text, lengths, attn.autotune)
+
+
+def _as(t, dtype):
+    """`t` in `dtype`: itself when it already is (Tensor.to's own check costs more, per tensor
+    of every backward call)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 # Zeros the backward kernels read as dlse when the caller used the output alone (the usual
