@@ -11,8 +11,12 @@ step; for causal attention torch SDPA) `run` records: `step_ms`, the median wall
 in a loop of 50 (synchronized at the loop's end, seven loops): what the step costs when the host
 issues steps back to back; `host_us`, the median time a step's call takes to return after the GPU
 was synchronized before it (the host's work alone: the kernels run asynchronously); the same two
-for a forward without grad. For ae-mlir also cProfile's top functions over 100 steps (per step,
-own and cumulative microseconds; the profiler's own cost inflates them, their ratios hold).
+for a forward without grad. For ae-mlir also the host time of the step's parts (`prepare_host_us`:
+tracing the mods and writing or finding the module; `backward_host_us`: the backward alone, on one
+retained graph) and cProfile's top functions over 100 steps (per step, own and cumulative
+microseconds; the profiler's own cost inflates them, their ratios hold). Per case,
+`identity_function_step_host_us`: a step through an autograd.Function that returns q and fresh
+gradients, the least any custom op's eager step costs that host.
 `--label` names the results file, so a run of another version of the sources (PYTHONPATH) lands
 beside this one's.
 """
@@ -33,6 +37,7 @@ HEADS, DIM = 16, 128
 SHAPES = [(1, 256), (8, 2048)]
 VARIANTS = ["causal", "document"]
 LABEL = "host-path"
+_Identity = None  # an autograd.Function made when torch is imported (_identity)
 
 
 def _case(variant: str, batch: int, length: int) -> suite.Case:
@@ -92,6 +97,52 @@ def _timings(call) -> dict:
     return {"step_ms": statistics.median(loops), "host_us": statistics.median(host)}
 
 
+def _host_us(call, calls: int = 300) -> float:
+    """The median time `call` takes to return, the GPU synchronized before each call."""
+    import statistics
+
+    import torch
+
+    for _ in range(10):
+        call()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _pieces(attn, q, k, v, d_out) -> dict:
+    """Host times of a step's parts: writing (or finding) the module, the backward alone (on one
+    retained graph)."""
+    import torch
+
+    detached = [t.detach() for t in (q, k, v)]
+    out = attn(q, k, v)
+    return {"prepare_host_us": _host_us(lambda: attn._prepare(*detached)),
+            "backward_host_us": _host_us(lambda: torch.autograd.grad(out, (q, k, v), d_out, retain_graph=True))}
+
+
+def _identity():
+    import torch
+
+    class Identity(torch.autograd.Function):
+        """The least a custom autograd op's eager step costs the host: q back, fresh gradients."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q.clone()
+
+        @staticmethod
+        def backward(ctx, d_out):
+            return d_out, torch.empty_like(d_out), torch.empty_like(d_out)
+
+    return Identity
+
+
 def _profile(call, steps: int = 100) -> list:
     """cProfile's top functions of `steps` calls: (function, calls a step, own us, cumulative us)."""
     import cProfile
@@ -127,6 +178,8 @@ def run(bundles: str, out_dir: str) -> None:
     os.environ["AE_MLIR_CACHE_DIR"] = os.path.abspath(bundles)
     import torch
 
+    global _Identity
+    _Identity = _identity()
     device = torch.device("cuda")
     doc = harness.results_doc(out_dir, __doc__, heads=HEADS, dim=DIM, dtype="bfloat16", label=LABEL,
                               sources=os.path.dirname(os.path.dirname(os.path.abspath(suite.__file__))))
@@ -150,10 +203,13 @@ def run(bundles: str, out_dir: str) -> None:
                 result = _timings(step)
                 result.update({f"forward_{key}": value for key, value in _timings(forward).items()})
                 if label == "ae_mlir":
+                    result.update(_pieces(attn, q, k, v, d_out))
                     result["profile"] = _profile(step)
                 rec["results"][label] = result
             except Exception as exc:
                 rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        rec["identity_function_step_host_us"] = _host_us(
+            lambda: torch.autograd.grad(_Identity.apply(q, k, v), (q, k, v), d_out))
         doc["cases"].append(rec)
         print({key: value for key, value in rec.items() if key != "results"},
               {label: {key: value for key, value in r.items() if key != "profile"}
