@@ -66,6 +66,19 @@ _LDS_KIB = 64
 # the default, and the same run then timed it 16% behind; timings there moved 22-41% between
 # two measurements of one bundle.
 _MARGIN = 0.03
+# The backward kernels' candidates (attn-tile-backward), (block_m, block_n, num_warps,
+# num_stages) for the dQ kernel (query rows resident, keys a step) and for the dK/dV kernel
+# (query rows a step, keys resident), by head dim, for 16-bit inputs on CUDA: the configs the
+# per-kernel sweeps on an H200 ranked best (bench/backward.py sweep; launch_defaults.py's notes).
+# fp32 and MI300 try smaller tiles. The two kernels are searched in turn (`choose_in_turn`): the
+# dQ kernel's candidates with the dK/dV kernel at its default, then the dK/dV kernel's with the
+# dQ kernel's choice.
+_BWD_DQ_16BIT = {64: [(128, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 2), (128, 32, 4, 3), (128, 64, 8, 2)],
+                 128: [(128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 4, 2), (128, 32, 4, 3), (64, 128, 8, 2)]}
+_BWD_DKDV_16BIT = {64: [(32, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3)],
+                   128: [(64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 2)]}
+_BWD_SMALL = [(32, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (16, 32, 4, 2)]
+_BWD_HIP = [(64, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1), (32, 64, 4, 1)]
 # Queries at most this long (decoding) are not tuned: their split count, not their tiles, sets
 # their speed (launch_defaults.kv_splits), and one launch takes microseconds.
 _MIN_TUNED_LQ = 17
@@ -88,6 +101,34 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         # every candidate is tried with them too.
         kept += [dict(c, tensor_descriptors=True) for c in kept]
     return kept
+
+
+def backward_candidates(problem: Problem, target: str, default: dict) -> list[list[dict]]:
+    """The backward kernels' configurations a tuned call tries on a GPU target, as two groups
+    searched in turn (`choose_in_turn`): the dQ kernel's, then the dK/dV kernel's, each as
+    overrides of `default` (the backward config the call launches untuned) that keep the other
+    kernel's options, {} (keep what is chosen) first."""
+    if problem.lq < _MIN_TUNED_LQ or problem.linear:
+        return [[{}]]
+    d = max(_pow2(problem.dk), _pow2(problem.dv), 64)
+    if target.startswith("hip"):
+        dq, dkdv = _BWD_HIP, _BWD_HIP
+    elif problem.dtype in ("bf16", "f16") and d in _BWD_DQ_16BIT:
+        dq, dkdv = _BWD_DQ_16BIT[d], _BWD_DKDV_16BIT[d]
+    else:
+        dq, dkdv = _BWD_SMALL, _BWD_SMALL
+    lq, lk = _pow2(problem.lq), _pow2(problem.lk)
+    # An override of the dQ kernel's options alone would make the dK/dV kernel follow them
+    # (launch_defaults.backward_overrides): its candidates name the dK/dV kernel's default too.
+    keep = {k: default[k] for k in ("dkdv_block_m", "dkdv_block_n", "dkdv_num_warps", "dkdv_num_stages")}
+    groups = []
+    for prefix, table in (("", dq), ("dkdv_", dkdv)):
+        group = [{f"{prefix}block_m": min(bm, lq), f"{prefix}block_n": min(bn, lk), f"{prefix}num_warps": warps,
+                  f"{prefix}num_stages": stages} for bm, bn, warps, stages in table]
+        group = [dict(c, **keep) if not prefix else c for c in group
+                 if any(default.get(k) != v for k, v in c.items())]
+        groups.append(_unique([{}] + group))
+    return groups
 
 
 def _cpu_candidates(problem: Problem) -> tuple[list[dict], dict]:
@@ -266,14 +307,29 @@ def choose(key: str, name: str, target: str, configs: list[dict], launcher, time
     and its shape bucket's key `bucket`: `launcher(config)` compiles (or fetches) a candidate and
     returns a function that launches it once (`compiled`); a single candidate is chosen without
     timing."""
-    kept, launches = compiled(name, configs, launcher)
-    if len(kept) == 1:
-        record = {"target": target, "candidates": kept, "chosen": kept[0]}
-    else:
-        chosen, times = search(name, kept, launches, timer)
-        record = {"target": target, "candidates": kept, "ms": times, "chosen": chosen}
+    return choose_in_turn(key, name, target, [configs], launcher, timer, bucket)
+
+
+def choose_in_turn(key: str, name: str, target: str, groups: list[list[dict]], launcher, timer=None,
+                   bucket: str | None = None) -> dict:
+    """`choose` over groups of candidates searched one after another, as one kernel's options are
+    searched while another's stay put: each group's overrides are applied over the choice so far
+    ({} first: keep it). The record lists every candidate timed, in order."""
+    chosen, tried, times = {}, [], []
+    for group in groups:
+        kept, launches = compiled(name, _unique([dict(chosen, **c) for c in group]), launcher)
+        if len(kept) > 1:
+            chosen, ms = search(name, kept, launches, timer)
+            times += ms
+        else:
+            chosen = kept[0]
+            times.append(None)  # the only candidate left: not timed
+        tried += kept
+    record = {"target": target, "candidates": tried, "chosen": chosen}
+    if len(tried) > 1:
+        record["ms"] = times
     save(key, record)
-    if bucket is not None and len(kept) > 1:
+    if bucket is not None and len(tried) > 1:
         save(bucket, dict(record, tuned_as=key))
     return record["chosen"]
 

@@ -254,7 +254,7 @@ def test_closure_gradients_only_when_wanted(monkeypatch):
     calls = []
     run_backward = backends.run_backward
 
-    def recording(text, tensors, backend, closure_grads=True, kind=None, stat="none"):
+    def recording(text, tensors, backend, closure_grads=True, kind=None, stat="none", autotune=False):
         calls.append(closure_grads)
         return run_backward(text, tensors, backend, closure_grads, kind, stat)
 

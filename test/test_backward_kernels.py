@@ -316,7 +316,7 @@ def test_cpu_softmax_backward_runs_the_kernels(monkeypatch):
     calls = []
     run_backward = backends.run_backward
 
-    def counting(text, tensors, backend, closure_grads=True, kind=None, stat="none"):
+    def counting(text, tensors, backend, closure_grads=True, kind=None, stat="none", autotune=False):
         calls.append((backend, sorted(tensors), closure_grads))
         return run_backward(text, tensors, backend, closure_grads, kind, stat)
 

@@ -26,12 +26,13 @@ def run(module_text: str, inputs: list, backend: str, out_dtype, autotune: bool 
 
 
 def run_backward(module_text: str, tensors: dict, backend: str, closure_grads: bool = True,
-                 kind: str | None = None, stat: str = "none") -> dict:
+                 kind: str | None = None, stat: str = "none", autotune: bool = False) -> dict:
     """dq, dk and dv (by role) of the attention `module_text` (softmax, an element-wise
     normalizer or a user's online one: its normalize `kind`, by default softmax when `tensors`
     has lse, and its `stat`, "max" for a running max) from its backward kernels, and with `closure_grads` the gradients
     dc<i> of the closure tensors the score_mod reads; `tensors` holds q, k, v, the closure
-    tensors c<i>, do, and for softmax out, lse and dlse, by role."""
+    tensors c<i>, do, and for softmax out, lse and dlse, by role. `autotune` tunes the Triton
+    kernels' launch configuration (`ae_mlir.autotune`); the CPU's backward keeps its tiles."""
     if backend == "cpu":
         from .cpu import run_backward as run_cpu
 
@@ -39,5 +40,5 @@ def run_backward(module_text: str, tensors: dict, backend: str, closure_grads: b
     if backend == "triton":
         from .triton import run_backward as run_triton
 
-        return run_triton(module_text, tensors, closure_grads)
+        return run_triton(module_text, tensors, closure_grads, autotune)
     raise NotImplementedError(f"backend '{backend}' has no backward kernels")

@@ -35,7 +35,7 @@ class CompiledCall:
     backward_text: str = ""
     # The position of the key lengths (kv_len) among the closure tensors, if the call has them.
     lengths: int | None = None
-    autotune: bool = False  # the forward's launch configuration is tuned (ae_mlir.autotune)
+    autotune: bool = False  # the kernels' launch configurations are tuned (ae_mlir.autotune)
 
     @property
     def with_lse(self) -> bool:
@@ -95,7 +95,7 @@ class CompiledCall:
             tensors.update(out=_as(out.detach(), work), lse=_as(lse.detach(), torch.float32).contiguous(),
                            dlse=d_lse.contiguous())
         grads = backends.run_backward(self.backward_text, tensors, self.backend, closure_grads=wanted,
-                                      kind=self.derivative.kind, stat=self.derivative.stat)
+                                      kind=self.derivative.kind, stat=self.derivative.stat, autotune=self.autotune)
         d_captures = [grads.get(abi.closure_grad(i)) if closures_wanted is None or closures_wanted[i] else None
                       for i in range(len(captures))]
         d_captures = [None if g is None else g.to(t.device, t.dtype) for g, t in zip(d_captures, captures)]
