@@ -70,13 +70,15 @@ _MARGIN = 0.03
 # num_stages) for the dQ kernel (query rows resident, keys a step) and for the dK/dV kernel
 # (query rows a step, keys resident), by head dim, for 16-bit inputs on CUDA: the configs the
 # per-kernel sweeps on an H200 ranked best (bench/backward.py sweep; launch_defaults.py's notes).
+# At D = 128 the dK/dV kernel's 32x128 and 64x128 tiles on 4 warps spilled there (2.3-3.0 ms
+# against 1.1-1.2, bench/results/h200-autotune-backward-2026-12-04.json): not tried.
 # fp32 and MI300 try smaller tiles. The two kernels are searched in turn (`choose_in_turn`): the
 # dQ kernel's candidates with the dK/dV kernel at its default, then the dK/dV kernel's with the
 # dQ kernel's choice.
 _BWD_DQ_16BIT = {64: [(128, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 2), (128, 32, 4, 3), (128, 64, 8, 2)],
                  128: [(128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 4, 2), (128, 32, 4, 3), (64, 128, 8, 2)]}
 _BWD_DKDV_16BIT = {64: [(32, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3)],
-                   128: [(64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 2)]}
+                   128: [(64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2), (64, 64, 8, 2)]}
 _BWD_SMALL = [(32, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (16, 32, 4, 2)]
 _BWD_HIP = [(64, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1), (32, 64, 4, 1)]
 # Queries at most this long (decoding) are not tuned: their split count, not their tiles, sets
