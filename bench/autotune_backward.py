@@ -34,7 +34,8 @@ import suite  # noqa: E402
 BATCH, HEADS, SEQ = 8, 16, 2048
 ROUNDS = 3  # default and tuned alternately, as bench/autotune.py does, under the same drift
 CASES = ["full_d128", "causal_d128", "full_d64", "causal_d64", "softcap_d128", "alibi_d128", "document_d128",
-         "sliding_window_d128"]
+         "sliding_window_d128", "relative_bias_d128", "t5_bias_d128", "sigmoid_d128", "prefix_lm_d128",
+         "gqa_d128", "retnet_d128"]
 
 
 def _case(name: str) -> suite.Case:
@@ -90,9 +91,15 @@ def run(bundles: str, out_dir: str) -> None:
             flops = 2.5 * suite.softmax_flops(shape, suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k,
                                                                           device))
             text, captures, grads, tiles = _call(attn, q, k, v, target)
-            out, lse = attn(q, k, v, return_lse=True)
-            tensors = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "do": torch.randn_like(out),
-                       "dlse": torch.zeros_like(lse), **{f"c{i}": t for i, t in enumerate(captures)}}
+            # Softmax's kernels read the forward's output and logsumexp; the other normalizers'
+            # recompute what they need.
+            tensors = {"q": q, "k": k, "v": v, **{f"c{i}": t for i, t in enumerate(captures)}}
+            if attn.normalize == "softmax":
+                out, lse = attn(q, k, v, return_lse=True)
+                tensors.update(out=out, lse=lse, dlse=torch.zeros_like(lse))
+            else:
+                out = attn(q, k, v)
+            tensors["do"] = torch.randn_like(out)
             bundles = {"default": tb.get_backward_bundle(text, target, closure_grads=grads, tiles=tiles),
                        "tuned": tb.tuned_backward_bundle(text, target, tensors, grads, tiles)}
             got = {label: runtime.launch_roles(bundle, tensors) for label, bundle in bundles.items()}
