@@ -145,13 +145,26 @@ _CUDA_BWD_CUT_DKDV = (32, 64, 4, 3)
 _CUDA_BWD_CUT_DQ = (64, 64, 4, 2)
 
 
-def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, cut_tiles: float = 0.0) -> dict:
+# The dK/dV kernel runs a program per (batch, KV head, block of keys): a KV head's query heads
+# all run in its program (GQA sums dK and dV over the group). Where 64x128 tiles would leave fewer
+# programs than this, it takes 32x64 tiles on 4 warps, more programs in flight. On an H200 (bf16,
+# B8 L2048 D128, causal, bench/results/h200-autotune-backward-2026-12-04-catalogue.json) GQA 16:4
+# (512 programs) ran its backward in 1.134 ms at 32x64 against 1.386 at 64x128; with 16 KV heads
+# (2048 programs) 32x64 was 1.6% slower to 3% faster across nine mods, so those keep 64x128.
+_BWD_DKDV_MIN_PROGRAMS = 1024
+
+
+def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, cut_tiles: float = 0.0,
+                    kv_heads: int | None = None) -> dict:
     """Block sizes and launch options of the backward kernels for one problem shape (`cut_tiles`:
-    see Problem)."""
+    see Problem; `kv_heads`: B * Hkv, when known)."""
     d, table = _table(dk, dv, dtype, target, (_CUDA_BWD_16BIT, _CUDA_BWD_FP32, _HIP_BWD_16BIT, _HIP_BWD_FP32))
     dq, dkdv = table.get(d, ((16, 16, 4, 1),) * 2)
     if table is _CUDA_BWD_16BIT and d == 128 and cut_tiles > CUT_TILES_MAX:
         dq, dkdv = _CUDA_BWD_CUT_DQ, _CUDA_BWD_CUT_DKDV
+    elif (table is _CUDA_BWD_16BIT and d == 128 and kv_heads is not None
+          and kv_heads * -(-lk // dkdv[1]) < _BWD_DKDV_MIN_PROGRAMS):
+        dkdv = _CUDA_BWD_CUT_DKDV
     config = {"block_m": min(dq[0], _pow2(lq)), "block_n": min(dq[1], _pow2(lk)), "num_warps": dq[2],
               "num_stages": dq[3], "dkdv_block_m": min(dkdv[0], _pow2(lq)), "dkdv_block_n": min(dkdv[1], _pow2(lk)),
               "dkdv_num_warps": dkdv[2], "dkdv_num_stages": dkdv[3]}

@@ -218,7 +218,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     elif problem is not None:
         if typed.get("backward"):
             values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                          problem.cut_tiles))
+                                          problem.cut_tiles, problem.batch_heads // problem.group))
         else:
             values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
                                          problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles))

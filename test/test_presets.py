@@ -92,7 +92,7 @@ def test_backward_kernels_launch_with_their_own_options(tmp_path):
     """bf16 at D = 128: the dQ kernel on 8 warps over 128x64 tiles, the dK/dV kernel on 8 warps
     over 64 query rows and 128 keys; given its own warps, the dK/dV kernel launches with them
     while the dQ kernel keeps the preset's; the bundle, the PTX and the dump agree."""
-    text = _softmax(ae.attention(mask_mod=lambda b, h, i, j: i >= j), lq=256, dk=128, dtype=torch.bfloat16)
+    text = _softmax(ae.attention(mask_mod=lambda b, h, i, j: i >= j), b=8, h=16, lq=2048, dk=128, dtype=torch.bfloat16)
     path = _write(tmp_path, text)
     bundle = tb.build_backward_bundle(text, "cuda:90")
     assert (bundle.stages[0].num_warps, bundle.stages[0].num_stages) == (8, 3)
@@ -111,6 +111,12 @@ def test_backward_kernels_launch_with_their_own_options(tmp_path):
     # A short sequence's smaller dK/dV tiles take 4 warps.
     short = launch_defaults.backward_config(32, 32, 128, 128, "bf16", "cuda:90")
     assert (short["dkdv_block_m"], short["dkdv_block_n"], short["dkdv_num_warps"]) == (32, 32, 4)
+    # Fewer dK/dV programs than 1024 at 64x128 (GQA 16:4 at B 8, L 2048: 512) take 32x64 tiles.
+    gqa = _softmax(ae.attention(mask_mod=lambda b, h, i, j: i >= j), b=8, h=16, hkv=4, lq=2048, dk=128,
+                   dtype=torch.bfloat16)
+    config = tb.build_backward_bundle(gqa, "cuda:90").meta["config"]
+    assert (config["dkdv_block_m"], config["dkdv_block_n"], config["dkdv_num_warps"]) == (32, 64, 4)
+    assert (config["block_m"], config["block_n"], config["num_warps"]) == (128, 64, 8)
     # An override of a shared option sets both kernels' unless the dK/dV kernel's own is given.
     problem = presets.read_problem(parse_module(text, new_context()))
 
@@ -159,7 +165,8 @@ def test_masks_that_cut_many_tiles_take_smaller_tiles(mask, cut, tiles):
     than a causal diagonal (2 of the 128 x 64 tiles) takes 64 x 64 tiles: a band of 513 keys cuts
     3.25 on average at L = 1000 (fewer at its ends), a causal stride every tile it visits (9); a
     mask that reads a closure tensor is classified at call time, so the presets do not know it (0)."""
-    text = _softmax(ae.attention(mask_mod=mask), lq=1000, dk=128, dtype=torch.bfloat16)
+    # B 8, H 16: enough dK/dV programs that 64 x 128 tiles stay (launch_defaults.backward_config).
+    text = _softmax(ae.attention(mask_mod=mask), b=8, h=16, lq=1000, dk=128, dtype=torch.bfloat16)
     problem = presets.read_problem(parse_module(text, new_context()))
     assert problem.cut_tiles == pytest.approx(cut)
     options = presets.options_for("triton", problem, "cuda:90")

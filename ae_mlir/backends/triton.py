@@ -413,7 +413,7 @@ def _backward_candidates(l0_text: str, target: str, tiles: dict) -> list[list[di
     if problem is None:
         raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
     default = launch_defaults.backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                              problem.cut_tiles)
+                                              problem.cut_tiles, problem.batch_heads // problem.group)
     return autotune.backward_candidates(problem, target, dict(default, **(tiles or {})))
 
 
