@@ -128,8 +128,15 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
 # 64 query rows on 128 keys with 8 warps and 3 stages at D = 128 (the 2026-12-01 sweep: causal
 # 0.63 ms against 0.92 at 64x64, full level) and at 32x128 on 4 warps at D = 64 (full 0.57
 # against 0.62 at 32x64, causal level). Other head dims, fp32 and MI300 keep one unmeasured config.
+# Head dims past 128 (the bucket of 256): the dK/dV kernel keeps dK and dV of its keys in
+# registers, (Dk + Dv) floats per key. On an H200 (bf16 B8 H16 L2048 causal, the backward's
+# autotuning, bench/results/h200-autotune-backward-2026-12-04-d256.json and -mla.json) Dk = Dv =
+# 256 ran 3.43 ms at dQ 64x64 and dK/dV 64 query rows on 32 keys, 4 warps, 2 stages, against
+# 6.65 at the 32x32 single-stage tiles before (16 rows on 64 keys spilled: 11.3 ms); Dk = 192,
+# Dv = 128 ran 1.85 ms at dQ 64x32 and dK/dV 16x64 (the 32x32 tiles: 5.07 ms; FlexAttention 3.42).
 _CUDA_BWD_16BIT = {64: ((128, 64, 4, 3), (32, 128, 4, 3)), 128: ((128, 64, 8, 3), (64, 128, 8, 3)),
-                   256: ((32, 32, 4, 1),) * 2}
+                   256: ((64, 64, 4, 2), (64, 32, 4, 2))}
+_CUDA_BWD_NARROW_256 = ((64, 32, 4, 2), (16, 64, 4, 2))  # Dk + Dv <= 320 (MLA's 192 and 128)
 _CUDA_BWD_FP32 = {64: ((32, 32, 4, 2),) * 2, 128: ((32, 32, 4, 2),) * 2, 256: ((16, 16, 4, 1),) * 2}
 _HIP_BWD_16BIT = {64: ((64, 64, 4, 1),) * 2, 128: ((64, 32, 4, 1),) * 2, 256: ((32, 32, 4, 1),) * 2}
 _HIP_BWD_FP32 = {64: ((32, 32, 4, 1),) * 2, 128: ((32, 32, 4, 1),) * 2, 256: ((16, 16, 4, 1),) * 2}
@@ -165,6 +172,8 @@ def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str,
     elif (table is _CUDA_BWD_16BIT and d == 128 and kv_heads is not None
           and kv_heads * -(-lk // dkdv[1]) < _BWD_DKDV_MIN_PROGRAMS):
         dkdv = _CUDA_BWD_CUT_DKDV
+    elif table is _CUDA_BWD_16BIT and d == 256 and dk + dv <= 320:
+        dq, dkdv = _CUDA_BWD_NARROW_256
     config = {"block_m": min(dq[0], _pow2(lq)), "block_n": min(dq[1], _pow2(lk)), "num_warps": dq[2],
               "num_stages": dq[3], "dkdv_block_m": min(dkdv[0], _pow2(lq)), "dkdv_block_n": min(dkdv[1], _pow2(lk)),
               "dkdv_num_warps": dkdv[2], "dkdv_num_stages": dkdv[3]}

@@ -35,7 +35,7 @@ BATCH, HEADS, SEQ = 8, 16, 2048
 ROUNDS = 3  # default and tuned alternately, as bench/autotune.py does, under the same drift
 CASES = ["full_d128", "causal_d128", "full_d64", "causal_d64", "softcap_d128", "alibi_d128", "document_d128",
          "sliding_window_d128", "relative_bias_d128", "t5_bias_d128", "sigmoid_d128", "prefix_lm_d128",
-         "gqa_d128", "retnet_d128"]
+         "gqa_d128", "retnet_d128", "mla_dims_d128", "causal_d256"]
 
 
 def _case(name: str) -> suite.Case:

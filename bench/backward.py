@@ -34,7 +34,7 @@ import suite  # noqa: E402
 
 CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64),
          ("sigmoid", 128), ("relu", 128), ("retnet", 128), ("tempered", 128), ("sliding_window", 128),
-         ("causal_sliding", 128), ("document", 128), ("dilated", 128), ("gqa", 128)]
+         ("causal_sliding", 128), ("document", 128), ("dilated", 128), ("gqa", 128), ("mla_dims", 128)]
 BATCH, HEADS, SEQ = 8, 16, 2048
 # (block_m, block_n, num_warps, num_stages): each kernel of the backward timed alone under each
 # (the `sweep` mode), for full and causal attention.
