@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,12 +93,7 @@ def run(bundles: str, out_dir: str) -> None:
                 for label in rounds:
                     fn.autotune = label == "tuned"
                     rounds[label].append(harness.bench_ms(lambda: fn(*inputs)))
-            rec["rounds_ms"] = rounds
-            for label, times in rounds.items():
-                rec[f"{label}_ms"] = statistics.median(times)
-                rec[f"{label}_tflops"] = flops / (rec[f"{label}_ms"] * 1e-3) / 1e12
-            rec["speedup"] = rec["default_ms"] / rec["tuned_ms"]
-            rec["speedup_per_round"] = [d / t for d, t in zip(rounds["default"], rounds["tuned"])]
+            harness.alternated(rec, rounds, flops)
             rec["search"] = autotune.load(tb.tuning_key(fn.mlir(*inputs), runtime.current_target()))
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -109,11 +108,7 @@ def run(bundles: str, out_dir: str) -> None:
             for _ in range(ROUNDS):
                 for label, bundle in bundles.items():
                     rounds[label].append(harness.bench_ms(lambda bundle=bundle: runtime.launch_roles(bundle, tensors)))
-            rec["rounds_ms"] = rounds
-            for label, times in rounds.items():
-                rec[f"{label}_ms"] = statistics.median(times)
-                rec[f"{label}_tflops"] = flops / (rec[f"{label}_ms"] * 1e-3) / 1e12
-            rec["speedup"] = rec["default_ms"] / rec["tuned_ms"]
+            harness.alternated(rec, rounds, flops)
             rec["search"] = autotune.load(tb._backward_tuning_keys(text, target, grads, tiles, "ieee")[0])
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"

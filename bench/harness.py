@@ -54,6 +54,19 @@ def peer_backward(fn, leaves: list, wrt: list, d_out, flops: float) -> dict:
             "tflops": flops / (ms * 1e-3) / 1e12}
 
 
+def alternated(rec: dict, rounds: dict, flops: float) -> None:
+    """Record default and tuned times taken alternately (`rounds`: label -> ms per round): their
+    medians, TFLOP/s at `flops`, and the speedup (default / tuned), overall and per round."""
+    import statistics
+
+    rec["rounds_ms"] = rounds
+    for label, times in rounds.items():
+        rec[f"{label}_ms"] = statistics.median(times)
+        rec[f"{label}_tflops"] = flops / (rec[f"{label}_ms"] * 1e-3) / 1e12
+    rec["speedup"] = rec["default_ms"] / rec["tuned_ms"]
+    rec["speedup_per_round"] = [d / t for d, t in zip(rounds["default"], rounds["tuned"])]
+
+
 def save(doc: dict, out_dir: str, name: str) -> None:
     """Rewrite the results file after every case, so a run cut short keeps what it measured."""
     with open(os.path.join(out_dir, name), "w") as f:

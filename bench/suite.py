@@ -102,6 +102,28 @@ def meta_like(shape, dtype: str):
     return softmax_inputs(shape, dtype, "meta", empty=True)
 
 
+def cache_training_step(case: Case, target: str = "cuda:90") -> dict:
+    """Compile what a training step of the softmax `case` needs into the kernel cache
+    (AE_MLIR_CACHE_DIR), for a GPU machine without the MLIR bindings: the forward bundle at the
+    tiles a call takes, the backward bundle at its call-time tiles, the variant's derivative and
+    the problem the module poses. Returns the backward's call-time tiles."""
+    import torch
+
+    from ae_mlir.backends import call_time_tiles as ctt
+    from ae_mlir.backends import triton as tb
+    from ae_mlir.frontend.backward import Derivative
+
+    attn, shape = softmax_problem(case, "cpu")
+    q, k, v = (torch.zeros(t.shape, dtype=getattr(torch, case.dtype)) for t in meta_like(shape, case.dtype))
+    text, captures = attn._prepare(q, k, v)
+    grads = bool(Derivative.of(text).closure_grads)
+    tb._default_bundle(text, target, [q, k, v, *captures])
+    roles = dict(zip(("q", "k", "v"), (q, k, v)), **{f"c{i}": t for i, t in enumerate(captures)})
+    tiles = ctt.backward_call_time_tiles(text, target, roles)
+    tb.get_backward_bundle(text, target, closure_grads=grads, tiles=tiles)
+    return tiles
+
+
 def sample_rows(length: int, edge: int = 128, spread: int = 256):
     """Query rows the catalogue reference checks: both ends (first rows see few keys under causal
     masks, last rows see the most) and an even spread in between."""

@@ -49,23 +49,11 @@ def _cases():
 
 def build(out: str) -> None:
     os.environ["AE_MLIR_CACHE_DIR"] = os.path.abspath(out)
-    import torch
-
     from ae_mlir import runtime
-    from ae_mlir.backends import call_time_tiles as ctt
-    from ae_mlir.backends import triton as tb
-    from ae_mlir.frontend.backward import Derivative
 
     runtime.CACHE.clear_memory()
     for variant, length in _cases():
-        attn, shape = suite.softmax_problem(_case(variant, length), "cpu")
-        q, k, v = (torch.zeros(t.shape, dtype=torch.bfloat16) for t in suite.meta_like(shape, "bfloat16"))
-        text, captures = attn._prepare(q, k, v)
-        grads = bool(Derivative.of(text).closure_grads)
-        tb._default_bundle(text, "cuda:90", [q, k, v, *captures])
-        roles = dict(zip(("q", "k", "v"), (q, k, v)), **{f"c{i}": t for i, t in enumerate(captures)})
-        tiles = ctt.backward_call_time_tiles(text, "cuda:90", roles)
-        tb.get_backward_bundle(text, "cuda:90", closure_grads=grads, tiles=tiles)
+        tiles = suite.cache_training_step(_case(variant, length))
         print("built", variant, length, tiles, flush=True)
 
 

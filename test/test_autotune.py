@@ -26,16 +26,6 @@ def causal(b, h, qi, ki):
     return qi >= ki
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path))
-    runtime.CACHE.clear_memory()
-    autotune._RECORDS.clear()
-    yield tmp_path
-    runtime.CACHE.clear_memory()
-    autotune._RECORDS.clear()
-
-
 def _shared_bytes(config: dict, dk: int, dv: int, buffers: int) -> int:
     return (buffers * config["block_n"] * (dk + dv) + config["block_m"] * dk) * 2
 
@@ -96,7 +86,7 @@ def test_search_takes_the_fastest_and_skips_a_candidate_that_cannot_launch():
         autotune.search("attention", configs, [cannot] + launches[1:], timer=lambda launch: launch())
 
 
-def test_a_candidate_that_does_not_compile_is_left_out(cache_dir):
+def test_a_candidate_that_does_not_compile_is_left_out(tuning_cache):
     def launcher(config):
         if config.get("block_n") == 64:
             raise RuntimeError("the compiler rejected it")
@@ -122,17 +112,17 @@ def _by_blocks(launch) -> float:
     return config["block_m"] * 0.01 + config["block_n"] * 0.001 + config["num_stages"] * 1e-4
 
 
-def _records(cache_dir) -> list[dict]:
-    return [json.loads(path.read_text()) for path in (cache_dir / "tuned").glob("*.json")]
+def _records(tuning_cache) -> list[dict]:
+    return [json.loads(path.read_text()) for path in (tuning_cache / "tuned").glob("*.json")]
 
 
-def _record(cache_dir) -> dict:
+def _record(tuning_cache) -> dict:
     """The one module's own record (its shape bucket's copy says which module it was tuned as)."""
-    (record,) = [r for r in _records(cache_dir) if "tuned_as" not in r]
+    (record,) = [r for r in _records(tuning_cache) if "tuned_as" not in r]
     return record
 
 
-def test_a_tuned_module_is_searched_once_and_its_choice_kept_on_disk(cache_dir, monkeypatch):
+def test_a_tuned_module_is_searched_once_and_its_choice_kept_on_disk(tuning_cache, monkeypatch):
     timed = []
 
     def timer(launch):
@@ -143,7 +133,7 @@ def test_a_tuned_module_is_searched_once_and_its_choice_kept_on_disk(cache_dir, 
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)
     bundle = tb.tuned_bundle(text, "cuda:90", [q, k, v])
-    record = _record(cache_dir)
+    record = _record(tuning_cache)
     assert record["target"] == "cuda:90" and record["candidates"][0] == {}
     assert len(record["ms"]) == len(record["candidates"]) == len(timed) == len(set(timed))
     assert record["chosen"] == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 3}
@@ -156,7 +146,7 @@ def test_a_tuned_module_is_searched_once_and_its_choice_kept_on_disk(cache_dir, 
     assert len(timed) == len(record["candidates"])
 
 
-def test_a_record_that_is_not_one_is_searched_again(cache_dir, monkeypatch):
+def test_a_record_that_is_not_one_is_searched_again(tuning_cache, monkeypatch):
     monkeypatch.setattr(autotune, "median_ms", _by_blocks)
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)
@@ -169,7 +159,7 @@ def test_a_record_that_is_not_one_is_searched_again(cache_dir, monkeypatch):
     assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"]["block_m"] == 32
 
 
-def test_decoding_shapes_are_not_timed(cache_dir, monkeypatch):
+def test_decoding_shapes_are_not_timed(tuning_cache, monkeypatch):
     def never(launch):
         raise AssertionError("a decoding shape was timed")
 
@@ -177,14 +167,14 @@ def test_decoding_shapes_are_not_timed(cache_dir, monkeypatch):
     q, k, v = qkv(h=2, lq=1, lk=64, dk=16)
     text = ae.attention().mlir(q, k, v)
     assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).key == tb.get_bundle(text, "cuda:90").key
-    assert _record(cache_dir)["chosen"] == {}
+    assert _record(tuning_cache)["chosen"] == {}
 
 
-def test_without_mlir_and_without_a_record_the_default_runs(cache_dir):
+def test_without_mlir_and_without_a_record_the_default_runs(tuning_cache):
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)
     default = tb.get_bundle(text, "cuda:90")
-    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache_dir))
+    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(tuning_cache))
     code = textwrap.dedent(f"""
         import sys
         sys.modules["mlir"] = None
@@ -201,12 +191,12 @@ def test_without_mlir_and_without_a_record_the_default_runs(cache_dir):
     assert result.stderr.count("launching the default configuration") == 1
 
 
-def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(cache_dir):
+def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(tuning_cache):
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)
     prepared = tb.prepare_tuning(text, "cuda:90")
-    assert "chosen" not in _record(cache_dir)
-    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache_dir), AE_MLIR_QUIET="1")
+    assert "chosen" not in _record(tuning_cache)
+    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(tuning_cache), AE_MLIR_QUIET="1")
     code = textwrap.dedent(f"""
         import sys
         sys.modules["mlir"] = None
@@ -223,11 +213,11 @@ def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(cache_dir):
                             timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["32"]
-    assert _record(cache_dir)["chosen"] == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 3}
-    assert len(prepared["candidates"]) == len(_record(cache_dir)["ms"])
+    assert _record(tuning_cache)["chosen"] == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 3}
+    assert len(prepared["candidates"]) == len(_record(tuning_cache)["ms"])
 
 
-def test_run_with_autotune_launches_the_tuned_bundle(cache_dir, monkeypatch):
+def test_run_with_autotune_launches_the_tuned_bundle(tuning_cache, monkeypatch):
     launched = []
     monkeypatch.setattr(autotune, "median_ms", _by_blocks)
     monkeypatch.setattr(runtime, "current_target", lambda device=None: "cuda:90")
@@ -240,7 +230,7 @@ def test_run_with_autotune_launches_the_tuned_bundle(cache_dir, monkeypatch):
     assert default.meta["config"]["block_m"] == 64 and tuned.meta["config"]["block_m"] == 32
 
 
-def test_every_forward_call_path_passes_autotune_on(cache_dir, monkeypatch):
+def test_every_forward_call_path_passes_autotune_on(tuning_cache, monkeypatch):
     """Eager, differentiable and packed calls of both attention kinds hand `autotune` to the
     backend that runs their forward kernels."""
     from ae_mlir import backends
@@ -291,7 +281,7 @@ def _cpu_clock(monkeypatch) -> list:
     return timed
 
 
-def test_the_cpu_backend_tunes_its_tiles(cache_dir, monkeypatch):
+def test_the_cpu_backend_tunes_its_tiles(tuning_cache, monkeypatch):
     """On the CPU the candidates are the tiles (rows per program, keys per KV tile), timed by the
     wall clock; the stand-in clock makes 32 x 32 tiles the fastest."""
     from ae_mlir.backends import cpu
@@ -301,7 +291,7 @@ def test_the_cpu_backend_tunes_its_tiles(cache_dir, monkeypatch):
     plain, tuned = ae.attention(mask_mod=causal), ae.attention(mask_mod=causal, autotune=True)
     torch.testing.assert_close(tuned(q, k, v, backend="cpu"), plain(q, k, v, backend="cpu"), rtol=1e-5, atol=1e-5)
     assert sorted(set(timed)) == [(32, 32), (32, 64), (64, 32), (64, 64)]
-    record = _record(cache_dir)
+    record = _record(tuning_cache)
     assert record["target"] == "host" and record["chosen"] == {"block_m": 32, "block_n": 32}
     assert cpu.tuned_blocks(tuned.mlir(q, k, v), [q, k, v]) == {"block_m": 32, "block_n": 32}
     assert len(timed) == len(record["candidates"])  # searched once
@@ -317,7 +307,7 @@ def test_shape_buckets_round_every_static_dimension_up_to_a_power_of_two():
         ' {scale = 0.111803398 : f32} memref<1x2048xi32, strided<[?, 1]>> vector<6xf32> %c1500 = 1500')
 
 
-def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(cache_dir, monkeypatch):
+def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(tuning_cache, monkeypatch):
     """Lengths 40 and 50 round to one bucket (64): the second module launches the first's choice,
     compiled for its own shape, untimed, and keeps it as its own record; length 70 is another
     bucket, searched anew. A scale of its own makes another variant."""
@@ -343,7 +333,7 @@ def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(cache_dir, 
         k: first.meta["config"][k] for k in ("block_m", "block_n", "num_stages")}
     assert said == ["ae-mlir: autotune: 'attention' takes block_m=32 block_n=32 num_warps=4 num_stages=3, the "
                     "choice searched for another shape of its bucket (no search)"]
-    adopted = [r for r in _records(cache_dir) if "adopted_from" in r]
+    adopted = [r for r in _records(tuning_cache) if "adopted_from" in r]
     assert len(adopted) == 1 and adopted[0]["chosen"] == {"block_m": 32, "block_n": 32, "num_warps": 4,
                                                           "num_stages": 3}
     autotune._RECORDS.clear()  # a new process reads the adopted record: no search, no bucket lookup
@@ -356,17 +346,17 @@ def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(cache_dir, 
     assert len(timed) > again
 
 
-def test_a_bucket_choice_that_does_not_build_for_a_shape_is_searched_anew(cache_dir, monkeypatch):
+def test_a_bucket_choice_that_does_not_build_for_a_shape_is_searched_anew(tuning_cache, monkeypatch):
     monkeypatch.setattr(autotune, "median_ms", _by_blocks)
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)
     bogus = {"block_m": 24}  # not a power of two: the tiling pass rejects it
     autotune.save(tb.bucket_key(text, "cuda:90"), {"target": "cuda:90", "candidates": [{}, bogus], "chosen": bogus})
     assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"]["block_m"] == 32
-    assert _record(cache_dir)["chosen"]["block_m"] == 32
+    assert _record(tuning_cache)["chosen"]["block_m"] == 32
 
 
-def test_the_cpu_backend_shares_its_tiles_within_a_bucket(cache_dir, monkeypatch):
+def test_the_cpu_backend_shares_its_tiles_within_a_bucket(tuning_cache, monkeypatch):
     from ae_mlir.backends import cpu
 
     timed = _cpu_clock(monkeypatch)

@@ -5,35 +5,22 @@ bundle's gradients in the TTIR interpreter. Kernel times come from a stand-in ti
 GPU here); what the timer is given is the real candidate bundle."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
 
-import pytest
 import torch
 
 import ae_mlir as ae
 from ae_mlir import autotune, launch_defaults, presets, runtime
 from ae_mlir.backends import triton as tb
 from bundle_interp import interpret_roles
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_autotune import ROOT, _records
 
 
 def causal(b, h, qi, ki):
     return qi >= ki
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path))
-    runtime.CACHE.clear_memory()
-    autotune._RECORDS.clear()
-    yield tmp_path
-    runtime.CACHE.clear_memory()
-    autotune._RECORDS.clear()
 
 
 def _cost(config: dict) -> float:
@@ -61,10 +48,6 @@ def _module(lq=256, lk=None, dtype=torch.bfloat16, dk=64):
     return ae.attention(mask_mod=causal).mlir(q, k, v), {"q": q, "k": k, "v": v}
 
 
-def _records(cache_dir) -> list[dict]:
-    return [json.loads(path.read_text()) for path in (cache_dir / "tuned").glob("*.json")]
-
-
 def test_candidates_come_in_two_groups_each_keeping_the_other_kernels_options():
     problem = presets.Problem(lq=2048, lk=2048, dk=128, dv=128, dtype="bf16")
     default = launch_defaults.backward_config(2048, 2048, 128, 128, "bf16", "cuda:90")
@@ -86,7 +69,7 @@ def test_candidates_come_in_two_groups_each_keeping_the_other_kernels_options():
     assert all(c["num_stages"] == 1 for c in hip[0][1:]) and all(c["dkdv_num_stages"] == 1 for c in hip[1][1:])
 
 
-def test_the_kernels_are_searched_in_turn_once_and_the_choice_kept_on_disk(cache_dir, monkeypatch):
+def test_the_kernels_are_searched_in_turn_once_and_the_choice_kept_on_disk(tuning_cache, monkeypatch):
     timed = []
 
     def timer(launch):
@@ -96,7 +79,7 @@ def test_the_kernels_are_searched_in_turn_once_and_the_choice_kept_on_disk(cache
     monkeypatch.setattr(autotune, "median_ms", timer)
     text, tensors = _module()
     bundle = tb.tuned_backward_bundle(text, "cuda:90", tensors)
-    (record,) = [r for r in _records(cache_dir) if "tuned_as" not in r]
+    (record,) = [r for r in _records(tuning_cache) if "tuned_as" not in r]
     problem = presets.Problem(lq=256, lk=256, dk=64, dv=64, dtype="bf16")
     dq, dkdv = autotune.backward_candidates(problem, "cuda:90",
                                             launch_defaults.backward_config(256, 256, 64, 64, "bf16", "cuda:90"))
@@ -119,7 +102,7 @@ def test_the_kernels_are_searched_in_turn_once_and_the_choice_kept_on_disk(cache
     assert len(timed) == len(record["candidates"])
 
 
-def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(cache_dir, monkeypatch):
+def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(tuning_cache, monkeypatch):
     monkeypatch.setattr(autotune, "median_ms", _by_blocks)
     text, tensors = _module(lq=256)
     chosen = tb.tuned_backward_bundle(text, "cuda:90", tensors).meta["config"]
@@ -132,7 +115,7 @@ def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(cache_dir, 
     assert tb.tuned_backward_bundle(other, "cuda:90", tensors).meta["config"] == chosen
 
 
-def test_the_tuned_bundle_computes_the_defaults_gradients(cache_dir, monkeypatch):
+def test_the_tuned_bundle_computes_the_defaults_gradients(tuning_cache, monkeypatch):
     monkeypatch.setattr(autotune, "median_ms", _by_blocks)
     text, tensors = _module(lq=80, dtype=torch.float32, dk=32)
     attn = ae.attention(mask_mod=causal)
@@ -146,10 +129,10 @@ def test_the_tuned_bundle_computes_the_defaults_gradients(cache_dir, monkeypatch
         torch.testing.assert_close(got[role], want[role], atol=1e-4, rtol=1e-4)
 
 
-def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(cache_dir):
+def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(tuning_cache):
     text, tensors = _module()
     prepared = tb.prepare_backward_tuning(text, "cuda:90")
-    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache_dir), AE_MLIR_QUIET="1")
+    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(tuning_cache), AE_MLIR_QUIET="1")
     code = textwrap.dedent(f"""
         import sys
         sys.modules["mlir"] = None
