@@ -17,7 +17,7 @@ also recorded for the module's shape bucket (`shape_bucket`: the same variant wi
 dimension rounded up to a power of two): a module of the bucket that has no record of its own
 takes that choice without a search (`adopt`), so a new sequence length costs one compile, not a
 search; a choice that does not compile for it is searched anew. A record with
-candidates but no choice is what `backends.triton.prepare_tuning` leaves on a machine that
+candidates but no choice is what `backends.triton_tuning.prepare_tuning` leaves on a machine that
 compiles but has no GPU: the candidates' bundles sit in the same cache, so a GPU machine without
 the MLIR bindings tunes from them (ship the cache directory). Without the bindings and without
 such a record, a call launches the default and says so once. Each line of the search is reported through
@@ -384,7 +384,7 @@ def can_compile(key: str) -> bool:
             _UNTUNED.add(key)
             progress.emit("ae-mlir: autotune=True, but this module has no tuning record and the MLIR bindings are "
                           "not installed to compile candidates; launching the default configuration "
-                          "(ae_mlir.backends.triton.prepare_tuning prepares a cache on a machine that has them)")
+                          "(ae_mlir.backends.triton_tuning.prepare_tuning prepares a cache on a machine that has them)")
         return False
     return True
 

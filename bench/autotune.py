@@ -56,6 +56,7 @@ def build(out: str) -> None:
     os.environ["AE_MLIR_CACHE_DIR"] = os.path.abspath(out)
     from ae_mlir import runtime
     from ae_mlir.backends import triton as tb
+    from ae_mlir.backends import triton_tuning as tuning
 
     runtime.CACHE.clear_memory()
     for case in _cases():
@@ -66,7 +67,7 @@ def build(out: str) -> None:
             inputs = suite.meta_like(shape, case.dtype)
         text = fn.mlir(*inputs)
         tb.get_bundle(text, "cuda:90")
-        record = tb.prepare_tuning(text, "cuda:90")
+        record = tuning.prepare_tuning(text, "cuda:90")
         print("built", case.name, len(record["candidates"]), "candidates", flush=True)
 
 
@@ -75,7 +76,7 @@ def run(bundles: str, out_dir: str) -> None:
     import torch
 
     from ae_mlir import autotune, runtime
-    from ae_mlir.backends import triton as tb
+    from ae_mlir.backends import triton_tuning as tuning
 
     runtime.CACHE.clear_memory()
     device = torch.device("cuda")
@@ -94,7 +95,7 @@ def run(bundles: str, out_dir: str) -> None:
                     fn.autotune = label == "tuned"
                     rounds[label].append(harness.bench_ms(lambda: fn(*inputs)))
             harness.alternated(rec, rounds, flops)
-            rec["search"] = autotune.load(tb.tuning_key(fn.mlir(*inputs), runtime.current_target()))
+            rec["search"] = autotune.load(tuning.tuning_key(fn.mlir(*inputs), runtime.current_target()))
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         doc["cases"].append(rec)

@@ -60,6 +60,7 @@ def build(out: str) -> None:
 
     from ae_mlir import runtime
     from ae_mlir.backends import triton as tb
+    from ae_mlir.backends import triton_tuning as tuning
 
     runtime.CACHE.clear_memory()
     for name in CASES:
@@ -67,7 +68,7 @@ def build(out: str) -> None:
         q, k, v = (torch.zeros(t.shape, dtype=torch.bfloat16) for t in suite.meta_like(shape, "bfloat16"))
         text, captures, grads, tiles = _call(attn, q, k, v, "cuda:90")
         tb._default_bundle(text, "cuda:90", [q, k, v, *captures])
-        record = tb.prepare_backward_tuning(text, "cuda:90", grads, tiles)
+        record = tuning.prepare_backward_tuning(text, "cuda:90", grads, tiles)
         print("built", name, len(record["candidates"]), "candidates", flush=True)
 
 
@@ -77,6 +78,7 @@ def run(bundles: str, out_dir: str) -> None:
 
     from ae_mlir import autotune, runtime
     from ae_mlir.backends import triton as tb
+    from ae_mlir.backends import triton_tuning as tuning
 
     runtime.CACHE.clear_memory()
     device = torch.device("cuda")
@@ -100,7 +102,7 @@ def run(bundles: str, out_dir: str) -> None:
                 out = attn(q, k, v)
             tensors["do"] = torch.randn_like(out)
             bundles = {"default": tb.get_backward_bundle(text, target, closure_grads=grads, tiles=tiles),
-                       "tuned": tb.tuned_backward_bundle(text, target, tensors, grads, tiles)}
+                       "tuned": tuning.tuned_backward_bundle(text, target, tensors, grads, tiles)}
             got = {label: runtime.launch_roles(bundle, tensors) for label, bundle in bundles.items()}
             rec["max_abs_diff_vs_default"] = max(float((got["tuned"][r].float() - got["default"][r].float()).abs().max())
                                                  for r in ("dq", "dk", "dv"))
@@ -109,7 +111,7 @@ def run(bundles: str, out_dir: str) -> None:
                 for label, bundle in bundles.items():
                     rounds[label].append(harness.bench_ms(lambda bundle=bundle: runtime.launch_roles(bundle, tensors)))
             harness.alternated(rec, rounds, flops)
-            rec["search"] = autotune.load(tb._backward_tuning_keys(text, target, grads, tiles, "ieee")[0])
+            rec["search"] = autotune.load(tuning._backward_tuning_keys(text, target, grads, tiles, "ieee")[0])
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         doc["cases"].append(rec)

@@ -1,4 +1,4 @@
-"""Autotuning of the kernels' launch configuration (`ae_mlir.autotune`; `backends.triton.tuned_bundle`,
+"""Autotuning of the kernels' launch configuration (`ae_mlir.autotune`; `backends.triton_tuning.tuned_bundle`,
 `backends.cpu.tuned_blocks`): the candidates, the search, the record kept on disk, and tuning on a
 machine without the MLIR bindings from candidates compiled elsewhere. Kernel times come from a stand-in timer (there is no
 GPU here); what the timer is given is the real candidate bundle."""
@@ -17,6 +17,7 @@ import torch
 import ae_mlir as ae
 from ae_mlir import autotune, launch_defaults, presets, runtime
 from ae_mlir.backends import triton as tb
+from ae_mlir.backends import triton_tuning as tuning
 from inputs import qkv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,17 +133,17 @@ def test_a_tuned_module_is_searched_once_and_its_choice_kept_on_disk(tuning_cach
     monkeypatch.setattr(autotune, "median_ms", timer)
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)
-    bundle = tb.tuned_bundle(text, "cuda:90", [q, k, v])
+    bundle = tuning.tuned_bundle(text, "cuda:90", [q, k, v])
     record = _record(tuning_cache)
     assert record["target"] == "cuda:90" and record["candidates"][0] == {}
     assert len(record["ms"]) == len(record["candidates"]) == len(timed) == len(set(timed))
     assert record["chosen"] == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 3}
     assert {k: bundle.meta["config"][k] for k in record["chosen"]} == record["chosen"]
     # Later calls, in this process or a new one (memory cleared), launch the choice untimed.
-    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]) is bundle
+    assert tuning.tuned_bundle(text, "cuda:90", [q, k, v]) is bundle
     autotune._RECORDS.clear()
     runtime.CACHE.clear_memory()
-    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"] == bundle.meta["config"]
+    assert tuning.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"] == bundle.meta["config"]
     assert len(timed) == len(record["candidates"])
 
 
@@ -150,13 +151,13 @@ def test_a_record_that_is_not_one_is_searched_again(tuning_cache, monkeypatch):
     monkeypatch.setattr(autotune, "median_ms", _by_blocks)
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)
-    path = autotune.record_path(tb.tuning_key(text, "cuda:90"))
+    path = autotune.record_path(tuning.tuning_key(text, "cuda:90"))
     path.parent.mkdir(parents=True)
     for broken in ('{"candidates": []}', '{"candidates": [{}], "chosen": {"block_m": 7}}', "[1, 2]", "{not json"):
         path.write_text(broken)
         autotune._RECORDS.clear()
-        assert autotune.load(tb.tuning_key(text, "cuda:90")) is None
-    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"]["block_m"] == 32
+        assert autotune.load(tuning.tuning_key(text, "cuda:90")) is None
+    assert tuning.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"]["block_m"] == 32
 
 
 def test_decoding_shapes_are_not_timed(tuning_cache, monkeypatch):
@@ -166,7 +167,7 @@ def test_decoding_shapes_are_not_timed(tuning_cache, monkeypatch):
     monkeypatch.setattr(autotune, "median_ms", never)
     q, k, v = qkv(h=2, lq=1, lk=64, dk=16)
     text = ae.attention().mlir(q, k, v)
-    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).key == tb.get_bundle(text, "cuda:90").key
+    assert tuning.tuned_bundle(text, "cuda:90", [q, k, v]).key == tb.get_bundle(text, "cuda:90").key
     assert _record(tuning_cache)["chosen"] == {}
 
 
@@ -179,10 +180,10 @@ def test_without_mlir_and_without_a_record_the_default_runs(tuning_cache):
         import sys
         sys.modules["mlir"] = None
         import torch
-        from ae_mlir.backends import triton as tb
+        from ae_mlir.backends import triton_tuning as tuning
         q, k, v = (torch.zeros(1, 2, 40, 16) for _ in range(3))
-        print(tb.tuned_bundle({text!r}, "cuda:90", [q, k, v]).key)
-        print(tb.tuned_bundle({text!r}, "cuda:90", [q, k, v]).key)
+        print(tuning.tuned_bundle({text!r}, "cuda:90", [q, k, v]).key)
+        print(tuning.tuned_bundle({text!r}, "cuda:90", [q, k, v]).key)
     """)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=300)
@@ -194,7 +195,7 @@ def test_without_mlir_and_without_a_record_the_default_runs(tuning_cache):
 def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(tuning_cache):
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)
-    prepared = tb.prepare_tuning(text, "cuda:90")
+    prepared = tuning.prepare_tuning(text, "cuda:90")
     assert "chosen" not in _record(tuning_cache)
     env = dict(os.environ, AE_MLIR_CACHE_DIR=str(tuning_cache), AE_MLIR_QUIET="1")
     code = textwrap.dedent(f"""
@@ -203,11 +204,11 @@ def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(tuning_cache):
         sys.path.insert(0, {os.path.join(ROOT, "test")!r})
         import torch
         from ae_mlir import autotune
-        from ae_mlir.backends import triton as tb
+        from ae_mlir.backends import triton_tuning as tuning
         from test_autotune import _by_blocks
         autotune.median_ms = _by_blocks
         q, k, v = (torch.zeros(1, 2, 40, 16) for _ in range(3))
-        print(tb.tuned_bundle({text!r}, "cuda:90", [q, k, v]).meta["config"]["block_m"])
+        print(tuning.tuned_bundle({text!r}, "cuda:90", [q, k, v]).meta["config"]["block_m"])
     """)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=300)
@@ -322,12 +323,12 @@ def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(tuning_cach
     monkeypatch.setattr(autotune.progress, "emit", said.append)
     attn = ae.attention(mask_mod=causal)
     q, k, v = qkv(h=2, lq=40, dk=16)
-    first = tb.tuned_bundle(attn.mlir(q, k, v), "cuda:90", [q, k, v])
+    first = tuning.tuned_bundle(attn.mlir(q, k, v), "cuda:90", [q, k, v])
     searched = len(timed)
     assert searched > 1 and first.meta["config"]["block_m"] == 32
     said.clear()
     q2, k2, v2 = qkv(h=2, lq=50, dk=16)
-    second = tb.tuned_bundle(attn.mlir(q2, k2, v2), "cuda:90", [q2, k2, v2])
+    second = tuning.tuned_bundle(attn.mlir(q2, k2, v2), "cuda:90", [q2, k2, v2])
     assert len(timed) == searched and second.key != first.key
     assert {k: second.meta["config"][k] for k in ("block_m", "block_n", "num_stages")} == {
         k: first.meta["config"][k] for k in ("block_m", "block_n", "num_stages")}
@@ -337,12 +338,12 @@ def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(tuning_cach
     assert len(adopted) == 1 and adopted[0]["chosen"] == {"block_m": 32, "block_n": 32, "num_warps": 4,
                                                           "num_stages": 3}
     autotune._RECORDS.clear()  # a new process reads the adopted record: no search, no bucket lookup
-    assert tb.tuned_bundle(attn.mlir(q2, k2, v2), "cuda:90", [q2, k2, v2]).key == second.key
+    assert tuning.tuned_bundle(attn.mlir(q2, k2, v2), "cuda:90", [q2, k2, v2]).key == second.key
     q3, k3, v3 = qkv(h=2, lq=70, dk=16)
-    tb.tuned_bundle(attn.mlir(q3, k3, v3), "cuda:90", [q3, k3, v3])
+    tuning.tuned_bundle(attn.mlir(q3, k3, v3), "cuda:90", [q3, k3, v3])
     assert len(timed) > searched
     again = len(timed)
-    tb.tuned_bundle(ae.attention(mask_mod=causal, scale=0.3).mlir(q2, k2, v2), "cuda:90", [q2, k2, v2])
+    tuning.tuned_bundle(ae.attention(mask_mod=causal, scale=0.3).mlir(q2, k2, v2), "cuda:90", [q2, k2, v2])
     assert len(timed) > again
 
 
@@ -351,8 +352,8 @@ def test_a_bucket_choice_that_does_not_build_for_a_shape_is_searched_anew(tuning
     q, k, v = qkv(h=2, lq=40, dk=16)
     text = ae.attention(mask_mod=causal).mlir(q, k, v)
     bogus = {"block_m": 24}  # not a power of two: the tiling pass rejects it
-    autotune.save(tb.bucket_key(text, "cuda:90"), {"target": "cuda:90", "candidates": [{}, bogus], "chosen": bogus})
-    assert tb.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"]["block_m"] == 32
+    autotune.save(tuning.bucket_key(text, "cuda:90"), {"target": "cuda:90", "candidates": [{}, bogus], "chosen": bogus})
+    assert tuning.tuned_bundle(text, "cuda:90", [q, k, v]).meta["config"]["block_m"] == 32
     assert _record(tuning_cache)["chosen"]["block_m"] == 32
 
 

@@ -1,4 +1,4 @@
-"""Autotuning of the backward kernels (`backends.triton.tuned_backward_bundle`): the dQ kernel's
+"""Autotuning of the backward kernels (`backends.triton_tuning.tuned_backward_bundle`): the dQ kernel's
 candidates are searched first, then the dK/dV kernel's over that choice; the record kept on disk,
 the shape bucket's choice, tuning from candidates compiled on another machine, and the tuned
 bundle's gradients in the TTIR interpreter. Kernel times come from a stand-in timer (there is no
@@ -15,6 +15,7 @@ import torch
 import ae_mlir as ae
 from ae_mlir import autotune, launch_defaults, presets, runtime
 from ae_mlir.backends import triton as tb
+from ae_mlir.backends import triton_tuning as tuning
 from bundle_interp import interpret_roles
 from test_autotune import ROOT, _records
 
@@ -78,7 +79,7 @@ def test_the_kernels_are_searched_in_turn_once_and_the_choice_kept_on_disk(tunin
 
     monkeypatch.setattr(autotune, "median_ms", timer)
     text, tensors = _module()
-    bundle = tb.tuned_backward_bundle(text, "cuda:90", tensors)
+    bundle = tuning.tuned_backward_bundle(text, "cuda:90", tensors)
     (record,) = [r for r in _records(tuning_cache) if "tuned_as" not in r]
     problem = presets.Problem(lq=256, lk=256, dk=64, dv=64, dtype="bf16")
     dq, dkdv = autotune.backward_candidates(problem, "cuda:90",
@@ -95,24 +96,24 @@ def test_the_kernels_are_searched_in_turn_once_and_the_choice_kept_on_disk(tunin
     assert all(config[k] == v for k, v in record["chosen"].items())
     assert all(dict(default, **c)["block_m"] == first["block_m"] for c in record["candidates"][len(dq):])
     # Later calls, in this process or a new one (memory cleared), launch the choice untimed.
-    assert tb.tuned_backward_bundle(text, "cuda:90", tensors) is bundle
+    assert tuning.tuned_backward_bundle(text, "cuda:90", tensors) is bundle
     autotune._RECORDS.clear()
     runtime.CACHE.clear_memory()
-    assert tb.tuned_backward_bundle(text, "cuda:90", tensors).meta["config"] == config
+    assert tuning.tuned_backward_bundle(text, "cuda:90", tensors).meta["config"] == config
     assert len(timed) == len(record["candidates"])
 
 
 def test_a_shape_of_a_tuned_bucket_takes_its_choice_without_a_search(tuning_cache, monkeypatch):
     monkeypatch.setattr(autotune, "median_ms", _by_blocks)
     text, tensors = _module(lq=256)
-    chosen = tb.tuned_backward_bundle(text, "cuda:90", tensors).meta["config"]
+    chosen = tuning.tuned_backward_bundle(text, "cuda:90", tensors).meta["config"]
 
     def never(launch):
         raise AssertionError("a shape of a tuned bucket was timed")
 
     monkeypatch.setattr(autotune, "median_ms", never)
     other, tensors = _module(lq=200)
-    assert tb.tuned_backward_bundle(other, "cuda:90", tensors).meta["config"] == chosen
+    assert tuning.tuned_backward_bundle(other, "cuda:90", tensors).meta["config"] == chosen
 
 
 def test_the_tuned_bundle_computes_the_defaults_gradients(tuning_cache, monkeypatch):
@@ -121,7 +122,7 @@ def test_the_tuned_bundle_computes_the_defaults_gradients(tuning_cache, monkeypa
     attn = ae.attention(mask_mod=causal)
     out, lse = attn(tensors["q"], tensors["k"], tensors["v"], backend="reference", return_lse=True)
     tensors.update(out=out.float(), lse=lse.float(), do=torch.randn(out.shape), dlse=torch.zeros(lse.shape))
-    tuned = tb.tuned_backward_bundle(text, "cuda:90", tensors)
+    tuned = tuning.tuned_backward_bundle(text, "cuda:90", tensors)
     default = tb.get_backward_bundle(text, "cuda:90")
     assert tuned.meta["config"] != default.meta["config"]
     got, want = interpret_roles(tuned, tensors), interpret_roles(default, tensors)
@@ -131,7 +132,7 @@ def test_the_tuned_bundle_computes_the_defaults_gradients(tuning_cache, monkeypa
 
 def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(tuning_cache):
     text, tensors = _module()
-    prepared = tb.prepare_backward_tuning(text, "cuda:90")
+    prepared = tuning.prepare_backward_tuning(text, "cuda:90")
     env = dict(os.environ, AE_MLIR_CACHE_DIR=str(tuning_cache), AE_MLIR_QUIET="1")
     code = textwrap.dedent(f"""
         import sys
@@ -139,11 +140,11 @@ def test_candidates_compiled_here_are_tuned_where_mlir_is_missing(tuning_cache):
         sys.path.insert(0, {os.path.join(ROOT, "test")!r})
         import torch
         from ae_mlir import autotune
-        from ae_mlir.backends import triton as tb
+        from ae_mlir.backends import triton_tuning as tuning
         from test_autotune_backward import _by_blocks
         autotune.median_ms = _by_blocks
         tensors = {{role: torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16) for role in ("q", "k", "v")}}
-        config = tb.tuned_backward_bundle({text!r}, "cuda:90", tensors).meta["config"]
+        config = tuning.tuned_backward_bundle({text!r}, "cuda:90", tensors).meta["config"]
         print(config["block_m"], config["dkdv_block_m"], config["dkdv_block_n"])
     """)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -1,103 +1,20 @@
 """The public Python API: `attention` (softmax family); `linear_attention` (the recurrence) lives
-in `linear_api` and builds on the helpers here."""
+in `linear_api` and builds on the helpers here and in `module_text`."""
 from __future__ import annotations
 
 import math
 
 from . import checks, index_check, relative_reads
-from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
+from .emit import float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
 from .locations import definition_location, user_location
-from .trace import F32, I1, INDEX, TraceError, TraceState, trace
+from .module_text import (KEEP_ALL, Captures, as_float, defined_at, func_text, mod_name, region_text, signature,
+                          types_text)
+from .trace import F32, I1, INDEX, TraceError, trace
 
 NORMALIZERS = ("softmax", "sigmoid", "relu", "none")
 # What a score_mod and a mask_mod are traced with: (score, b, h, q_idx, kv_idx) and (b, h, q_idx, kv_idx).
 SCORE_MOD_ARGS = [F32, INDEX, INDEX, INDEX, INDEX]
 MASK_MOD_ARGS = [INDEX, INDEX, INDEX, INDEX]
-
-
-def _mod_name(fn, role: str) -> str:
-    return f"{role} '{getattr(fn, '__name__', type(fn).__name__)}'"
-
-
-class _Captures:
-    """Closure tensors of all mods of one module, deduplicated by identity, in first-use order."""
-
-    def __init__(self):
-        self.tensors: list = []
-        self.sources: list = []  # each tensor as the user holds it (see trace.Capture)
-        # (the user's tensor it is composed from, dimension, positions) or None (relative_reads)
-        self.origins: list = []
-
-    def add(self, state: TraceState) -> list[int]:
-        positions = []
-        for cap in state.captures:
-            for i, t in enumerate(self.tensors):
-                if t is cap.tensor:
-                    positions.append(i)
-                    break
-            else:
-                self.tensors.append(cap.tensor)
-                self.sources.append(cap.source)
-                self.origins.append(None if cap.origin is None else (cap.origin[0].source,) + cap.origin[1:])
-                positions.append(len(self.tensors) - 1)
-        return positions
-
-    def add_call_tensor(self, tensor) -> str:
-        """Append a tensor the call adds after the mods' (key lengths, a block table, offsets: no
-        source, no origin); returns its argument name."""
-        self.tensors.append(tensor)
-        self.sources.append(None)
-        self.origins.append(None)
-        return f"%c{len(self.tensors) - 1}"
-
-    def plan(self, written: "_Captures") -> list:
-        """Per tensor here that a mod reads, (the index of the user's tensor it comes from among
-        `written`'s, the module as written, the dimension gathered or None, the positions
-        gathered): what relative_reads.kernel_closures takes. The tensors a call adds (key
-        lengths, a block table, offsets) have no source and no plan."""
-        index = {id(s): j for j, s in enumerate(written.sources) if s is not None}
-        return [(index[id(s)], None, None) if o is None else (index[id(o[0])], o[1], o[2])
-                for s, o in zip(self.sources, self.origins) if s is not None]
-
-    def types(self) -> list[str]:
-        return [tensor_type(t.shape, mlir_elt(t.dtype)) for t in self.tensors]
-
-
-def _region(expr, state: TraceState, args, caps: _Captures, prefix: str, clamp: bool) -> str:
-    """Emit a region whose closure tensors are the function arguments %c<i>."""
-    positions = caps.add(state)
-    all_types = caps.types()
-    names = [f"%c{p}" for p in positions]
-    types = [all_types[p] for p in positions]
-    return emit_region(expr, args, names, types, prefix, clamp=clamp)
-
-
-def _signature(root, positions: list[int]) -> tuple:
-    """What emitting the expression DAG `root` writes depends on, as a hashable value: its nodes
-    in emission order (op, type, operand numbers, value, location), a closure read by the module's
-    position of its tensor, a constant by its Python type and repr (0.0 and -0.0 differ)."""
-    numbers: dict = {}
-    nodes: list = []
-
-    def visit(e) -> int:
-        number = numbers.get(id(e))
-        if number is None:
-            args = tuple(visit(a) for a in e.args)
-            value = e.value
-            if e.op == "extract":
-                value = positions[value.position]
-            elif e.op == "const":
-                value = (type(value), repr(value))
-            nodes.append((e.op, e.type, args, value, e.loc))
-            number = numbers[id(e)] = len(nodes) - 1
-        return number
-
-    visit(root)
-    return tuple(nodes)
-
-
-def _sig(types: list[str]) -> str:
-    return "(" + ", ".join(types) + ")"
 
 
 class attention:
@@ -233,7 +150,7 @@ class attention:
         return text, caps.tensors
 
     def _build_captures(self, q, k, v, clamp: bool = True, kv_len=None, block_table=None, sequences=None,
-                        compose: bool = True) -> tuple[str, "_Captures"]:
+                        compose: bool = True) -> tuple[str, "Captures"]:
         """The L0 module with locations: ops a mod produced point at its lines, the mod ops at its
         definition, the rest at the user's call. `kv_len` (int32 [B]) becomes a closure tensor
         after the mods', the mask's operand; with `block_table` (int32 [B, M]) k and v are page
@@ -248,7 +165,7 @@ class attention:
             b, lq, lk, kv_len = sequences.kv_len.shape[0], sequences.longest_q, sequences.longest_k, sequences.kv_len
         call = user_location()
         mods = self._trace_mods(lq, lk, compose and clamp and kv_len is None and block_table is None and sequences is None)
-        caps = _Captures()
+        caps = Captures()
         positions = [caps.add(state) for _, _, state in mods]
         added = [kv_len, block_table] + ([] if sequences is None else [sequences.cu_q, sequences.cu_k])
         for t in added:
@@ -259,7 +176,7 @@ class attention:
         # the same expressions, shapes, dtypes and locations) takes that call's text, unwritten.
         key = (q.shape, k.shape, v.shape, q.dtype, b, lq, lk, clamp, scale, call, tuple(caps.types()),
                tuple(None if t is None else tuple(t.shape) for t in added), self._normalizer_key(),
-               tuple((role, definition_location(getattr(self, role)), _signature(expr, where))
+               tuple((role, definition_location(getattr(self, role)), signature(expr, where))
                      for (role, expr, _), where in zip(mods, positions)))
         texts = self.__dict__.setdefault("_texts", {})
         text = texts.get(key)
@@ -267,7 +184,9 @@ class attention:
             text, emitted = self._write_module(q, k, v, mods, clamp, kv_len, block_table, sequences, b, lq, lk,
                                                scale, loc_suffix(call))
             if [id(t) for t in emitted.tensors] != [id(t) for t in caps.tensors]:
-                raise AssertionError("the module's closure tensors differ from the call's")
+                # The two orders are built by separate code; a module whose %c<i> named other
+                # tensors than the call passes would read the wrong tensors silently.
+                raise RuntimeError("internal error: the L0 module's closure tensors are not the call's")
             if len(texts) > 64:
                 texts.clear()
             texts[key] = text
@@ -278,17 +197,17 @@ class attention:
         the mask_mod that this attention has, in the module's order."""
         mods = []
         if self.score_mod is not None:
-            name = _mod_name(self.score_mod, "score_mod")
+            name = mod_name(self.score_mod, "score_mod")
             expr, state = trace(self.score_mod, name, SCORE_MOD_ARGS)
             if expr.type == I1:
                 raise TraceError(f"{name} must return a float score, got a boolean")
             if expr.type == INDEX:
-                expr = _as_float(expr)
+                expr = as_float(expr)
             if compose:
                 expr = relative_reads.compose(expr, state, lq, lk)
             mods.append(("score_mod", expr, state))
         if self.mask_mod is not None:
-            name = _mod_name(self.mask_mod, "mask_mod")
+            name = mod_name(self.mask_mod, "mask_mod")
             expr, state = trace(self.mask_mod, name, MASK_MOD_ARGS)
             if expr.type != I1:
                 raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
@@ -303,7 +222,7 @@ class attention:
         return (definition_location(self.normalize.prob), tuple(sorted(region_texts(self.normalize).items())))
 
     def _write_module(self, q, k, v, mods: list, clamp: bool, kv_len, block_table, sequences, b: int, lq: int,
-                      lk: int, scale: float, call: str) -> tuple[str, "_Captures"]:
+                      lk: int, scale: float, call: str) -> tuple[str, "Captures"]:
         """The L0 module's text from the traced mods, and the closure tensors in its order."""
         h, dk = q.shape[1], q.shape[3]
         hkv, dv = v.shape[1], v.shape[3]
@@ -315,7 +234,7 @@ class attention:
         to = tensor_type((b, h, lq, dv), elt)
         tl = tensor_type((b, h, lq), "f32")
         traced = {role: (expr, state) for role, expr, state in mods}
-        caps = _Captures()
+        caps = Captures()
         body = []
         scores = "%scores"
         queries, keys, values = ("%q", "%k", "%v") if block_table is None and sequences is None else (
@@ -324,17 +243,17 @@ class attention:
                     + call)
         if "score_mod" in traced:
             args = [("%s", "f32"), ("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-            region = _region(*traced["score_mod"], args, caps, "s", clamp)
+            region = region_text(*traced["score_mod"], args, caps, "s", clamp)
             body.append(f'%modded = "attn.score_mod"({scores}) ({region}) : ({ts}) -> {ts}'
-                        + _defined_at(self.score_mod, call))
+                        + defined_at(self.score_mod, call))
             scores = "%modded"
         keep = None
         if self.mask_mod is not None or kv_len is not None:
-            mask_loc, region = call, _KEEP_ALL
+            mask_loc, region = call, KEEP_ALL
             if "mask_mod" in traced:
                 args = [("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-                region = _region(*traced["mask_mod"], args, caps, "m", clamp)
-                mask_loc = _defined_at(self.mask_mod, call)
+                region = region_text(*traced["mask_mod"], args, caps, "m", clamp)
+                mask_loc = defined_at(self.mask_mod, call)
             operands, operand_types = "", ""
             if kv_len is not None:
                 operands, operand_types = caps.add_call_tensor(kv_len), tensor_type(kv_len.shape, "i32")
@@ -347,7 +266,7 @@ class attention:
         out_types = [ts] + ([tl] if with_lse else [])
         kind, regions, norm_loc = self.normalize, "{}, {}, {}", call
         if not isinstance(kind, str):
-            norm_loc = _defined_at(self.normalize.prob, call)
+            norm_loc = defined_at(self.normalize.prob, call)
             from ..normalizers import region_texts
 
             texts = region_texts(self.normalize)
@@ -355,7 +274,7 @@ class attention:
         body.append(
             f'{results} = "attn.normalize"({", ".join(operands)}) ({regions}) '
             f'{{kind = "{kind}", operandSegmentSizes = array<i32: 1, {1 if keep else 0}>, '
-            f'resultSegmentSizes = array<i32: 1, {1 if with_lse else 0}>}} : {_sig(in_types)} -> {_sig(out_types)}'
+            f'resultSegmentSizes = array<i32: 1, {1 if with_lse else 0}>}} : {types_text(in_types)} -> {types_text(out_types)}'
             + norm_loc
         )
         body.append(f'%out = "attn.aggregate"(%probs, {values}) : ({ts}, {tv}) -> {to}' + call)
@@ -373,7 +292,7 @@ class attention:
         body.append(f"return {', '.join(ret_vals)} : {', '.join(ret_types)}" + call)
         params = [f"%q: {tensor_type(q.shape, elt)}"] + [f"%{name}: {tensor_type(t.shape, elt)}" for name, t in (("k", k), ("v", v))] + [
             f"%c{i}: {t}" for i, t in enumerate(caps.types())]
-        text = _func("attention", params, ret_types, body, call)
+        text = func_text("attention", params, ret_types, body, call)
         return text, caps
 
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None,
@@ -434,7 +353,7 @@ class attention:
         return text, caps.tensors
 
     def _prepare_captures(self, q, k, v, kv_len=None, block_table=None, sequences=None,
-                          compose: bool = True) -> tuple[str, "_Captures"]:
+                          compose: bool = True) -> tuple[str, "Captures"]:
         """`_prepare` with the closure tensors as `_build_captures` gives them."""
         text, caps = self._build_captures(q, k, v, kv_len=kv_len, block_table=block_table, sequences=sequences,
                                           compose=compose)
@@ -459,14 +378,6 @@ class attention:
         return out.transpose(1, 2) if self.layout == "blhd" else out
 
 
-# The mask region of a call with kv_len and no mask_mod.
-_KEEP_ALL = """{
-    ^bb0(%b: index, %h: index, %q_idx: index, %kv_idx: index):
-      %m1 = arith.constant true
-      "gpu.yield"(%m1) : (i1) -> ()
-    }"""
-
-
 def _compiling() -> bool:
     import torch
 
@@ -480,25 +391,6 @@ def wants_grad(tensors: list) -> bool:
     import torch
 
     return torch.is_grad_enabled()
-
-
-def _as_float(expr):
-    from .trace import Expr
-
-    return Expr("cast", F32, (expr,), loc=expr.loc)
-
-
-def _defined_at(fn, call: str) -> str:
-    """The location suffix of the op a user function becomes: its definition, else the call."""
-    loc = definition_location(fn)
-    return loc_suffix(loc) if loc is not None else call
-
-
-def _func(name: str, params: list[str], ret_types: list[str], body: list[str], loc: str) -> str:
-    lines = [f"func.func @{name}({', '.join(params)}) -> ({', '.join(ret_types)}) {{"]
-    lines += [f"  {line}" for line in body]
-    lines.append("}" + loc)
-    return "module {\n" + "\n".join("  " + line for line in lines) + "\n}\n"
 
 
 def __getattr__(name):

@@ -49,12 +49,12 @@ class Missing:
     shape: tuple
 
     def fetch(self, attn):
-        from .api import _mod_name
+        from .module_text import mod_name
 
         fn = getattr(attn, self.role, None)
         raise RuntimeError(
             f"ae_mlir.{type(attn).__name__} under torch.compile: closure tensor {self.position} (shape {self.shape}) that "
-            f"{_mod_name(fn, self.role) if fn is not None else self.role} reads is neither a variable of its closure or "
+            f"{mod_name(fn, self.role) if fn is not None else self.role} reads is neither a variable of its closure or "
             "globals nor an attribute of one, so the compiled call cannot read its current value; bind it to "
             "a name the mod reads directly (a closure variable, a global, or e.g. self.<name>) before "
             "constructing the attention, or call the attention outside torch.compile")
@@ -63,17 +63,18 @@ class Missing:
 def find(attn) -> list | None:
     """A `Source` or `Missing` per closure tensor of `attn`, in the L0 module's order; None when a
     mod cannot be traced (calling it says why)."""
-    from .api import MASK_MOD_ARGS, SCORE_MOD_ARGS, _Captures, _mod_name
+    from .api import MASK_MOD_ARGS, SCORE_MOD_ARGS
+    from .module_text import Captures, mod_name
     from .trace import TraceError, trace
 
-    captures = _Captures()
+    captures = Captures()
     found = []
     for role, args in zip(ROLES, (SCORE_MOD_ARGS, MASK_MOD_ARGS)):
         fn = getattr(attn, role)
         if fn is None:
             continue
         try:
-            _, state = trace(fn, _mod_name(fn, role), args)
+            _, state = trace(fn, mod_name(fn, role), args)
         except TraceError:
             return None
         captures.add(state)

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from . import checks, index_check
-from .api import _Captures, _as_float, _compiling, _execute, _func, _mod_name, _sig, wants_grad
+from .api import _compiling, _execute, wants_grad
+from .module_text import Captures, as_float, func_text, mod_name, types_text
 from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
 from .locations import user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
@@ -191,20 +192,20 @@ class linear_attention:
         text = self._build(q, k, v, g, initial_state, sequences=sequences)[0]
         return text if debug_info else strip_locations(text)
 
-    def _trace_mods(self) -> tuple[dict, _Captures]:
+    def _trace_mods(self) -> tuple[dict, Captures]:
         """Each mod's expression (a float) and the closure tensors the mods read."""
-        caps = _Captures()
+        caps = Captures()
         exprs = {}
         states = TraceState("linear_attention mods")
         for role, fn in self.mods.items():
             if fn is None:
                 continue
-            name = _mod_name(fn, role)
+            name = mod_name(fn, role)
             states.mod_name = name
             expr, _ = trace(fn, name, [F32, INDEX, INDEX, INDEX, INDEX][: self.arities[role]], states)
             if expr.type == I1:
                 raise TraceError(f"{name} must return a float, got a boolean")
-            exprs[role] = expr if expr.type == F32 else _as_float(expr)
+            exprs[role] = expr if expr.type == F32 else as_float(expr)
         caps.add(states)
         return exprs, caps
 
@@ -214,7 +215,7 @@ class linear_attention:
         return text, caps.tensors
 
     def _build_with_captures(self, q, k, v, g, initial_state, clamp: bool = True, sequences=None,
-                             out_dtype=None) -> tuple[str, _Captures]:
+                             out_dtype=None) -> tuple[str, Captures]:
         """The L0 module and the captures; the output is of q's dtype, or `out_dtype` (the
         backward's float32 gradients of 16-bit inputs)."""
         dk = q.shape[3]
@@ -263,7 +264,7 @@ class linear_attention:
             f'%out, %state = "attn.linear_recurrence"({", ".join(operands)}) ({", ".join(regions)}) '
             f'{{decay = "{self.decay or "none"}", scale = {float_literal(scale)} : f32, '
             f'normalize = {str(self.normalize).lower()}, chunk_size = {self.chunk_size} : i64, '
-            f'operandSegmentSizes = array<i32: {seg}>}} : {_sig(types)} -> ({to}, {tst}){call}')
+            f'operandSegmentSizes = array<i32: {seg}>}} : {types_text(types)} -> ({to}, {tst}){call}')
         out = "%out"
         if sequences is not None:
             to = tensor_type((1, h, q.shape[2], dv), elt)
@@ -271,7 +272,7 @@ class linear_attention:
                         f'{tensor_type(sequences.cu_q.shape, "i32")}) -> {to}{call}')
             out = "%out_packed"
         body.append(f"return {out}, %state : {to}, {tst}{call}")
-        return _func("linear_attention", params, [to, tst], body, call), caps
+        return func_text("linear_attention", params, [to, tst], body, call), caps
 
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None, cu_seqlens=None, max_seqlen: int | None = None):
