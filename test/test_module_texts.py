@@ -132,3 +132,30 @@ def test_a_differentiable_call_reuses_its_compiled_call_and_a_used_attention_pic
     copy = pickle.loads(pickle.dumps(attn))
     assert "_texts" not in copy.__dict__ and "_calls" not in copy.__dict__
     torch.testing.assert_close(copy(q, k, v, backend="cpu"), out)
+
+
+GAMMA = 0.9
+
+
+def test_a_user_normalizers_regions_are_written_once_per_traced_form():
+    from ae_mlir.normalizers import region_texts
+
+    global GAMMA
+    normalizer = ae.OnlineNormalizer(prob=lambda s, m: torch.exp(s) * GAMMA, finalize=lambda acc, l: acc / l,
+                                     name="scaled")
+    first, again = region_texts(normalizer), region_texts(normalizer)
+    assert again is first
+    try:
+        GAMMA = 0.5
+        changed = region_texts(normalizer)
+    finally:
+        GAMMA = 0.9
+    assert changed is not first and "constant 0.5" in changed["prob"] and "constant 0.9" in first["prob"]
+    attn = ae.attention(mask_mod=causal_mask, normalize=normalizer)
+    q, k, v = _qkv()
+    text = _prepare(attn, q, k, v)[0]
+    assert _prepare(attn, q, k, v)[0] is text
+
+
+def causal_mask(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx

@@ -81,7 +81,8 @@ def signature(root, positions: list[int]) -> tuple:
                 value = positions[value.position]
             elif e.op == "const":
                 value = (type(value), repr(value))
-            nodes.append((e.op, e.type, args, value, e.loc))
+            # An argument writes no op, so where it was made (the call) is not part of the text.
+            nodes.append((e.op, e.type, args, value, None if e.op == "arg" else e.loc))
             number = numbers[id(e)] = len(nodes) - 1
         return number
 
