@@ -159,3 +159,30 @@ def test_a_user_normalizers_regions_are_written_once_per_traced_form():
 
 def causal_mask(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
+
+
+QSCALE = 2.0
+
+
+def _linear_prepare(layer, q, k, v, g):
+    # One line for every call: the calls have the same location.
+    return layer._build(q, k, v, g, None)[0]
+
+
+def test_linear_attention_reuses_its_text_until_a_mod_traces_differently():
+    global QSCALE
+    layer = ae.linear_attention(decay="head", q_mod=lambda x: x * QSCALE)
+    q, k, v = _qkv()
+    g = torch.full((2,), -0.1)
+    first = _linear_prepare(layer, q, k, v, g)
+    assert _linear_prepare(layer, q, k, v, g) is first
+    out = layer(q, k, v, g, backend="cpu")
+    try:
+        QSCALE = 3.0
+        changed = _linear_prepare(layer, q, k, v, g)
+        scaled = layer(q, k, v, g, backend="cpu")
+    finally:
+        QSCALE = 2.0
+    assert changed != first and "constant 3.0" in changed and "constant 2.0" in first
+    # The recurrence is linear in q: q * 3 gives 1.5x the output of q * 2.
+    torch.testing.assert_close(scaled, out * 1.5, atol=1e-4, rtol=1e-4)

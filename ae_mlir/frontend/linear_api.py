@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from . import checks, index_check
 from .api import _compiling, _execute, wants_grad
-from .module_text import Captures, as_float, func_text, mod_name, types_text
+from .module_text import Captures, as_float, func_text, mod_name, signature, types_text
 from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
 from .locations import user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
@@ -102,6 +102,10 @@ class linear_attention:
     @property
     def v_mod(self):
         return self.mods["v_mod"]
+
+    def __getstate__(self):
+        # The module texts of earlier calls are rebuilt by the copy's own calls.
+        return {key: value for key, value in self.__dict__.items() if key != "_texts"}
 
     def __setstate__(self, state):
         # A copy is a layer of its own (see attention.__setstate__).
@@ -217,13 +221,34 @@ class linear_attention:
     def _build_with_captures(self, q, k, v, g, initial_state, clamp: bool = True, sequences=None,
                              out_dtype=None) -> tuple[str, Captures]:
         """The L0 module and the captures; the output is of q's dtype, or `out_dtype` (the
-        backward's float32 gradients of 16-bit inputs)."""
-        dk = q.shape[3]
-        dv = v.shape[3]
+        backward's float32 gradients of 16-bit inputs). The mods are traced on every call; a
+        call whose mods trace as an earlier call's did, with the same shapes, dtypes, options
+        and calling line, takes that call's text (as `attention` does)."""
         # Rounded as the attribute holds it, so the backward's runs (which take the rounded scale)
         # print the same module as the forward where their shapes match, and share its kernels.
-        scale = _as_f32(checks.default_scale(self.scale, dk))
-        call = loc_suffix(user_location())
+        scale = _as_f32(checks.default_scale(self.scale, q.shape[3]))
+        call = user_location()
+        exprs, caps = self._trace_mods()
+        positions = list(range(len(caps.tensors)))  # the mods share one trace state
+        key = (tuple(None if t is None else (t.shape, t.dtype) for t in (q, k, v, g, initial_state)),
+               None if sequences is None else (sequences.cu_q.shape, sequences.kv_len.shape, sequences.longest_q),
+               out_dtype, clamp, scale, call, self.decay, self.normalize, self.chunk_size, tuple(caps.types()),
+               tuple((role, signature(expr, positions)) for role, expr in exprs.items()))
+        texts = self.__dict__.setdefault("_texts", {})
+        text = texts.get(key)
+        if text is None:
+            text = self._write_module(q, k, v, g, initial_state, clamp, sequences, out_dtype, scale, exprs, caps,
+                                      loc_suffix(call))
+            if len(texts) > 64:
+                texts.clear()
+            texts[key] = text
+        return text, caps
+
+    def _write_module(self, q, k, v, g, initial_state, clamp: bool, sequences, out_dtype, scale: float,
+                      exprs: dict, caps: Captures, call: str) -> str:
+        """The L0 module's text from the traced mods (`_trace_mods`)."""
+        dk = q.shape[3]
+        dv = v.shape[3]
         elt = mlir_elt(q.dtype)
         tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
         params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
@@ -243,7 +268,6 @@ class linear_attention:
         if sequences is not None:
             tensors = [t for t in (q, k, v, g, initial_state) if t is not None]
             operands, types = _unpacked_operands(sequences, operands, types, tensors, params, body, call)
-        exprs, caps = self._trace_mods()
         cap_types = caps.types()
         cap_names = [f"%c{i}" for i in range(len(cap_types))]
         regions = []
@@ -272,7 +296,7 @@ class linear_attention:
                         f'{tensor_type(sequences.cu_q.shape, "i32")}) -> {to}{call}')
             out = "%out_packed"
         body.append(f"return {out}, %state : {to}, {tst}{call}")
-        return func_text("linear_attention", params, [to, tst], body, call), caps
+        return func_text("linear_attention", params, [to, tst], body, call)
 
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None, cu_seqlens=None, max_seqlen: int | None = None):
