@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 from .core.block_tables import classify
+from .core.memo import kept
 from .core.regions import ScalarProgram
 from .core.scalar_eval import bind_externals, evaluate
 
@@ -46,11 +47,6 @@ def call_time_tables(program_json: str, operands: list, seq_q: int, seq_k: int, 
     reads = tuple(operands[s[1]] for s in program.sources if s[0] == "operand")
     key = (program_json, seq_q, seq_k, block_m, block_n, str(device), layout,
            tuple((str(t.device), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version) for t in reads))
-    entry = _CACHE.get(key)
-    if entry is None:
-        if len(_CACHE) > 64:
-            _CACHE.clear()
-        # The entry holds the closure tensors: while it lives, no other tensor can take their memory.
-        entry = _CACHE[key] = (reads, classify_program(program, operands, seq_q, seq_k, block_m, block_n, device,
-                                                       layout))
-    return entry[1]
+    # The entry holds the closure tensors: while it lives, no other tensor can take their memory.
+    return kept(_CACHE, key, lambda: (reads, classify_program(program, operands, seq_q, seq_k, block_m, block_n,
+                                                              device, layout)), 64)[1]

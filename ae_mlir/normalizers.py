@@ -107,6 +107,7 @@ def region_texts(normalizer: OnlineNormalizer, indent: str = "    ") -> dict[str
     """Trace a user normalizer's functions into region texts keyed prob/rescale/finalize. The
     functions are traced on every call (what they read may have changed); their texts are
     written once per traced form (`frontend.module_text.signature`) and kept on the normalizer."""
+    from .core.memo import kept
     from .frontend.emit import emit_region
     from .frontend.module_text import signature
     from .frontend.trace import F32, TraceError, trace
@@ -122,13 +123,7 @@ def region_texts(normalizer: OnlineNormalizer, indent: str = "    ") -> dict[str
         if expr.type != F32:
             raise TraceError(f"normalizer '{normalizer.name}' {key} must return a float")
         traced[key] = (expr, names)
-    written = normalizer.__dict__.setdefault("_region_texts", {})
     form = (indent,) + tuple((key, signature(expr, [])) for key, (expr, _) in traced.items())
-    out = written.get(form)
-    if out is None:
-        out = {key: emit_region(expr, [(names[0], "f32"), (names[1], "f32")], [], [], key[0], indent=indent)
-               for key, (expr, names) in traced.items()}
-        if len(written) > 16:
-            written.clear()
-        written[form] = out
-    return out
+    return kept(normalizer.__dict__.setdefault("_region_texts", {}), form, lambda: {
+        key: emit_region(expr, [(names[0], "f32"), (names[1], "f32")], [], [], key[0], indent=indent)
+        for key, (expr, names) in traced.items()}, 16)

@@ -16,6 +16,7 @@ import dataclasses
 from .. import progress, runtime
 from ..core import abi
 from ..core.context import CompileError
+from ..core.memo import kept
 from ..core.regions import strip_locations
 from .call_time_tiles import backward_call_time_tiles, call_time_tiles
 
@@ -259,12 +260,7 @@ _KEYS: dict = {}
 
 def _remembered_key(l0_text: str, target: str, config: dict | None, input_precision: str) -> str:
     memo = (l0_text, target, None if not config else tuple(sorted(config.items())), input_precision)
-    key = _KEYS.get(memo)
-    if key is None:
-        if len(_KEYS) > 4096:
-            _KEYS.clear()
-        key = _KEYS[memo] = _key(l0_text, target, config, input_precision)
-    return key
+    return kept(_KEYS, memo, lambda: _key(l0_text, target, config, input_precision), 4096)
 
 
 def get_bundle(l0_text: str, target: str, input_precision: str = "ieee", config: dict | None = None) -> runtime.Bundle:

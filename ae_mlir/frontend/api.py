@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from . import checks, index_check, relative_reads
+from ..core.memo import kept
 from .emit import float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
 from .locations import definition_location, user_location
 from .module_text import (KEEP_ALL, Captures, as_float, defined_at, func_text, mod_name, region_text, signature,
@@ -178,19 +179,18 @@ class attention:
                tuple(None if t is None else tuple(t.shape) for t in added), self._normalizer_key(),
                tuple((role, definition_location(getattr(self, role)), signature(expr, where))
                      for (role, expr, _), where in zip(mods, positions)))
-        texts = self.__dict__.setdefault("_texts", {})
-        text = texts.get(key)
-        if text is None:
-            text, emitted = self._write_module(q, k, v, mods, clamp, kv_len, block_table, sequences, b, lq, lk,
-                                               scale, loc_suffix(call))
-            if [id(t) for t in emitted.tensors] != [id(t) for t in caps.tensors]:
-                # The two orders are built by separate code; a module whose %c<i> named other
-                # tensors than the call passes would read the wrong tensors silently.
-                raise RuntimeError("internal error: the L0 module's closure tensors are not the call's")
-            if len(texts) > 64:
-                texts.clear()
-            texts[key] = text
-        return text, caps
+        return kept(self.__dict__.setdefault("_texts", {}), key,
+                    lambda: self._checked_module(q, k, v, mods, caps, clamp, kv_len, block_table, sequences, b, lq, lk,
+                                                 scale, loc_suffix(call)), 64), caps
+
+    def _checked_module(self, q, k, v, mods: list, caps: "Captures", *args) -> str:
+        """`_write_module`'s text, whose closure tensors must be the call's `caps` (in order)."""
+        text, emitted = self._write_module(q, k, v, mods, *args)
+        if [id(t) for t in emitted.tensors] != [id(t) for t in caps.tensors]:
+            # The two orders are built by separate code; a module whose %c<i> named other
+            # tensors than the call passes would read the wrong tensors silently.
+            raise RuntimeError("internal error: the L0 module's closure tensors are not the call's")
+        return text
 
     def _trace_mods(self, lq: int, lk: int, compose: bool) -> list[tuple]:
         """(role, traced expression, trace state) of the score_mod (composed when `compose`) and

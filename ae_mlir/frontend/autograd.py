@@ -16,6 +16,7 @@ import torch
 
 from . import checks
 from ..core import abi
+from ..core.memo import kept
 from .backward import Derivative, attention_backward
 
 
@@ -108,15 +109,8 @@ def compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> Compil
     normalizer when the derivative cannot be built. Kept per module text: everything it holds
     follows from the text (shapes, dtypes, scale, the closure tensors' places), the backend and
     whether the attention autotunes."""
-    calls = attn.__dict__.setdefault("_calls", {})
-    key = (text, backend, attn.autotune)
-    found = calls.get(key)
-    if found is None:
-        found = _compiled_call(attn, text, q, k, v, backend, **call_args)
-        if len(calls) > 64:
-            calls.clear()
-        calls[key] = found
-    return found
+    return kept(attn.__dict__.setdefault("_calls", {}), (text, backend, attn.autotune),
+                lambda: _compiled_call(attn, text, q, k, v, backend, **call_args), 64)
 
 
 def _compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> CompiledCall:
@@ -158,13 +152,7 @@ def _zeros(shape, device):
         # A fill recorded into a CUDA graph does not run while capturing: kept for eager calls,
         # the tensor would hold whatever its memory held.
         return torch.zeros(shape, dtype=torch.float32, device=device)
-    key = (tuple(shape), device)
-    found = _ZEROS.get(key)
-    if found is None:
-        if len(_ZEROS) > 64:
-            _ZEROS.clear()
-        found = _ZEROS[key] = torch.zeros(shape, dtype=torch.float32, device=device)
-    return found
+    return kept(_ZEROS, (tuple(shape), device), lambda: torch.zeros(shape, dtype=torch.float32, device=device), 64)
 
 
 def _zero_past(t, lengths):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import checks, index_check
+from ..core.memo import kept
 from .api import _compiling, _execute, wants_grad
 from .module_text import Captures, as_float, func_text, mod_name, signature, types_text
 from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
@@ -234,15 +235,9 @@ class linear_attention:
                None if sequences is None else (sequences.cu_q.shape, sequences.kv_len.shape, sequences.longest_q),
                out_dtype, clamp, scale, call, self.decay, self.normalize, self.chunk_size, tuple(caps.types()),
                tuple((role, signature(expr, positions)) for role, expr in exprs.items()))
-        texts = self.__dict__.setdefault("_texts", {})
-        text = texts.get(key)
-        if text is None:
-            text = self._write_module(q, k, v, g, initial_state, clamp, sequences, out_dtype, scale, exprs, caps,
-                                      loc_suffix(call))
-            if len(texts) > 64:
-                texts.clear()
-            texts[key] = text
-        return text, caps
+        return kept(self.__dict__.setdefault("_texts", {}), key,
+                    lambda: self._write_module(q, k, v, g, initial_state, clamp, sequences, out_dtype, scale, exprs,
+                                               caps, loc_suffix(call)), 64), caps
 
     def _write_module(self, q, k, v, g, initial_state, clamp: bool, sequences, out_dtype, scale: float,
                       exprs: dict, caps: Captures, call: str) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from .module_text import signature
 from .trace import F32, I1, INDEX, Capture, Expr, TraceState
 
 # The score_mod's arguments (s, b, h, q_idx, kv_idx): positions of the two indices.
@@ -126,7 +127,8 @@ def _positions(index: Expr, lq: int, lk: int, size: int, device):
     same shapes (a CUDA graph's capture included) copies nothing to the device."""
     import torch
 
-    key = (_fingerprint(index), lq, lk, size, str(device))
+    # No closure read is inside an index of the distance (`_of_distance`): no positions to map.
+    key = (signature(index, []), lq, lk, size, str(device))
     if key in _POSITIONS:
         _POSITIONS.move_to_end(key)
         return _POSITIONS[key]
@@ -139,23 +141,6 @@ def _positions(index: Expr, lq: int, lk: int, size: int, device):
     if len(_POSITIONS) > 256:
         _POSITIONS.popitem(last=False)
     return positions
-
-
-def _fingerprint(root: Expr) -> tuple:
-    """The structure of an index expression (no closure reads inside: `_of_distance`), a shared
-    node numbered once."""
-    numbers: dict[int, int] = {}
-    nodes = []
-
-    def number(e: Expr) -> int:
-        if id(e) not in numbers:
-            args = tuple(number(a) for a in e.args)
-            numbers[id(e)] = len(nodes)
-            nodes.append((e.op, e.type, e.value, args))
-        return numbers[id(e)]
-
-    number(root)
-    return tuple(nodes)
 
 
 def _renumber(root: Expr, state: TraceState) -> None:
