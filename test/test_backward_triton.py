@@ -147,3 +147,13 @@ def test_wide_heads_at_the_default_config(dk, dv):
     config = bundle.meta["config"]
     want = (64, 32, 16, 64) if dk + dv <= 320 else (64, 64, 64, 32)
     assert (config["block_m"], config["block_n"], config["dkdv_block_m"], config["dkdv_block_n"]) == want
+
+
+def test_few_kv_programs_take_the_small_dkdv_tiles_at_the_default_config():
+    """bf16 at D = 128 with GQA (4 query heads on 2 KV heads) and a ragged length: far fewer than
+    1024 dK/dV programs, so the preset's dK/dV kernel takes 32x64 tiles on 4 warps; its gradients
+    against float64 in the interpreter."""
+    bundle = _check(ae.attention(mask_mod=lambda b, h, i, j: i >= j), torch.bfloat16, "cuda:90", 3e-2, h=4, hkv=2,
+                    lq=77, dk=128, config={})
+    config = bundle.meta["config"]
+    assert (config["dkdv_block_m"], config["dkdv_block_n"], config["dkdv_num_warps"]) == (32, 64, 4)
