@@ -144,6 +144,7 @@ class PresetOptions:
     dkdv_num_warps: int = 0        # the dK/dV kernel's Triton launch (0: num_warps/num_stages)
     dkdv_num_stages: int = 0
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
+    mirror_reads: bool = False     # attn-tile-backward: reads stepping back along a row, mirrored (Triton)
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
     states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
@@ -184,6 +185,8 @@ class PresetOptions:
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
             if not self.closure_grads:
                 config["closure_grads"] = False
+            if not self.mirror_reads and self.target != "host":  # the Triton preset mirrors
+                config["mirror_reads"] = False
         if self.linear:
             config.update(block_v=self.block_v, block_k=self.block_k,
                           **{field: getattr(self, field) for field in _OWN_STAGES.values()})
@@ -202,7 +205,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     typed = _typed(overrides)
     # On the CPU a tile's scores are a pass through memory of their own; Triton multiplies them
     # in registers on the way to exp2, and the H200 ran level either way.
-    values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset], "prescale_q": preset == "cpu"}
+    # Triton stages a gather whose index descends along a tile's rows one element at a time;
+    # the CPU's loops read either way alike (passes/mirror_reads.py).
+    values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset], "prescale_q": preset == "cpu",
+                    "mirror_reads": preset == "triton"}
     if problem is not None and preset == "triton":
         values["fast_tanh"] = (FAST_TANH and has_fast_tanh(target) and not problem.linear
                                and problem.dtype in ("bf16", "f16"))
@@ -286,7 +292,7 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         to_l1 = ["attn-verify", "attn-differentiate",
                  f"attn-tile-backward{{block-m={o.block_m} block-n={o.block_n} dkdv-block-m={o.dkdv_block_m} "
                  f"dkdv-block-n={o.dkdv_block_n} whole-tiles={_flag(o.whole_tiles)} "
-                 f"closure-grads={_flag(o.closure_grads)} "
+                 f"closure-grads={_flag(o.closure_grads)} mirror-reads={_flag(o.mirror_reads)} "
                  f"call-time-tables={_flag(o.call_time_tables)}}}", fold]
     else:
         to_l1 = ["attn-verify", "attn-fuse-online-softmax",

@@ -399,6 +399,19 @@ def backward_call_time_tables(bundle: Bundle, given: dict, device) -> dict:
     return tables
 
 
+def backward_inputs_made(bundle: Bundle, given: dict, device) -> dict:
+    """The inputs of a backward bundle the runtime makes from the given ones (by role): the
+    call-time tile tables, and the closure tensors that a kernel reads mirrored (abi.mirrored:
+    reversed along the last dimension, for reads that step back along a tile's rows,
+    passes/mirror_reads.py), a copy per call."""
+    made = backward_call_time_tables(bundle, given, device)
+    for spec in bundle.inputs:
+        source = abi.mirrored_capture(spec.role)
+        if source is not None and spec.role not in given:
+            made[spec.role] = given[source].detach().flip(-1)
+    return made
+
+
 _LAUNCHABLE: dict = {}
 
 
@@ -435,9 +448,9 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
     device = given["q"].device
     tensors = {}
     inputs, outputs, workspace = _binding(bundle)
-    tables = backward_call_time_tables(bundle, given, device)
+    made = backward_inputs_made(bundle, given, device)
     for role, shape, dtype, spec in inputs:
-        t = given.get(role, tables.get(role))
+        t = given.get(role, made.get(role))
         if t is None or t.shape != shape or t.dtype != dtype:
             got = "nothing" if t is None else f"{t.dtype}{list(t.shape)}"
             raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)}, got {got}")

@@ -4,6 +4,7 @@ tensor requiring grad, bf16, B=8 H=16 L=2048 D=128, in the same process.
 
     python bench/closure_backward.py build --out bench/bundles/closure_backward   # here (MLIR)
     python bench/closure_backward.py run --bundles bench/bundles/closure_backward --out DIR   # GPU
+        [--baseline OLD]   # also OLD's bundles (another version's), alternating, in the same process
     python bench/closure_backward.py cpu --out DIR     # the CPU kernels beside eager torch, here
 
 Cases (the catalogue's entries, their tensors made learnable): alibi (slopes [H], causal: one
@@ -21,6 +22,7 @@ whole batch, for ae-mlir and FlexAttention alike.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -70,7 +72,7 @@ def _error(got, want) -> float:
     return float((got.float() - want).abs().max() / want.abs().max())
 
 
-def run(bundles: str, out_dir: str) -> None:
+def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
     import torch
 
     from ae_mlir import runtime
@@ -96,8 +98,13 @@ def run(bundles: str, out_dir: str) -> None:
         out, lse = runtime.launch(fwd, q, k, v, fed.detach())
         tensors = {"q": q, "k": k, "v": v, "do": d_out, "out": out, "lse": lse, "dlse": torch.zeros_like(lse),
                    "c0": fed.detach()}
-        for label, file in (("ae_mlir", "bwd"), ("ae_mlir_without_table_grad", "bwd_without")):
-            bwd = runtime.Bundle.load(os.path.join(bundles, f"{variant}.{file}.json"))
+        # With a baseline, both versions' bundles in turn, twice (the order of the timing shows).
+        sources = [("", bundles)] if baseline is None else [("", bundles), ("baseline_", baseline)] * 2
+        for (prefix, directory), (label, file) in itertools.product(
+                sources, (("ae_mlir", "bwd"), ("ae_mlir_without_table_grad", "bwd_without"))):
+            label = prefix + label
+            label += "_round2" if label in rec["results"] else ""
+            bwd = runtime.Bundle.load(os.path.join(directory, f"{variant}.{file}.json"))
 
             def backward(bwd=bwd):
                 grads = runtime.launch_roles(bwd, tensors)

@@ -3,6 +3,7 @@ command line and the timing of one implementation."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 
@@ -80,11 +81,15 @@ def main(description: str, build, run, bundles: str, argv=None) -> int:
     parser.add_argument("mode", choices=("build", "run"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", bundles))
+    takes_baseline = "baseline" in inspect.signature(run).parameters
+    if takes_baseline:
+        parser.add_argument("--baseline", help="also time this directory's bundles (built by another version), "
+                                               "alternating with --bundles' in the same process")
     args = parser.parse_args(argv)
     if args.mode == "build":
         build(args.out)
     else:
-        run(args.bundles, args.out)
+        run(args.bundles, args.out, **({"baseline": args.baseline} if takes_baseline else {}))
     return 0
 
 

@@ -186,6 +186,9 @@ class KernelBuilder:
         self.func = func
         self.func_block = func.regions[0].blocks[0]
         self.kernel_args: list = []  # the new kernel's arguments, once `function` made it
+        # Closure arguments whose reads stepping back along the tile's last axis, the queries,
+        # read their mirrored copies instead (passes/mirror_reads.py): closure arg -> mirrored arg.
+        self.mirrors: dict = {}
 
     def function(self, name: str, arg_types: list, result_types: list, attributes: dict):
         """The kernel function, before `func`; returns its entry block."""
@@ -239,6 +242,11 @@ class KernelBuilder:
             operation = op.operation
             if operation.name == "gpu.yield":
                 return image(operation.operands[result])
+            if self.mirrors and operation.name == "tensor.extract":
+                mirrored = self._mirrored_read(operation, block, image)
+                if mirrored is not None:
+                    images[operation.results[0]] = mirrored
+                    continue
             operands = [image(v) for v in operation.operands]
             clone = operation.clone()
             for i, value in enumerate(operands):
@@ -247,6 +255,22 @@ class KernelBuilder:
             if created is not None:
                 created.append(clone)
         raise fail(self.op, "a mod region must end with gpu.yield")
+
+    def _mirrored_read(self, extract, block, image):
+        """The image of a mod region's tensor.extract read from its source's mirrored copy, when
+        the source has one and the read steps back along the queries, a mod region's
+        second-to-last argument; None otherwise."""
+        from mlir.dialects import tensor
+
+        from .mirror_reads import emit, mirror_of
+
+        mirrored_arg = self.mirrors.get(image(extract.operands[0]))
+        mirror = mirrored_arg is not None and mirror_of(extract, block.arguments[len(block.arguments) - 2])
+        if not mirror:
+            return None
+        with extract.location:  # the user's source line
+            indices = [image(v) for v in extract.operands[1:-1]] + [emit(mirror, image)]
+            return tensor.ExtractOp(mirrored_arg, indices).result
 
     def inline_on_score(self, region, raw, scale: float, args: list, factor: float | None = None):
         """The mod `region` (a score_mod, or its gradient) on the score raw * scale, its other

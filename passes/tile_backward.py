@@ -92,8 +92,9 @@ class _Backward(RunningMaxGradients):
     """Builds both kernels of one forward/grad function pair."""
 
     def __init__(self, forward, grad, aggregate, block_m: int, block_n: int, whole_tiles: bool = True,
-                 closure_grads: bool = False, call_time_tables: bool = False):
+                 closure_grads: bool = False, call_time_tables: bool = False, mirror_reads: bool = False):
         super().__init__(aggregate, forward)
+        self.mirror_reads = mirror_reads
         self.whole_tiles = whole_tiles
         self.call_time_tables = call_time_tables
         # A mask classified at call time: its program, and the kernel's four table arguments.
@@ -161,6 +162,31 @@ class _Backward(RunningMaxGradients):
         rank = len(op.results[0].type.shape)
         terminator = list(op.regions[0].blocks[0].operations)[-1].operation
         return op.regions[0], rank, len(terminator.operands) // (rank + 1)
+
+    def mirrored_positions(self) -> list[int]:
+        """The closure tensors c<i> some mod region reads stepping back along the queries, which
+        the dK/dV kernel reads mirrored (passes/mirror_reads.py)."""
+        from mlir import ir
+
+        from .mirror_reads import mirror_of
+
+        found = set()
+        for region in (self.score_mod, self.score_mod_grad, self.mask):
+            if region is None:
+                continue
+            block = region.blocks[0]
+            for op in block.operations:
+                source = op.operation.operands[0] if op.operation.name == "tensor.extract" else None
+                if source is None or not isinstance(source.owner, ir.Block):
+                    continue
+                number = ir.BlockArgument(source).arg_number
+                if source.owner == self.grad_block:
+                    number = self.closure_args[number - 2]
+                elif source.owner != self.func_block:
+                    continue
+                if mirror_of(op.operation, block.arguments[len(block.arguments) - 2]) is not None:
+                    found.add(number - len(abi.INPUTS))
+        return sorted(found)
 
     @property
     def closure_roles(self) -> list[str]:
@@ -275,6 +301,9 @@ class _Backward(RunningMaxGradients):
             outs = outs + tuple(self.closure_roles)
             types.update({abi.closure_grad(i): tensor_type(list(self.inputs[len(abi.INPUTS) + i].shape))
                           for i in self.closure_positions})
+        mirrored = self.mirrored_positions() if part == "dkdv" and self.mirror_reads else []
+        ins = ins + tuple(abi.mirrored(i) for i in mirrored)
+        types.update({abi.mirrored(i): self.inputs[len(abi.INPUTS) + i] for i in mirrored})
         if self.program is not None:
             # [blocks] counts and [blocks, other blocks] indices, blocks along the grid's last axis.
             blocks, others = (-(-self.lq // self.bm), -(-self.lk // self.bn))[::1 if part == "dq" else -1]
@@ -293,6 +322,7 @@ class _Backward(RunningMaxGradients):
         args = dict(zip(ins + outs, self.kernel_args[len(self.inputs):]))
         if self.program is not None:
             self.table_args = [args[r] for r in abi.backward_table_roles(part)]
+        self.mirrors = {self.kernel_args[len(abi.INPUTS) + i]: args[abi.mirrored(i)] for i in mirrored}
         return entry, args
 
     # --- the kernels ---------------------------------------------------------------------------
@@ -446,6 +476,10 @@ class AttnTileBackward(ModulePass):
     call_time_tables: bool = option(False, "a mask that reads closure tensors (not b or h) is classified at each "
                                            "call: each kernel takes its four tile tables as arguments (roles "
                                            "dq_* and dkdv_*) and carries the mask program, as attn-tile's do")
+    mirror_reads: bool = option(False, "the dK/dV kernel reads a closure tensor whose reads step back along the "
+                                       "queries (a relative-position table at kv_idx - q_idx + c) from its copy "
+                                       "reversed along the last dimension, an input of role c<i>_mirrored, "
+                                       "forwards (passes/mirror_reads.py)")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n),
@@ -465,7 +499,7 @@ class AttnTileBackward(ModulePass):
             grad = grads[0]
             dkdv = _Backward(forward, grad, aggregate, self.dkdv_block_m or self.block_m,
                              self.dkdv_block_n or self.block_n, self.whole_tiles,
-                             call_time_tables=self.call_time_tables)
+                             call_time_tables=self.call_time_tables, mirror_reads=self.mirror_reads)
             dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n, self.whole_tiles,
                            self.closure_grads, self.call_time_tables)
             with aggregate.location:

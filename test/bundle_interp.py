@@ -43,7 +43,7 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
     """Run a bundle whose kernels name their arguments' roles (the backward's) in the TTIR
     interpreter the way `runtime.launch_roles` runs it; returns its outputs by role (float32)."""
     tensors = dict(given)
-    tensors.update(runtime.backward_call_time_tables(bundle, given, "cpu"))
+    tensors.update(runtime.backward_inputs_made(bundle, given, "cpu"))
     for spec in bundle.outputs + bundle.workspace:
         # NaN where the kernels must write every element; the closure gradients start at zero,
         # as the runtime allocates them, since the kernels add into them.

@@ -79,6 +79,19 @@ def is_capture(role: str) -> bool:
     return role.startswith("c") and role[1:].isdigit()
 
 
+def mirrored(i: int) -> str:
+    """The role of closure tensor c<i> reversed along its last dimension, which a kernel reads
+    where its reads of c<i> step backwards along a tile's rows (passes/mirror_reads.py); the
+    runtime makes it from c<i>."""
+    return f"{capture(i)}_mirrored"
+
+
+def mirrored_capture(role: str) -> str | None:
+    """The closure role c<i> that a `mirrored` role reverses; None for any other role."""
+    head, _, tail = role.partition("_")
+    return head if tail == "mirrored" and is_capture(head) else None
+
+
 # What the aligned Triton variant assumes of a tensor argument (`aligned_assumption`).
 ALIGNED = "aligned"  # a unit last stride, a 16-byte aligned pointer, the other strides i32 multiples of 16
 UNIT_LAST = "unit last stride"  # a unit last stride alone
@@ -94,7 +107,7 @@ def aligned_assumption(role: str, shape) -> str | None:
     not send the whole call to the general variant."""
     if role in STREAMS or is_workspace(role):
         return ALIGNED
-    if is_capture(role):
+    if is_capture(role) or mirrored_capture(role):
         return ALIGNED if len(shape) >= 2 and shape[-1] % 16 == 0 else UNIT_LAST
     return None
 

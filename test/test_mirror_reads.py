@@ -1,0 +1,85 @@
+"""Closure reads that step back along the queries, which the Triton backward's dK/dV kernel reads
+from a mirrored copy of the tensor (passes/mirror_reads.py, attn-tile-backward{mirror-reads}):
+the bundles take the copy as an input the runtime makes, and their gradients, run in the TTIR
+interpreter at the default config, match float64 autograd."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import runtime, variants
+from ae_mlir.backends import triton as tb
+from ae_mlir.core import abi
+from test_backward_triton import _check
+
+
+def _closures(attn, h, hkv, lq, lk, d, dtype):
+    """The closure tensors the kernels read (composed where the frontend composes them)."""
+    meta = [torch.empty(1, n, length, d, dtype=dtype) for n, length in ((h, lq), (hkv, lk), (hkv, lk))]
+    return attn._build(*meta)[1]
+
+
+def _mirrored_roles(bundle) -> list[str]:
+    return [spec.role for spec in bundle.inputs if abi.mirrored_capture(spec.role)]
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_relative_table_composed_reads_its_mirror_in_the_dkdv_kernel(target, dtype, tol):
+    # The catalogue's table[h, q_idx - kv_idx + Lk - 1] is composed reversed (kv_idx - q_idx + Lq - 1),
+    # which steps back along the dK/dV kernel's rows of queries; ragged Lq != Lk, GQA.
+    attn, shape = variants.build("relative_bias", variants.Shape(1, 4, 77, 70, 32, 32, heads_kv=2))
+    closures = _closures(attn, 4, 2, 77, 70, 32, dtype)
+    bundle = _check(attn, dtype, target, tol, h=4, hkv=2, lq=77, lk=70, dk=32, closures=closures)
+    assert _mirrored_roles(bundle) == ["c0_mirrored"]
+    # The dK/dV kernel (the bundle's own) reads the copy; the dQ kernel (its stage) the table.
+    assert "c0_mirrored" in bundle.variants["aligned"].args
+    assert "c0_mirrored" not in bundle.stages[0].variants["aligned"].args
+
+
+def test_clamped_read_with_a_head_offset():
+    # table[h, kv_idx - q_idx + 12 + h] for |kv_idx - q_idx| up to 76: the frontend's clamp into
+    # [0, 39] cuts most reads, and the mirrored read must clamp the same elements.
+    table = torch.randn(2, 40, dtype=torch.float64)
+
+    def bias(s, b, h, q_idx, kv_idx):
+        return s + table[h, kv_idx - q_idx + 12 + h]
+
+    attn = ae.attention(score_mod=bias)
+    closures = _closures(attn, 2, 2, 77, 77, 32, torch.float32)
+    bundle = _check(attn, torch.float32, "cuda:90", 1e-5, lq=77, closures=closures)
+    assert _mirrored_roles(bundle) == ["c0_mirrored"]
+
+
+def test_reads_that_ascend_along_the_queries_keep_the_tensor():
+    # A per-query bias and the uncomposed table[h, q_idx - kv_idx + c] ascend along the queries:
+    # no mirrored copy.
+    rows = torch.randn(2, 77, dtype=torch.float64)
+    table = torch.randn(2, 153, dtype=torch.float64)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + rows[h, i] + table[h, i - j + 76])
+    text = attn.mlir(*(torch.empty(1, 2, 77, 32) for _ in range(3)), compose=False)
+    bundle = tb.build_backward_bundle(text, "cuda:90")
+    assert _mirrored_roles(bundle) == []
+
+
+def test_only_the_triton_preset_mirrors():
+    # The CPU's loops read a table either way alike.
+    from ae_mlir import presets
+
+    for preset, target, flag in (("triton", "cuda:90", "true"), ("triton", "hip:gfx942", "true"),
+                                 ("cpu", "host", "false")):
+        options = presets.options_for(preset, None, target, backward=True)
+        assert f"mirror-reads={flag}" in presets.pipeline_text(preset, options, "l1")
+
+
+def test_runtime_makes_the_mirror_from_the_closure_tensor():
+    attn, shape = variants.build("relative_bias", variants.Shape(1, 2, 40, 40, 16, 16))
+    q, k, v = (t.to(torch.bfloat16) for t in variants.inputs(shape))
+    bundle = tb.build_backward_bundle(attn.mlir(q, k, v), "cuda:90")
+    table = attn._build(q, k, v)[1][0]
+    made = runtime.backward_inputs_made(bundle, {"q": q, "k": k, "v": v, "c0": table}, "cpu")
+    assert torch.equal(made["c0_mirrored"], table.flip(-1))
+    # A caller that gives the copy keeps it.
+    assert "c0_mirrored" not in runtime.backward_inputs_made(
+        bundle, {"q": q, "k": k, "v": v, "c0": table, "c0_mirrored": table.flip(-1)}, "cpu")
