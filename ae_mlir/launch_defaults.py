@@ -19,17 +19,24 @@ if typing.TYPE_CHECKING:
 # and 3 stages; at D = 64, 128x128 with 4 warps (FlexAttention's choice) spills registers once a
 # score_mod adds live values, so 128x64. The H200 runs behind these choices are in
 # bench/results/h200-catalogue-*.json and h200-verify-*.json.
-_CUDA_16BIT = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 3)}
+# Head dims past 128 (the bucket of 256) take 128x64 tiles on 8 warps too: on an H200 (bf16,
+# B*L = 16384, H 16, causal, `python bench/attention_configs.py` over ten tile choices, three
+# alternating rounds, bench/results/h200-attention-configs-2026-12-04-wide-heads*.json) Dk = Dv =
+# 256 ran 416 / 506 TFLOP/s (L 2048 / 8192) at 2 stages against 298 / 355 at the 64x32 tiles
+# before (3 stages do not fit: 64 KiB of Q and 64 KiB of K and V a stage); Dk = 192, Dv = 128
+# (MLA's, Dk + Dv <= 320) 350 / 419 at 3 stages against 314 / 353 (2 stages: 308 / 366).
+_CUDA_16BIT = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (128, 64, 8, 2)}
+_CUDA_16BIT_NARROW_256 = (128, 64, 8, 3)
 # Masks that cut more KV tiles per query block than a causal diagonal does (2 at 128 x 64: a band
 # cuts 4, a stride all): at D = 128 on an H200 (bf16, B*L = 16384,
 # bench/results/h200-attention-configs-2026-12-03-catalogue.json, medians of three alternating
 # rounds) 64x64 tiles with 4 warps ran the sliding window at 280 / 281 TFLOP/s (L 2048 / 8192)
 # against 232 / 230 at 128x64, causal + sliding 202 / 204 against 170 / 170 and the dilated mask
 # 187 / 210 against 161 / 190, where causal ran 297 / 368 against 375 / 449 and prefix-LM 380 /
-# 444 against 385 / 453. D = 64 and MI300 keep their tiles (not measured).
+# 444 against 385 / 453. D = 64, the bucket of 256 and MI300 keep their earlier tiles (not measured).
 CUT_TILES_AT = (128, 64)
 CUT_TILES_MAX = 2.5
-_CUDA_16BIT_CUT = {**_CUDA_16BIT, 128: (64, 64, 4, 3)}
+_CUDA_16BIT_CUT = {**_CUDA_16BIT, 128: (64, 64, 4, 3), 256: (64, 32, 4, 3)}
 _CUDA_FP32 = {64: (128, 32, 4, 3), 128: (32, 64, 4, 3), 256: (32, 32, 4, 3)}
 # MI300 (gfx942): mfma 32x32 tiles; one LDS buffer per operand leaves room for 128x64 at D=128.
 _HIP_16BIT = {64: (128, 64, 4, 2), 128: (128, 64, 4, 2), 256: (64, 32, 4, 2)}
@@ -99,6 +106,8 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
     if table is _CUDA_16BIT and cut_tiles > CUT_TILES_MAX:
         table = _CUDA_16BIT_CUT
     block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
+    if table is _CUDA_16BIT and d == 256 and dk + dv <= 320:
+        block_m, block_n, warps, stages = _CUDA_16BIT_NARROW_256
     block_m = min(block_m, _pow2(lq))
     block_n = min(block_n, _pow2(lk))
     if block_m * block_n <= 64 * 64:

@@ -51,6 +51,22 @@ CHOICES = {
     "m64n64w4s3+ws": (_M64N64W4S3, True),
     "m64n32w4s3": ({"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 3}, False),
 }
+# Any other tile choice by name: [tma-]m<block_m>n<block_n>w<num_warps>s<num_stages>[+ws].
+_TILES = re.compile(r"(tma-)?m(\d+)n(\d+)w(\d+)s(\d+)(\+ws)?$")
+
+
+def choice(name: str) -> tuple | None:
+    """(config overrides or None, warp-specialize) of a choice name; None if it names none."""
+    if name in CHOICES:
+        return CHOICES[name]
+    found = _TILES.match(name)
+    if found is None:
+        return None
+    tma, m, n, w, s, ws = found.groups()
+    config = {"block_m": int(m), "block_n": int(n), "num_warps": int(w), "num_stages": int(s)}
+    return (dict(config, tensor_descriptors=True) if tma else config), bool(ws)
+
+
 # Peers that compute the same attention as these catalogue entries.
 SDPA_CAUSAL = {"full": False, "causal": True}
 # bf16 outputs of values within [-1, 1] that agree to a few bf16 ulps (RetNet's unnormalized
@@ -82,17 +98,17 @@ def build(out_dir: str, cases: list, choices: list[str]) -> None:
     manifest = []
     for case in cases:
         attn, shape = suite.softmax_problem(case, "cpu")
-        for choice in choices:
-            config, ws = CHOICES[choice]
+        for picked in choices:
+            config, ws = choice(picked)
             bundle = tb.compile_bundle(attn, *suite.meta_like(shape, case.dtype), target="cuda:90", config=config)
             if ws:
                 # A copy: the compile cache hands out the same object for the same config.
                 bundle = runtime.Bundle.from_json(bundle.to_json())
                 for variant in bundle.variants.values():
                     variant.ttir = _warp_specialized(variant.ttir)
-            name = f"{case.name}.{choice}.json"
+            name = f"{case.name}.{picked}.json"
             bundle.save(os.path.join(out_dir, name))
-            manifest.append({"case": case.as_dict(), "choice": choice, "file": name,
+            manifest.append({"case": case.as_dict(), "choice": picked, "file": name,
                              "config": bundle.meta.get("config")})
             print("built", name, flush=True)
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
@@ -205,12 +221,13 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="full,causal", help="catalogue entries (ae_mlir.variants)")
     p.add_argument("--dims", default="64,128")
     p.add_argument("--seqs", default="2048,8192")
-    p.add_argument("--choices", default=",".join(CHOICES), help=f"some of {', '.join(CHOICES)}")
+    p.add_argument("--choices", default=",".join(CHOICES),
+                   help=f"some of {', '.join(CHOICES)}, or any [tma-]m<M>n<N>w<warps>s<stages>[+ws]")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     if args.mode == "build":
         choices = args.choices.split(",")
-        unknown = [c for c in choices if c not in CHOICES]
+        unknown = [c for c in choices if choice(c) is None]
         if unknown:
             raise SystemExit(f"--choices: unknown {', '.join(unknown)} (known: {', '.join(CHOICES)})")
         cases = _cases(args.variants.split(","), [int(d) for d in args.dims.split(",")],

@@ -93,6 +93,10 @@ CASES = {
     "dk64-dv16-fp32": ({"mask_mod": causal}, dict(h=2, lq=40, lk=57, dk=64, dv=16, dtype=torch.float32), SMALL),
     "dk16-dv80-bf16": ({}, dict(b=2, h=1, lq=23, lk=50, dk=16, dv=80, dtype=torch.bfloat16), SMALL),
     "sigmoid-fp16": ({"normalize": "sigmoid", "mask_mod": causal}, dict(h=2, lq=50, dtype=torch.float16), SMALL),
+    # The default config's 128x64 tiles at head dims past 128 (launch_defaults), ragged.
+    "causal-bf16-D256": ({"mask_mod": causal}, dict(h=1, lq=150, dk=256, dtype=torch.bfloat16), None),
+    "causal-bf16-Dk192-Dv128": ({"mask_mod": causal}, dict(h=1, lq=150, dk=192, dv=128, dtype=torch.bfloat16),
+                                None),
 }
 
 

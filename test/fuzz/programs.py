@@ -93,6 +93,14 @@ def _index_or_distance(draw, names) -> Node:
     return Node("floordiv", (distance, Node("const", value=draw(st.integers(1, 5)))))
 
 
+def _shifted_distance(draw, size: int) -> Node:
+    """kv_idx - q_idx or q_idx - kv_idx plus a constant in [0, size), unwrapped: out of range where
+    the distance is large, which the frontend's clamp into [0, size) then decides."""
+    ends = (Node("var", value="kv_idx"), Node("var", value="q_idx"))
+    distance = Node("sub", ends if draw(st.booleans()) else ends[::-1])
+    return Node("add", (distance, Node("const", value=draw(st.integers(0, size - 1)))))
+
+
 def bounded_index(node: Node, size: int) -> Node:
     """Map any integer expression into [0, size): ((e % size) + size) % size."""
     wrapped = Node("mod", (node, Node("const", value=size)))
@@ -110,6 +118,10 @@ def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: b
         if kind == 1 and captures and names:
             tensor = draw(st.sampled_from(captures))
             idx = tuple(bounded_index(_index_or_distance(draw, names), n) for n in tensor.shape)
+            if "kv_idx" in names and draw(st.integers(0, 3)) == 0:
+                # A relative-position read left to the frontend's clamp: the Triton backward's dK/dV
+                # kernel reads one that steps back along the queries mirrored (passes/mirror_reads.py).
+                idx = idx[:-1] + (_shifted_distance(draw, tensor.shape[-1]),)
             return Node("capture", value=(tensor, idx))
         if kind == 2 and not symbolic and names:
             return Node("mul", (index_expr(draw, 1, names), Node("const", value=0.05)))
