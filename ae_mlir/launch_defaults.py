@@ -142,10 +142,13 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
 # autotuning, bench/results/h200-autotune-backward-2026-12-04-d256.json and -mla.json) Dk = Dv =
 # 256 ran 3.43 ms at dQ 64x64 and dK/dV 64 query rows on 32 keys, 4 warps, 2 stages, against
 # 6.65 at the 32x32 single-stage tiles before (16 rows on 64 keys spilled: 11.3 ms); Dk = 192,
-# Dv = 128 ran 1.85 ms at dQ 64x32 and dK/dV 16x64 (the 32x32 tiles: 5.07 ms; FlexAttention 3.42).
+# Dv = 128 ran 1.85 ms at dQ 64x32 and dK/dV 16x64 (the 32x32 tiles: 5.07 ms; FlexAttention 3.42),
+# and with the forward's 128x64 dQ tiles on 8 warps 1.72 ms (a later search that also tried those,
+# bench/results/h200-autotune-backward-2026-12-04-wide-heads.json, where Dk = Dv = 256 kept its
+# tiles: 3.39-3.41 ms at dQ 128x64 or 128x32 against 3.43).
 _CUDA_BWD_16BIT = {64: ((128, 64, 4, 3), (32, 128, 4, 3)), 128: ((128, 64, 8, 3), (64, 128, 8, 3)),
                    256: ((64, 64, 4, 2), (64, 32, 4, 2))}
-_CUDA_BWD_NARROW_256 = ((64, 32, 4, 2), (16, 64, 4, 2))  # Dk + Dv <= 320 (MLA's 192 and 128)
+_CUDA_BWD_NARROW_256 = ((128, 64, 8, 2), (16, 64, 4, 2))  # Dk + Dv <= 320 (MLA's 192 and 128)
 _CUDA_BWD_FP32 = {64: ((32, 32, 4, 2),) * 2, 128: ((32, 32, 4, 2),) * 2, 256: ((16, 16, 4, 1),) * 2}
 _HIP_BWD_16BIT = {64: ((64, 64, 4, 1),) * 2, 128: ((64, 32, 4, 1),) * 2, 256: ((32, 32, 4, 1),) * 2}
 _HIP_BWD_FP32 = {64: ((32, 32, 4, 1),) * 2, 128: ((32, 32, 4, 1),) * 2, 256: ((16, 16, 4, 1),) * 2}
