@@ -24,7 +24,10 @@ if typing.TYPE_CHECKING:
 # alternating rounds, bench/results/h200-attention-configs-2026-12-04-wide-heads*.json) Dk = Dv =
 # 256 ran 416 / 506 TFLOP/s (L 2048 / 8192) at 2 stages against 298 / 355 at the 64x32 tiles
 # before (3 stages do not fit: 64 KiB of Q and 64 KiB of K and V a stage); Dk = 192, Dv = 128
-# (MLA's, Dk + Dv <= 320) 350 / 419 at 3 stages against 314 / 353 (2 stages: 308 / 366).
+# (MLA's, Dk + Dv <= 320) 350 / 419 at 3 stages against 314 / 353 (2 stages: 308 / 366). At
+# D = 256 they win for masks that cut many tiles too (-masks.json): the sliding window 300 / 298
+# against 198 / 199 at 64x32, causal + sliding 205 / 203 against 149 / 151 (64x64 on 4 warps:
+# 226 / 227 and 158 / 161), soft-capping 386 / 464.
 _CUDA_16BIT = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (128, 64, 8, 2)}
 _CUDA_16BIT_NARROW_256 = (128, 64, 8, 3)
 # Masks that cut more KV tiles per query block than a causal diagonal does (2 at 128 x 64: a band
@@ -33,10 +36,10 @@ _CUDA_16BIT_NARROW_256 = (128, 64, 8, 3)
 # rounds) 64x64 tiles with 4 warps ran the sliding window at 280 / 281 TFLOP/s (L 2048 / 8192)
 # against 232 / 230 at 128x64, causal + sliding 202 / 204 against 170 / 170 and the dilated mask
 # 187 / 210 against 161 / 190, where causal ran 297 / 368 against 375 / 449 and prefix-LM 380 /
-# 444 against 385 / 453. D = 64, the bucket of 256 and MI300 keep their earlier tiles (not measured).
+# 444 against 385 / 453. D = 64 and MI300 keep their tiles (not measured); past 128, see above.
 CUT_TILES_AT = (128, 64)
 CUT_TILES_MAX = 2.5
-_CUDA_16BIT_CUT = {**_CUDA_16BIT, 128: (64, 64, 4, 3), 256: (64, 32, 4, 3)}
+_CUDA_16BIT_CUT = {**_CUDA_16BIT, 128: (64, 64, 4, 3)}
 _CUDA_FP32 = {64: (128, 32, 4, 3), 128: (32, 64, 4, 3), 256: (32, 32, 4, 3)}
 # MI300 (gfx942): mfma 32x32 tiles; one LDS buffer per operand leaves room for 128x64 at D=128.
 _HIP_16BIT = {64: (128, 64, 4, 2), 128: (128, 64, 4, 2), 256: (64, 32, 4, 2)}
@@ -106,7 +109,7 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
     if table is _CUDA_16BIT and cut_tiles > CUT_TILES_MAX:
         table = _CUDA_16BIT_CUT
     block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
-    if table is _CUDA_16BIT and d == 256 and dk + dv <= 320:
+    if (table is _CUDA_16BIT or table is _CUDA_16BIT_CUT) and d == 256 and dk + dv <= 320:
         block_m, block_n, warps, stages = _CUDA_16BIT_NARROW_256
     block_m = min(block_m, _pow2(lq))
     block_n = min(block_n, _pow2(lk))

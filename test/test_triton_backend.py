@@ -77,6 +77,10 @@ def document(b, h, qi, ki):
     return DOC[qi] == DOC[ki]
 
 
+def sliding_window(b, h, qi, ki):
+    return (qi - ki <= 40) & (ki - qi <= 40)
+
+
 CASES = {
     # name: (attention kwargs, qkv kwargs, config)
     "plain-fp32": ({}, dict(h=2, lq=17, dtype=torch.float32), SMALL),
@@ -97,6 +101,8 @@ CASES = {
     "causal-bf16-D256": ({"mask_mod": causal}, dict(h=1, lq=150, dk=256, dtype=torch.bfloat16), None),
     "causal-bf16-Dk192-Dv128": ({"mask_mod": causal}, dict(h=1, lq=150, dk=192, dv=128, dtype=torch.bfloat16),
                                 None),
+    "sliding-softcap-bf16-D256": ({"mask_mod": sliding_window, "score_mod": softcap},
+                                  dict(h=1, lq=150, dk=256, dtype=torch.bfloat16), None),
 }
 
 
