@@ -172,7 +172,8 @@ def _softmax_candidates(problem: Problem, target: str) -> tuple[list[dict], dict
         if shared <= _shared_limit(target):
             found.append({"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages})
     default = launch_defaults.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                     problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles)
+                                     problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles,
+                                     plain=problem.plain)
     return found, default
 
 

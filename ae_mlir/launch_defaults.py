@@ -37,6 +37,15 @@ _CUDA_16BIT_NARROW_256 = (128, 64, 8, 3)
 # against 232 / 230 at 128x64, causal + sliding 202 / 204 against 170 / 170 and the dilated mask
 # 187 / 210 against 161 / 190, where causal ran 297 / 368 against 375 / 449 and prefix-LM 380 /
 # 444 against 385 / 453. D = 64 and MI300 keep their tiles (not measured); past 128, see above.
+# Plain softmax attention (no score_mod or mask) over long sequences on sm90, 16-bit, D = 128:
+# 128x128 tiles on 8 warps loaded through TMA descriptors (made per program on the device, which
+# its long KV loop repays). On an H200 (bf16, B*L = 16384, H 16, three alternating rounds,
+# bench/results/h200-attention-configs-2026-12-04-long.json and -12-03-catalogue.json) full
+# attention ran 452 / 481 / 491 / 507 TFLOP/s at L 2048 / 4096 / 8192 / 16384 against 442 / 469 /
+# 462 / 469 at the 128x64 tiles; with a mask or a score_mod they lost (causal 369 against 414 at
+# L 4096, ALiBi 347 against 377, the relative-bias table 226 against 327).
+_PLAIN_LONG = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "tensor_descriptors": True}
+_PLAIN_LONG_MIN_L = 2048
 CUT_TILES_AT = (128, 64)
 CUT_TILES_MAX = 2.5
 _CUDA_16BIT_CUT = {**_CUDA_16BIT, 128: (64, 64, 4, 3)}
@@ -101,11 +110,13 @@ _PACK_GQA_MAX_LQ = 16
 
 
 def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, batch_heads: int | None = None,
-                   group: int = 1, uneven_keys: bool = False, cut_tiles: float = 0.0) -> dict:
+                   group: int = 1, uneven_keys: bool = False, cut_tiles: float = 0.0, plain: bool = False) -> dict:
     """Block sizes and launch options for one problem shape on `target` ("cuda:90", "hip:gfx942");
-    with `batch_heads` (B * H), the KV splits and GQA packing too (`uneven_keys`, `cut_tiles`:
-    see Problem)."""
+    with `batch_heads` (B * H), the KV splits and GQA packing too (`uneven_keys`, `cut_tiles`,
+    `plain`: see Problem)."""
     d, table = _table(dk, dv, dtype, target, (_CUDA_16BIT, _CUDA_FP32, _HIP_16BIT, _HIP_FP32))
+    if plain and table is _CUDA_16BIT and d == 128 and min(lq, lk) >= _PLAIN_LONG_MIN_L and has_tma(target):
+        return dict(_PLAIN_LONG)
     if table is _CUDA_16BIT and cut_tiles > CUT_TILES_MAX:
         table = _CUDA_16BIT_CUT
     block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))

@@ -58,6 +58,9 @@ class Problem:
     call_time_mask: str | None = None
     # A mask, per-entry lengths, pages or packed sequences: KV tiles may be cut (the CPU's tiles).
     masked: bool = False
+    # Softmax over the scores as they are, every pair: no score_mod, mask, lengths, pages or packed
+    # sequences (launch_defaults: its own tiles at long sequences).
+    plain: bool = False
 
     @property
     def linear(self) -> bool:
@@ -75,9 +78,12 @@ def read_problem(module) -> Problem | None:
             continue
         q, k, v = types[:3]
         decay, chunk, keys, batch, queries = None, 0, k.shape[2], q.shape[0], q.shape[2]
-        paged = lengths = packed = False
-        mask = None
+        paged = lengths = packed = modded = False
+        mask, kind = None, None
         for op in func.regions[0].blocks[0].operations:
+            modded = modded or op.operation.name == "attn.score_mod"
+            if op.operation.name == "attn.normalize":
+                kind = ir.StringAttr(op.operation.attributes["kind"]).value
             paged = paged or op.operation.name == "attn.gather_pages"
             packed = packed or op.operation.name == "attn.unpack_sequences"
             if op.operation.name == "attn.mask":
@@ -98,9 +104,11 @@ def read_problem(module) -> Problem | None:
             cut = cut_tiles(mask, queries, keys, *CUT_TILES_AT)
             # Packed sequences take no call-time tables (attn-tile).
             program = None if packed else call_time_program(mask)
+        masked = mask is not None or paged or packed
         return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
                        batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut,
-                       program.to_json() if program is not None else None, mask is not None or paged or packed)
+                       program.to_json() if program is not None else None, masked,
+                       plain=kind == "softmax" and not (modded or masked or lengths))
     return None
 
 
@@ -227,7 +235,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
                                           problem.cut_tiles, problem.batch_heads // problem.group))
         else:
             values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                         problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles))
+                                         problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles,
+                                         plain=problem.plain))
     if "dkdv_num_warps" in values:  # the Triton backward's two configs
         backward_overrides(values, typed)
     else:

@@ -150,7 +150,8 @@ def _problem(name: str):
 def test_problem_is_read_from_the_parsed_module():
     # Causal at L = 40: its one (ragged) 128 x 64 tile is cut.
     assert _problem("dk64-dv16-f32") == presets.Problem(40, 40, 64, 16, "f32", batch_heads=2, cut_tiles=1.0, masked=True)
-    assert _problem("gqa-f32") == presets.Problem(50, 70, 16, 16, "f32", batch_heads=4, group=2)
+    # No mask or score_mod: plain softmax attention.
+    assert _problem("gqa-f32") == presets.Problem(50, 70, 16, 16, "f32", batch_heads=4, group=2, plain=True)
     assert _problem("linear-token-dim-bf16") == presets.Problem(96, 96, 16, 16, "bf16", "token_dim", 32, 2)
 
 

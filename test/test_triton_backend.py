@@ -103,17 +103,29 @@ CASES = {
                                 None),
     "sliding-softcap-bf16-D256": ({"mask_mod": sliding_window, "score_mod": softcap},
                                   dict(h=1, lq=150, dk=256, dtype=torch.bfloat16), None),
+    # Plain attention this long takes 128x128 tiles through TMA descriptors by default on sm90
+    # (launch_defaults._PLAIN_LONG); ragged.
+    "plain-bf16-L2100-D128": ({}, dict(h=1, lq=2100, dk=128, dtype=torch.bfloat16), None),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_numerics(name):
+    """At the case's config, or (None) at the one a call on an H200 compiles."""
     attn_kwargs, shape, config = CASES[name]
-    q, k, v = qkv(**shape)
-    if config is None:
-        dtype = str(q.dtype).removeprefix("torch.")
-        config = launch_defaults.default_config(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dtype, "cuda:90")
-    check(ae.attention(**attn_kwargs), q, k, v, config=config)
+    check(ae.attention(**attn_kwargs), *qkv(**shape), config=config)
+
+
+def test_plain_long_attention_loads_128x128_tiles_through_descriptors_by_default():
+    _, _, bundle = check(ae.attention(), *qkv(**CASES["plain-bf16-L2100-D128"][1]), config=None,
+                         expect_variant="aligned")
+    assert {k: bundle.meta["config"][k] for k in ("block_m", "block_n", "num_warps")} == \
+        {"block_m": 128, "block_n": 128, "num_warps": 8}
+    assert '"tt.descriptor_load"' in bundle.variants["aligned"].ttir
+    # With a mask the same shape keeps the 128x64 tiles through pointers.
+    causal_bundle = tb.compile_bundle(ae.attention(mask_mod=causal), *qkv(**CASES["plain-bf16-L2100-D128"][1]))
+    assert causal_bundle.meta["config"]["block_n"] == 64
+    assert '"tt.descriptor_load"' not in causal_bundle.variants["aligned"].ttir
 
 
 @pytest.mark.parametrize("name", list(CASES))
