@@ -2,6 +2,7 @@
 backward and SDPA's (flash, cuDNN) in the same process, bf16, B=8 H=16 L=2048.
 
     python bench/backward.py build --out bench/bundles/backward      # here: needs the MLIR bindings
+        [--config tensor_descriptors=true]   # backward preset overrides for every case
     python bench/backward.py run --bundles bench/bundles/backward --out DIR   # on the GPU: torch + triton
         [--baseline DIR]   # also time DIR's bundles (built by another version) in the same process
     python bench/backward.py sweep --bundles bench/bundles/backward --out DIR # each kernel alone, per config
@@ -63,7 +64,7 @@ def _selected(only: str) -> list[tuple[str, int]]:
     return [(v, d) for v, d in CASES if not names or f"{v}_d{d}" in names]
 
 
-def build(out: str, only: str = "", sweep_configs: bool = True) -> None:
+def build(out: str, only: str = "", sweep_configs: bool = True, config: dict | None = None) -> None:
     from ae_mlir.backends import triton as tb
     from ae_mlir.backends.call_time_tiles import backward_call_time_tiles
     from build_suite import build_one
@@ -82,7 +83,7 @@ def build(out: str, only: str = "", sweep_configs: bool = True) -> None:
         empty = suite.softmax_inputs(shape, case.dtype, "cpu", empty=True)
         roles = dict(zip(("q", "k", "v"), empty), **{f"c{i}": t for i, t in enumerate(attn._build(*empty)[1])})
         tiles = backward_call_time_tiles(text, "cuda:90", roles)
-        tb.build_backward_bundle(text, "cuda:90", dict(tiles, closure_grads=False)).save(
+        tb.build_backward_bundle(text, "cuda:90", dict(tiles, closure_grads=False, **(config or {}))).save(
             os.path.join(out, f"{name}.bwd.json"))
         if sweep_configs and (variant, dim) in SWEEP_CASES:
             for bm, bn, warps, stages in (SWEEP_CUT if variant in CUT_MASKS else SWEEP):
@@ -330,13 +331,16 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default="", help="only these cases, e.g. retnet_d128,causal_d128")
     parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "backward"))
     parser.add_argument("--no-sweep", action="store_true", help="build: leave out the sweep's bundles")
+    parser.add_argument("--config", default="", help="build: backward preset overrides for every case, key=value,...")
     parser.add_argument("--baseline", action="append", default=[],
                         help="run: also time this directory's backward bundles (another compiler version)")
     args = parser.parse_args(argv)
     if args.mode == "cpu" and "torch" not in sys.modules:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.mode == "build":
-        build(args.out, args.cases, not args.no_sweep)
+        from build_suite import parse_config
+
+        build(args.out, args.cases, not args.no_sweep, parse_config(args.config))
     elif args.mode == "sweep":
         sweep(args.bundles, args.out)
     elif args.mode == "cpu":
