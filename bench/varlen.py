@@ -9,7 +9,8 @@ TFLOP/s count the causal work of the real tokens only (4 x H x D x L(L+1)/2 per 
 same for everyone.
 
     python bench/varlen.py build --out bench/bundles/varlen     # here: needs the MLIR bindings
-    python bench/varlen.py run --bundles bench/bundles/varlen --out DIR   # on the GPU
+    python bench/varlen.py run --bundles bench/bundles/varlen --out DIR [--baseline OLD]   # on the GPU
+        (OLD: another version's bundles, whose backward is timed beside this one's)
 
 Times are medians of triton.testing.do_bench; inputs are fresh per case; outputs are checked
 against SDPA (math backend, float32) sequence by sequence.
@@ -82,7 +83,7 @@ def build(out: str) -> None:
         print("built", case, len(lengths), "sequences", bundle.meta["config"], backward.meta["config"], flush=True)
 
 
-def run(bundles: str, out_dir: str) -> None:
+def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
     import torch
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -143,15 +144,16 @@ def run(bundles: str, out_dir: str) -> None:
                 result["tflops"] = flops / (result["ms"] * 1e-3) / 1e12
             rec["results"][label] = result
         rec["results"].update(_backward(bundles, case, lengths, flops, (q4, k4, v4), padded, flex, block_mask,
-                                        (bundle, kv_len, cu)))
+                                        (bundle, kv_len, cu), baseline))
         records.append(rec)
         print(json.dumps({key: value for key, value in rec.items() if key != "lengths"}), flush=True)
         harness.save(doc, out_dir, "varlen.json")
 
 
-def _backward(bundles, case, lengths, flops, packed, padded, flex, block_mask, forward) -> dict:
-    """Backward times (2.5x the forward's FLOPs) of ae-mlir's backward kernels, FlexAttention's
-    and SDPA's on the padded batch; the first sequence's dQ checked against float32 autograd."""
+def _backward(bundles, case, lengths, flops, packed, padded, flex, block_mask, forward, baseline=None) -> dict:
+    """Backward times (2.5x the forward's FLOPs) of ae-mlir's backward kernels (and `baseline`'s,
+    another version's bundles), FlexAttention's and SDPA's on the padded batch; the first
+    sequence's dQ checked against float32 autograd."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -176,6 +178,9 @@ def _backward(bundles, case, lengths, flops, packed, padded, flex, block_mask, f
     tensors = {"q": q4, "k": k4, "v": v4, "out": out, "do": d_out, "lse": lse, "dlse": torch.zeros_like(lse),
                "c0": kv_len, "c1": cu, "c2": cu}
     impls = {"ae_mlir": (lambda: runtime.launch_roles(backward, tensors)["dq"], first_dq_error)}
+    if baseline is not None:
+        old = runtime.Bundle.load(os.path.join(baseline, case + ".bwd.json"))
+        impls["ae_mlir_baseline"] = (lambda: runtime.launch_roles(old, tensors)["dq"], first_dq_error)
     leaves = [t.detach().requires_grad_() for t in (q4, k4, v4)]
     flex_out = flex(*leaves, block_mask=block_mask)
     impls["flex_document_mask"] = (lambda: torch.autograd.grad(flex_out, leaves, d_out, retain_graph=True)[0],
