@@ -32,9 +32,7 @@ every run and on the CPU, whose programs run on threads that cannot share an acc
 
 Tiles are classified as in `attn-tile` (positional masks at compile time, tables as constants;
 the dK/dV kernel reads the transposed lists), with the tiles on a ragged edge of either sequence
-partial: their masked form also drops padded query rows. Where the lengths are known at run time
-only (packed sequences, per-entry key lengths) any tile may pass them: the tiles the mask shows
-whole drop the pairs past the lengths alone, without the mask (tile_backward_tiles.BOUNDED). With `call-time-tables`, a mask that
+partial: their masked form also drops padded query rows. With `call-time-tables`, a mask that
 reads closure tensors (not b or h; no per-entry lengths or packed sequences) is classified at each
 call as the forward's is: each kernel takes its four tables as arguments (abi.backward_table_roles,
 the dK/dV kernel's per KV block) and carries the mask program. Other masks that read closure
@@ -63,7 +61,7 @@ from .l1_builders import (convert, f32, index, index_value, matmul, program_id, 
 from .l1_ops import fail, ops_named, shape
 from .tile_backward_rows import Rows
 from .tile_backward_running_max import RunningMaxGradients
-from .tile_backward_tiles import BOUNDED, ROW, TILE
+from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
 from .tile_tables import Classification, classify_blocks, table_constants
 from .tile_varlen import sequences_source
@@ -214,9 +212,10 @@ class _Backward(RunningMaxGradients):
                 return [], []
         classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn)
         if self.sources[0] is not None or self.kv_len is not None:
-            # A packed sequence or an entry's keys may end inside any tile: `walk` bounds the
-            # tiles the mask shows whole by the lengths alone (BOUNDED).
-            return classification.partial, classification.full
+            # A packed sequence or an entry's keys may end inside any tile: every tile drops the
+            # rows past its end.
+            return [sorted(p + f) for p, f in zip(classification.partial, classification.full)], \
+                [[] for _ in classification.full]
         return _ragged_partial(classification.partial, classification.full, self.lq, self.lk, self.bm, self.bn)
 
     def packed_arg(self, i: int):
@@ -262,9 +261,7 @@ class _Backward(RunningMaxGradients):
         from mlir import ir
         from mlir.dialects import arith, scf, tensor
 
-        # Lengths known at run time only (packed sequences, kv_len) may cut any tile.
-        dynamic = not (isinstance(self.len_q, int) and isinstance(self.len_k, int))
-        for masked, lists, position in zip((True, BOUNDED if dynamic else False), lists_pair, (0, 2)):
+        for masked, lists, position in zip((True, False), lists_pair, (0, 2)):
             if self.table_args:
                 count_tab, index_tab = self.table_args[position:position + 2]
             elif not any(lists):

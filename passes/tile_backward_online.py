@@ -42,7 +42,7 @@ class OnlineGradients(TileGradients):
             return value
         qi, kj, qc, kc = self.positions(m0, n0, keys_first)
         # A masked pair's local derivative may be inf or NaN: select, do not multiply.
-        return arith.select(self.keep(pb, h, qi, kj, qc, kc, masked), value, f32(fallback))
+        return arith.select(self.keep(pb, h, qi, kj, qc, kc), value, f32(fallback))
 
     def online_tile(self, qk, pb, h, m0, n0, masked: bool, keys_first: bool = False):
         """(p, c) of a tile under a user's online normalizer without a running max: p = prob(x, 0)

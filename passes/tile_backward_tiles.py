@@ -10,21 +10,6 @@ ROW, TILE = (0,), (0, 1)
 LOG2E = 1.4426950408889634
 
 
-class _Bounded:
-    """The `masked` argument of a tile the mask shows whole but whose rows or columns may pass
-    their sequence's end (packed sequences, per-entry key lengths): a tile's pairs are then
-    dropped by the lengths alone. True as a condition, as a masked tile's is."""
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "BOUNDED"
-
-
-BOUNDED = _Bounded()
-
-
 def _elementwise_prob(kind: str, x):
     """P = f(x) of an element-wise normalizer, as the forward's kinds define it (ae_mlir.normalizers)."""
     from mlir.dialects import arith, math
@@ -82,14 +67,13 @@ class TileGradients(KernelBuilder):
         qi, kj = arith.addi(m0, i), arith.addi(n0, j)
         return qi, kj, arith.minsi(qi, index(self.lq - 1)), arith.minsi(kj, index(self.lk - 1))
 
-    def keep(self, pb, h, qi, kj, qc, kc, masked=True):
-        """Whether the pair is inside both sequences and (unless the tile is BOUNDED) the mask
-        shows it."""
+    def keep(self, pb, h, qi, kj, qc, kc):
+        """Whether the pair is inside both sequences and the mask shows it."""
         from mlir.dialects import arith
 
         inside = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, qi, index_value(self.len_q)),
                             arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.len_k)))
-        if self.mask is not None and masked is not BOUNDED:
+        if self.mask is not None:
             inside = arith.andi(inside, self.inline(self.mask, [pb, h, qc, kc]))
         return inside
 
@@ -123,7 +107,7 @@ class TileGradients(KernelBuilder):
             return self.positions(m0, n0, keys_first)
 
         def keep(qi, kj, qc, kc):
-            return self.keep(pb, h, qi, kj, qc, kc, masked)
+            return self.keep(pb, h, qi, kj, qc, kc)
 
         def probs(a):
             qi, kj, qc, kc = positions()
@@ -198,7 +182,7 @@ class TileGradients(KernelBuilder):
                     value = self.inline(region, args, result=g * (rank + 1) + k)
                     if k:
                         return arith.index_cast(i32, value)
-                    return arith.select(self.keep(pb, h, qi, kj, qc, kc, masked), value, f32(0.0)) if masked else value
+                    return arith.select(self.keep(pb, h, qi, kj, qc, kc), value, f32(0.0)) if masked else value
 
                 ins = [(qk, TILE), (dm, TILE)]
                 values = self.generic(ins, tensor_type(tile), lambda a: component(0, a))
