@@ -104,8 +104,9 @@ def candidates(problem: Problem, target: str) -> list[dict]:
     kept = _unique([{}] + [c for c in found if any(default.get(k) != v for k, v in c.items())])
     if target != "host" and not problem.linear and launch_defaults.has_tma(target):
         # TMA tile loads won or lost 2-11% by shape and config on an H200 (launch_defaults.has_tma), so
-        # every candidate is tried with them too.
-        kept += [dict(c, tensor_descriptors=True) for c in kept]
+        # every candidate is tried the other way too (the default takes them for plain attention).
+        other = not default.get("tensor_descriptors", False)
+        kept += [dict(c, tensor_descriptors=other) for c in kept]
     return kept
 
 

@@ -49,6 +49,18 @@ def test_candidates_start_with_the_default_and_fit_the_targets_memory():
     assert all(c["block_m"] <= 64 and c["block_n"] <= 32 for c in short if "block_m" in c)
 
 
+def test_plain_attention_tries_each_candidate_through_pointers_too():
+    # Its default loads through TMA descriptors (launch_defaults._PLAIN_LONG): the second half of
+    # the candidates turns them off, the default's own configuration included.
+    plain = presets.Problem(lq=2048, lk=2048, dk=128, dv=128, dtype="bf16", batch_heads=128, plain=True)
+    assert presets.options_for("triton", plain, "cuda:90").tensor_descriptors
+    cuda = autotune.candidates(plain, "cuda:90")
+    half = len(cuda) // 2
+    assert cuda[half] == {"tensor_descriptors": False}
+    assert all(c.pop("tensor_descriptors") is False for c in cuda[half:]) and cuda[half:] == cuda[:half]
+    assert {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3} in cuda
+
+
 def test_candidates_leave_out_the_default_they_would_repeat():
     short = presets.Problem(lq=40, lk=40, dk=16, dv=16, dtype="f32")
     default = launch_defaults.default_config(40, 40, 16, 16, "f32", "cuda:90")
