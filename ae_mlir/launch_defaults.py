@@ -43,9 +43,14 @@ _CUDA_16BIT_NARROW_256 = (128, 64, 8, 3)
 # bench/results/h200-attention-configs-2026-12-04-long.json and -12-03-catalogue.json) full
 # attention ran 452 / 481 / 491 / 507 TFLOP/s at L 2048 / 4096 / 8192 / 16384 against 442 / 469 /
 # 462 / 469 at the 128x64 tiles; with a mask or a score_mod they lost (causal 369 against 414 at
-# L 4096, ALiBi 347 against 377, the relative-bias table 226 against 327).
-_PLAIN_LONG = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "tensor_descriptors": True}
-_PLAIN_LONG_MIN_L = 2048
+# L 4096, ALiBi 347 against 377, the relative-bias table 226 against 327). At D = 64 the same tiles
+# on 4 warps gained from L 8192 on (-long-d64.json: 423 / 424 at L 8192 / 16384 against 404 /
+# 409; at L 2048 / 4096 388 / 412 against 395 / 405; on 8 warps 302-366).
+# Head dim -> (config, the shortest Lq and Lk it takes).
+_PLAIN_LONG = {128: ({"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "tensor_descriptors": True},
+                     2048),
+               64: ({"block_m": 128, "block_n": 128, "num_warps": 4, "num_stages": 3, "tensor_descriptors": True},
+                    8192)}
 CUT_TILES_AT = (128, 64)
 CUT_TILES_MAX = 2.5
 _CUDA_16BIT_CUT = {**_CUDA_16BIT, 128: (64, 64, 4, 3)}
@@ -115,8 +120,10 @@ def default_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, 
     with `batch_heads` (B * H), the KV splits and GQA packing too (`uneven_keys`, `cut_tiles`,
     `plain`: see Problem)."""
     d, table = _table(dk, dv, dtype, target, (_CUDA_16BIT, _CUDA_FP32, _HIP_16BIT, _HIP_FP32))
-    if plain and table is _CUDA_16BIT and d == 128 and min(lq, lk) >= _PLAIN_LONG_MIN_L and has_tma(target):
-        return dict(_PLAIN_LONG)
+    if plain and table is _CUDA_16BIT and d in _PLAIN_LONG and has_tma(target):
+        config, shortest = _PLAIN_LONG[d]
+        if min(lq, lk) >= shortest:
+            return dict(config)
     if table is _CUDA_16BIT and cut_tiles > CUT_TILES_MAX:
         table = _CUDA_16BIT_CUT
     block_m, block_n, warps, stages = table.get(d, (32, 32, 4, 2))
