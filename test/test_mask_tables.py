@@ -325,6 +325,26 @@ def test_cpu_backward_kernels_take_call_time_tables_and_match_float64():
         assert [spec.elt for spec in kernel.inputs[-4:]] == ["i32"] * 4, part
 
 
+def test_a_nearly_full_cache_keeps_a_steps_tables_together(monkeypatch):
+    # At its bound the tables' cache drops its oldest entries: the backward's tables do not push
+    # out the forward's that the same step made (emptying the cache did, so the next step's
+    # forward classified again).
+    attn, _, (q, k, v) = _document_training(lq=130)
+    d_out = torch.randn(2, 2, 130, 16)
+    block_mask._CACHE.clear()
+    block_mask._CACHE.update({("earlier call", i): None for i in range(63)})
+    _gradients(attn, q, k, v, d_out, "cpu")
+    layouts = []
+    classify_program = block_mask.classify_program
+    monkeypatch.setattr(block_mask, "classify_program",
+                        lambda program, operands, *args: layouts.append(args[-1]) or classify_program(
+                            program, operands, *args))
+    _gradients(attn, q, k, v, d_out, "cpu")
+    assert layouts == []
+    assert ("earlier call", 0) not in block_mask._CACHE and len(block_mask._CACHE) == 64
+    block_mask._CACHE.clear()
+
+
 def test_a_training_step_classifies_a_closure_mask_once(monkeypatch):
     # The forward and both backward kernels get their tables from the cache on later steps:
     # autograd hands the kernels new detached views of the document ids at every call.
