@@ -407,7 +407,7 @@ def backward_inputs_made(bundle: Bundle, given: dict, device) -> dict:
     made = backward_call_time_tables(bundle, given, device)
     for spec in bundle.inputs:
         source = abi.mirrored_capture(spec.role)
-        if source is not None and spec.role not in given:
+        if source in given and spec.role not in given:
             made[spec.role] = given[source].detach().flip(-1)
     return made
 
