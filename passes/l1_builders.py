@@ -186,9 +186,11 @@ class KernelBuilder:
         self.func = func
         self.func_block = func.regions[0].blocks[0]
         self.kernel_args: list = []  # the new kernel's arguments, once `function` made it
-        # Closure arguments whose reads stepping back along the tile's last axis, the queries,
-        # read their mirrored copies instead (passes/mirror_reads.py): closure arg -> mirrored arg.
+        # Closure arguments whose reads stepping back along the tile's last axis read their
+        # mirrored copies instead (passes/mirror_reads.py): closure arg -> mirrored arg; that axis
+        # as a mod region's argument counted from the end (-2: the queries, -1: the keys).
         self.mirrors: dict = {}
+        self.mirror_axis = -1
 
     def function(self, name: str, arg_types: list, result_types: list, attributes: dict):
         """The kernel function, before `func`; returns its entry block."""
@@ -258,14 +260,14 @@ class KernelBuilder:
 
     def _mirrored_read(self, extract, block, image):
         """The image of a mod region's tensor.extract read from its source's mirrored copy, when
-        the source has one and the read steps back along the queries, a mod region's
-        second-to-last argument; None otherwise."""
+        the source has one and the read steps back along the tile's last axis (`mirror_axis`);
+        None otherwise."""
         from mlir.dialects import tensor
 
         from .mirror_reads import emit, mirror_of
 
         mirrored_arg = self.mirrors.get(image(extract.operands[0]))
-        mirror = mirrored_arg is not None and mirror_of(extract, block.arguments[len(block.arguments) - 2])
+        mirror = mirrored_arg is not None and mirror_of(extract, block.arguments[len(block.arguments) + self.mirror_axis])
         if not mirror:
             return None
         with extract.location:  # the user's source line

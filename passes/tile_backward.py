@@ -163,9 +163,11 @@ class _Backward(RunningMaxGradients):
         terminator = list(op.regions[0].blocks[0].operations)[-1].operation
         return op.regions[0], rank, len(terminator.operands) // (rank + 1)
 
-    def mirrored_positions(self) -> list[int]:
-        """The closure tensors c<i> some mod region reads stepping back along the queries, which
-        the dK/dV kernel reads mirrored (passes/mirror_reads.py)."""
+    def mirrored_positions(self, axis: int) -> list[int]:
+        """The closure tensors c<i> some mod region reads stepping back along `axis` (a mod
+        region's argument counted from the end: -2 the queries, along the dK/dV kernel's tiles,
+        -1 the keys, along the dQ kernel's), which that kernel reads mirrored
+        (passes/mirror_reads.py)."""
         from mlir import ir
 
         from .mirror_reads import mirror_of
@@ -184,7 +186,7 @@ class _Backward(RunningMaxGradients):
                     number = self.closure_args[number - 2]
                 elif source.owner != self.func_block:
                     continue
-                if mirror_of(op.operation, block.arguments[len(block.arguments) - 2]) is not None:
+                if mirror_of(op.operation, block.arguments[len(block.arguments) + axis]) is not None:
                     found.add(number - len(abi.INPUTS))
         return sorted(found)
 
@@ -301,7 +303,8 @@ class _Backward(RunningMaxGradients):
             outs = outs + tuple(self.closure_roles)
             types.update({abi.closure_grad(i): tensor_type(list(self.inputs[len(abi.INPUTS) + i].shape))
                           for i in self.closure_positions})
-        mirrored = self.mirrored_positions() if part == "dkdv" and self.mirror_reads else []
+        self.mirror_axis = -2 if part == "dkdv" else -1
+        mirrored = self.mirrored_positions(self.mirror_axis) if self.mirror_reads else []
         ins = ins + tuple(abi.mirrored(i) for i in mirrored)
         types.update({abi.mirrored(i): self.inputs[len(abi.INPUTS) + i] for i in mirrored})
         if self.program is not None:
@@ -476,10 +479,11 @@ class AttnTileBackward(ModulePass):
     call_time_tables: bool = option(False, "a mask that reads closure tensors (not b or h) is classified at each "
                                            "call: each kernel takes its four tile tables as arguments (roles "
                                            "dq_* and dkdv_*) and carries the mask program, as attn-tile's do")
-    mirror_reads: bool = option(False, "the dK/dV kernel reads a closure tensor whose reads step back along the "
-                                       "queries (a relative-position table at kv_idx - q_idx + c) from its copy "
-                                       "reversed along the last dimension, an input of role c<i>_mirrored, "
-                                       "forwards (passes/mirror_reads.py)")
+    mirror_reads: bool = option(False, "each kernel reads a closure tensor whose reads step back along its "
+                                       "tiles' rows (the dK/dV kernel's run over queries: a relative-position "
+                                       "table at kv_idx - q_idx + c; the dQ kernel's over keys: at q_idx - "
+                                       "kv_idx + c) from its copy reversed along the last dimension, an input "
+                                       "of role c<i>_mirrored, forwards (passes/mirror_reads.py)")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n),
@@ -501,7 +505,7 @@ class AttnTileBackward(ModulePass):
                              self.dkdv_block_n or self.block_n, self.whole_tiles,
                              call_time_tables=self.call_time_tables, mirror_reads=self.mirror_reads)
             dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n, self.whole_tiles,
-                           self.closure_grads, self.call_time_tables)
+                           self.closure_grads, self.call_time_tables, self.mirror_reads)
             with aggregate.location:
                 dq.build_dq(abi.backward_kernel_name(name, "dq"), *dq.lists())
                 dkdv.build_dkdv(abi.backward_kernel_name(name, "dkdv"), *dkdv.lists())

@@ -11,7 +11,8 @@ import ae_mlir as ae
 from ae_mlir import runtime, variants
 from ae_mlir.backends import triton as tb
 from ae_mlir.core import abi
-from test_backward_triton import _check
+from bundle_interp import interpret_roles
+from test_backward_triton import _check, _problem
 
 
 def _closures(attn, h, hkv, lq, lk, d, dtype):
@@ -52,15 +53,25 @@ def test_clamped_read_with_a_head_offset():
     assert _mirrored_roles(bundle) == ["c0_mirrored"]
 
 
-def test_reads_that_ascend_along_the_queries_keep_the_tensor():
-    # A per-query bias and the uncomposed table[h, q_idx - kv_idx + c] ascend along the queries:
-    # no mirrored copy.
-    rows = torch.randn(2, 77, dtype=torch.float64)
-    table = torch.randn(2, 153, dtype=torch.float64)
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_reads_that_step_back_along_the_keys_are_mirrored_in_the_dq_kernel(dtype, tol):
+    # Left uncomposed (as with per-entry lengths or packed sequences), table[h, q_idx - kv_idx + c]
+    # steps back along the dQ kernel's rows of keys and ascends along the dK/dV kernel's rows of
+    # queries; a per-query bias ascends along the queries and is constant along the keys.
+    rows, table = torch.randn(2, 77), torch.randn(2, 153)
     attn = ae.attention(score_mod=lambda s, b, h, i, j: s + rows[h, i] + table[h, i - j + 76])
-    text = attn.mlir(*(torch.empty(1, 2, 77, 32) for _ in range(3)), compose=False)
-    bundle = tb.build_backward_bundle(text, "cuda:90")
-    assert _mirrored_roles(bundle) == []
+    (q, k, v), out, d_out, lse, d_lse, want = _problem(attn, 1, 2, 2, 77, 77, 32, 32)
+    inputs = [t.detach().to(dtype) for t in (q, k, v)]
+    bundle = tb.build_backward_bundle(attn.mlir(*inputs, compose=False), "cuda:90")
+    assert _mirrored_roles(bundle) == ["c1_mirrored"]
+    assert "c1_mirrored" in bundle.stages[0].variants["aligned"].args
+    assert "c1_mirrored" not in bundle.variants["aligned"].args
+    tensors = dict(zip(("q", "k", "v"), inputs), out=out.detach().to(dtype), do=d_out.to(dtype),
+                   lse=lse.detach().float(), dlse=d_lse.float(), c0=rows, c1=table)
+    got = interpret_roles(bundle, tensors)
+    for role, reference in zip(("dq", "dk", "dv"), want):
+        scale = reference.abs().max()
+        torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=tol, rtol=0, msg=role)
 
 
 def test_only_the_triton_preset_mirrors():

@@ -174,8 +174,8 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         n_results = len(abi.result_types(first))
         roles = abi.arg_roles(first)
         inputs = _specs(abi.input_types(first)[:-n_results], roles[:-n_results])
-        # The dK/dV kernel's call-time tables and mirrored closure tensors are inputs too, which
-        # the runtime makes.
+        # The dK/dV kernel's call-time tables and mirrored closure tensors are inputs too (the
+        # runtime makes them).
         for kernel in abi.kernels(module)[1:]:
             for role, ty in zip(abi.arg_roles(kernel), abi.input_types(kernel)):
                 made = abi.backward_table_part(role) or abi.mirrored_capture(role)
