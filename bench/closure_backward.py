@@ -3,12 +3,15 @@ each tile's share into dc<i> with atomic adds) beside FlexAttention's backward w
 tensor requiring grad, bf16, B=8 H=16 L=2048 D=128, in the same process.
 
     python bench/closure_backward.py build --out bench/bundles/closure_backward   # here (MLIR)
+        [--config mirror_reads=false]   # backward preset overrides (for a --baseline directory)
     python bench/closure_backward.py run --bundles bench/bundles/closure_backward --out DIR   # GPU
         [--baseline OLD]   # also OLD's bundles (another version's), alternating, in the same process
     python bench/closure_backward.py cpu --out DIR     # the CPU kernels beside eager torch, here
 
 Cases (the catalogue's entries, their tensors made learnable): alibi (slopes [H], causal: one
-atomic add per tile), relative_bias (table [H, 2L - 1], no mask: one per score), t5_bias (bias
+atomic add per tile), relative_bias (table [H, 2L - 1], no mask: one per score; and
+relative_bias_uncomposed, the table read at q_idx - kv_idx + c as written, as the kernels read it
+with per-entry lengths or packed sequences), t5_bias (bias
 [H, 32] by log bucket, no mask: the kernels read it composed per distance, [H, 2L - 1], one add
 per score into that, whose gradient reaches the bias through torch's gather backward, timed with
 the kernels). For each, the backward
@@ -33,25 +36,31 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import suite  # noqa: E402
 
-CASES = ["alibi", "relative_bias", "t5_bias"]
+# relative_bias_uncomposed: the catalogue's table read as written, at q_idx - kv_idx + c, as
+# the kernels read it with per-entry lengths or packed sequences (not composed per call).
+CASES = ["alibi", "relative_bias", "t5_bias", "relative_bias_uncomposed"]
 BATCH, HEADS, SEQ, DIM = 8, 16, 2048, 128
+UNCOMPOSED = "_uncomposed"
 
 
 def _case(variant: str) -> suite.Case:
-    return suite.Case(part="backward", variant=variant, dtype="bfloat16", batch=BATCH, heads=HEADS, seq=SEQ, dim=DIM)
+    return suite.Case(part="backward", variant=variant.removesuffix(UNCOMPOSED), dtype="bfloat16", batch=BATCH,
+                      heads=HEADS, seq=SEQ, dim=DIM)
 
 
-def build(out: str) -> None:
+def build(out: str, config: dict | None = None) -> None:
     from ae_mlir.backends import triton as tb
 
     os.makedirs(out, exist_ok=True)
     for variant in CASES:
         attn, shape = suite.softmax_problem(_case(variant), "cpu")
         q, k, v = suite.meta_like(shape, "bfloat16")
-        text = attn.mlir(q, k, v)
-        tb.compile_bundle(attn, q, k, v, target="cuda:90").save(os.path.join(out, f"{variant}.fwd.json"))
-        tb.build_backward_bundle(text, "cuda:90").save(os.path.join(out, f"{variant}.bwd.json"))
-        tb.build_backward_bundle(text, "cuda:90", {"closure_grads": False}).save(
+        text = attn.mlir(q, k, v, compose=not variant.endswith(UNCOMPOSED))
+        forward = tb.build_bundle(text, "cuda:90")
+        forward.meta["l0"] = text
+        forward.save(os.path.join(out, f"{variant}.fwd.json"))
+        tb.build_backward_bundle(text, "cuda:90", config).save(os.path.join(out, f"{variant}.bwd.json"))
+        tb.build_backward_bundle(text, "cuda:90", dict(config or {}, closure_grads=False)).save(
             os.path.join(out, f"{variant}.bwd_without.json"))
         print("built", variant, flush=True)
 
@@ -92,7 +101,7 @@ def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
         table.requires_grad_(True)
         want_qkv, want_table = _reference(attn, table, q, k, v, d_out)
         # What the kernels read: the table, or (T5) the table composed per distance from it.
-        (fed,) = attn._build(q, k, v)[1]
+        (fed,) = attn._build(q, k, v, compose=not variant.endswith(UNCOMPOSED))[1]
         rec["kernel_table_shape"] = list(fed.shape)
         fwd = runtime.Bundle.load(os.path.join(bundles, f"{variant}.fwd.json"))
         out, lse = runtime.launch(fwd, q, k, v, fed.detach())

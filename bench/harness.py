@@ -85,8 +85,15 @@ def main(description: str, build, run, bundles: str, argv=None) -> int:
     if takes_baseline:
         parser.add_argument("--baseline", help="also time this directory's bundles (built by another version), "
                                                "alternating with --bundles' in the same process")
+    takes_config = "config" in inspect.signature(build).parameters
+    if takes_config:
+        parser.add_argument("--config", default="", help="build: preset overrides for every bundle, key=value,...")
     args = parser.parse_args(argv)
-    if args.mode == "build":
+    if args.mode == "build" and takes_config:
+        from build_suite import parse_config
+
+        build(args.out, parse_config(args.config) or None)
+    elif args.mode == "build":
         build(args.out)
     else:
         run(args.bundles, args.out, **({"baseline": args.baseline} if takes_baseline else {}))
