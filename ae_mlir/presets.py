@@ -152,7 +152,7 @@ class PresetOptions:
     dkdv_num_warps: int = 0        # the dK/dV kernel's Triton launch (0: num_warps/num_stages)
     dkdv_num_stages: int = 0
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
-    mirror_reads: bool = False     # attn-tile-backward: reads stepping back along a row, mirrored (Triton)
+    mirror_reads: bool = False     # attn-tile(-backward): reads stepping back along a row, mirrored (Triton)
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
     states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
@@ -188,13 +188,13 @@ class PresetOptions:
             config["pack_gqa"] = True
         if self.whole_tiles:  # the Triton preset's default is False
             config["whole_tiles"] = True
+        if not self.mirror_reads and self.target != "host":  # the Triton preset mirrors
+            config["mirror_reads"] = False
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
             if not self.closure_grads:
                 config["closure_grads"] = False
-            if not self.mirror_reads and self.target != "host":  # the Triton preset mirrors
-                config["mirror_reads"] = False
         if self.linear:
             config.update(block_v=self.block_v, block_k=self.block_k,
                           **{field: getattr(self, field) for field in _OWN_STAGES.values()})
@@ -308,7 +308,7 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                  f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
                  f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)} "
                  f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)} whole-tiles={_flag(o.whole_tiles)} "
-                 f"prescale-q={_flag(o.prescale_q)}}}", fold]
+                 f"prescale-q={_flag(o.prescale_q)} mirror-reads={_flag(o.mirror_reads)}}}", fold]
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "

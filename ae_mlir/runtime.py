@@ -321,11 +321,15 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
     import torch
 
     given = [q, k, v] + list(captures)
-    n_tables = 4 if MASK_PROGRAM in bundle.meta else 0
-    if len(given) != len(bundle.inputs) - n_tables:
-        raise ValueError(f"kernel '{bundle.name}' takes {len(bundle.inputs) - n_tables} tensors (q, k, v and "
-                         f"{len(bundle.inputs) - n_tables - 3} closure tensors), got {len(given)}")
+    # The runtime makes the call-time tables and the closure tensors a kernel reads mirrored
+    # (passes/mirror_reads.py), the last inputs.
+    mirrored = [abi.mirrored_capture(spec.role) for spec in bundle.inputs if abi.mirrored_capture(spec.role)]
+    n_made = (4 if MASK_PROGRAM in bundle.meta else 0) + len(mirrored)
+    if len(given) != len(bundle.inputs) - n_made:
+        raise ValueError(f"kernel '{bundle.name}' takes {len(bundle.inputs) - n_made} tensors (q, k, v and "
+                         f"{len(bundle.inputs) - n_made - 3} closure tensors), got {len(given)}")
     given += call_time_tables(bundle, q, k, v, *captures)
+    given += [captures[int(role[1:])].detach().flip(-1) for role in mirrored]
     device = q.device
     tensors = {}
     inputs, outputs, workspace = _binding(bundle)

@@ -95,6 +95,24 @@ def mirror_of(extract, along) -> Mirror | None:
     return Mirror(tuple((leaf, c) for leaf, c in terms.items() if c), constant, size, inner is not None)
 
 
+def mirrored_sources(regions, axis: int) -> list:
+    """The outer values (closure tensors) some of the mod `regions` (None skipped) read stepping
+    back along `axis`, a mod region's argument counted from the end (-2: the queries, -1: the
+    keys), in the order first read."""
+    found = []
+    for region in regions:
+        if region is None:
+            continue
+        block = region.blocks[0]
+        for op in block.operations:
+            operation = op.operation
+            if operation.name != "tensor.extract" or operation.operands[0] in found:
+                continue
+            if mirror_of(operation, block.arguments[len(block.arguments) + axis]) is not None:
+                found.append(operation.operands[0])
+    return found
+
+
 def emit(mirror: Mirror, image):
     """size - 1 - x at the insertion point, with the leaves' images `image(leaf)`: the terms of
     positive coefficient summed first, those of negative coefficient subtracted from that sum,

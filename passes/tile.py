@@ -44,8 +44,10 @@ ROW, TILE = (0,), (0, 1)  # indexing-map dims of a row vector and of a whole til
 class _Kernel(RowSources, KernelBuilder):
     """Builds one L1 kernel function with the bindings' builders, at the fused op's location."""
 
-    def __init__(self, op, func, block_m: int, block_n: int, whole_tiles: bool = True, prescale_q: bool = False):
+    def __init__(self, op, func, block_m: int, block_n: int, whole_tiles: bool = True, prescale_q: bool = False,
+                 mirror_reads: bool = False):
         super().__init__(op, func)
+        self.mirror_reads = mirror_reads
         self.bm = block_m
         self.bn = block_n
         self.whole_tiles = whole_tiles
@@ -94,11 +96,18 @@ class _Kernel(RowSources, KernelBuilder):
         result_types = [r.type for r in (self.packing_results() or self.op.results)]
         attributes = self.attributes([self.b, self.hkv if self.packed else self.h, nm])
         attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
-        entry = self.function(self.func.attributes["sym_name"].value, inputs + table_types + result_types,
-                              result_types, attributes)
+        mirrored = self.mirrored_positions()
+        if mirrored:
+            tables = abi.call_time_table_roles(len(inputs) - len(abi.INPUTS)) if table_types else []
+            attributes.update(self.roles(abi.input_roles(len(inputs)) + tables + [abi.mirrored(i) for i in mirrored]
+                                         + list(abi.output_roles(False)[:len(result_types)])))
+        mirror_types = [inputs[len(abi.INPUTS) + i] for i in mirrored]
+        entry = self.function(self.func.attributes["sym_name"].value,
+                              inputs + table_types + mirror_types + result_types, result_types, attributes)
         args = self.kernel_args
         table_args = args[len(inputs):len(inputs) + len(table_types)]
-        destinations = args[len(inputs) + len(table_types):]
+        self.take_mirrors(mirrored, args[len(inputs) + len(table_types):])
+        destinations = args[len(inputs) + len(table_types) + len(mirror_types):]
         with ir.InsertionPoint(entry):
             pm = self.start_program()
             q_tile = self.load_block(args[0], [self.pb], self.dk)
@@ -108,6 +117,31 @@ class _Kernel(RowSources, KernelBuilder):
             if self.with_lse:
                 results.append(self.store_block(self.lse_of(state), destinations[1], [self.pb], rows))
             func.ReturnOp(results)
+
+    def mirrored_positions(self) -> list[int]:
+        """With `mirror_reads`, the closure tensors c<i> the score_mod or mask reads stepping back
+        along the keys, the tiles' last axis (passes/mirror_reads.py)."""
+        from mlir import ir
+
+        from .mirror_reads import mirrored_sources
+
+        if not self.mirror_reads:
+            return []
+        sources = mirrored_sources((self.regions["score_mod"], self.regions["mask"]), -1)
+        return sorted(ir.BlockArgument(v).arg_number - len(abi.INPUTS) for v in sources
+                      if isinstance(v.owner, ir.Block) and v.owner == self.func_block)
+
+    def take_mirrors(self, mirrored: list[int], args: list) -> None:
+        """Read c<i> for each of `mirrored` from its mirrored copy, the kernel arguments `args` in
+        that order, where a read steps back along the keys."""
+        self.mirrors = {self.kernel_args[len(abi.INPUTS) + i]: arg for i, arg in zip(mirrored, args)}
+        self.mirror_axis = -1
+
+    @staticmethod
+    def roles(names: list[str]) -> dict:
+        from mlir import ir
+
+        return {abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in names])}
 
     def attributes(self, grid: list[int]) -> dict:
         from mlir import ir
@@ -382,6 +416,10 @@ class AttnTile(ModulePass):
     prescale_q: bool = option(False, "multiply the Q tile by the score scale once per program instead of each "
                                      "tile's scores (f32 queries; the cpu preset: one pass less over every "
                                      "score tile of a program's loop)")
+    mirror_reads: bool = option(False, "read a closure tensor whose reads step back along the keys (a table at "
+                                       "q_idx - kv_idx + c) from its copy reversed along the last dimension, "
+                                       "an input of role c<i>_mirrored after the others, forwards "
+                                       "(passes/mirror_reads.py)")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
@@ -396,7 +434,7 @@ class AttnTile(ModulePass):
 
     def _tile(self, op) -> None:
         func = kernel_function(op, "tiled", views=TILE_VIEWS)
-        kernel = _Kernel(op, func, self.block_m, self.block_n, self.whole_tiles, self.prescale_q)
+        kernel = _Kernel(op, func, self.block_m, self.block_n, self.whole_tiles, self.prescale_q, self.mirror_reads)
         # The tile loops bound per-entry lengths with compile-time lists only.
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables and kernel.kv_len is None)

@@ -170,24 +170,17 @@ class _Backward(RunningMaxGradients):
         (passes/mirror_reads.py)."""
         from mlir import ir
 
-        from .mirror_reads import mirror_of
+        from .mirror_reads import mirrored_sources
 
         found = set()
-        for region in (self.score_mod, self.score_mod_grad, self.mask):
-            if region is None:
+        for source in mirrored_sources((self.score_mod, self.score_mod_grad, self.mask), axis):
+            if not isinstance(source.owner, ir.Block):
                 continue
-            block = region.blocks[0]
-            for op in block.operations:
-                source = op.operation.operands[0] if op.operation.name == "tensor.extract" else None
-                if source is None or not isinstance(source.owner, ir.Block):
-                    continue
-                number = ir.BlockArgument(source).arg_number
-                if source.owner == self.grad_block:
-                    number = self.closure_args[number - 2]
-                elif source.owner != self.func_block:
-                    continue
-                if mirror_of(op.operation, block.arguments[len(block.arguments) + axis]) is not None:
-                    found.add(number - len(abi.INPUTS))
+            number = ir.BlockArgument(source).arg_number
+            if source.owner == self.grad_block:
+                found.add(self.closure_args[number - 2] - len(abi.INPUTS))
+            elif source.owner == self.func_block:
+                found.add(number - len(abi.INPUTS))
         return sorted(found)
 
     @property

@@ -60,23 +60,21 @@ def _workspace_types(kernel, splits: int) -> list:
             tensor_type([kernel.b, splits, kernel.h, rows]), tensor_type([kernel.b, splits, kernel.h, rows])]
 
 
-def _roles(kernel, names: list[str]) -> dict:
-    from mlir import ir
-
-    return {abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in names])}
-
-
 def _build_partial(kernel, name: str, classification: Classification, splits: int, workspace: list) -> None:
     from mlir import ir
     from mlir.dialects import arith, func
 
     nm, nn = -(-kernel.lq // kernel.rows), -(-kernel.lk // kernel.bn)
     inputs = [a.type for a in kernel.func_block.arguments]
+    mirrored = kernel.mirrored_positions()
+    mirror_types = [inputs[len(abi.INPUTS) + i] for i in mirrored]
     attributes = kernel.attributes([kernel.b, _grid_heads(kernel), nm * splits])
-    attributes.update(_roles(kernel, abi.input_roles(len(inputs)) + [abi.workspace(i) for i in range(3)]))
-    entry = kernel.function(name, inputs + workspace, workspace, attributes)
+    attributes.update(kernel.roles(abi.input_roles(len(inputs)) + [abi.mirrored(i) for i in mirrored]
+                             + [abi.workspace(i) for i in range(3)]))
+    entry = kernel.function(name, inputs + mirror_types + workspace, workspace, attributes)
     args = kernel.kernel_args
-    w_acc, w_max, w_sum = args[len(inputs):]
+    kernel.take_mirrors(mirrored, args[len(inputs):len(inputs) + len(mirror_types)])
+    w_acc, w_max, w_sum = args[len(inputs) + len(mirror_types):]
     with ir.InsertionPoint(entry):
         program = program_id(2)
         block = arith.divui(program, index(splits))
@@ -110,7 +108,7 @@ def _build_combine(kernel, name: str, splits: int, workspace: list) -> None:
     outputs = [r.type for r in kernel.op.results]
     roles = [abi.workspace(i) for i in range(3)] + list(abi.SOFTMAX_OUTPUTS[:len(outputs)])
     attributes = kernel.attributes([kernel.b, _grid_heads(kernel), nm])
-    attributes.update(_roles(kernel, roles))
+    attributes.update(kernel.roles(roles))
     entry = kernel.function(name, workspace + outputs, outputs, attributes)
     w_acc, w_max, w_sum, *destinations = kernel.kernel_args
     with ir.InsertionPoint(entry):

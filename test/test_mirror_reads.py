@@ -94,3 +94,27 @@ def test_runtime_makes_the_mirror_from_the_closure_tensor():
     # A caller that gives the copy keeps it.
     assert "c0_mirrored" not in runtime.backward_inputs_made(
         bundle, {"q": q, "k": k, "v": v, "c0": table, "c0_mirrored": table.flip(-1)}, "cpu")
+
+
+@pytest.mark.parametrize("lq, lk, lengths", [(4, 3000, [1, 2999, 1500]), (200, 300, [300, 17, 0])],
+                         ids=["decoding", "prefill"])
+def test_forward_with_lengths_reads_the_table_mirrored(lq, lk, lengths):
+    # With per-entry lengths the frontend leaves table[h, q_idx - kv_idx + c] as written, which
+    # steps back along the forward's rows of keys: the kernels (split and GQA-packed when decoding)
+    # read the mirrored copy the runtime makes, at the default config.
+    from bundle_interp import interpret
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 8, lq, 64, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(3, 2, lk, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+    table = torch.randn(8, lq + lk - 1, generator=gen)
+    lengths = torch.tensor(lengths, dtype=torch.int32)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + table[h, i - j + lk - 1])
+    bundle = tb.compile_bundle(attn, q, k, v, target="cuda:90", kv_len=lengths)
+    assert _mirrored_roles(bundle) == ["c0_mirrored"]
+    (out, lse), _ = interpret(bundle, q, k, v, table, lengths)
+    want, want_lse = attn(q.double(), k.double(), v.double(), kv_len=lengths, backend="reference", return_lse=True)
+    assert (out.double() - want).abs().max() < 2e-2 * want.abs().max()
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert (lse.double()[finite] - want_lse[finite]).abs().max() < 1e-3
