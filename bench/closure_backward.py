@@ -19,7 +19,7 @@ alone in ms and TFLOP/s (2.5x the forward's FLOPs), with the tensor's gradient a
 (ae-mlir: the bundle built with closure_grads=False; FlexAttention: the tensor not requiring
 grad), so the cost of the gradient shows. ae-mlir's backward is timed alone (both kernels, from
 the forward's output and logsumexp); FlexAttention's as forward + backward minus forward
-(triton.testing.do_bench medians). Gradients are checked against float32 autograd through the
+(triton.testing.do_bench medians); ae-mlir's forward alone as well. Gradients are checked against float32 autograd through the
 materialized attention (bench/suite.py): dq, dk, dv on batch 0, the closure tensor's over the
 whole batch, for ae-mlir and FlexAttention alike.
 """
@@ -109,6 +109,13 @@ def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
                    "c0": fed.detach()}
         # With a baseline, both versions' bundles in turn, twice (the order of the timing shows).
         sources = [("", bundles)] if baseline is None else [("", bundles), ("baseline_", baseline)] * 2
+        for prefix, directory in sources:
+            # The forward alone too (its bundles may differ between the versions).
+            forward = runtime.Bundle.load(os.path.join(directory, f"{variant}.fwd.json"))
+            label = prefix + "ae_mlir_forward"
+            label += "_round2" if label in rec["results"] else ""
+            ms = harness.bench_ms(lambda forward=forward: runtime.launch(forward, q, k, v, fed.detach()))
+            rec["results"][label] = {"forward_ms": ms, "tflops": flops / 2.5 / (ms * 1e-3) / 1e12}
         for (prefix, directory), (label, file) in itertools.product(
                 sources, (("ae_mlir", "bwd"), ("ae_mlir_without_table_grad", "bwd_without"))):
             label = prefix + label
