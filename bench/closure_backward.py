@@ -56,7 +56,7 @@ def build(out: str, config: dict | None = None) -> None:
         attn, shape = suite.softmax_problem(_case(variant), "cpu")
         q, k, v = suite.meta_like(shape, "bfloat16")
         text = attn.mlir(q, k, v, compose=not variant.endswith(UNCOMPOSED))
-        forward = tb.build_bundle(text, "cuda:90")
+        forward = tb.build_bundle(text, "cuda:90", config)
         forward.meta["l0"] = text
         forward.save(os.path.join(out, f"{variant}.fwd.json"))
         tb.build_backward_bundle(text, "cuda:90", config).save(os.path.join(out, f"{variant}.bwd.json"))
