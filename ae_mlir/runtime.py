@@ -321,8 +321,7 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
     import torch
 
     given = [q, k, v] + list(captures)
-    # The runtime makes the call-time tables and the closure tensors a kernel reads mirrored
-    # (passes/mirror_reads.py), the last inputs.
+    # The runtime makes the call-time tables and the mirrored closure tensors, the last inputs.
     mirrored = [abi.mirrored_capture(spec.role) for spec in bundle.inputs if abi.mirrored_capture(spec.role)]
     n_made = (4 if MASK_PROGRAM in bundle.meta else 0) + len(mirrored)
     if len(given) != len(bundle.inputs) - n_made:
@@ -404,10 +403,8 @@ def backward_call_time_tables(bundle: Bundle, given: dict, device) -> dict:
 
 
 def backward_inputs_made(bundle: Bundle, given: dict, device) -> dict:
-    """The inputs of a backward bundle the runtime makes from the given ones (by role): the
-    call-time tile tables, and the closure tensors that a kernel reads mirrored (abi.mirrored:
-    reversed along the last dimension, for reads that step back along a tile's rows,
-    passes/mirror_reads.py), a copy per call."""
+    """The inputs of a backward bundle the runtime makes from the given ones, by role: the
+    call-time tile tables and the mirrored closure tensors (abi.mirrored), a copy per call."""
     made = backward_call_time_tables(bundle, given, device)
     for spec in bundle.inputs:
         source = abi.mirrored_capture(spec.role)

@@ -267,7 +267,8 @@ class KernelBuilder:
         from .mirror_reads import emit, mirror_of
 
         mirrored_arg = self.mirrors.get(image(extract.operands[0]))
-        mirror = mirrored_arg is not None and mirror_of(extract, block.arguments[len(block.arguments) + self.mirror_axis])
+        along = block.arguments[len(block.arguments) + self.mirror_axis]
+        mirror = mirrored_arg is not None and mirror_of(extract, along)
         if not mirror:
             return None
         with extract.location:  # the user's source line

@@ -95,22 +95,25 @@ def mirror_of(extract, along) -> Mirror | None:
     return Mirror(tuple((leaf, c) for leaf, c in terms.items() if c), constant, size, inner is not None)
 
 
-def mirrored_sources(regions, axis: int) -> list:
-    """The outer values (closure tensors) some of the mod `regions` (None skipped) read stepping
+def mirrored_positions(regions, axis: int, position) -> list[int]:
+    """The closure positions i (c<i>) that some of the mod `regions` (None skipped) read stepping
     back along `axis`, a mod region's argument counted from the end (-2: the queries, -1: the
-    keys), in the order first read."""
-    found = []
+    keys); `position(source)` is the c<i> position of a read's source block argument, or None."""
+    from mlir import ir
+
+    found = set()
     for region in regions:
         if region is None:
             continue
         block = region.blocks[0]
         for op in block.operations:
             operation = op.operation
-            if operation.name != "tensor.extract" or operation.operands[0] in found:
+            source = operation.operands[0] if operation.name == "tensor.extract" else None
+            if source is None or not isinstance(source.owner, ir.Block):
                 continue
             if mirror_of(operation, block.arguments[len(block.arguments) + axis]) is not None:
-                found.append(operation.operands[0])
-    return found
+                found.add(position(ir.BlockArgument(source)))
+    return sorted(found - {None})
 
 
 def emit(mirror: Mirror, image):

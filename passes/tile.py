@@ -121,15 +121,14 @@ class _Kernel(RowSources, KernelBuilder):
     def mirrored_positions(self) -> list[int]:
         """With `mirror_reads`, the closure tensors c<i> the score_mod or mask reads stepping back
         along the keys, the tiles' last axis (passes/mirror_reads.py)."""
-        from mlir import ir
-
-        from .mirror_reads import mirrored_sources
+        from .mirror_reads import mirrored_positions
 
         if not self.mirror_reads:
             return []
-        sources = mirrored_sources((self.regions["score_mod"], self.regions["mask"]), -1)
-        return sorted(ir.BlockArgument(v).arg_number - len(abi.INPUTS) for v in sources
-                      if isinstance(v.owner, ir.Block) and v.owner == self.func_block)
+        def position(arg):
+            return arg.arg_number - len(abi.INPUTS) if arg.owner == self.func_block else None
+
+        return mirrored_positions((self.regions["score_mod"], self.regions["mask"]), -1, position)
 
     def take_mirrors(self, mirrored: list[int], args: list) -> None:
         """Read c<i> for each of `mirrored` from its mirrored copy, the kernel arguments `args` in

@@ -164,24 +164,17 @@ class _Backward(RunningMaxGradients):
         return op.regions[0], rank, len(terminator.operands) // (rank + 1)
 
     def mirrored_positions(self, axis: int) -> list[int]:
-        """The closure tensors c<i> some mod region reads stepping back along `axis` (a mod
-        region's argument counted from the end: -2 the queries, along the dK/dV kernel's tiles,
-        -1 the keys, along the dQ kernel's), which that kernel reads mirrored
-        (passes/mirror_reads.py)."""
-        from mlir import ir
+        """The closure tensors c<i> some mod region reads stepping back along `axis` (-2: the
+        queries, the dK/dV kernel's tile rows; -1: the keys, the dQ kernel's), which that kernel
+        reads mirrored (passes/mirror_reads.py)."""
+        from .mirror_reads import mirrored_positions
 
-        from .mirror_reads import mirrored_sources
+        def position(arg):
+            if arg.owner == self.grad_block:
+                return self.closure_args[arg.arg_number - 2] - len(abi.INPUTS)
+            return arg.arg_number - len(abi.INPUTS) if arg.owner == self.func_block else None
 
-        found = set()
-        for source in mirrored_sources((self.score_mod, self.score_mod_grad, self.mask), axis):
-            if not isinstance(source.owner, ir.Block):
-                continue
-            number = ir.BlockArgument(source).arg_number
-            if source.owner == self.grad_block:
-                found.add(self.closure_args[number - 2] - len(abi.INPUTS))
-            elif source.owner == self.func_block:
-                found.add(number - len(abi.INPUTS))
-        return sorted(found)
+        return mirrored_positions((self.score_mod, self.score_mod_grad, self.mask), axis, position)
 
     @property
     def closure_roles(self) -> list[str]:
