@@ -15,7 +15,6 @@ are recorded, TFLOP/s as in bench/run_suite.py. The tuned output is compared wit
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -89,19 +88,16 @@ def run(bundles: str, out_dir: str) -> None:
             fn.autotune = True
             tuned_out = fn(*inputs)  # the search
             rec["max_abs_diff_vs_default"] = float((tuned_out.float() - default_out.float()).abs().max())
-            rounds = {"default": [], "tuned": []}
-            for _ in range(ROUNDS):
-                for label in rounds:
-                    fn.autotune = label == "tuned"
-                    rounds[label].append(harness.bench_ms(lambda: fn(*inputs)))
-            harness.alternated(rec, rounds, flops)
+
+            def time(label):
+                fn.autotune = label == "tuned"
+                return harness.bench_ms(lambda: fn(*inputs))
+
+            harness.alternated(rec, time, flops, ROUNDS)
             rec["search"] = autotune.load(tuning.tuning_key(fn.mlir(*inputs), runtime.current_target()))
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        doc["cases"].append(rec)
-        print(json.dumps({k: v for k, v in rec.items() if k != "search"}), (rec.get("search") or {}).get("chosen"),
-              flush=True)
-        harness.save(doc, out_dir, "autotune.json")
+        harness.record_tuning(doc, rec, out_dir, "autotune.json")
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,6 @@ the tiling differs). `--cases` narrows the cases (comma-separated names as liste
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -106,18 +105,15 @@ def run(bundles: str, out_dir: str) -> None:
             got = {label: runtime.launch_roles(bundle, tensors) for label, bundle in bundles.items()}
             rec["max_abs_diff_vs_default"] = max(float((got["tuned"][r].float() - got["default"][r].float()).abs().max())
                                                  for r in ("dq", "dk", "dv"))
-            rounds = {"default": [], "tuned": []}
-            for _ in range(ROUNDS):
-                for label, bundle in bundles.items():
-                    rounds[label].append(harness.bench_ms(lambda bundle=bundle: runtime.launch_roles(bundle, tensors)))
-            harness.alternated(rec, rounds, flops)
+
+            def time(label):
+                return harness.bench_ms(lambda: runtime.launch_roles(bundles[label], tensors))
+
+            harness.alternated(rec, time, flops, ROUNDS)
             rec["search"] = autotune.load(tuning._backward_tuning_keys(text, target, grads, tiles, "ieee")[0])
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        doc["cases"].append(rec)
-        print(json.dumps({k: v for k, v in rec.items() if k != "search"}), (rec.get("search") or {}).get("chosen"),
-              flush=True)
-        harness.save(doc, out_dir, "autotune-backward.json")
+        harness.record_tuning(doc, rec, out_dir, "autotune-backward.json")
 
 
 def main(argv=None) -> int:

@@ -55,17 +55,31 @@ def peer_backward(fn, leaves: list, wrt: list, d_out, flops: float) -> dict:
             "tflops": flops / (ms * 1e-3) / 1e12}
 
 
-def alternated(rec: dict, rounds: dict, flops: float) -> None:
-    """Record default and tuned times taken alternately (`rounds`: label -> ms per round): their
-    medians, TFLOP/s at `flops`, and the speedup (default / tuned), overall and per round."""
+def alternated(rec: dict, time, flops: float, rounds: int) -> None:
+    """Time the default and the tuned configuration alternately (`time(label)`: ms), `rounds`
+    times each, so that drift falls on both alike; record their medians, TFLOP/s at `flops`, and
+    the speedup (default / tuned), overall and per round."""
     import statistics
 
-    rec["rounds_ms"] = rounds
-    for label, times in rounds.items():
-        rec[f"{label}_ms"] = statistics.median(times)
+    times = {"default": [], "tuned": []}
+    for _ in range(rounds):
+        for label, taken in times.items():
+            taken.append(time(label))
+    rec["rounds_ms"] = times
+    for label, taken in times.items():
+        rec[f"{label}_ms"] = statistics.median(taken)
         rec[f"{label}_tflops"] = flops / (rec[f"{label}_ms"] * 1e-3) / 1e12
     rec["speedup"] = rec["default_ms"] / rec["tuned_ms"]
-    rec["speedup_per_round"] = [d / t for d, t in zip(rounds["default"], rounds["tuned"])]
+    rec["speedup_per_round"] = [d / t for d, t in zip(times["default"], times["tuned"])]
+
+
+def record_tuning(doc: dict, rec: dict, out_dir: str, name: str) -> None:
+    """Add an autotuning case's record to the results, print it (with its search's choice, not
+    the search) and save the results."""
+    doc["cases"].append(rec)
+    print(json.dumps({k: v for k, v in rec.items() if k != "search"}), (rec.get("search") or {}).get("chosen"),
+          flush=True)
+    save(doc, out_dir, name)
 
 
 def save(doc: dict, out_dir: str, name: str) -> None:
