@@ -33,6 +33,36 @@ class ReversedRows:
         return t.data_ptr() + (t.shape[self.dim_reversed] - 1) * t.stride(self.dim_reversed) * t.element_size()
 
 
+_MIRRORED: dict = {}
+
+
+def mirrored_roles(bundle) -> list[str]:
+    """The bundle's mirrored inputs (abi.mirrored: closure tensors its kernels read reversed along
+    the last dimension, passes/mirror_reads.py), in input order; found once per bundle."""
+    found = bundle.__dict__.get("_mirrored_roles")
+    if found is None:
+        found = bundle.__dict__["_mirrored_roles"] = [s.role for s in bundle.inputs if abi.mirrored_capture(s.role)]
+    return found
+
+
+def mirrored_inputs(bundle, tensors: dict) -> dict:
+    """The bundle's mirrored inputs by role, made from the closure tensors in `tensors` (by role)
+    where not given there. A copy is kept while its source's memory and version are unchanged, so
+    a call repeated on the same table (a decoding step, a layer's next call) copies nothing; the
+    entry holds its source, whose memory no other tensor can take meanwhile."""
+    from .core.memo import kept
+
+    made = {}
+    for role in mirrored_roles(bundle):
+        source = tensors.get(abi.mirrored_capture(role))
+        if role in tensors or source is None:
+            continue
+        t = source.detach()
+        key = (str(t.device), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version)
+        made[role] = kept(_MIRRORED, key, lambda t=t: (t, t.flip(-1)), 16)[1]
+    return made
+
+
 def _padded(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 

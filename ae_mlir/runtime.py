@@ -30,6 +30,7 @@ from pathlib import Path
 from .core import abi
 from .disk_cache import atomic_write, cache_dir, compiler_fingerprint
 from .kernel_args import KernelLaunch, aligned_ok, argument_values, launch_plan, pick_variant  # noqa: F401  (part of the runtime's API)
+from .kernel_args import mirrored_inputs, mirrored_roles
 
 # 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
 # tiles; launch takes no tile tables.
@@ -322,13 +323,12 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
 
     given = [q, k, v] + list(captures)
     # The runtime makes the call-time tables and the mirrored closure tensors, the last inputs.
-    mirrored = [abi.mirrored_capture(spec.role) for spec in bundle.inputs if abi.mirrored_capture(spec.role)]
-    n_made = (4 if MASK_PROGRAM in bundle.meta else 0) + len(mirrored)
+    n_made = (4 if MASK_PROGRAM in bundle.meta else 0) + len(mirrored_roles(bundle))
     if len(given) != len(bundle.inputs) - n_made:
         raise ValueError(f"kernel '{bundle.name}' takes {len(bundle.inputs) - n_made} tensors (q, k, v and "
                          f"{len(bundle.inputs) - n_made - 3} closure tensors), got {len(given)}")
     given += call_time_tables(bundle, q, k, v, *captures)
-    given += [captures[int(role[1:])].detach().flip(-1) for role in mirrored]
+    given += mirrored_inputs(bundle, {abi.capture(i): c for i, c in enumerate(captures)}).values()
     device = q.device
     tensors = {}
     inputs, outputs, workspace = _binding(bundle)
@@ -404,13 +404,8 @@ def backward_call_time_tables(bundle: Bundle, given: dict, device) -> dict:
 
 def backward_inputs_made(bundle: Bundle, given: dict, device) -> dict:
     """The inputs of a backward bundle the runtime makes from the given ones, by role: the
-    call-time tile tables and the mirrored closure tensors (abi.mirrored), a copy per call."""
-    made = backward_call_time_tables(bundle, given, device)
-    for spec in bundle.inputs:
-        source = abi.mirrored_capture(spec.role)
-        if source in given and spec.role not in given:
-            made[spec.role] = given[source].detach().flip(-1)
-    return made
+    call-time tile tables and the mirrored closure tensors (abi.mirrored)."""
+    return {**backward_call_time_tables(bundle, given, device), **mirrored_inputs(bundle, given)}
 
 
 _LAUNCHABLE: dict = {}

@@ -118,3 +118,18 @@ def test_forward_with_lengths_reads_the_table_mirrored(lq, lk, lengths):
     finite = torch.isfinite(want_lse)
     assert torch.equal(finite, torch.isfinite(lse))
     assert (lse.double()[finite] - want_lse[finite]).abs().max() < 1e-3
+
+
+def test_the_mirrored_copy_is_kept_while_the_table_is_unchanged():
+    # A decoding step or a layer's next call on the same table copies nothing; a table changed in
+    # place (a learnable one after an optimizer step) is copied again.
+    attn, shape = variants.build("relative_bias", variants.Shape(1, 2, 40, 40, 16, 16))
+    q, k, v = (t.to(torch.bfloat16) for t in variants.inputs(shape))
+    bundle = tb.build_backward_bundle(attn.mlir(q, k, v), "cuda:90")
+    table = attn._build(q, k, v)[1][0].clone()
+    given = {"q": q, "k": k, "v": v, "c0": table}
+    first = runtime.backward_inputs_made(bundle, given, "cpu")["c0_mirrored"]
+    assert runtime.backward_inputs_made(bundle, given, "cpu")["c0_mirrored"] is first
+    table.add_(1.0)
+    again = runtime.backward_inputs_made(bundle, given, "cpu")["c0_mirrored"]
+    assert again is not first and torch.equal(again, table.flip(-1))
