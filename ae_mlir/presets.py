@@ -153,6 +153,7 @@ class PresetOptions:
     dkdv_num_stages: int = 0
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
     mirror_reads: bool = False     # attn-tile(-backward): reads stepping back along a row, mirrored (Triton)
+    split_casts: bool = False      # attn-split-position-casts: positions converted to float per row/column (Triton)
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
     states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
@@ -190,6 +191,8 @@ class PresetOptions:
             config["whole_tiles"] = True
         if not self.mirror_reads and self.target != "host":  # the Triton preset mirrors
             config["mirror_reads"] = False
+        if not self.split_casts and self.target != "host":  # and splits position casts
+            config["split_casts"] = False
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
@@ -214,9 +217,11 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     # On the CPU a tile's scores are a pass through memory of their own; Triton multiplies them
     # in registers on the way to exp2, and the H200 ran level either way.
     # Triton stages a gather whose index descends along a tile's rows one element at a time;
-    # the CPU's loops read either way alike (passes/mirror_reads.py).
+    # the CPU's loops read either way alike (passes/mirror_reads.py). Triton computes a value of
+    # the rows or columns alone once per row or column, the CPU's loops per element: only there
+    # does converting a position sum's terms save work (passes/split_position_casts.py).
     values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset], "prescale_q": preset == "cpu",
-                    "mirror_reads": preset == "triton"}
+                    "mirror_reads": preset == "triton", "split_casts": preset == "triton"}
     if problem is not None and preset == "triton":
         values["fast_tanh"] = (FAST_TANH and has_fast_tanh(target) and not problem.linear
                                and problem.dtype in ("bf16", "f16"))
@@ -309,6 +314,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                  f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)} "
                  f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)} whole-tiles={_flag(o.whole_tiles)} "
                  f"prescale-q={_flag(o.prescale_q)} mirror-reads={_flag(o.mirror_reads)}}}", fold]
+    if o.split_casts:
+        to_l1.append(f"attn-split-position-casts{{padded-tiles={_flag(preset != 'cpu')}}}")
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "
