@@ -12,6 +12,7 @@ the kinks of abs, floor, ceil and round take the subgradients torch's autograd t
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
 from .l1_ops import fail
@@ -231,31 +232,71 @@ class RegionDerivative:
     def gradients(self, seed, wrt: list[int]) -> tuple[list, list[ClosureRead]]:
         """With `seed` (f32) the gradient of the first yielded value: the gradient of each source
         block argument listed in `wrt` (a zero constant where none flows) and every float closure
-        read the gradient reaches, in reverse program order."""
-        from mlir.dialects import arith
+        read the gradient reaches, in reverse program order.
 
-        adjoint = {}
+        Every rule is linear in the gradient it is given, so an adjoint is kept as a value times a
+        constant factor: a product with or a quotient by a constant, or a negation, changes the
+        factor and writes no op, and the factor is multiplied in once where adjoints of different
+        factors meet and at the end. A soft-cap c * tanh(s / c) then costs no multiply by c and
+        none by 1 / c per score."""
+        # value -> (gradient, constant factor, location of the op that last changed the factor)
+        adjoint: dict = {}
         if is_float(self.yielded[0]):
-            adjoint[self.yielded[0]] = seed
+            adjoint[self.yielded[0]] = (seed, 1.0, None)
         reads = []
         b = self.builder
         for source_op, op in reversed(self.copies):
             if len(op.results) != 1 or op.results[0] not in adjoint:
                 continue
-            g = adjoint[op.results[0]]
+            g, factor, where = adjoint[op.results[0]]
             with op.location:
                 if op.name == "tensor.extract":
-                    reads.append(ClosureRead(op.operands[0], list(op.operands)[1:], g))
+                    reads.append(ClosureRead(op.operands[0], list(op.operands)[1:], self._scaled(g, factor, where)))
                     continue
-                for index, contribution in self._rule(source_op, op)(b, op, g):
+                for index, contribution, scale in self._contributions(source_op, op, g):
                     operand = op.operands[index]
                     if not is_float(operand):
                         continue
+                    entry = (contribution, factor * scale, op.location if scale != 1.0 else where)
                     if operand in adjoint:
-                        contribution = b(arith.addf, adjoint[operand], contribution)
-                    adjoint[operand] = contribution
-        grads = [adjoint[self.args[i]] if self.args[i] in adjoint else b.const(0.0) for i in wrt]
+                        entry = self._sum(adjoint[operand], entry)
+                    adjoint[operand] = entry
+        grads = [self._scaled(*adjoint[self.args[i]]) if self.args[i] in adjoint else b.const(0.0) for i in wrt]
         return grads, reads
+
+    def _sum(self, earlier: tuple, later: tuple) -> tuple:
+        """The adjoint entry of two contributions to one value."""
+        from mlir.dialects import arith
+
+        if earlier[1] == later[1]:
+            return self.builder(arith.addf, earlier[0], later[0]), earlier[1], earlier[2]
+        return self.builder(arith.addf, self._scaled(*earlier), self._scaled(*later)), 1.0, None
+
+    def _contributions(self, source_op, op, g) -> list:
+        """[(operand index, contribution, constant factor)] of `op`'s rule given the gradient `g`;
+        a product with a constant, a quotient by one and a negation only change the factor."""
+        constant = [_float_constant(v) for v in op.operands]
+        if op.name == "arith.mulf" and (constant[0] is not None or constant[1] is not None):
+            index = 1 if constant[0] is not None else 0
+            return [(index, g, constant[1 - index])]
+        if op.name == "arith.divf" and constant[1] not in (None, 0.0):
+            return [(0, g, 1.0 / constant[1])]
+        if op.name == "arith.negf":
+            return [(0, g, -1.0)]
+        return [(index, contribution, 1.0) for index, contribution in self._rule(source_op, op)(self.builder, op, g)]
+
+    def _scaled(self, value, factor: float, where=None):
+        """`value` times the f32 constant `factor` at `where` (the location in effect if None): a
+        factor that rounds to 1 in f32 (30 * f32(1 / 30)) is none."""
+        from mlir.dialects import arith
+
+        factor = struct.unpack("f", struct.pack("f", factor))[0]
+        if factor == 1.0:
+            return value
+        if where is None:
+            return self.builder(arith.mulf, value, self.builder.const(factor))
+        with where:
+            return self.builder(arith.mulf, value, self.builder.const(factor))
 
     def _rule(self, source_op, op):
         rule = rules().get(op.name)
@@ -265,6 +306,16 @@ class RegionDerivative:
             raise fail(source_op, f"is {op.results[0].type} arithmetic; derivatives are built for f32 "
                                   f"values only (in the {self.where} region)")
         return rule
+
+
+def _float_constant(value) -> float | None:
+    """The value of an f32 `arith.constant`, or None."""
+    from mlir import ir
+
+    owner = value.owner
+    if getattr(owner, "name", None) != "arith.constant" or str(value.type) != "f32":
+        return None
+    return ir.FloatAttr(owner.attributes["value"]).value
 
 
 def prune(block) -> None:

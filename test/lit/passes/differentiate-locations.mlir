@@ -10,10 +10,12 @@
 // CHECK: "attn.score_mod_grad"
 // CHECK: ^bb0(%{{[^:]*}}: f32 loc({{[^)]*}}), %{{[^:]*}}: f32 loc("mods.py":4:1),
 // CHECK: math.tanh %{{.*}} : f32 loc(#[[TANH:loc[0-9]+]])
-// The 1 - tanh^2 of tanh's derivative is at the tanh's line, the factor 1/30 at the division's.
+// The 1 - tanh^2 of tanh's derivative is at the tanh's line; the factor 1/30, multiplied in last
+// (constant factors only scale the gradient), at the division's.
 // CHECK: arith.subf %{{.*}}, %{{.*}} : f32 loc(#[[TANH]])
 // CHECK-NEXT: arith.mulf %{{.*}}, %{{.*}} : f32 loc(#[[TANH]])
-// CHECK-NEXT: arith.mulf %{{.*}}, %{{.*}} : f32 loc(#[[MUL:loc[0-9]+]])
+// CHECK-NEXT: arith.constant 0.0333333351 : f32 loc(#[[MUL:loc[0-9]+]])
+// CHECK-NEXT: arith.mulf %{{.*}}, %{{.*}} : f32 loc(#[[MUL]])
 // CHECK: gpu.yield %{{.*}} : f32 loc(#[[YIELD:loc[0-9]+]])
 // CHECK: }) : (tensor<1x1x4x4xf32>, tensor<1x1x4x4xf32>) -> tensor<1x1x4x4xf32> loc(#[[MOD]])
 // CHECK: } loc(#[[FUNC]])

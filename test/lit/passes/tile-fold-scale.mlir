@@ -62,20 +62,31 @@ func.func @attention(%q: tensor<1x2x64x16xf32>, %k: tensor<1x2x64x16xf32>, %v: t
 // CHECK: %[[C2:.*]] = arith.constant 43.2808495 : f32
 // CHECK: %[[Z:.*]] = arith.mulf %{{.*}}, %{{.*}} : f32
 // CHECK-NEXT: linalg.yield %[[Z]] : f32
-// The backward's dS reads tanh(s / 30) through one multiply as well, and its chain rule's
-// division by 30 is a multiply by 1 / 30: no divide in either kernel.
+// The backward's dS reads tanh(s / 30) through one multiply as well; its chain rule's product
+// with 30 and division by 30 only scale the gradient, and their factors cancel: dS is
+// dP-term * (1 - t^2), with no divide and no multiply by 30 or 1 / 30 in either kernel.
 // BWD-LABEL: func.func @attention_bwd_dq(
 // BWD-NOT: arith.divf
 // BWD: math.tanh
 // BWD-NOT: arith.divf
-// BWD: arith.constant 0.0333333351 : f32
-// BWD-NOT: arith.divf
+// BWD-NOT: arith.constant 0.0333333351 : f32
+// BWD-NOT: arith.constant 3.000000e+01 : f32
+// BWD: %[[T:.*]] = math.tanh
+// BWD: %[[SQ:.*]] = arith.mulf %[[T]], %[[T]] : f32
+// BWD: %[[SECH2:.*]] = arith.subf %{{.*}}, %[[SQ]] : f32
+// BWD: %[[DS:.*]] = arith.mulf %{{.*}}, %[[SECH2]] : f32
+// BWD-NEXT: linalg.yield %[[DS]] : f32
 // BWD-LABEL: func.func @attention_bwd_dkdv(
 // BWD-NOT: arith.divf
 // BWD: math.tanh
 // BWD-NOT: arith.divf
-// BWD: arith.constant 0.0333333351 : f32
-// BWD-NOT: arith.divf
+// BWD-NOT: arith.constant 0.0333333351 : f32
+// BWD-NOT: arith.constant 3.000000e+01 : f32
+// BWD: %[[T2:.*]] = math.tanh
+// BWD: %[[SQ2:.*]] = arith.mulf %[[T2]], %[[T2]] : f32
+// BWD: %[[SECH22:.*]] = arith.subf %{{.*}}, %[[SQ2]] : f32
+// BWD: %[[DS2:.*]] = arith.mulf %{{.*}}, %[[SECH22]] : f32
+// BWD-NEXT: linalg.yield %[[DS2]] : f32
 // BWD: return
 func.func @attention(%q: tensor<1x1x64x16xf32>, %k: tensor<1x1x64x16xf32>, %v: tensor<1x1x64x16xf32>) -> (tensor<1x1x64x16xf32>, tensor<1x1x64xf32>) {
   %s = "attn.score"(%q, %k) {scale = 0.25 : f32} : (tensor<1x1x64x16xf32>, tensor<1x1x64x16xf32>) -> tensor<1x1x64x64xf32>
