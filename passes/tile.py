@@ -356,11 +356,35 @@ class _Kernel(RowSources, KernelBuilder):
                 p = arith.select(keep, p, zero)
             return p
 
+        def masked_raw(a):
+            """The unscaled score where the mask (and the keys' bound) keeps it, -inf elsewhere."""
+            kj = arith.addi(n0, linalg.IndexOp(1).result)
+            keep = arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.keys))
+            if mask is not None:
+                head, qi = self.row_position(linalg.IndexOp(0).result)
+                qc, kc = arith.minsi(qi, index(self.lq - 1)), arith.minsi(kj, index(self.lk - 1))
+                keep = arith.andi(keep, self.inline(mask, [self.pb, head, qc, kc]))
+            return arith.select(keep, a[0], f32(-math.inf))
+
         plain = self.prescale_q and score_mod is None and not bounded and self.stat == "max"
-        s = qk if plain else self.generic([(qk, TILE)], tile_t, scores)
+        # max(c s) = c max(s) for c > 0, exactly (rounding is monotone): the row max of the raw
+        # products, scaled once per row, spares Triton a multiply per score, since the scaled
+        # scores then feed only the exponent, where the multiply fuses into its subtraction.
+        raw_max = self.stat == "max" and score_mod is None and not self.prescale_q and self.score_scale > 0
+        if raw_max:
+            raw = qk if not bounded else self.generic([(qk, TILE)], tile_t, masked_raw)
+            s = self.generic([(raw, TILE)], tile_t, lambda a: arith.mulf(a[0], f32(self.score_scale)))
+        else:
+            s = qk if plain else self.generic([(qk, TILE)], tile_t, scores)
         if self.stat == "max":
             m_old, l_old, acc = state
-            m_new = self.reduce_rows(s, m_old, arith.maximumf)
+            if raw_max:
+                m_raw = self.reduce_rows(raw, fill(f32(-math.inf), tensor.EmptyOp([bm], f32_type).result),
+                                         arith.maximumf)
+                m_new = self.generic([(m_old, ROW), (m_raw, ROW)], row_t,
+                                     lambda a: arith.maximumf(a[0], arith.mulf(a[1], f32(self.score_scale))), rank=1)
+            else:
+                m_new = self.reduce_rows(s, m_old, arith.maximumf)
             m_safe = self.safe_max(m_new)
             p = self.generic([(s, TILE), (m_safe, ROW)], tile_t, lambda a: self.inline(self.regions["prob"], a))
             alpha = self.generic([(m_old, ROW), (m_safe, ROW)], row_t,
