@@ -8,7 +8,8 @@ output's error against the float32 materialized reference.
 
 (OLD: a `git worktree` of the other commit, with `ae_mlir/passes` and `ae_mlir/dialects` linked
 to its own `passes` and `dialects`, so that it compiles with its own passes.) `--variants`
-picks catalogue entries (default: alibi, softcap, relative_bias, t5_bias), each at L 2048 and
+picks softmax catalogue entries (default: alibi, softcap, relative_bias, t5_bias; any of
+ae_mlir.variants.CATALOGUE), each at L 2048 and
 8192, bf16, B*L = 16384, H = 16, D = 128. `run` times both bundles of a case in five alternating
 rounds (median of `triton.testing.do_bench` each) and reports the medians, TFLOP/s and the
 ratio a / b of their times (above 1: b faster).
@@ -94,7 +95,9 @@ def main(argv=None) -> int:
     parser.add_argument("--b", help="run: the second build's bundles")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args(argv)
-    harness.pick(parser, VARIANTS, args.variants, "variants")
+    from ae_mlir.variants import CATALOGUE
+
+    harness.pick(parser, VARIANTS, args.variants, "variants", known=list(CATALOGUE))
     if args.mode == "build":
         build(args.out)
     elif not (args.a and args.b):

@@ -114,13 +114,14 @@ def main(description: str, build, run, bundles: str, argv=None) -> int:
     return 0
 
 
-def pick(parser, names: list, given: str, what: str) -> None:
-    """Narrow `names` in place to the comma-separated `given`, in its order; an unknown name is
-    the parser's error."""
+def pick(parser, names: list, given: str, what: str, known: list | None = None) -> None:
+    """Narrow `names` in place to the comma-separated `given`, in its order; a name not in
+    `known` (default: `names`) is the parser's error."""
     chosen = [c for c in given.split(",") if c]
-    unknown = sorted(set(chosen) - set(names))
+    known = names if known is None else known
+    unknown = sorted(set(chosen) - set(known))
     if unknown:
-        parser.error(f"unknown {what} {unknown}; expected some of {names}")
+        parser.error(f"unknown {what} {unknown}; expected some of {known}")
     names[:] = chosen
 
 
