@@ -154,6 +154,7 @@ class PresetOptions:
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
     mirror_reads: bool = False     # attn-tile(-backward): reads stepping back along a row, mirrored (Triton)
     split_casts: bool = False      # attn-split-position-casts: positions converted to float per row/column (Triton)
+    raw_row_max: bool = False      # attn-tile: the row max of the unscaled scores, scaled per row (Triton)
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
     states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
@@ -193,6 +194,8 @@ class PresetOptions:
             config["mirror_reads"] = False
         if not self.split_casts and self.target != "host":  # and splits position casts
             config["split_casts"] = False
+        if not self.raw_row_max and self.target != "host" and not self.backward:  # and takes the raw row max
+            config["raw_row_max"] = False
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
@@ -221,7 +224,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     # the rows or columns alone once per row or column, the CPU's loops per element: only there
     # does converting a position sum's terms save work (passes/split_position_casts.py).
     values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset], "prescale_q": preset == "cpu",
-                    "mirror_reads": preset == "triton", "split_casts": preset == "triton"}
+                    "mirror_reads": preset == "triton", "split_casts": preset == "triton",
+                    "raw_row_max": preset == "triton"}
     if problem is not None and preset == "triton":
         values["fast_tanh"] = (FAST_TANH and has_fast_tanh(target) and not problem.linear
                                and problem.dtype in ("bf16", "f16"))
@@ -313,7 +317,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                  f"attn-chunk-recurrence{{split={_flag(o.split)} block-v={o.block_v} block-k={o.block_k}}}",
                  f"attn-tile{{block-m={o.block_m} block-n={o.block_n} call-time-tables={_flag(o.call_time_tables)} "
                  f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)} whole-tiles={_flag(o.whole_tiles)} "
-                 f"prescale-q={_flag(o.prescale_q)} mirror-reads={_flag(o.mirror_reads)}}}", fold]
+                 f"prescale-q={_flag(o.prescale_q)} mirror-reads={_flag(o.mirror_reads)} "
+                 f"raw-row-max={_flag(o.raw_row_max)}}}", fold]
     if o.split_casts:
         to_l1.append(f"attn-split-position-casts{{padded-tiles={_flag(preset != 'cpu')}}}")
     if preset == "cpu":

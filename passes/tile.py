@@ -45,9 +45,10 @@ class _Kernel(RowSources, KernelBuilder):
     """Builds one L1 kernel function with the bindings' builders, at the fused op's location."""
 
     def __init__(self, op, func, block_m: int, block_n: int, whole_tiles: bool = True, prescale_q: bool = False,
-                 mirror_reads: bool = False):
+                 mirror_reads: bool = False, raw_row_max: bool = False):
         super().__init__(op, func)
         self.mirror_reads = mirror_reads
+        self.raw_row_max = raw_row_max
         self.bm = block_m
         self.bn = block_n
         self.whole_tiles = whole_tiles
@@ -370,7 +371,8 @@ class _Kernel(RowSources, KernelBuilder):
         # max(c s) = c max(s) for c > 0, exactly (rounding is monotone): the row max of the raw
         # products, scaled once per row, spares Triton a multiply per score, since the scaled
         # scores then feed only the exponent, where the multiply fuses into its subtraction.
-        raw_max = self.stat == "max" and score_mod is None and not self.prescale_q and self.score_scale > 0
+        raw_max = (self.raw_row_max and self.stat == "max" and score_mod is None and not self.prescale_q
+                   and self.score_scale > 0)
         if raw_max:
             raw = qk if not bounded else self.generic([(qk, TILE)], tile_t, masked_raw)
             s = self.generic([(raw, TILE)], tile_t, lambda a: arith.mulf(a[0], f32(self.score_scale)))
@@ -443,6 +445,10 @@ class AttnTile(ModulePass):
                                        "q_idx - kv_idx + c) from its copy reversed along the last dimension, "
                                        "an input of role c<i>_mirrored after the others, forwards "
                                        "(passes/mirror_reads.py)")
+    raw_row_max: bool = option(False, "take the online softmax's row max of the unscaled Q K^T product (masked) "
+                                      "and scale it once per row, where no score_mod reads the scaled score "
+                                      "(the triton preset: the scaled scores then feed only the exponent, where "
+                                      "the multiply fuses; the CPU's separate passes would gain one)")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
@@ -457,7 +463,8 @@ class AttnTile(ModulePass):
 
     def _tile(self, op) -> None:
         func = kernel_function(op, "tiled", views=TILE_VIEWS)
-        kernel = _Kernel(op, func, self.block_m, self.block_n, self.whole_tiles, self.prescale_q, self.mirror_reads)
+        kernel = _Kernel(op, func, self.block_m, self.block_n, self.whole_tiles, self.prescale_q, self.mirror_reads,
+                         self.raw_row_max)
         # The tile loops bound per-entry lengths with compile-time lists only.
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables and kernel.kv_len is None)

@@ -187,7 +187,7 @@ def test_triton_text_names_every_option():
         "builtin.module(attn-verify,attn-fuse-online-softmax,"
         "attn-chunk-recurrence{split=true block-v=64 block-k=64},"
         "attn-tile{block-m=128 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false "
-        "mirror-reads=true},"
+        "mirror-reads=true raw-row-max=true},"
         "attn-fold-index-clamps{padded-tiles=true},attn-split-position-casts{padded-tiles=true},canonicalize,cse,"
         "attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false fast-tanh=true})")
     assert (options.num_warps, options.num_stages) == (4, 3)
@@ -250,7 +250,7 @@ def test_cpu_stages_and_overrides():
     assert (presets.pipeline_text("cpu", options, "llvm")
             == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false vector-bits=256 no-avx512-bf16=true})")
     tile = ("attn-tile{block-m=64 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true prescale-q=true "
-            "mirror-reads=false}")
+            "mirror-reads=false raw-row-max=false}")
     assert tile in presets.pipeline_text("cpu", options, "l1")
     assert "canonicalize" not in presets.pipeline_text(
         "triton", presets.options_for("triton", _problem("plain-f32"), canonicalize=False))

@@ -8,7 +8,7 @@
 // RUN: ae-opt %s --pipeline='cpu{backward=true}' --dump-pass-pipeline 2>&1 >/dev/null | FileCheck %s --check-prefix=BACKWARD
 // RUN: not ae-opt %s --pipeline=cpu --target=cuda:90 2>&1 | FileCheck %s --check-prefix=TARGET --implicit-check-not=Traceback
 
-// CHECK: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=false block-v=64 block-k=64},attn-tile{block-m=8 block-n=8 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true prescale-q=true mirror-reads=false},attn-fold-index-clamps{padded-tiles=false},attn-lower-to-cpu{unit-inner-stride=true vector-bits={{128|256|512}} no-avx512-bf16={{true|false}}})
+// CHECK: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=false block-v=64 block-k=64},attn-tile{block-m=8 block-n=8 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true prescale-q=true mirror-reads=false raw-row-max=false},attn-fold-index-clamps{padded-tiles=false},attn-lower-to-cpu{unit-inner-stride=true vector-bits={{128|256|512}} no-avx512-bf16={{true|false}}})
 // CHECK-NOT: launch
 // STRIDED: attn-lower-to-cpu{unit-inner-stride=false vector-bits={{128|256|512}} no-avx512-bf16={{true|false}}})
 // NARROW: attn-lower-to-cpu{unit-inner-stride=true vector-bits=128 no-avx512-bf16={{true|false}}})

@@ -2,8 +2,7 @@
 // log2(e), softmax's exp2 domain) once per program, before the loop over KV tiles, and a full
 // tile's scores are the Q K^T product itself: the row max reads it with no pass in between (the
 // cpu preset sets it: there each pass over a tile is a loop through memory). 16-bit queries keep
-// the per-score multiply, since a scaled bf16 Q tile would round twice; their row max reads the
-// product itself and is scaled once per row (max(c s) = c max(s) for c > 0).
+// the per-score multiply, since a scaled bf16 Q tile would round twice.
 // RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=32 block-n=32 prescale-q=true},cse)' --no-mlir-print-op-generic | FileCheck %s
 
 // CHECK-LABEL: func.func @attention(%arg0: tensor<1x1x64x16xf32>
@@ -22,7 +21,7 @@
 // CHECK: %[[S16:.*]] = linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<32x16xbf16>, tensor<16x32xbf16>)
 // CHECK-NEXT: %[[SCALED:.*]] = linalg.generic {{.*}} ins(%[[S16]] : tensor<32x32xf32>)
 // CHECK: arith.mulf %{{.*}}, %{{.*}} : f32
-// CHECK: linalg.reduce ins(%[[S16]] : tensor<32x32xf32>)
+// CHECK: linalg.reduce ins(%[[SCALED]] : tensor<32x32xf32>)
 
 module {
   func.func @attention(%q: tensor<1x1x64x16xf32>, %k: tensor<1x1x64x16xf32>, %v: tensor<1x1x64x16xf32>) -> (tensor<1x1x64x16xf32>, tensor<1x1x64xf32>) {
