@@ -190,6 +190,8 @@ class PresetOptions:
             config["pack_gqa"] = True
         if self.whole_tiles:  # the Triton preset's default is False
             config["whole_tiles"] = True
+        if self.tensor_descriptors:  # plain attention's default on sm90 (launch_defaults)
+            config["tensor_descriptors"] = True
         if not self.mirror_reads and self.target != "host":  # the Triton preset mirrors
             config["mirror_reads"] = False
         if not self.split_casts and self.target != "host":  # and splits position casts
