@@ -4,6 +4,7 @@ output's error against the float32 materialized reference.
 
     python bench/forward_ab.py build --out bench/bundles/ab/new                     # this checkout
     PYTHONPATH=OLD python OLD/bench/forward_ab.py build --out bench/bundles/ab/old   # another one
+    python bench/forward_ab.py build --out bench/bundles/ab/off --config split_casts=false   # or options
     python3 bench/forward_ab.py run --a bench/bundles/ab/old --b bench/bundles/ab/new --out DIR   # GPU
 
 (OLD: a `git worktree` of the other commit, with `ae_mlir/passes` and `ae_mlir/dialects` linked
@@ -38,7 +39,7 @@ def _case(variant: str, length: int) -> suite.Case:
                       heads=suite.HEADS, seq=length, dim=128)
 
 
-def build(out: str) -> None:
+def build(out: str, config: dict | None = None) -> None:
     from ae_mlir.backends import triton as tb
 
     os.makedirs(out, exist_ok=True)
@@ -46,7 +47,8 @@ def build(out: str) -> None:
         for length in LENGTHS:
             attn, shape = suite.softmax_problem(_case(variant, length), "cpu")
             q, k, v = suite.meta_like(shape, "bfloat16")
-            tb.compile_bundle(attn, q, k, v, target="cuda:90").save(os.path.join(out, f"{variant}_{length}.json"))
+            tb.compile_bundle(attn, q, k, v, target="cuda:90", config=config).save(
+                os.path.join(out, f"{variant}_{length}.json"))
             print("built", variant, length, flush=True)
 
 
@@ -94,12 +96,15 @@ def main(argv=None) -> int:
     parser.add_argument("--a", help="run: the first build's bundles")
     parser.add_argument("--b", help="run: the second build's bundles")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--config", default="", help="build: preset overrides for every bundle, key=value,...")
     args = parser.parse_args(argv)
     from ae_mlir.variants import CATALOGUE
 
     harness.pick(parser, VARIANTS, args.variants, "variants", known=list(CATALOGUE))
     if args.mode == "build":
-        build(args.out)
+        from build_suite import parse_config
+
+        build(args.out, parse_config(args.config) or None)
     elif not (args.a and args.b):
         parser.error("run needs --a and --b")
     else:
