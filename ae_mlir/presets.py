@@ -153,7 +153,6 @@ class PresetOptions:
     dkdv_num_stages: int = 0
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
     mirror_reads: bool = False     # attn-tile(-backward): reads stepping back along a row, mirrored (Triton)
-    split_casts: bool = False      # attn-split-position-casts: positions converted to float per row/column (Triton)
     raw_row_max: bool = False      # attn-tile: the row max of the unscaled scores, scaled per row (Triton)
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
@@ -194,8 +193,6 @@ class PresetOptions:
             config["tensor_descriptors"] = True
         if not self.mirror_reads and self.target != "host":  # the Triton preset mirrors
             config["mirror_reads"] = False
-        if not self.split_casts and self.target != "host":  # and splits position casts
-            config["split_casts"] = False
         if not self.raw_row_max and self.target != "host" and not self.backward:  # and takes the raw row max
             config["raw_row_max"] = False
         if self.backward:
@@ -222,11 +219,9 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     # On the CPU a tile's scores are a pass through memory of their own; Triton multiplies them
     # in registers on the way to exp2, and the H200 ran level either way.
     # Triton stages a gather whose index descends along a tile's rows one element at a time;
-    # the CPU's loops read either way alike (passes/mirror_reads.py). Triton computes a value of
-    # the rows or columns alone once per row or column, the CPU's loops per element: only there
-    # does converting a position sum's terms save work (passes/split_position_casts.py).
+    # the CPU's loops read either way alike (passes/mirror_reads.py).
     values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset], "prescale_q": preset == "cpu",
-                    "mirror_reads": preset == "triton", "split_casts": preset == "triton",
+                    "mirror_reads": preset == "triton",
                     "raw_row_max": preset == "triton"}
     if problem is not None and preset == "triton":
         values["fast_tanh"] = (FAST_TANH and has_fast_tanh(target) and not problem.linear
@@ -321,8 +316,6 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                  f"kv-splits={o.kv_splits} pack-gqa={_flag(o.pack_gqa)} whole-tiles={_flag(o.whole_tiles)} "
                  f"prescale-q={_flag(o.prescale_q)} mirror-reads={_flag(o.mirror_reads)} "
                  f"raw-row-max={_flag(o.raw_row_max)}}}", fold]
-    if o.split_casts:
-        to_l1.append(f"attn-split-position-casts{{padded-tiles={_flag(preset != 'cpu')}}}")
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "

@@ -4,7 +4,7 @@ output's error against the float32 materialized reference.
 
     python bench/forward_ab.py build --out bench/bundles/ab/new                     # this checkout
     PYTHONPATH=OLD python OLD/bench/forward_ab.py build --out bench/bundles/ab/old   # another one
-    python bench/forward_ab.py build --out bench/bundles/ab/off --config split_casts=false   # or options
+    python bench/forward_ab.py build --out bench/bundles/ab/off --config raw_row_max=false   # or options
     python3 bench/forward_ab.py run --a bench/bundles/ab/old --b bench/bundles/ab/new --out DIR   # GPU
 
 (OLD: a `git worktree` of the other commit, with `ae_mlir/passes` and `ae_mlir/dialects` linked

@@ -41,7 +41,6 @@ _REGISTRY: dict[str, str] = {
     "attn-tile-backward": "tile_backward:AttnTileBackward",
     "attn-chunk-recurrence": "chunk_recurrence:ChunkRecurrence",
     "attn-fold-index-clamps": "fold_index_clamps:FoldIndexClamps",
-    "attn-split-position-casts": "split_position_casts:SplitPositionCasts",
     "attn-lower-to-cpu": "lower_to_cpu:LowerToCpu",
     "attn-cpu-grid-loops": "cpu_grid_loops:GridLoops",
     "attn-cpu-split-empty-tensors": "cpu_split_empty_tensors:SplitEmptyTensors",

@@ -188,7 +188,7 @@ def test_triton_text_names_every_option():
         "attn-chunk-recurrence{split=true block-v=64 block-k=64},"
         "attn-tile{block-m=128 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false "
         "mirror-reads=true raw-row-max=true},"
-        "attn-fold-index-clamps{padded-tiles=true},attn-split-position-casts{padded-tiles=true},canonicalize,cse,"
+        "attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,"
         "attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false fast-tanh=true})")
     assert (options.num_warps, options.num_stages) == (4, 3)
 
