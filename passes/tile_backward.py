@@ -60,32 +60,12 @@ from .l1_builders import (convert, f32, index, index_value, matmul, program_id, 
                           zeros)
 from .l1_ops import fail, ops_named, shape
 from .tile_backward_rows import Rows
+from .tile_backward_lists import packed_whole, ragged_partial, transposed
 from .tile_backward_running_max import RunningMaxGradients
 from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
 from .tile_tables import Classification, classify_blocks, table_constants
 from .tile_varlen import sequences_source
-
-
-def _ragged_partial(partial: list[list[int]], full: list[list[int]], lq: int, lk: int, bm: int, bn: int):
-    """The lists with every tile on a ragged edge (last query or KV block cut short) moved to partial."""
-    nm, nn = len(partial), -(-lk // bn)
-    ragged_m = lq % bm != 0
-    ragged_n = lk % bn != 0
-    new_partial, new_full = [], []
-    for m in range(nm):
-        edge = [n for n in full[m] if (ragged_m and m == nm - 1) or (ragged_n and n == nn - 1)]
-        new_partial.append(sorted(partial[m] + edge))
-        new_full.append([n for n in full[m] if n not in edge])
-    return new_partial, new_full
-
-
-def _transposed(lists: list[list[int]], nn: int) -> list[list[int]]:
-    out = [[] for _ in range(nn)]
-    for m, row in enumerate(lists):
-        for n in row:
-            out[n].append(m)
-    return out
 
 
 class _Backward(RunningMaxGradients):
@@ -190,21 +170,25 @@ class _Backward(RunningMaxGradients):
                 return self.kernel_args[self.closure_args[number - 2]]
         return super().kernel_arg(value, what)
 
-    def lists(self):
+    def lists(self, part: str):
+        """(partial, full) tile lists of kernel `part` ("dq" or "dkdv"), indexed by query block."""
         if self.call_time_tables and self.sources[0] is None and self.kv_len is None:
             classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn, at_call_time=True)
             if classification.at_call_time:
                 # The kernel walks the tables it is given (signature, walk); the runtime classifies
-                # with the ragged edges partial, as _ragged_partial does here.
+                # with the ragged edges partial, as ragged_partial does here.
                 self.program = classification.program
                 return [], []
         classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn)
+        # A packed call's kv_len (its mask's operand) is each sequence's key count, its own end.
+        if self.sources[0] is not None and self.kind == "softmax" and self.score_mod is None:
+            return packed_whole(classification, self.bm, self.bn, part)
         if self.sources[0] is not None or self.kv_len is not None:
             # A packed sequence or an entry's keys may end inside any tile: every tile drops the
             # rows past its end.
             return [sorted(p + f) for p, f in zip(classification.partial, classification.full)], \
                 [[] for _ in classification.full]
-        return _ragged_partial(classification.partial, classification.full, self.lq, self.lk, self.bm, self.bn)
+        return ragged_partial(classification.partial, classification.full, self.lq, self.lk, self.bm, self.bn)
 
     def packed_arg(self, i: int):
         """Kernel argument of q, k or v (i = 0, 1, 2): the tensor, or a packed sequence's packed one."""
@@ -327,7 +311,7 @@ class _Backward(RunningMaxGradients):
         online_rows = {r: args[r] for r in abi.backward_roles("dkdv", self.kind, self.stat)[0][1:]} \
             if self.kind == "online" else {}
         q, k, v = (self.packed_arg(i) for i in range(3))
-        lists = (_transposed(partial, nn), _transposed(full, nn))
+        lists = (transposed(partial, nn), transposed(full, nn))
         with ir.InsertionPoint(entry):
             pb, phk, pn = (program_id(axis) for axis in range(3))
             q_rows, k_rows = self.sides(pb)
@@ -493,7 +477,7 @@ class AttnTileBackward(ModulePass):
             dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n, self.whole_tiles,
                            self.closure_grads, self.call_time_tables, self.mirror_reads)
             with aggregate.location:
-                dq.build_dq(abi.backward_kernel_name(name, "dq"), *dq.lists())
-                dkdv.build_dkdv(abi.backward_kernel_name(name, "dkdv"), *dkdv.lists())
+                dq.build_dq(abi.backward_kernel_name(name, "dq"), *dq.lists("dq"))
+                dkdv.build_dkdv(abi.backward_kernel_name(name, "dkdv"), *dkdv.lists("dkdv"))
             grad.erase()
             forward.erase()

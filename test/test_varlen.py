@@ -247,3 +247,48 @@ def test_offsets_on_the_meta_device_need_the_longest_sequences():
     bundle = tb.compile_bundle(attn, q, q, q, cu_seqlens_q=torch.tensor([0, 10, 30, 64], dtype=torch.int32),
                                cu_seqlens_k=cu, max_seqlen_q=34, max_seqlen_k=34)
     assert bundle.grid[0] * bundle.grid[1] * bundle.grid[2] > 0
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942", "cpu"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+# f32 scores of -120 carry rounding errors of 1e-5 into P = exp(s - lse): 1e-4 of the largest
+# gradient there (the CPU's kernels reach 4e-5 on dK, with or without whole tiles).
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_mask_only_backward_walks_whole_tiles(target, causal, dtype, tol):
+    # Softmax with a mask and no score_mod: the backward kernels walk the mask's whole tiles
+    # without mask or bounds (tile_backward._packed_whole). Rows past a sequence's end load as
+    # zeros; the lse of the first rows sits below -88 (scores of -120 there), where a key past the
+    # end in an unmasked dQ tile would give exp2(-lse) = inf times a zero key, NaN. Lengths cut
+    # the default configs' tiles anywhere (Lq != Lk, empty and one-row sequences).
+    lens_q, lens_k = [200, 0, 17, 1, 129], [190, 5, 17, 40, 129]
+    keep = (lambda i, j: i >= j) if causal else None
+    attn = ae.attention(mask_mod=(lambda b, h, i, j: i >= j) if causal else None, layout="blhd")
+    q, k, v, cq, ck = _batch(lens_q, lens_k, d=32, dv=32, dtype=torch.float64, seed=5)
+    q[:8], k[:8] = 8.0, -2.5  # s = -113 for the first rows of sequence 0 against its first keys
+    k[8:190] = -k[8:190].abs() - 3.0  # and below -3 against the rest, so their lse stays below -88
+    q, k, v = (t.to(dtype).double() for t in (q, k, v))  # the oracle sees what the kernels read
+    q64, k64, v64 = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = _oracle(q64, k64, v64, lens_q, lens_k, None, keep)
+    assert lse[:, :8].max() < -88
+    gen = torch.Generator().manual_seed(6)
+    d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    want = torch.autograd.grad(out, (q64, k64, v64), d_out)
+    if target == "cpu":
+        qc, kc, vc = (t.to(dtype).requires_grad_() for t in (q, k, v))
+        got = torch.autograd.grad(attn(qc, kc, vc, cu_seqlens_q=cq, cu_seqlens_k=ck), (qc, kc, vc), d_out.to(dtype))
+        got = dict(zip(("dq", "dk", "dv"), (g.double() for g in got)))
+    else:
+        qv, kv, vv = varlen.packed_views(q, k, v, "blhd")
+        ov, dov, _ = varlen.packed_views(out.detach(), d_out, d_out, "blhd")
+        cast = (lambda t: t.detach().to(dtype))
+        bundle = tb.build_backward_bundle(attn.mlir(cast(q), cast(k), cast(v), cu_seqlens_q=cq, cu_seqlens_k=ck),
+                                          target)
+        sequences = varlen.prepare(qv, kv, cq, ck, None, None, False)
+        tensors = {"q": cast(qv), "k": cast(kv), "v": cast(vv), "out": cast(ov), "do": cast(dov),
+                   "lse": lse.detach().float().unsqueeze(0), "dlse": torch.zeros(1, *lse.shape),
+                   "c0": sequences.kv_len, "c1": sequences.cu_q, "c2": sequences.cu_k}
+        got = {role: t[0].transpose(0, 1).double() for role, t in interpret_roles(bundle, tensors).items()}
+    for role, reference in zip(("dq", "dk", "dv"), want):
+        scale = reference.abs().max()
+        assert torch.isfinite(got[role]).all(), role
+        torch.testing.assert_close(got[role] / scale, reference / scale, atol=tol, rtol=0, msg=role)
