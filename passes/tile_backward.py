@@ -59,8 +59,8 @@ from .kv_len import bound_table, consecutive, constant_table, entry_length, trip
 from .l1_builders import (convert, f32, index, index_value, matmul, program_id, tensor_type, transpose,
                           zeros)
 from .l1_ops import fail, ops_named, shape
+from .tile_backward_lists import ragged_partial, transposed
 from .tile_backward_rows import Rows
-from .tile_backward_lists import packed_whole, ragged_partial, transposed
 from .tile_backward_running_max import RunningMaxGradients
 from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
@@ -170,8 +170,8 @@ class _Backward(RunningMaxGradients):
                 return self.kernel_args[self.closure_args[number - 2]]
         return super().kernel_arg(value, what)
 
-    def lists(self, part: str):
-        """(partial, full) tile lists of kernel `part` ("dq" or "dkdv"), indexed by query block."""
+    def lists(self):
+        """(partial, full) tile lists, indexed by query block."""
         if self.call_time_tables and self.sources[0] is None and self.kv_len is None:
             classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn, at_call_time=True)
             if classification.at_call_time:
@@ -180,12 +180,10 @@ class _Backward(RunningMaxGradients):
                 self.program = classification.program
                 return [], []
         classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn)
-        # A packed call's kv_len (its mask's operand) is each sequence's key count, its own end.
-        if self.sources[0] is not None and self.kind == "softmax" and self.score_mod is None:
-            return packed_whole(classification, self.bm, self.bn, part)
         if self.sources[0] is not None or self.kv_len is not None:
             # A packed sequence or an entry's keys may end inside any tile: every tile drops the
-            # rows past its end.
+            # rows past its end. (Walking a packed batch's whole tiles unmasked, where that is
+            # exact, ran 3-4% slower on an H200 at 8 x 2048 and mixed lengths: bench/RESULTS.md.)
             return [sorted(p + f) for p, f in zip(classification.partial, classification.full)], \
                 [[] for _ in classification.full]
         return ragged_partial(classification.partial, classification.full, self.lq, self.lk, self.bm, self.bn)
@@ -477,7 +475,7 @@ class AttnTileBackward(ModulePass):
             dq = _Backward(forward, grad, aggregate, self.block_m, self.block_n, self.whole_tiles,
                            self.closure_grads, self.call_time_tables, self.mirror_reads)
             with aggregate.location:
-                dq.build_dq(abi.backward_kernel_name(name, "dq"), *dq.lists("dq"))
-                dkdv.build_dkdv(abi.backward_kernel_name(name, "dkdv"), *dkdv.lists("dkdv"))
+                dq.build_dq(abi.backward_kernel_name(name, "dq"), *dq.lists())
+                dkdv.build_dkdv(abi.backward_kernel_name(name, "dkdv"), *dkdv.lists())
             grad.erase()
             forward.erase()

@@ -254,12 +254,12 @@ def test_offsets_on_the_meta_device_need_the_longest_sequences():
 # f32 scores of -120 carry rounding errors of 1e-5 into P = exp(s - lse): 1e-4 of the largest
 # gradient there (the CPU's kernels reach 4e-5 on dK, with or without whole tiles).
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
-def test_mask_only_backward_walks_whole_tiles(target, causal, dtype, tol):
-    # Softmax with a mask and no score_mod: the backward kernels walk the mask's whole tiles
-    # without mask or bounds (tile_backward._packed_whole). Rows past a sequence's end load as
-    # zeros; the lse of the first rows sits below -88 (scores of -120 there), where a key past the
-    # end in an unmasked dQ tile would give exp2(-lse) = inf times a zero key, NaN. Lengths cut
-    # the default configs' tiles anywhere (Lq != Lk, empty and one-row sequences).
+def test_mask_only_backward_with_keys_past_an_end(target, causal, dtype, tol):
+    # Softmax with a mask or none and no score_mod. Rows past a sequence's end load as zeros; the
+    # lse of the first rows sits below -88 (scores of -113 there), where a key past the end left
+    # unmasked in a dQ tile would give exp2(-lse) = inf times a zero key, NaN (as a kernel walking
+    # the mask's whole tiles unmasked would, checked). Lengths cut the default configs' tiles
+    # anywhere (Lq != Lk, empty and one-row sequences).
     lens_q, lens_k = [200, 0, 17, 1, 129], [190, 5, 17, 40, 129]
     keep = (lambda i, j: i >= j) if causal else None
     attn = ae.attention(mask_mod=(lambda b, h, i, j: i >= j) if causal else None, layout="blhd")
