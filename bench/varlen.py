@@ -10,7 +10,8 @@ same for everyone.
 
     python bench/varlen.py build --out bench/bundles/varlen     # here: needs the MLIR bindings
     python bench/varlen.py run --bundles bench/bundles/varlen --out DIR [--baseline OLD]   # on the GPU
-        (OLD: another version's bundles, whose backward is timed beside this one's)
+        (OLD: another version's bundles, or ones built with `build --config key=value,...` (the
+        forward's preset overrides), timed beside this one's)
 
 Times are medians of triton.testing.do_bench; inputs are fresh per case; outputs are checked
 against SDPA (math backend, float32) sequence by sequence.
@@ -65,7 +66,7 @@ def _offsets(lengths: list[int], device):
     return sequences.cu_q, sequences.kv_len
 
 
-def build(out: str) -> None:
+def build(out: str, config: dict | None = None) -> None:
     import torch
 
     from ae_mlir.backends import triton as tb
@@ -76,7 +77,7 @@ def build(out: str) -> None:
         q = torch.empty(TOKENS, HEADS, DIM, dtype=torch.bfloat16, device="meta")
         cu = torch.empty(len(lengths) + 1, dtype=torch.int32, device="meta")
         bundle = tb.compile_bundle(_attention(), q, q, q, target="cuda:90", cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                   max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
+                                   max_seqlen_q=max(lengths), max_seqlen_k=max(lengths), config=config)
         bundle.save(os.path.join(out, case + ".json"))
         backward = tb.build_backward_bundle(bundle.meta["l0"], "cuda:90")
         backward.save(os.path.join(out, case + ".bwd.json"))
@@ -110,6 +111,9 @@ def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
         cu, kv_len = _offsets(lengths, device)
         q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
         impls = {"ae_mlir": lambda: runtime.launch(bundle, q4, k4, v4, kv_len, cu, cu)[0][0].transpose(0, 1)}
+        if baseline is not None:
+            old = runtime.Bundle.load(os.path.join(baseline, case + ".json"))
+            impls["ae_mlir_baseline"] = lambda: runtime.launch(old, q4, k4, v4, kv_len, cu, cu)[0][0].transpose(0, 1)
         seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device),
                                          torch.tensor(lengths, device=device))
 

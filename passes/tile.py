@@ -357,31 +357,22 @@ class _Kernel(RowSources, KernelBuilder):
                 p = arith.select(keep, p, zero)
             return p
 
-        def masked_raw(a):
-            """The unscaled score where the mask (and the keys' bound) keeps it, -inf elsewhere."""
-            kj = arith.addi(n0, linalg.IndexOp(1).result)
-            keep = arith.cmpi(arith.CmpIPredicate.slt, kj, index_value(self.keys))
-            if mask is not None:
-                head, qi = self.row_position(linalg.IndexOp(0).result)
-                qc, kc = arith.minsi(qi, index(self.lq - 1)), arith.minsi(kj, index(self.lk - 1))
-                keep = arith.andi(keep, self.inline(mask, [self.pb, head, qc, kc]))
-            return arith.select(keep, a[0], f32(-math.inf))
-
         plain = self.prescale_q and score_mod is None and not bounded and self.stat == "max"
         # max(c s) = c max(s) for c > 0, exactly (rounding is monotone): the row max of the raw
         # products, scaled once per row, spares Triton a multiply per score, since the scaled
         # scores then feed only the exponent, where the multiply fuses into its subtraction.
+        # Tiles the mask or a length cuts keep the scaled max: taking it of the raw products
+        # selected to -inf ran packed batches' forward 5-6% slower on an H200 (bench/RESULTS.md).
         raw_max = (self.raw_row_max and self.stat == "max" and score_mod is None and not self.prescale_q
-                   and self.score_scale > 0)
+                   and self.score_scale > 0 and not bounded)
         if raw_max:
-            raw = qk if not bounded else self.generic([(qk, TILE)], tile_t, masked_raw)
-            s = self.generic([(raw, TILE)], tile_t, lambda a: arith.mulf(a[0], f32(self.score_scale)))
+            s = self.generic([(qk, TILE)], tile_t, lambda a: arith.mulf(a[0], f32(self.score_scale)))
         else:
             s = qk if plain else self.generic([(qk, TILE)], tile_t, scores)
         if self.stat == "max":
             m_old, l_old, acc = state
             if raw_max:
-                m_raw = self.reduce_rows(raw, fill(f32(-math.inf), tensor.EmptyOp([bm], f32_type).result),
+                m_raw = self.reduce_rows(qk, fill(f32(-math.inf), tensor.EmptyOp([bm], f32_type).result),
                                          arith.maximumf)
                 m_new = self.generic([(m_old, ROW), (m_raw, ROW)], row_t,
                                      lambda a: arith.maximumf(a[0], arith.mulf(a[1], f32(self.score_scale))), rank=1)
@@ -445,10 +436,10 @@ class AttnTile(ModulePass):
                                        "q_idx - kv_idx + c) from its copy reversed along the last dimension, "
                                        "an input of role c<i>_mirrored after the others, forwards "
                                        "(passes/mirror_reads.py)")
-    raw_row_max: bool = option(False, "take the online softmax's row max of the unscaled Q K^T product (masked) "
-                                      "and scale it once per row, where no score_mod reads the scaled score "
-                                      "(the triton preset: the scaled scores then feed only the exponent, where "
-                                      "the multiply fuses; the CPU's separate passes would gain one)")
+    raw_row_max: bool = option(False, "on tiles no mask or length cuts and without a score_mod, take the online "
+                                      "softmax's row max of the unscaled Q K^T product and scale it once per "
+                                      "row (the triton preset: the scaled scores then feed only the exponent, "
+                                      "where the multiply fuses; the CPU's separate passes would gain one)")
 
     def __post_init__(self):
         for opt, value in (("block-m", self.block_m), ("block-n", self.block_n)):
