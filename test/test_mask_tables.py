@@ -270,14 +270,14 @@ def test_backward_layouts_equal_the_compile_time_lists(lq, lk, bm, bn):
     """The call-time tables of the backward kernels: "dq" lists KV blocks per query block with the
     tiles of both ragged edges partial, "dkdv" the same tiles per KV block; the same lists
     attn-tile-backward builds at compile time for a mask of positions."""
-    from ae_mlir.passes.tile_backward import _ragged_partial, _transposed
+    from ae_mlir.passes.tile_backward_lists import ragged_partial, transposed
 
     def keep(b, h, q, kv):
         return ((q // 20) == (kv // 20)) & (q >= kv)
 
-    partial, full = _ragged_partial(*classify(keep, 1, 1, lq, lk, bm, bn).as_lists(), lq, lk, bm, bn)
+    partial, full = ragged_partial(*classify(keep, 1, 1, lq, lk, bm, bn).as_lists(), lq, lk, bm, bn)
     nn = -(-lk // bn)
-    for layout, want in (("dq", (partial, full)), ("dkdv", (_transposed(partial, nn), _transposed(full, nn)))):
+    for layout, want in (("dq", (partial, full)), ("dkdv", (transposed(partial, nn), transposed(full, nn)))):
         got = classify(keep, 1, 1, lq, lk, bm, bn, full_width=True, layout=layout).as_lists()
         assert got == want, layout
 
