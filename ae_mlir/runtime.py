@@ -328,7 +328,8 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
         raise ValueError(f"kernel '{bundle.name}' takes {len(bundle.inputs) - n_made} tensors (q, k, v and "
                          f"{len(bundle.inputs) - n_made - 3} closure tensors), got {len(given)}")
     given += call_time_tables(bundle, q, k, v, *captures)
-    given += mirrored_inputs(bundle, {abi.capture(i): c for i, c in enumerate(captures)}).values()
+    if mirrored_roles(bundle):  # most bundles have none: no per-call dict for them
+        given += mirrored_inputs(bundle, {abi.capture(i): c for i, c in enumerate(captures)}).values()
     device = q.device
     tensors = {}
     inputs, outputs, workspace = _binding(bundle)

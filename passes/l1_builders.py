@@ -192,6 +192,13 @@ class KernelBuilder:
         self.mirrors: dict = {}
         self.mirror_axis = -1
 
+    @staticmethod
+    def roles(names: list[str]) -> dict:
+        """The kernel attribute naming its arguments' roles (abi.ARG_ROLES)."""
+        from mlir import ir
+
+        return {abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in names])}
+
     def function(self, name: str, arg_types: list, result_types: list, attributes: dict):
         """The kernel function, before `func`; returns its entry block."""
         from mlir import ir

@@ -9,11 +9,13 @@ m[..., n - 1 - x], come from (n - 1 - c) + q_idx - kv_idx, which ascends. A mod 
 qualifies when its last index is an affine function of the region's arguments (sums, differences,
 products by constants), or such a function clamped into [0, n - 1] as the frontend clamps every
 closure index (the clamp mirrors onto itself), stepping by -1 with the argument along the tile's
-last axis. `attn-tile-backward{mirror-reads}` uses this in both backward kernels (the dQ kernel's
-rows run over keys, where a table read at q_idx - kv_idx + c descends: one the frontend leaves
-uncomposed, with per-entry lengths or packed sequences), which then take the mirrored copy of
-each such closure tensor c<i> as one more input (abi.mirrored), made by the runtime per call
-(`runtime.backward_inputs_made`). The forward kernels read as written.
+last axis. `attn-tile-backward{mirror-reads}` uses this in both backward kernels and
+`attn-tile{mirror-reads}` in the forward ones: the forward's and dQ kernel's rows run over keys,
+where a table read at q_idx - kv_idx + c descends (one the frontend leaves uncomposed, with
+per-entry lengths or packed sequences). Each such kernel takes the mirrored copy of each such
+closure tensor c<i> as one more input (abi.mirrored), which the runtime makes and keeps while its
+source is unchanged (`kernel_args.mirrored_inputs`, through `runtime.bind` and
+`runtime.backward_inputs_made`).
 """
 from __future__ import annotations
 

@@ -133,15 +133,8 @@ class _Kernel(RowSources, KernelBuilder):
 
     def take_mirrors(self, mirrored: list[int], args: list) -> None:
         """Read c<i> for each of `mirrored` from its mirrored copy, the kernel arguments `args` in
-        that order, where a read steps back along the keys."""
+        that order, where a read steps back along the keys (KernelBuilder.mirror_axis)."""
         self.mirrors = {self.kernel_args[len(abi.INPUTS) + i]: arg for i, arg in zip(mirrored, args)}
-        self.mirror_axis = -1
-
-    @staticmethod
-    def roles(names: list[str]) -> dict:
-        from mlir import ir
-
-        return {abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in names])}
 
     def attributes(self, grid: list[int]) -> dict:
         from mlir import ir

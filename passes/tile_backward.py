@@ -284,8 +284,7 @@ class _Backward(RunningMaxGradients):
             ins = ins + tables
         roles = abi.input_roles(len(self.inputs)) + list(ins) + list(outs)
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
-                      abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn),
-                      abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in roles])}
+                      abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn), **self.roles(roles)}
         if self.program is not None:
             attributes.update({key: ir.Attribute.parse(text) for key, text in
                                Classification([], [], self.program).kernel_attributes()})
