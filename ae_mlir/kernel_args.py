@@ -105,8 +105,32 @@ def aligned_ok(bundle, tensors: dict) -> bool:
     return True
 
 
-_STRIDE, _TABLE, _TENSOR = range(3)
+_STRIDE, _TABLE, _TENSOR, _DESCRIPTOR, _DESCRIPTOR_SIZE, _DESCRIPTOR_STRIDE = range(6)
 _PLANS: dict = {}
+_LAUNCHER: dict = {}
+
+
+class HostDescriptor(NamedTuple):
+    """A kernel argument for a TMA descriptor over a whole tensor, made on the host at launch
+    (`abi.descriptor_label`): what Triton's launcher reads to encode one (`base.data_ptr()`,
+    `shape`, `strides`, `padding`), and the interpreter too."""
+
+    base: object
+    shape: tuple
+    strides: tuple
+    padding: str = "zero"
+
+
+def descriptor_strides(t) -> tuple:
+    """t's strides as a descriptor takes them: a dimension of size 1 (which the aligned variant
+    does not check, as no offset moves along it) gets 16 elements, which TMA's rule (every stride
+    but the last a multiple of 16 bytes) accepts."""
+    return tuple(16 if size == 1 and d < t.dim() - 1 else stride
+                 for d, (size, stride) in enumerate(zip(t.shape, t.stride())))
+
+
+def host_descriptor(t) -> HostDescriptor:
+    return HostDescriptor(t, tuple(t.shape), descriptor_strides(t))
 
 
 def _argument_plan(variant) -> list[tuple]:
@@ -117,7 +141,15 @@ def _argument_plan(variant) -> list[tuple]:
         plan = []
         for label in variant.args:
             name, _, rest = label.partition(".")
-            if rest.startswith("stride"):
+            if rest.startswith(abi.DESCRIPTOR):
+                kind = rest[len(abi.DESCRIPTOR) + 1:]
+                if not kind:
+                    plan.append((_DESCRIPTOR, name, 0))
+                elif kind.startswith("size"):
+                    plan.append((_DESCRIPTOR_SIZE, name, int(kind[len("size"):])))
+                else:
+                    plan.append((_DESCRIPTOR_STRIDE, name, int(kind[len("stride"):])))
+            elif rest.startswith("stride"):
                 plan.append((_STRIDE, name, int(rest[len("stride"):])))
             elif name.startswith("table"):
                 plan.append((_TABLE, int(name[len("table"):]), 0))
@@ -137,9 +169,30 @@ def argument_values(variant, tensors: dict, tables: list) -> list:
             values.append(0 if t.shape[d] == 1 else t.stride(d))
         elif kind == _TABLE:
             values.append(tables[key])
+        elif kind == _DESCRIPTOR:
+            values.append(host_descriptor(tensors[key]))
+        elif kind == _DESCRIPTOR_SIZE:
+            values.append(tensors[key].shape[d])
+        elif kind == _DESCRIPTOR_STRIDE:
+            values.append(descriptor_strides(tensors[key])[d])
         else:
             values.append(tensors[key])
     return values
+
+
+def launcher_positions(variant) -> tuple | None:
+    """The positions of the arguments Triton's launcher takes for a Triton IR source with host
+    descriptors: it takes one HostDescriptor for a descriptor and its sizes and strides (it
+    passes them on itself); None where the variant has no host descriptor."""
+    entry = _LAUNCHER.get(id(variant))
+    if entry is None or entry[0] is not variant:
+        plan = _argument_plan(variant)
+        positions = None
+        if any(kind == _DESCRIPTOR for kind, _, _ in plan):
+            positions = tuple(i for i, (kind, _, _) in enumerate(plan)
+                              if kind not in (_DESCRIPTOR_SIZE, _DESCRIPTOR_STRIDE))
+        entry = _LAUNCHER[id(variant)] = (variant, positions)
+    return entry[1]
 
 
 def pick_variant(kernel, aligned: bool):
@@ -156,7 +209,7 @@ def _layout_roles(bundle) -> tuple:
         for kernel in bundle.stages + [bundle]:
             for variant in kernel.variants.values():
                 for kind, key, _ in _argument_plan(variant):
-                    if kind != _TABLE:
+                    if kind in (_STRIDE, _TENSOR):
                         found.setdefault(key)
         roles = bundle.__dict__["_layout_roles"] = tuple(found)
     return roles
@@ -170,12 +223,15 @@ class KernelLaunch(NamedTuple):
     variant: object
     template: list
     slots: tuple  # (position, role) of each tensor argument
+    descriptors: tuple = ()  # (position, role) of each host descriptor
 
     def arguments(self, tensors: dict) -> list:
         """The argument list of a call on `tensors` (by role)."""
         args = self.template.copy()
         for i, role in self.slots:
             args[i] = tensors[role]
+        for i, role in self.descriptors:
+            args[i] = host_descriptor(tensors[role])
         return args
 
 
@@ -200,8 +256,10 @@ def launch_plan(bundle, tensors: dict, device, tables_of) -> list[KernelLaunch]:
             variant = pick_variant(kernel, aligned)
             values = argument_values(variant, tensors, tables_of(kernel))
             slots = tuple((i, key) for i, (kind, key, _) in enumerate(_argument_plan(variant)) if kind == _TENSOR)
-            for i, _ in slots:
+            descriptors = tuple((i, key) for i, (kind, key, _) in enumerate(_argument_plan(variant))
+                                if kind == _DESCRIPTOR)
+            for i, _ in slots + descriptors:
                 values[i] = None  # not this call's tensors: the plan outlives them
-            plan.append(KernelLaunch(kernel, variant, values, slots))
+            plan.append(KernelLaunch(kernel, variant, values, slots, descriptors))
         plans[layout] = plan
     return plan

@@ -38,8 +38,8 @@ _CUDA_16BIT_NARROW_256 = (128, 64, 8, 3)
 # 187 / 210 against 161 / 190, where causal ran 297 / 368 against 375 / 449 and prefix-LM 380 /
 # 444 against 385 / 453. D = 64 and MI300 keep their tiles (not measured); past 128, see above.
 # Plain softmax attention (no score_mod or mask) over long sequences on sm90, 16-bit, D = 128:
-# 128x128 tiles on 8 warps loaded through TMA descriptors (made per program on the device, which
-# its long KV loop repays). On an H200 (bf16, B*L = 16384, H 16, three alternating rounds,
+# 128x128 tiles on 8 warps loaded through TMA descriptors (measured made per program on the
+# device, which its long KV loop repaid; made on the host since, HOST_TMA_HEAD_DIMS). On an H200 (bf16, B*L = 16384, H 16, three alternating rounds,
 # bench/results/h200-attention-configs-2026-12-04-long.json and -12-03-catalogue.json) full
 # attention ran 452 / 481 / 491 / 507 TFLOP/s at L 2048 / 4096 / 8192 / 16384 against 442 / 469 /
 # 462 / 469 at the 128x64 tiles; with a mask or a score_mod they lost (causal 369 against 414 at
@@ -317,14 +317,41 @@ def has_fast_tanh(target: str) -> bool:
 WHOLE_TILES = {"cpu": True, "triton": False}
 
 
+# The forward kernels of 16-bit attention on sm90 load their Q, K and V tiles through TMA
+# descriptors the runtime makes on the host at each launch (attn-lower-to-triton{tensor-descriptors
+# host-descriptors}), over the whole tensors. Made on the device instead, the descriptors cost
+# every program a global write and fences before its first tile, about one KV tile's time on an
+# H200, which short KV loops do not repay (has_tma). On an H200 (bf16, B*L = 16384, H 16, D 128,
+# five alternating rounds, bench/results/h200-forward-ab-2026-12-04-host-descriptors.json) against
+# the previous defaults at L 2048 / 8192: full attention 3.4% faster / level (its default was
+# already TMA), causal 2.6 / 4.4%, the sliding window 8.2 / 8.3%, prefix-LM 2.6 / 4.1%, the
+# document mask 2.6 / 2.4%, ALiBi 3.5 / 6.0%, soft-capping 2.6 / 3.8%, GQA 2.6 / 4.3%, the dilated
+# mask 6.9 / 5.3%, sigmoid 3.9 / 5.2%, RetNet 5.2 / 8.1% faster; score_mods that read a closure
+# tensor at a position-dependent index (the relative-bias table, T5's buckets) 1.2-1.9% slower,
+# so they keep pointer loads. At D 64 (-host-descriptors-d64.json) full attention 7.0 / 3.9%
+# faster (at L 8192 against device-made descriptors), causal 4.0 / 4.4%, ALiBi 3.1 / 2.7%, GQA
+# 3.7 / 5.0%, the sliding window 4.3 / 2.2%, soft-capping 2.5 / 2.1%. The backward's kernels ran
+# 11-34% slower through them (h200-backward-2026-12-04-host-descriptors.json), so they keep
+# pointer loads; head dims past 128, decoding shapes and linear attention are not measured.
+# Packed sequences' tiles (rows up to a sequence's end) load through pointers either way.
+HOST_TMA_HEAD_DIMS = (64, 128)
+
+
+def host_tma(target: str, dtype: str, dk: int, dv: int, lq: int, position_gathers: bool) -> bool:
+    """Whether a forward softmax kernel loads its tiles through host-made TMA descriptors
+    (HOST_TMA_HEAD_DIMS)."""
+    return (has_tma(target) and dtype in ("bf16", "f16") and not position_gathers and lq > _SPLIT_MAX_LQ
+            and max(_pow2(dk), _pow2(dv), 64) in HOST_TMA_HEAD_DIMS)
+
+
 def has_tma(target: str) -> bool:
     """Whether `target` can load tiles through TMA tensor descriptors (`tensor_descriptors`):
-    NVIDIA from sm90 (Hopper) on; AMD's gfx942 has none. The preset leaves them off: on an H200
-    (bf16 B*L = 16384 H16, bench/results/h200-attention-configs-2026-12-03-tma.json) they ran
-    full attention at D = 128 3.5% faster at L = 8192 (496 against 479 TFLOP/s, 504 at 128x128
-    tiles) but 2% slower at L = 2048, causal 11% slower at L = 2048 (330 against 372) and D = 64
-    2-6% slower at L = 2048: each program makes its descriptors on the device (a global write and
-    a fence) before its first tile, which short KV loops do not repay. Autotuning tries them."""
+    NVIDIA from sm90 (Hopper) on; AMD's gfx942 has none. Made on the device in every program (a
+    global write and a fence before its first tile), they ran on an H200 (bf16 B*L = 16384 H16,
+    bench/results/h200-attention-configs-2026-12-03-tma.json) full attention at D = 128 3.5%
+    faster at L = 8192 (496 against 479 TFLOP/s, 504 at 128x128 tiles) but 2% slower at L = 2048,
+    causal 11% slower at L = 2048 (330 against 372) and D = 64 2-6% slower at L = 2048: short KV
+    loops did not repay them. Made on the host (host_tma) they gain nearly everywhere."""
     family, _, arch = target.partition(":")
     return family == "cuda" and arch.isdigit() and int(arch) >= 90
 

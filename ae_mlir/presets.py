@@ -25,7 +25,7 @@ from typing import Literal
 from .core import abi
 from .core.context import CompileError
 from .launch_defaults import (CUT_TILES_AT, FAST_TANH, WHOLE_TILES, backward_config, backward_overrides, cpu_config,
-                              default_config, has_fast_tanh, has_tma, linear_config)
+                              default_config, has_fast_tanh, has_tma, host_tma, linear_config)
 
 PRESETS = ("cpu", "triton")
 TARGETS = {"cpu": "host", "triton": "cuda:90"}
@@ -61,6 +61,9 @@ class Problem:
     # Softmax over the scores as they are, every pair: no score_mod, mask, lengths, pages or packed
     # sequences (launch_defaults: its own tiles at long sequences).
     plain: bool = False
+    # A score_mod reads a closure tensor at an index that depends on the query or key position
+    # (a relative-bias table): it keeps pointer tile loads (launch_defaults.host_tma).
+    position_gathers: bool = False
 
     @property
     def linear(self) -> bool:
@@ -78,10 +81,12 @@ def read_problem(module) -> Problem | None:
             continue
         q, k, v = types[:3]
         decay, chunk, keys, batch, queries = None, 0, k.shape[2], q.shape[0], q.shape[2]
-        paged = lengths = packed = modded = False
+        paged = lengths = packed = modded = gathers = False
         mask, kind = None, None
         for op in func.regions[0].blocks[0].operations:
-            modded = modded or op.operation.name == "attn.score_mod"
+            if op.operation.name == "attn.score_mod":
+                modded = True
+                gathers = gathers or _reads_by_position(op.operation.regions[0])
             if op.operation.name == "attn.normalize":
                 kind = ir.StringAttr(op.operation.attributes["kind"]).value
             paged = paged or op.operation.name == "attn.gather_pages"
@@ -108,8 +113,24 @@ def read_problem(module) -> Problem | None:
         return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
                        batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut,
                        program.to_json() if program is not None else None, masked,
-                       plain=kind == "softmax" and not (modded or masked or lengths))
+                       plain=kind == "softmax" and not (modded or masked or lengths), position_gathers=gathers)
     return None
+
+
+def _reads_by_position(region) -> bool:
+    """Whether a score_mod region reads a tensor (tensor.extract) at an index computed from the
+    query or key position (its block arguments 3 and 4)."""
+    block = region.blocks[0]
+    positions = {block.arguments[3], block.arguments[4]}
+    derived: set = set()
+    for op in block.operations:
+        operation = op.operation
+        if operation.name == "tensor.extract":
+            if any(v in positions or v in derived for v in list(operation.operands)[1:]):
+                return True
+        elif any(v in positions or v in derived for v in operation.operands):
+            derived.update(operation.results)
+    return False
 
 
 # --- options and stages --------------------------------------------------------------------------
@@ -139,6 +160,7 @@ class PresetOptions:
     assume_aligned: bool = True    # attn-lower-to-triton: the aligned variant
     input_precision: Literal["ieee", "tf32", "tf32x3"] = "ieee"   # attn-lower-to-triton
     tensor_descriptors: bool = False  # attn-lower-to-triton: TMA tile loads (see has_tma)
+    host_descriptors: bool = False  # attn-lower-to-triton: their descriptors made on the host (see HOST_TMA)
     fast_tanh: bool = False        # attn-lower-to-triton: tanh.approx.f32 (see FAST_TANH)
     unit_inner_stride: bool = True  # attn-lower-to-cpu
     vector_bits: int = 512         # attn-lower-to-cpu: register tiles for the host's vector width
@@ -191,6 +213,8 @@ class PresetOptions:
             config["whole_tiles"] = True
         if self.tensor_descriptors:  # plain attention's default on sm90 (launch_defaults)
             config["tensor_descriptors"] = True
+        if self.host_descriptors and self.tensor_descriptors:
+            config["host_descriptors"] = True
         if not self.mirror_reads and self.target != "host":  # the Triton preset mirrors
             config["mirror_reads"] = False
         if not self.raw_row_max and self.target != "host" and not self.backward:  # and takes the raw row max
@@ -226,6 +250,9 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if problem is not None and preset == "triton":
         values["fast_tanh"] = (FAST_TANH and has_fast_tanh(target) and not problem.linear
                                and problem.dtype in ("bf16", "f16"))
+        if not problem.linear and not typed.get("backward") and host_tma(
+                target, problem.dtype, problem.dk, problem.dv, problem.lq, problem.position_gathers):
+            values.update(tensor_descriptors=True, host_descriptors=True)
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, host_vector_bits
 
@@ -328,6 +355,7 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
             Stage("ttir", (f"attn-lower-to-triton{{assume-aligned={_flag(o.assume_aligned)} "
                            f"input-precision={o.input_precision} "
                            f"tensor-descriptors={_flag(o.tensor_descriptors)} "
+                           f"host-descriptors={_flag(o.host_descriptors)} "
                            f"fast-tanh={_flag(o.fast_tanh)}}}",))]
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from .core import abi
 from .disk_cache import atomic_write, cache_dir, compiler_fingerprint
 from .kernel_args import KernelLaunch, aligned_ok, argument_values, launch_plan, pick_variant  # noqa: F401  (part of the runtime's API)
-from .kernel_args import mirrored_inputs, mirrored_roles
+from .kernel_args import HostDescriptor, mirrored_inputs, mirrored_roles  # noqa: F401  (part of the runtime's API)
+from .triton_kernels import compile_ttir, current_target, launch_one, parse_target  # noqa: F401  (part of the runtime's API)
 
 # 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
 # tiles; launch takes no tile tables.
@@ -217,84 +218,10 @@ CACHE = BundleCache()
 # --- compiling and launching --------------------------------------------------------------------
 
 
-def parse_target(text: str):
-    """`cuda:90` or `hip:gfx942` -> triton's GPUTarget."""
-    from triton.backends.compiler import GPUTarget
-
-    backend, _, arch = text.partition(":")
-    if backend == "cuda" and arch.isdigit():
-        return GPUTarget("cuda", int(arch), 32)
-    if backend == "hip" and arch.startswith("gfx"):
-        return GPUTarget("hip", arch, 64)
-    raise ValueError(f"unknown target '{text}' (expected cuda:<sm>, e.g. cuda:90, or hip:<gfx arch>)")
-
-
-_TARGETS: dict = {}
-
-
-def current_target(device=None) -> str:
-    """The target string of `device` (a torch.device), by default the active GPU."""
-    import torch
-
-    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
-    target = _TARGETS.get(index)
-    if target is None:
-        from triton.runtime import driver
-
-        with torch.cuda.device(index):
-            t = driver.active.get_current_target()
-        target = _TARGETS[index] = f"{t.backend}:{t.arch}"
-    return target
-
-
-_KERNELS: dict = {}
-_KERNELS_LOCK = threading.Lock()
-
-
-def compile_ttir(ttir: str, target: str, num_warps: int = 4, num_stages: int = 2):
-    """triton.compile the Triton IR text for `target`; compiled kernels are kept in memory here
-    and Triton's own cache keeps the binaries on disk."""
-    import triton
-
-    digest = hashlib.sha256(ttir.encode()).hexdigest()
-    key = (digest, target, num_warps, num_stages)
-    with _KERNELS_LOCK:
-        if key in _KERNELS:
-            return _KERNELS[key]
-    path = cache_dir() / "ttir" / f"{digest}.ttir"
-    if not path.exists():
-        atomic_write(path, ttir)
-    kernel = triton.compile(str(path), target=parse_target(target),
-                            options={"num_warps": num_warps, "num_stages": num_stages})
-    with _KERNELS_LOCK:
-        _KERNELS[key] = kernel
-    return kernel
-
-
 def torch_dtype(name: str):
     import torch
 
     return getattr(torch, _TORCH_DTYPES.get(name, name))
-
-
-def _out_of_resources():
-    from triton.runtime.errors import OutOfResources
-
-    return OutOfResources
-
-
-def _fewer_stages(variant: KernelVariant, target: str, launched: Bundle | Stage, err):
-    """The kernel recompiled with fewer pipeline stages: gathers from closure tensors add shared
-    memory the fixed per-head-dim configuration did not plan for (found on an H200 with the T5
-    bucketed bias: 256 KiB wanted, 227 KiB available)."""
-    for stages in range(launched.num_stages - 1, 0, -1):
-        kernel = compile_ttir(variant.ttir, target, launched.num_warps, stages)
-        try:
-            kernel._init_handles()
-        except _out_of_resources():
-            continue
-        return kernel
-    raise err
 
 
 def choose_variant(bundle: Bundle, tensors: dict) -> KernelVariant:
@@ -409,9 +336,6 @@ def backward_inputs_made(bundle: Bundle, given: dict, device) -> dict:
     return {**backward_call_time_tables(bundle, given, device), **mirrored_inputs(bundle, given)}
 
 
-_LAUNCHABLE: dict = {}
-
-
 def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
     """Run the bundle's kernels (its stages, then its own) on GPU tensors (any strides) and
     return [out] or [out, lse] (for linear attention, [out, state]).
@@ -434,7 +358,7 @@ def _launch_all(bundle: Bundle, tensors: dict, device) -> None:
     here = device.index is None or device.index == torch.cuda.current_device()
     with contextlib.nullcontext() if here else torch.cuda.device(device):
         for launch in plan:
-            _launch_one(launch.kernel, launch.variant, target, launch.arguments(tensors))
+            launch_one(launch.kernel, launch.variant, target, launch.arguments(tensors))
 
 
 def launch_roles(bundle: Bundle, given: dict) -> dict:
@@ -460,40 +384,3 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
         tensors[role] = allocate(shape, dtype=dtype, device=device)
     _launch_all(bundle, tensors, device)
     return {spec.role: tensors[spec.role] for spec in bundle.outputs}
-
-
-def _scratch(size: int, alignment: int, stream):
-    import torch
-
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_scratch_allocator() -> None:
-    """A kernel that makes TMA descriptors on the device writes them to global scratch memory,
-    which Triton's launcher asks the allocator set in the launching thread's context for
-    (autograd runs the backward on threads of its own, whose context starts with none). Where
-    none is set, torch's caching allocator serves it (CUDA-graph capture included); an allocator
-    the caller set is left alone. Triton keeps the current one in a private ContextVar."""
-    import triton
-    from triton.runtime import _allocation
-
-    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
-        triton.set_allocator(_scratch)
-
-
-def _launch_one(kernel, variant: KernelVariant, target: str, args: list) -> None:
-    """Launch one kernel (a Bundle or a Stage) with its compile options."""
-    # Hashing the Triton IR on every call would cost more than a short kernel runs.
-    entry = _LAUNCHABLE.get((id(variant), target))
-    if entry is None or entry[0] is not variant:
-        entry = (variant, compile_ttir(variant.ttir, target, kernel.num_warps, kernel.num_stages))
-        _LAUNCHABLE[id(variant), target] = entry
-    compiled = entry[1]
-    if getattr(compiled.metadata, "global_scratch_size", 0):
-        _ensure_scratch_allocator()
-    try:
-        compiled[tuple(kernel.grid)](*args)
-    except _out_of_resources() as err:
-        compiled = _fewer_stages(variant, target, kernel, err)
-        _LAUNCHABLE[id(variant), target] = (variant, compiled)
-        compiled[tuple(kernel.grid)](*args)

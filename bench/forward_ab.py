@@ -11,7 +11,7 @@ output's error against the float32 materialized reference.
 to its own `passes` and `dialects`, so that it compiles with its own passes.) `--variants`
 picks softmax catalogue entries (default: alibi, softcap, relative_bias, t5_bias; any of
 ae_mlir.variants.CATALOGUE), each at L 2048 and
-8192, bf16, B*L = 16384, H = 16, D = 128. `run` times both bundles of a case in five alternating
+8192, bf16, B*L = 16384, H = 16, D = 128 (`--dim`, given to both `build` and `run`). `run` times both bundles of a case in five alternating
 rounds (median of `triton.testing.do_bench` each) and reports the medians, TFLOP/s and the
 ratio a / b of their times (above 1: b faster).
 """
@@ -32,11 +32,12 @@ import suite  # noqa: E402
 VARIANTS = ["alibi", "softcap", "relative_bias", "t5_bias"]
 LENGTHS = (2048, 8192)
 ROUNDS = 5
+DIM = 128
 
 
 def _case(variant: str, length: int) -> suite.Case:
     return suite.Case(part="catalogue", variant=variant, dtype="bfloat16", batch=suite.TOKENS // length,
-                      heads=suite.HEADS, seq=length, dim=128)
+                      heads=suite.HEADS, seq=length, dim=DIM)
 
 
 def build(out: str, config: dict | None = None) -> None:
@@ -57,7 +58,7 @@ def run(a: str, b: str, out_dir: str) -> None:
 
     from ae_mlir import runtime
 
-    doc = harness.results_doc(out_dir, __doc__, a=a, b=b, dtype="bfloat16")
+    doc = harness.results_doc(out_dir, __doc__, a=a, b=b, dtype="bfloat16", dim=DIM)
     for variant in VARIANTS:
         for length in LENGTHS:
             attn, shape = suite.softmax_problem(_case(variant, length), "cuda")
@@ -90,6 +91,7 @@ def run(a: str, b: str, out_dir: str) -> None:
 
 
 def main(argv=None) -> int:
+    global DIM
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("build", "run"))
     parser.add_argument("--out", required=True)
@@ -97,7 +99,9 @@ def main(argv=None) -> int:
     parser.add_argument("--b", help="run: the second build's bundles")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--config", default="", help="build: preset overrides for every bundle, key=value,...")
+    parser.add_argument("--dim", type=int, default=DIM, help="head dim (Dk = Dv)")
     args = parser.parse_args(argv)
+    DIM = args.dim
     from ae_mlir.variants import CATALOGUE
 
     harness.pick(parser, VARIANTS, args.variants, "variants", known=list(CATALOGUE))

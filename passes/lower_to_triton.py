@@ -105,6 +105,10 @@ class LowerToTriton(ModulePass):
     tensor_descriptors: bool = option(
         False, "with assume-aligned, load 2-D tiles of aligned float arguments through TMA tensor "
                "descriptors made once per program (NVIDIA sm90 and later)")
+    host_descriptors: bool = option(
+        False, "with tensor-descriptors, take each descriptor as a kernel argument over the whole tensor, "
+               "which the runtime makes on the host at each launch, rather than making it on the device in "
+               "every program")
     fast_tanh: bool = option(
         False, "f32 math.tanh, and the logistic 1 / (1 + exp(-x)) as 0.5 + 0.5 tanh(x / 2), through the "
                "hardware's tanh approximation (PTX tanh.approx.f32, NVIDIA sm75 and later; 2^-11 relative "
@@ -121,7 +125,8 @@ class LowerToTriton(ModulePass):
                                "run attn-tile first")
         for func in kernels:
             text = Kernel(func, self.assume_aligned, self.input_precision,
-                          self.assume_aligned and self.tensor_descriptors, self.fast_tanh).build()
+                          self.assume_aligned and self.tensor_descriptors, self.fast_tanh,
+                          self.host_descriptors).build()
             parsed = parse_module(text, module_op.context, "<attn-lower-to-triton>")
             with module_op.context:
                 parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(func))

@@ -80,7 +80,12 @@ def _run_kernels(launches: list[tuple], tensors: dict) -> dict:
     for kernel, picked, values in launches:
         args = []
         for label, value in zip(picked.args, values):
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, runtime.HostDescriptor):
+                role = label.partition(".")[0]
+                if role not in arrays:
+                    arrays[role] = _storage(value.base)
+                value = value._replace(base=arrays[role])
+            elif isinstance(value, torch.Tensor):
                 if label not in arrays:
                     arrays[label] = _storage(value)
                 value = arrays[label]

@@ -189,7 +189,8 @@ def test_triton_text_names_every_option():
         "attn-tile{block-m=128 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false "
         "mirror-reads=true raw-row-max=true},"
         "attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,"
-        "attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false fast-tanh=true})")
+        "attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=true host-descriptors=true "
+        "fast-tanh=true})")
     assert (options.num_warps, options.num_stages) == (4, 3)
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import ae_mlir as ae
-from ae_mlir import disk_cache, launch_defaults, runtime
+from ae_mlir import disk_cache, launch_defaults, runtime, triton_kernels
 from ae_mlir.backends import triton as tb
 from inputs import qkv, rand
 from bundle_interp import interpret
@@ -125,10 +125,11 @@ def test_plain_long_attention_loads_128x128_tiles_through_descriptors_by_default
     assert {k: bundle.meta["config"][k] for k in ("block_m", "block_n", "num_warps")} == \
         {"block_m": 128, "block_n": 128, "num_warps": warps}
     assert '"tt.descriptor_load"' in bundle.variants["aligned"].ttir
-    # With a mask the same shape keeps the 128x64 tiles through pointers.
+    # With a mask the same shape keeps the 128x64 tiles, through descriptors too (made on the host).
     causal_bundle = tb.compile_bundle(ae.attention(mask_mod=causal), *qkv(**CASES["plain-bf16-L2100-D128"][1]))
     assert causal_bundle.meta["config"]["block_n"] == 64
-    assert '"tt.descriptor_load"' not in causal_bundle.variants["aligned"].ttir
+    assert '"tt.descriptor_load"' in causal_bundle.variants["aligned"].ttir
+    assert '"tt.make_tensor_descriptor"' not in causal_bundle.variants["aligned"].ttir
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -447,7 +448,8 @@ def test_linear_kernels_compile(decay, target, kind, needle):
 def test_ttir_structure_is_flash_attention():
     # 32 heads: 256 programs fill an H200, so the KV tiles are not split (test_decoding.py).
     q, k, v = qkv(h=32, lq=1024, dk=64, dtype=torch.bfloat16)
-    bundle = tb.compile_bundle(ae.attention(), q, k, v, target="cuda:90")
+    # Pointer loads (the default on other targets and dtypes).
+    bundle = tb.compile_bundle(ae.attention(), q, k, v, target="cuda:90", config={"tensor_descriptors": False})
     assert (bundle.block_m, bundle.block_n) == (128, 64) and not bundle.stages
     ttir = bundle.variants["aligned"].ttir
     loop = ttir.index('"scf.for"')
@@ -458,16 +460,21 @@ def test_ttir_structure_is_flash_attention():
     assert len(q_loads) == 1 and q_loads[0] < loop
     assert len(kv_loads) == 2 and all(pos > loop for pos in kv_loads)
     assert "descriptor" not in ttir
-    # With TMA tile loads (an autotuning choice on sm90) the same three tiles load through
-    # descriptors made before the loop, and no tile through pointers.
-    tma = tb.compile_bundle(ae.attention(), q, k, v, target="cuda:90", config={"tensor_descriptors": True})
-    ttir = tma.variants["aligned"].ttir
-    loop = ttir.index('"scf.for"')
-    loads = [m.start() for m in re.finditer(r'"tt.descriptor_load"', ttir)]
-    descriptors = [m.start() for m in re.finditer(r'"tt.make_tensor_descriptor"', ttir)]
-    assert len(loads) == 3 and sum(pos > loop for pos in loads) == 2
-    assert len(descriptors) == 3 and all(pos < loop for pos in descriptors)
-    assert '"tt.load"' not in ttir and "descriptor" not in tma.variants["generic"].ttir
+    # By default on sm90 the same three tiles load through TMA descriptors the runtime makes on
+    # the host (kernel parameters); with host_descriptors off, through descriptors each program
+    # makes before the loop. No tile loads through pointers either way.
+    for host in (True, False):
+        config = {} if host else {"tensor_descriptors": True, "host_descriptors": False}
+        tma = tb.compile_bundle(ae.attention(), q, k, v, target="cuda:90", config=config)
+        assert tma.meta["config"].get("host_descriptors", False) is host
+        ttir = tma.variants["aligned"].ttir
+        loop = ttir.index('"scf.for"')
+        loads = [m.start() for m in re.finditer(r'"tt.descriptor_load"', ttir)]
+        descriptors = [m.start() for m in re.finditer(r'"tt.make_tensor_descriptor"', ttir)]
+        assert len(loads) == 3 and sum(pos > loop for pos in loads) == 2
+        assert len(descriptors) == (0 if host else 3) and all(pos < loop for pos in descriptors)
+        assert ("!tt.tensordesc<tensor<1x1x" in ttir) is host  # a parameter over the whole [B, H, L, D]
+        assert '"tt.load"' not in ttir and "descriptor" not in tma.variants["generic"].ttir
     assert ttir.count('"scf.for"') == 1
     body = ttir[loop:]
     assert body.count('"tt.dot"') >= 2 and '"math.exp2"' in body and '"tt.reduce"' in body
@@ -774,7 +781,7 @@ def test_scratch_allocator_is_set_only_where_none_is():
         def body():
             if before is not None:
                 _allocation._allocator.set(before)
-            runtime._ensure_scratch_allocator()
+            triton_kernels._ensure_scratch_allocator()
             seen.append(_allocation._allocator.get())
 
         thread = threading.Thread(target=contextvars.Context().run, args=(body,))
@@ -782,7 +789,7 @@ def test_scratch_allocator_is_set_only_where_none_is():
         thread.join()
         return seen[0]
 
-    assert in_fresh_thread(None) is runtime._scratch
+    assert in_fresh_thread(None) is triton_kernels._scratch
 
     def own(size, alignment, stream):
         return torch.empty(size, dtype=torch.int8)

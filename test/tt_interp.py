@@ -743,7 +743,13 @@ class _Program:
 def _bind_args(program, fn, args):
     bound = []
     for i, (value, ty) in enumerate(zip(args, fn.arg_types)):
-        if ty.pointee is not None:
+        if ty.block is not None:
+            # A descriptor made on the host: its tensor's storage (a NumPy array, as for a
+            # pointer) with the tensor's sizes and strides.
+            if not isinstance(getattr(value, "base", None), np.ndarray):
+                raise TypeError(f"argument {i} of @{fn.name} is a tensor descriptor: pass one over a NumPy array")
+            bound.append(_Descriptor(program.add_buffer(value.base), list(value.shape), list(value.strides)))
+        elif ty.pointee is not None:
             if not isinstance(value, np.ndarray):
                 raise TypeError(f"argument {i} of @{fn.name} is !tt.ptr<{ty.pointee}>: pass a NumPy array")
             if not value.flags.c_contiguous:

@@ -25,6 +25,17 @@ MASK_PROGRAM = "attn.mask_program"          # string: JSON mask program that cla
 # Only on tt.func (attn-lower-to-triton):
 KERNEL_ARGS = "attn.kernel_args"            # [string]: "q", "q.stride0", ..., "table0"
 TABLES = "attn.tables"                      # [dense i32]: compile-time tile tables, "table<j>"
+# A tt.func parameter of a TMA descriptor over a whole argument, made on the host per launch
+# (attn-lower-to-triton{host-descriptors}), is labelled descriptor_label(role), and is followed by
+# the tensor's sizes (i32, "<label>.size<d>") and strides (i64, "<label>.stride<d>"), one per
+# dimension, as Triton's launcher takes a host descriptor.
+DESCRIPTOR = "tma"
+
+
+def descriptor_label(role: str) -> str:
+    return f"{role}.{DESCRIPTOR}"
+
+
 # On L0/L1 ops: the tt.dot precision the lowering chose for a contraction.
 PRECISION = "attn.precision"
 

@@ -9,11 +9,13 @@ from .values import PRECISION, Dest, Table, fail, padded_size
 
 
 class Kernel(TensorOps, LinalgOps):
-    def __init__(self, func, aligned: bool, precision: str, descriptors: bool = False, fast_tanh: bool = False):
+    def __init__(self, func, aligned: bool, precision: str, descriptors: bool = False, fast_tanh: bool = False,
+                 host_descriptors: bool = False):
         super().__init__()
         self.func = func
         self.aligned = aligned
         self.descriptors = descriptors
+        self.host_descriptors = host_descriptors
         self.fast_tanh = fast_tanh
         self.precision = PRECISION[precision]
         self.params: list[tuple[str, str, str, str]] = []  # name, type, arg attrs, label

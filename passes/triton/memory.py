@@ -132,6 +132,8 @@ class Memory(TileBuilder):
         """tt.descriptor_load of the tile at the slice's trailing offsets, from a descriptor over
         the argument's trailing two dimensions at its leading offsets, made once per program at
         function level (so Triton's pipeliner sees one descriptor in the loop)."""
+        if self.host_descriptors:
+            return self._host_descriptor_load(sl, padded)
         arg, rank = sl.arg, len(sl.arg.shape)
         lead = sl.offsets[: rank - 2]
         desc_type = f"!tt.tensordesc<{tensor_type(padded, arg.elt)}>"
@@ -151,6 +153,30 @@ class Memory(TileBuilder):
         name = self.em(f'"tt.descriptor_load"({desc.name}, {offsets[0].name}, {offsets[1].name}) : '
                        f"({desc_type}, i32, i32) -> {tensor_type(padded, arg.elt)}")
         return Value(name, padded, arg.elt)
+
+    def _host_descriptor_load(self, sl: Slice, padded: tuple) -> Value:
+        """tt.descriptor_load of the tile at the slice's offsets from a descriptor over the whole
+        argument, a kernel parameter the runtime makes on the host at each launch (abi.descriptor_label),
+        one element deep in the leading dimensions; the block reshaped to the tile (a view).
+        Made on the device, a descriptor costs every program a global write and fences before
+        its first tile."""
+        arg, rank = sl.arg, len(sl.arg.shape)
+        block = (1,) * (rank - 2) + padded
+        desc_type = f"!tt.tensordesc<{tensor_type(block, arg.elt)}>"
+        key = ("host descriptor", arg.label, padded)
+        if key not in self.cache:
+            label = abi.descriptor_label(arg.label)
+            hint = f"{arg.label}_tma{sum(1 for k in self.cache if k[0] == 'host descriptor')}"
+            self.cache[key] = self.add_param(hint, desc_type, label)
+            for kind, ty in (("size", "i32"), ("stride", "i64")):
+                for d in range(rank):
+                    self.add_param(f"{hint}_{kind}{d}", ty, f"{label}.{kind}{d}")
+        desc = self.cache[key]
+        coords = [self.const(o, "i32") if isinstance(o, int) else self.cast_int(o, "i32") for o in sl.offsets]
+        name = self.em(f'"tt.descriptor_load"({desc.name}, {", ".join(c.name for c in coords)}) : '
+                       f"({desc_type}, {', '.join(['i32'] * rank)}) -> {tensor_type(block, arg.elt)}")
+        tile = Value(name, block, arg.elt)
+        return tile if rank == 2 else self.generic("tt.reshape", [tile], padded, arg.elt)
 
     def gather(self, arg: Arg, indices: list[Value], user, inside: list[bool] | None = None) -> Value:
         """arg[indices...] for index values of any (lazily broadcast) shape; out of range reads 0.

@@ -5,6 +5,12 @@
 // RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-lower-to-triton{tensor-descriptors=true})' | FileCheck %s
 // RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-lower-to-triton{tensor-descriptors=true assume-aligned=false})' | FileCheck %s --check-prefix=GENERAL
 // RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-lower-to-triton{tensor-descriptors=true})' --emit=ptx --target=cuda:90 | FileCheck %s --check-prefix=PTX
+// host-descriptors: each descriptor is a kernel parameter over the whole argument (labelled
+// "<role>.tma", then its sizes and strides as Triton's launcher passes them), made on the host per
+// launch; a tile loads at the program's (batch, head, row, column), one element deep in the
+// leading dimensions, and is reshaped to the tile; no descriptor is made in the kernel.
+// RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-lower-to-triton{tensor-descriptors=true host-descriptors=true})' | FileCheck %s --check-prefix=HOST
+// RUN: ae-opt %s --split-input-file --pass-pipeline='builtin.module(attn-lower-to-triton{tensor-descriptors=true host-descriptors=true})' --emit=ptx --target=cuda:90 | FileCheck %s --check-prefix=HOSTPTX
 
 // K tiles of L = 40 in 32-row blocks: rows [32 * i, min(32 * i + 32, 40)), the last one ragged.
 // CHECK-LABEL: "tt.func"
@@ -24,6 +30,21 @@
 // GENERAL: "tt.load"
 // GENERAL: sym_name = "keys"
 // PTX: cp.async.bulk.tensor.2d
+// HOST-LABEL: "tt.func"
+// HOST: ^bb0({{.*}}, %[[QD:[a-z0-9_]+]]: !tt.tensordesc<tensor<1x1x16x32xf32>>, %{{.*}}: i32, %{{.*}}: i32, %{{.*}}: i32, %{{.*}}: i32, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: i64, %[[KD:[a-z0-9_]+]]: !tt.tensordesc<tensor<1x1x32x32xf32>>
+// HOST-NOT: "tt.make_tensor_descriptor"
+// HOST: %[[H:.*]] = "tt.get_program_id"() {axis = 1 : i32}
+// HOST: %[[QB:.*]] = "tt.descriptor_load"(%[[QD]], %{{.*}}, %[[H]], %{{.*}}, %{{.*}}) : (!tt.tensordesc<tensor<1x1x16x32xf32>>, i32, i32, i32, i32) -> tensor<1x1x16x32xf32>
+// HOST: %[[QT:.*]] = "tt.reshape"(%[[QB]]) : (tensor<1x1x16x32xf32>) -> tensor<16x32xf32>
+// HOST: "scf.for"
+// HOST: %[[KB:.*]] = "tt.descriptor_load"(%[[KD]], %{{.*}}, %[[H]], %{{.*}}, %{{.*}}) : (!tt.tensordesc<tensor<1x1x32x32xf32>>, i32, i32, i32, i32) -> tensor<1x1x32x32xf32>
+// HOST: "tt.reshape"(%[[KB]])
+// HOST-NOT: "tt.load"
+// HOST: attn.kernel_args = [{{.*}}"q.tma", "q.tma.size0", "q.tma.size1", "q.tma.size2", "q.tma.size3", "q.tma.stride0", "q.tma.stride1", "q.tma.stride2", "q.tma.stride3", "k.tma",
+// HOST-SAME: sym_name = "keys"
+// HOSTPTX: .param .align 64 .b8 {{.*}}[128]
+// HOSTPTX-NOT: tensormap.replace
+// HOSTPTX: cp.async.bulk.tensor.4d
 func.func @keys(%q: tensor<1x2x16x32xf32>, %k: tensor<1x2x40x32xf32>, %v: tensor<1x2x40x32xf32>, %out: tensor<1x2x16x32xf32>) -> tensor<1x2x16x32xf32> attributes {attn.grid = array<i64: 1, 2, 1>} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index

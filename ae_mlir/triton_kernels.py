@@ -1,0 +1,154 @@
+"""Compiling Triton IR for a target and launching the compiled kernels: Triton's compile and
+launcher as the runtime uses them (the in-memory kernel cache, host-made TMA descriptors, scratch
+memory for device-made ones, a retry with fewer pipeline stages). Needs only torch and triton,
+both imported on first use."""
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+
+from .disk_cache import atomic_write, cache_dir
+from .kernel_args import launcher_positions
+
+def parse_target(text: str):
+    """`cuda:90` or `hip:gfx942` -> triton's GPUTarget."""
+    from triton.backends.compiler import GPUTarget
+
+    backend, _, arch = text.partition(":")
+    if backend == "cuda" and arch.isdigit():
+        return GPUTarget("cuda", int(arch), 32)
+    if backend == "hip" and arch.startswith("gfx"):
+        return GPUTarget("hip", arch, 64)
+    raise ValueError(f"unknown target '{text}' (expected cuda:<sm>, e.g. cuda:90, or hip:<gfx arch>)")
+
+
+_TARGETS: dict = {}
+
+
+def current_target(device=None) -> str:
+    """The target string of `device` (a torch.device), by default the active GPU."""
+    import torch
+
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    target = _TARGETS.get(index)
+    if target is None:
+        from triton.runtime import driver
+
+        with torch.cuda.device(index):
+            t = driver.active.get_current_target()
+        target = _TARGETS[index] = f"{t.backend}:{t.arch}"
+    return target
+
+
+_KERNELS: dict = {}
+_KERNELS_LOCK = threading.Lock()
+
+
+def compile_ttir(ttir: str, target: str, num_warps: int = 4, num_stages: int = 2):
+    """triton.compile the Triton IR text for `target`; compiled kernels are kept in memory here
+    and Triton's own cache keeps the binaries on disk."""
+    import triton
+
+    digest = hashlib.sha256(ttir.encode()).hexdigest()
+    key = (digest, target, num_warps, num_stages)
+    with _KERNELS_LOCK:
+        if key in _KERNELS:
+            return _KERNELS[key]
+    path = cache_dir() / "ttir" / f"{digest}.ttir"
+    if not path.exists():
+        atomic_write(path, ttir)
+    kernel = triton.compile(str(path), target=parse_target(target),
+                            options={"num_warps": num_warps, "num_stages": num_stages})
+    _host_descriptor_signature(kernel)
+    with _KERNELS_LOCK:
+        _KERNELS[key] = kernel
+    return kernel
+
+
+def _host_descriptor_signature(kernel) -> None:
+    """Triton's launcher knows a host descriptor by the Python frontend's signature entry,
+    "tensordesc<dtype[block]>", which stands for the descriptor and the sizes and strides that
+    follow it; a Triton IR source lists all of them. Rewrite the source's signature that way (the
+    launcher is made from it on the first launch), so the launcher encodes each descriptor from a
+    HostDescriptor (kernel_args.launcher_positions gives the arguments it takes)."""
+    signature = kernel.src.signature
+    if not any(str(t).startswith("!tt.tensordesc") for t in signature.values()):
+        return
+    collapsed, skip = {}, 0
+    for i in sorted(signature):
+        if skip:
+            skip -= 1
+            continue
+        m = re.fullmatch(r"!tt\.tensordesc<tensor<((?:\d+x)+)(\w+)>>", str(signature[i]))
+        if m is None:
+            collapsed[len(collapsed)] = signature[i]
+            continue
+        block = [int(n) for n in m.group(1).split("x") if n]
+        collapsed[len(collapsed)] = f"tensordesc<{m.group(2)}[{', '.join(map(str, block))}]>"
+        skip = 2 * len(block)
+    kernel.src.signature = collapsed
+
+
+def _out_of_resources():
+    from triton.runtime.errors import OutOfResources
+
+    return OutOfResources
+
+
+def _fewer_stages(variant, target: str, launched, err):
+    """The kernel recompiled with fewer pipeline stages: gathers from closure tensors add shared
+    memory the fixed per-head-dim configuration did not plan for (found on an H200 with the T5
+    bucketed bias: 256 KiB wanted, 227 KiB available)."""
+    for stages in range(launched.num_stages - 1, 0, -1):
+        kernel = compile_ttir(variant.ttir, target, launched.num_warps, stages)
+        try:
+            kernel._init_handles()
+        except _out_of_resources():
+            continue
+        return kernel
+    raise err
+
+
+
+_LAUNCHABLE: dict = {}
+
+
+def _scratch(size: int, alignment: int, stream):
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_scratch_allocator() -> None:
+    """A kernel that makes TMA descriptors on the device writes them to global scratch memory,
+    which Triton's launcher asks the allocator set in the launching thread's context for
+    (autograd runs the backward on threads of its own, whose context starts with none). Where
+    none is set, torch's caching allocator serves it (CUDA-graph capture included); an allocator
+    the caller set is left alone. Triton keeps the current one in a private ContextVar."""
+    import triton
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)
+
+
+def launch_one(kernel, variant, target: str, args: list) -> None:
+    """Launch one kernel (a Bundle or a Stage) with its compile options."""
+    # Hashing the Triton IR on every call would cost more than a short kernel runs.
+    entry = _LAUNCHABLE.get((id(variant), target))
+    if entry is None or entry[0] is not variant:
+        entry = (variant, compile_ttir(variant.ttir, target, kernel.num_warps, kernel.num_stages))
+        _LAUNCHABLE[id(variant), target] = entry
+    compiled = entry[1]
+    if getattr(compiled.metadata, "global_scratch_size", 0):
+        _ensure_scratch_allocator()
+    positions = launcher_positions(variant)
+    if positions is not None:
+        args = [args[i] for i in positions]
+    try:
+        compiled[tuple(kernel.grid)](*args)
+    except _out_of_resources() as err:
+        compiled = _fewer_stages(variant, target, kernel, err)
+        _LAUNCHABLE[id(variant), target] = (variant, compiled)
+        compiled[tuple(kernel.grid)](*args)
