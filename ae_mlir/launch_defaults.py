@@ -39,8 +39,8 @@ _CUDA_16BIT_NARROW_256 = (128, 64, 8, 3)
 # 444 against 385 / 453. D = 64 and MI300 keep their tiles (not measured); past 128, see above.
 # Plain softmax attention (no score_mod or mask) over long sequences on sm90, 16-bit, D = 128:
 # 128x128 tiles on 8 warps loaded through TMA descriptors (measured made per program on the
-# device, which its long KV loop repaid; made on the host since, HOST_TMA_HEAD_DIMS). On an H200 (bf16, B*L = 16384, H 16, three alternating rounds,
-# bench/results/h200-attention-configs-2026-12-04-long.json and -12-03-catalogue.json) full
+# device, which its long KV loop repaid; made on the host since, HOST_TMA_HEAD_DIMS). On an H200
+# (bf16, B*L = 16384, H 16, three alternating rounds, bench/results/h200-attention-configs-2026-12-04-long.json and -12-03-catalogue.json) full
 # attention ran 452 / 481 / 491 / 507 TFLOP/s at L 2048 / 4096 / 8192 / 16384 against 442 / 469 /
 # 462 / 469 at the 128x64 tiles; with a mask or a score_mod they lost (causal 369 against 414 at
 # L 4096, ALiBi 347 against 377, the relative-bias table 226 against 327). At D = 64 the same tiles

@@ -160,7 +160,7 @@ class PresetOptions:
     assume_aligned: bool = True    # attn-lower-to-triton: the aligned variant
     input_precision: Literal["ieee", "tf32", "tf32x3"] = "ieee"   # attn-lower-to-triton
     tensor_descriptors: bool = False  # attn-lower-to-triton: TMA tile loads (see has_tma)
-    host_descriptors: bool = False  # attn-lower-to-triton: their descriptors made on the host (see HOST_TMA)
+    host_descriptors: bool = False  # attn-lower-to-triton: their descriptors made on the host (see host_tma)
     fast_tanh: bool = False        # attn-lower-to-triton: tanh.approx.f32 (see FAST_TANH)
     unit_inner_stride: bool = True  # attn-lower-to-cpu
     vector_bits: int = 512         # attn-lower-to-cpu: register tiles for the host's vector width

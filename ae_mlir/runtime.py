@@ -215,7 +215,7 @@ class BundleCache:
 CACHE = BundleCache()
 
 
-# --- compiling and launching --------------------------------------------------------------------
+# --- binding tensors and launching (compiling the Triton IR: triton_kernels) -------------------
 
 
 def torch_dtype(name: str):
