@@ -103,8 +103,8 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         found, default = _softmax_candidates(problem, target)
     kept = _unique([{}] + [c for c in found if any(default.get(k) != v for k, v in c.items())])
     if target != "host" and not problem.linear and launch_defaults.has_tma(target):
-        # TMA tile loads won or lost 2-11% by shape and config on an H200 (launch_defaults.has_tma), so
-        # every candidate is tried the other way too (the default takes them for plain attention).
+        # TMA tile loads won or lost 2-11% by shape and config on an H200 (launch_defaults.has_tma,
+        # host_tma), so every candidate is tried the other way too.
         other = not default.get("tensor_descriptors", False)
         kept += [dict(c, tensor_descriptors=other) for c in kept]
     return kept
@@ -175,6 +175,8 @@ def _softmax_candidates(problem: Problem, target: str) -> tuple[list[dict], dict
     default = launch_defaults.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
                                      problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles,
                                      plain=problem.plain)
+    if launch_defaults.host_tma(target, problem.dtype, problem.dk, problem.dv, problem.lq, problem.position_gathers):
+        default = dict(default, tensor_descriptors=True)
     return found, default
 
 

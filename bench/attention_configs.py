@@ -10,8 +10,9 @@ code-generation choices, beside SDPA's cuDNN and flash backends (full and causal
 16384, H = 16, bf16); a choice named `...+ws` also marks the KV loops of the Triton IR
 `tt.warp_specialize`, which Triton 3.6 hands to its Hopper warp-specialization pass. That edit
 is an experiment to decide what the lowering should emit, not something ae-mlir does.
-"default" is the preset's config (tiles through pointers), "tma..." load tiles through TMA tensor
-descriptors (`tensor_descriptors`).
+"default" is the preset's config, "tma..." load tiles through TMA tensor descriptors
+(`tensor_descriptors`; made on the host where the preset makes them so, `host_descriptors`), the
+others through pointers.
 `run` times every bundle with `triton.testing.do_bench` (median; warmup 25 ms, rep 100 ms) on
 fresh random inputs, each case's choices in turn for `--rounds` rounds (so that drift over the
 run falls on every choice alike), and writes attention-configs.json: the median TFLOP/s of each
@@ -35,10 +36,12 @@ sys.path.insert(0, HERE)
 import suite  # noqa: E402
 
 # (name, config overrides or None for ae-mlir's default, warp-specialize the KV loops).
-_M128N64W4S3 = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3}
-_M128N128W8S3 = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3}
-_M64N64W4S3 = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
-_M64N128W4S3 = {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 3}
+# A tile choice without "tma" loads through pointers, whatever the preset's default.
+_POINTERS = {"tensor_descriptors": False}
+_M128N64W4S3 = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3, **_POINTERS}
+_M128N128W8S3 = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, **_POINTERS}
+_M64N64W4S3 = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3, **_POINTERS}
+_M64N128W4S3 = {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 3, **_POINTERS}
 CHOICES = {
     "default": (None, False),
     "tma": ({"tensor_descriptors": True}, False),
@@ -49,7 +52,7 @@ CHOICES = {
     "m64n64w4s3": (_M64N64W4S3, False),
     "m64n128w4s3": (_M64N128W4S3, False),
     "m64n64w4s3+ws": (_M64N64W4S3, True),
-    "m64n32w4s3": ({"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 3}, False),
+    "m64n32w4s3": ({"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 3, **_POINTERS}, False),
 }
 # Any other tile choice by name: [tma-]m<block_m>n<block_n>w<num_warps>s<num_stages>[+ws].
 _TILES = re.compile(r"(tma-)?m(\d+)n(\d+)w(\d+)s(\d+)(\+ws)?$")
@@ -64,7 +67,7 @@ def choice(name: str) -> tuple | None:
         return None
     tma, m, n, w, s, ws = found.groups()
     config = {"block_m": int(m), "block_n": int(n), "num_warps": int(w), "num_stages": int(s)}
-    return (dict(config, tensor_descriptors=True) if tma else config), bool(ws)
+    return dict(config, tensor_descriptors=bool(tma)), bool(ws)
 
 
 # Peers that compute the same attention as these catalogue entries.
