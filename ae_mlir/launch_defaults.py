@@ -331,8 +331,9 @@ WHOLE_TILES = {"cpu": True, "triton": False}
 # so they keep pointer loads. At D 64 (-host-descriptors-d64.json) full attention 7.0 / 3.9%
 # faster (at L 8192 against device-made descriptors), causal 4.0 / 4.4%, ALiBi 3.1 / 2.7%, GQA
 # 3.7 / 5.0%, the sliding window 4.3 / 2.2%, soft-capping 2.5 / 2.1%. The backward's kernels ran
-# 11-34% slower through them (h200-backward-2026-12-04-host-descriptors.json), so they keep
-# pointer loads; head dims past 128, decoding shapes and linear attention are not measured.
+# 11-34% slower through them (h200-backward-2026-12-04-host-descriptors.json), and D 256 forward
+# 15-19% slower (full, causal, ALiBi, soft-capping, -d256.json), so those keep pointer loads;
+# decoding shapes and linear attention are not measured.
 # Packed sequences' tiles (rows up to a sequence's end) load through pointers either way.
 HOST_TMA_HEAD_DIMS = (64, 128)
 
