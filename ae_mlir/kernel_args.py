@@ -122,11 +122,15 @@ class HostDescriptor(NamedTuple):
 
 
 def descriptor_strides(t) -> tuple:
-    """t's strides as a descriptor takes them: a dimension of size 1 (which the aligned variant
-    does not check, as no offset moves along it) gets 16 elements, which TMA's rule (every stride
-    but the last a multiple of 16 bytes) accepts."""
-    return tuple(16 if size == 1 and d < t.dim() - 1 else stride
-                 for d, (size, stride) in enumerate(zip(t.shape, t.stride())))
+    """t's strides as a descriptor takes them. A dimension of size 1, whose stride no offset
+    moves along (the aligned variant does not check it), gets the extent of the dimensions inside
+    it, as a contiguous tensor has: TMA wants every stride but the last a multiple of 16 bytes,
+    which the aligned variant's other strides are (in 16 elements)."""
+    strides = list(t.stride())
+    for d in range(t.dim() - 2, -1, -1):
+        if t.shape[d] == 1:
+            strides[d] = max(strides[i] * t.shape[i] for i in range(d + 1, t.dim()))
+    return tuple(strides)
 
 
 def host_descriptor(t) -> HostDescriptor:

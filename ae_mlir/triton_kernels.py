@@ -11,6 +11,7 @@ import threading
 from .disk_cache import atomic_write, cache_dir
 from .kernel_args import launcher_positions
 
+
 def parse_target(text: str):
     """`cuda:90` or `hip:gfx942` -> triton's GPUTarget."""
     from triton.backends.compiler import GPUTarget
@@ -108,7 +109,6 @@ def _fewer_stages(variant, target: str, launched, err):
             continue
         return kernel
     raise err
-
 
 
 _LAUNCHABLE: dict = {}

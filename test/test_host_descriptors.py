@@ -86,8 +86,8 @@ def _problem(attn, q, k, v):
 
 def test_kernel_arguments_of_a_host_descriptor():
     """The argument list follows the tt.func's parameters (a HostDescriptor, then the sizes and
-    strides, a dimension of size 1 given a 16-element stride); Triton's launcher takes the
-    descriptors alone (it passes their sizes and strides on itself)."""
+    strides, a dimension of size 1 given the extent inside it, as a contiguous tensor has it);
+    Triton's launcher takes the descriptors alone (it passes their sizes and strides on itself)."""
     attn = ae.attention(mask_mod=causal)
     q, k, v = (torch.randn(1, 2, 256, 128).to(torch.bfloat16) for _ in range(3))
     bundle, _ = _bundle(attn, q, k, v)
@@ -97,12 +97,17 @@ def test_kernel_arguments_of_a_host_descriptor():
     at = variant.args.index("k.tma")
     desc = values[at]
     assert isinstance(desc, kernel_args.HostDescriptor) and desc.base is tensors["k"]
-    assert desc.shape == (1, 2, 256, 128) and desc.strides == (16, 256 * 128, 128, 1)
-    assert values[at + 1: at + 9] == [1, 2, 256, 128, 16, 256 * 128, 128, 1]
+    assert desc.shape == (1, 2, 256, 128) and desc.strides == (2 * 256 * 128, 256 * 128, 128, 1)
+    assert values[at + 1: at + 9] == [1, 2, 256, 128, 2 * 256 * 128, 256 * 128, 128, 1]
+    # A view whose batch of one has any stride, and a [B, L, H, D] tensor seen as [B, H, L, D].
+    odd = torch.randn(2, 2, 256, 128).to(torch.bfloat16)[:1].as_strided((1, 2, 256, 128), (7, 256 * 128, 128, 1))
+    assert kernel_args.descriptor_strides(odd) == (2 * 256 * 128, 256 * 128, 128, 1)
+    blhd = torch.randn(1, 256, 2, 128).transpose(1, 2)
+    assert kernel_args.descriptor_strides(blhd) == (256 * 2 * 128, 128, 2 * 128, 1)
     positions = kernel_args.launcher_positions(variant)
     kept = [variant.args[i] for i in positions]
     assert "k.tma" in kept and not any(".tma." in label for label in kept)
-    assert len(kept) == len(variant.args) - 8 * kept.count("k.tma") * 3
+    assert len(kept) == len(variant.args) - 3 * 8  # q, k and v's descriptors, 4 sizes and 4 strides each
     plan = runtime.launch_plan(bundle, tensors, "cpu", lambda kernel: [])
     made = plan[-1].arguments(tensors)[at]
     assert isinstance(made, kernel_args.HostDescriptor) and made.base is tensors["k"]
