@@ -36,12 +36,14 @@ def _check(attn, q, k, v, **call):
     torch.testing.assert_close(out.double(), want, **TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("length", [150, 256])
 @pytest.mark.parametrize("mask", [None, causal], ids=["full", "causal"])
-def test_default_bundles_read_through_host_descriptors(length, mask):
+def test_default_bundles_read_through_host_descriptors(length, mask, dtype):
     torch.manual_seed(length)
     attn = ae.attention(mask_mod=mask)
-    q, k, v = (torch.randn(1, 2, length, 128).to(torch.bfloat16) for _ in range(3))
+    dim = 64 if dtype == torch.float16 else 128
+    q, k, v = (torch.randn(1, 2, length, dim).to(dtype) for _ in range(3))
     _check(attn, q, k, v)
 
 
