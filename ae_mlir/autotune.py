@@ -36,7 +36,7 @@ from pathlib import Path
 from . import launch_defaults, progress
 from .disk_cache import atomic_write, cache_dir
 from .launch_defaults import _pow2
-from .presets import Problem
+from .presets import Problem, takes_host_tma
 
 # Candidates by head dim (padded to a power of two) for 16-bit inputs on CUDA, as overrides of
 # (block_m, block_n, num_warps, num_stages); the preset's default is always tried first. They
@@ -175,7 +175,7 @@ def _softmax_candidates(problem: Problem, target: str) -> tuple[list[dict], dict
     default = launch_defaults.default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
                                      problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles,
                                      plain=problem.plain)
-    if launch_defaults.host_tma(target, problem.dtype, problem.dk, problem.dv, problem.lq, problem.position_gathers):
+    if takes_host_tma(problem, target):
         default = dict(default, tensor_descriptors=True)
     return found, default
 

@@ -227,7 +227,7 @@ class KernelLaunch(NamedTuple):
     variant: object
     template: list
     slots: tuple  # (position, role) of each tensor argument
-    descriptors: tuple = ()  # (position, role) of each host descriptor
+    descriptors: tuple = ()  # (position, role) of each host descriptor (its base filled per call)
 
     def arguments(self, tensors: dict) -> list:
         """The argument list of a call on `tensors` (by role)."""
@@ -235,7 +235,7 @@ class KernelLaunch(NamedTuple):
         for i, role in self.slots:
             args[i] = tensors[role]
         for i, role in self.descriptors:
-            args[i] = host_descriptor(tensors[role])
+            args[i] = args[i]._replace(base=tensors[role])
         return args
 
 
@@ -262,8 +262,12 @@ def launch_plan(bundle, tensors: dict, device, tables_of) -> list[KernelLaunch]:
             slots = tuple((i, key) for i, (kind, key, _) in enumerate(_argument_plan(variant)) if kind == _TENSOR)
             descriptors = tuple((i, key) for i, (kind, key, _) in enumerate(_argument_plan(variant))
                                 if kind == _DESCRIPTOR)
-            for i, _ in slots + descriptors:
-                values[i] = None  # not this call's tensors: the plan outlives them
+            # Not this call's tensors: the plan outlives them (a descriptor keeps the layout's
+            # shape and strides and takes its base per call).
+            for i, _ in slots:
+                values[i] = None
+            for i, _ in descriptors:
+                values[i] = values[i]._replace(base=None)
             plan.append(KernelLaunch(kernel, variant, values, slots, descriptors))
         plans[layout] = plan
     return plan

@@ -117,6 +117,13 @@ def read_problem(module) -> Problem | None:
     return None
 
 
+def takes_host_tma(problem: Problem, target: str) -> bool:
+    """Whether the forward kernels of `problem` load through host-made TMA descriptors by default
+    (launch_defaults.host_tma)."""
+    return not problem.linear and host_tma(target, problem.dtype, problem.dk, problem.dv, problem.lq,
+                                           problem.position_gathers)
+
+
 def _reads_by_position(region) -> bool:
     """Whether a score_mod region reads a tensor (tensor.extract) at an index computed from the
     query or key position (its block arguments 3 and 4)."""
@@ -250,8 +257,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if problem is not None and preset == "triton":
         values["fast_tanh"] = (FAST_TANH and has_fast_tanh(target) and not problem.linear
                                and problem.dtype in ("bf16", "f16"))
-        if not problem.linear and not typed.get("backward") and host_tma(
-                target, problem.dtype, problem.dk, problem.dv, problem.lq, problem.position_gathers):
+        if not typed.get("backward") and takes_host_tma(problem, target):
             values.update(tensor_descriptors=True, host_descriptors=True)
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, host_vector_bits

@@ -19,8 +19,8 @@ def causal(b, h, i, j):
     return i >= j
 
 
-def _bundle(attn, q, k, v, **sequences):
-    bundle = tb.compile_bundle(attn, q, k, v, target="cuda:90", **sequences)
+def _bundle(attn, q, k, v):
+    bundle = tb.compile_bundle(attn, q, k, v, target="cuda:90")
     ttir = bundle.variants["aligned"].ttir
     return bundle, ttir
 
