@@ -51,6 +51,7 @@ _REGISTRY: dict[str, str] = {
     "attn-cpu-pin-unit-inner-stride": "cpu_unit_inner_stride:PinUnitInnerStride",
     "attn-cpu-lower-vectors": "cpu_lower_vectors:LowerVectors",
     "attn-cpu-legalize-for-llvm": "cpu_legalize_for_llvm:LegalizeForLlvm",
+    "attn-cpu-claim-programs": "cpu_claim_programs:ClaimPrograms",
     "attn-cpu-define-bf16-truncation": "cpu_bf16_truncation:DefineBf16Truncation",
     "attn-cpu-no-avx512-bf16": "cpu_target_features:NoAvx512Bf16",
     "attn-lower-to-triton": "lower_to_triton:LowerToTriton",

@@ -14,7 +14,9 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
    returns nothing. With `unit-inner-stride`, `attn-cpu-pin-unit-inner-stride`.
 4. `attn-cpu-lower-vectors`: accumulators in registers, contractions as outer products,
    transfers as 1-D loads and stores. Buffers leave the loops and get their deallocations
-   (`LOOPS_PIPELINE`); `attn-cpu-legalize-for-llvm` readies the IR for the LLVM conversion.
+   (`LOOPS_PIPELINE`); `attn-cpu-legalize-for-llvm` readies the IR for the LLVM conversion, and
+   `attn-cpu-claim-programs` adds each kernel's claiming entry (threads take its programs from a
+   shared counter).
 5. Upstream conversions to the llvm dialect (`LLVM_PIPELINE`),
    `attn-cpu-define-bf16-truncation` and, with `no-avx512-bf16`, `attn-cpu-no-avx512-bf16`; the kernel carries
    `llvm.emit_c_interface`, so a C caller passes one memref descriptor per array, then the
@@ -25,7 +27,7 @@ Hand-written, because no upstream pass or transform op does it (each says why): 
 `mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers` and `store_padded_rows`
 (cpu_lower_vectors), `lower_scatter` (cpu_lower_scatter), `align_vector_views`, `expand_erf`,
 `expand_expm1`, `expand_exponentials` and `flatten_math_vectors` (cpu_legalize_for_llvm),
-`define_bf16_truncation`, and `attn-cpu-no-avx512-bf16`.
+`define_bf16_truncation`, `attn-cpu-no-avx512-bf16` and `attn-cpu-claim-programs`.
 """
 from __future__ import annotations
 
@@ -108,6 +110,7 @@ class LowerToCpu(PassPipeline):
             "attn-cpu-lower-vectors",
             *LOOPS_PIPELINE,
             "attn-cpu-legalize-for-llvm",
+            "attn-cpu-claim-programs",
             *LLVM_PIPELINE,
             "attn-cpu-define-bf16-truncation",
             *(["attn-cpu-no-avx512-bf16"] if self.no_avx512_bf16 else []),

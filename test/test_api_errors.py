@@ -94,6 +94,30 @@ def test_mod_returning_wrong_type_is_named():
 # --- devices -----------------------------------------------------------------------------------
 
 
+def test_checks_still_run_after_a_call_that_passed():
+    # A call's checks are skipped for tensors like ones that passed (their shapes, dtypes and
+    # devices); anything else, and every other backend argument, is checked as on a first call.
+    attn = ae.attention()
+    q = _t(1, 2, 4, 8)
+    attn(q, q, q)
+    attn(q, q, q)
+    with pytest.raises(ValueError, match="q and k must have the same head dim"):
+        attn(q, _t(1, 2, 4, 6), _t(1, 2, 4, 6))
+    with pytest.raises(ValueError, match="q and k must have the same dtype"):
+        attn(q, q.half(), q.half())
+    with pytest.raises(ValueError, match="q must be float16, bfloat16 or float32 for backend='cpu'"):
+        attn(q.double(), q.double(), q.double())
+    with pytest.raises(ValueError, match=r"backend='triton' runs on CUDA/ROCm tensors"):
+        attn(q, q, q, backend="triton")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        attn(q, q, q, backend=["cpu"])
+    with pytest.raises(ValueError, match="q and k must have the same device"):
+        attn(q, torch.empty(1, 2, 4, 8, device="meta"), q)
+    # A subclass (a Parameter) is checked every time, and runs.
+    weight = torch.nn.Parameter(q.clone(), requires_grad=False)
+    torch.testing.assert_close(attn(weight, q, q), attn(q, q, q))
+
+
 def test_triton_backend_on_cpu_tensors_says_what_to_do():
     q = _t(1, 2, 4, 8)
     with pytest.raises(ValueError, match=r"backend='triton' runs on CUDA/ROCm tensors.*'cpu'.*backend='cpu'"):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir.backends import cpu
+from ae_mlir.backends import cpu, cpu_launch
 from inputs import qkv as shared_qkv
 from inputs import rand
 
@@ -378,7 +378,7 @@ def test_exponentials_are_accurate_to_a_few_ulp():
     engine = ExecutionEngine(module, opt_level=3)
     entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("_mlir_ciface_exps"))
     e, e2 = torch.empty_like(x), torch.empty_like(x)
-    cpu._Launch(entry, [x, e, e2], programs=1)(0, 1)  # the range of programs to run: its one program
+    cpu_launch.RangeLaunch(entry, [x, e, e2], programs=1)(0, 1)  # the range of programs to run: its one program
     for got, want in ((e, torch.exp(x.double())), (e2, torch.exp2(x.double()))):
         want32 = want.float()
         assert torch.equal(torch.isnan(got), torch.isnan(want32))

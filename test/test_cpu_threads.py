@@ -1,9 +1,11 @@
 """The CPU backend on several threads (`ae_mlir.backends.cpu_threads`): a kernel runs a range of
-its programs per call, the calls on disjoint ranges run in parallel, and the outputs are
-bit-identical whatever the thread count (`AE_MLIR_CPU_THREADS`), since each program computes its
-own slices of the outputs alone."""
+its programs per call, or claims them from a shared counter through its claiming entry; the
+threads run in parallel, and the outputs are bit-identical whatever the thread count
+(`AE_MLIR_CPU_THREADS`), since each program computes its own slices of the outputs alone."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import random
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir.backends import cpu, cpu_cache, cpu_threads
+from ae_mlir.backends import cpu, cpu_cache, cpu_launch, cpu_threads
 from inputs import qkv, rand
 
 THREADS = cpu_threads.THREADS_ENV
@@ -220,8 +222,79 @@ def test_programs_run_alone_in_any_order(monkeypatch):
             call(p, p + 1)
 
     monkeypatch.setattr(cpu_threads, "run", one_at_a_time)
+    monkeypatch.setattr(cpu.compile_module(attn.mlir(q, k, v)), "_claiming", None)  # ranges, not claims
     alone = attn(q, k, v, return_lse=True, backend="cpu")
     assert all(torch.equal(a, b) for a, b in zip(whole, alone))
+
+
+class _IdlePool:
+    """Pool threads that never start the jobs handed to them, then start them late (`late()`)."""
+
+    def __init__(self):
+        self.jobs = []
+
+    @contextlib.contextmanager
+    def get(self, workers):
+        yield [self] * workers
+
+    def submit(self, run, wait=False):
+        assert not wait
+        self.jobs.append(run)
+
+    def late(self):
+        for run in self.jobs:
+            run()
+
+
+def test_a_pool_thread_that_never_starts_is_not_waited_for(monkeypatch):
+    # The calling thread claims every program the pool threads leave; one that starts after the
+    # call returned finds nothing to claim and writes nothing.
+    attn, (q, k, v) = ATTENTION_CASES["causal"]()
+    monkeypatch.setenv(THREADS, "1")
+    alone = attn(q, k, v, return_lse=True, backend="cpu")
+    monkeypatch.setenv(THREADS, "3")
+    idle = _IdlePool()
+    monkeypatch.setattr(cpu_threads, "_POOL", idle)
+    got = attn(q, k, v, return_lse=True, backend="cpu")
+    assert len(idle.jobs) == 2 and all(torch.equal(a, b) for a, b in zip(got, alone))
+    copies = [t.clone() for t in got]
+    idle.late()
+    assert all(torch.equal(a, b) for a, b in zip(got, copies))
+
+
+def test_a_pool_thread_that_starts_late_keeps_the_kernel_it_calls(tmp_path, monkeypatch):
+    # The kernel's JIT-compiled code (no C compiler: no shared object) must stay mapped until a
+    # pool thread that starts after the call has returned from it, though the caller dropped the
+    # kernel in between.
+    monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_cache, "_compiler", lambda: None)
+    cpu.clear_memory_cache()
+    q, k, v = qkv(b=1, h=2, lq=70, dk=16, seed=13)
+    monkeypatch.setenv(THREADS, "2")
+    idle = _IdlePool()
+    monkeypatch.setattr(cpu_threads, "_POOL", idle)
+    got = ae.attention(mask_mod=causal)(q, k, v, backend="cpu")
+    cpu.clear_memory_cache()
+    gc.collect()
+    idle.late()
+    torch.testing.assert_close(got, ae.attention(mask_mod=causal)(q, k, v, backend="reference").float(),
+                               atol=2e-5, rtol=2e-5)
+
+
+def test_claims_cover_every_program_once_at_any_chunk(monkeypatch):
+    # The claiming entry on its own, on one thread, at chunks of 1 to past the grid's size (the
+    # runtime's 0 is taken as 1): the outputs of one call over the whole range.
+    attn, (q, k, v) = ATTENTION_CASES["causal"]()
+    monkeypatch.setenv(THREADS, "1")
+    kernel = cpu.compile_module(attn.mlir(q, k, v))
+    want = kernel([q, k, v])
+    for chunk in (0, 1, 5, 18, 40):
+        outputs = [torch.full(spec.shape, float("nan")) for spec in kernel.outputs]
+        layouts = [(spec.shape, t.stride()) for spec, t in zip(kernel.inputs + kernel.outputs, [q, k, v, *outputs])]
+        launch = cpu_launch.ClaimingLaunch(kernel._claiming, [q, k, v, *outputs], layouts, kernel.programs)
+        launch(chunk)
+        assert all(torch.equal(a, b) for a, b in zip(outputs, want)), chunk
+        assert list(launch.counters)[1:] == [1, 1]
 
 
 class _NoPool:
@@ -265,8 +338,8 @@ def test_a_second_process_runs_the_cached_kernel_on_threads(tmp_path):
     assert compiled[0] == "True"
     (record,) = (tmp_path / "cpu").glob("*.json")
     doc = json.loads(record.read_text())
-    assert doc["format"] == cpu_cache.FORMAT_VERSION == 2
-    assert doc["kernel"]["programs"] == 2 * 3 * 3
+    assert doc["format"] == cpu_cache.FORMAT_VERSION == 3
+    assert doc["kernel"]["programs"] == 2 * 3 * 3 and doc["kernel"]["claiming"] == "attention_claiming"
     for threads in ("2", "3"):
         assert run(threads) == ["False", compiled[1]]
 

@@ -8,11 +8,10 @@ Compiled kernels are cached in memory and on disk (`cpu_cache`: the JIT's code l
 shared object, loaded with ctypes), so a later process calls a kernel without MLIR or a compile.
 A compile that runs long says so, stage by stage (`ae_mlir.progress`).
 
-Tensors are handed to the kernel in place: each becomes a ranked memref descriptor (ctypes) over
-its own storage, with its sizes, strides and storage offset, so any strided layout runs without a
-copy. The outputs are allocated here with torch and passed as the kernel's destination arguments.
-The kernel's last two arguments are a range of its programs; `cpu_threads` calls it with disjoint
-ranges on several threads.
+Tensors are handed to the kernel in place (`cpu_launch`). The outputs are allocated here with
+torch and passed as the kernel's destination arguments. The kernel's last two arguments are a
+range of its programs, and its claiming entry takes programs from a shared counter: `cpu_threads`
+runs either on several threads.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from .. import progress
 from ..core import abi
 from ..core.context import CompileError
-from . import cpu_cache, cpu_threads
+from . import cpu_cache, cpu_launch, cpu_threads
 
 _TORCH_DTYPES = {
     "f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
@@ -52,25 +51,6 @@ class _ArgSpec:
     @classmethod
     def from_dict(cls, d: dict) -> _ArgSpec:
         return cls(tuple(int(n) for n in d["shape"]), str(d["elt"]))
-
-
-_WORD = ctypes.c_int64
-
-
-def _descriptors(tensors: list) -> tuple[ctypes.Array, list[int]]:
-    """The ranked memref descriptors of `tensors` (two base pointers, an offset, the sizes and
-    the strides, in elements) in one block of 64-bit words, and each descriptor's address. The
-    base pointer is the tensor's first element and the offset 0, which addresses the same
-    elements as its storage and storage offset would; one block per call keeps the ctypes work
-    of a call small (it is part of what a short CPU kernel call costs)."""
-    words, starts = [], []
-    for t in tensors:
-        starts.append(len(words))
-        base = t.data_ptr()
-        words += (base, base, 0, *t.shape, *t.stride())
-    block = (_WORD * len(words))(*words)
-    origin = ctypes.addressof(block)
-    return block, [origin + 8 * start for start in starts]
 
 
 @dataclass
@@ -177,7 +157,7 @@ class CompiledKernel:
     """A compiled kernel (JIT-built, or loaded from the disk cache) and the argument types it
     was compiled for."""
 
-    def __init__(self, record: dict, address: int, owner):
+    def __init__(self, record: dict, address: int, owner, claiming: int | None = None):
         self.name = record["name"]
         self.inputs = [_ArgSpec.from_dict(d) for d in record["inputs"]]
         self.outputs = [_ArgSpec.from_dict(d) for d in record["outputs"]]
@@ -188,18 +168,30 @@ class CompiledKernel:
         self.accumulated = {int(i): role for i, role in record.get("accumulated", {}).items()}
         self._owner = owner  # the JIT engine or the loaded library: keeps the code mapped
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+        # The entry through which threads claim programs (`attn-cpu-claim-programs`).
+        self._claiming = None if claiming is None else ctypes.CFUNCTYPE(None, ctypes.c_void_p)(claiming)
         # What a call checks its tensors against and allocates, made on the first call (torch is
         # imported late: building a kernel needs no torch).
         self._expected: list | None = None
         self._results: list | None = None
+        self._output_strides: list | None = None
+        self.output_dtypes: list | None = None  # the outputs' torch dtypes
+
+    def _prepare_call(self) -> None:
+        import torch
+
+        self._expected = [(spec.shape, spec.torch_dtype()) for spec in self.inputs]
+        self._results = [((torch.zeros if i in self.accumulated else torch.empty), spec.shape, spec.torch_dtype())
+                         for i, spec in enumerate(self.outputs)]
+        self._output_strides = [cpu_launch.contiguous_strides(spec.shape) for spec in self.outputs]
+        self.output_dtypes = [dtype for _, _, dtype in self._results]
 
     def __call__(self, inputs: list) -> list:
+        """Run the kernel on `inputs` after checking each against the types it was compiled for."""
         import torch
 
         if self._expected is None:
-            self._expected = [(spec.shape, spec.torch_dtype()) for spec in self.inputs]
-            self._results = [((torch.zeros if i in self.accumulated else torch.empty), spec.shape, spec.torch_dtype())
-                             for i, spec in enumerate(self.outputs)]
+            self._prepare_call()
         if len(inputs) != len(self.inputs):
             raise ValueError(f"the kernel takes {len(self.inputs)} tensors, got {len(inputs)}")
         for i, (t, (shape, dtype)) in enumerate(zip(inputs, self._expected)):
@@ -211,66 +203,28 @@ class CompiledKernel:
             if self.unit_inner_stride and not _unit_inner_stride(t):
                 raise ValueError(f"argument {i} of the CPU kernel needs unit stride in its last dimension "
                                  "(this kernel was compiled with unit-inner-stride)")
+        return self.run_unchecked(inputs)
+
+    def run_unchecked(self, inputs: list) -> list:
+        """Run the kernel on `inputs` that its caller made match the types it was compiled for
+        (the module it compiled was written from them; wrong shapes would be read out of bounds). Each torch call costs a call from Python
+        several microseconds, more right after a kernel has swept the caches: this path makes the
+        fewest (the inputs' strides and addresses, the outputs' allocation)."""
+        if self._expected is None:
+            self._prepare_call()
         outputs = [make(shape, dtype=dtype) for make, shape, dtype in self._results]
-        launch = _Launch(self._entry, list(inputs) + outputs, [len(inputs) + i for i in self.accumulated],
-                         self.programs)
+        layouts = [(spec.shape, t.stride()) for spec, t in zip(self.inputs, inputs)] + [
+            (spec.shape, strides) for spec, strides in zip(self.outputs, self._output_strides)]
+        tensors = list(inputs) + outputs
+        if self._claiming is not None and not self.accumulated:
+            launch = cpu_launch.ClaimingLaunch(self._claiming, tensors, layouts, self.programs, owner=self)
+            cpu_threads.run_claiming(launch, self.programs)
+            return outputs
+        launch = cpu_launch.RangeLaunch(self._entry, tensors, [len(inputs) + i for i in self.accumulated], self.programs, layouts)
         # A copy per piece: one piece per thread keeps the copies few.
         cpu_threads.run(launch, self.programs, 1 if self.accumulated else cpu_threads.PIECES_PER_THREAD)
         launch.sum_private_copies()
         return outputs
-
-
-class _Launch:
-    """One call's arguments, run a range of programs at a time. A range running on a pool thread
-    holds it, and so the tensors its descriptors point into.
-
-    Programs add into the `accumulated` tensors (closure gradients) at elements other programs
-    add into too, with plain loads and stores: each range of programs adds into a zeroed copy of
-    its own, and `sum_private_copies` adds the copies into the tensors after the call in the
-    order of the ranges, so a call gives the same bits whichever thread ran which range (the
-    ranges, and so the rounding, depend on the thread count). One range alone adds in place."""
-
-    def __init__(self, entry, tensors: list, accumulated: list[int] | None = None, programs: int = 0):
-        self.entry = entry
-        self.tensors = tensors
-        # Held until the call returns: the kernel reads the descriptors in this block.
-        self.block, self.addresses = _descriptors(tensors)
-        self.accumulated = accumulated or []
-        self.total = programs
-        self.private: dict[int, list] = {}  # first program of a range -> its copies
-        self.lock = threading.Lock()
-
-    def _addresses(self, first: int, last: int) -> tuple[list[int], object]:
-        """The descriptor addresses for a range, and what must live while it runs."""
-        if not self.accumulated or (first == 0 and last == self.total):
-            return self.addresses, None
-        import torch
-
-        copies = [torch.zeros_like(self.tensors[i]) for i in self.accumulated]
-        with self.lock:
-            self.private[first] = copies
-        block, copied = _descriptors(copies)
-        addresses = list(self.addresses)
-        for i, address in zip(self.accumulated, copied):
-            addresses[i] = address
-        return addresses, block
-
-    def __call__(self, first: int, last: int) -> None:
-        addresses, held = self._addresses(first, last)
-        n = len(addresses) + 2
-        # The kernel's arguments, by value: a pointer to each descriptor (the C interface takes
-        # memrefs by pointer) and the range; then the packed entry point's array, the address of
-        # each argument.
-        args = (_WORD * (2 * n))()
-        origin = ctypes.addressof(args)
-        args[:] = [*addresses, first, last, *range(origin, origin + 8 * n, 8)]
-        self.entry(origin + 8 * n)
-        del held
-
-    def sum_private_copies(self) -> None:
-        for first in sorted(self.private):
-            for i, copy in zip(self.accumulated, self.private[first]):
-                self.tensors[i] += copy
 
 
 def _unit_inner_stride(t) -> bool:
@@ -299,21 +253,23 @@ def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inne
                   "outputs": [a.to_dict() for a in lowered.outputs], "block_m": lowered.block_m,
                   "block_n": lowered.block_n, "mask_program": lowered.mask_program,
                   "unit_inner_stride": unit_inner_stride, "programs": lowered.programs,
-                  "accumulated": {str(i): role for i, role in lowered.accumulated.items()}}
+                  "accumulated": {str(i): role for i, role in lowered.accumulated.items()},
+                  "claiming": abi.claiming_entry_name(lowered.name)}
         report.stage("LLVM -> native code (JIT, -O3)")
         try:
             engine = ExecutionEngine(lowered.module, opt_level=3)
         except RuntimeError as err:
             raise CompileError(f"the LLVM JIT rejected the lowered module: {err}") from None
         address = engine.raw_lookup("_mlir_ciface_" + lowered.name)
-        if not address:
+        claiming = engine.raw_lookup("_mlir_ciface_" + record["claiming"])
+        if not address or not claiming:
             # The JIT reports unresolved symbols on stderr and hands back a null entry point.
             raise CompileError(f"the LLVM JIT could not link kernel '{lowered.name}' (unresolved symbols)")
         report.stage("caching the kernel (shared object)")
         stored = cpu_cache.store(key, engine, record)
     if stored is not None:
         return CompiledKernel(*stored)
-    return CompiledKernel(record, address, (context, lowered.module, engine))
+    return CompiledKernel(record, address, (context, lowered.module, engine), claiming)
 
 
 _CACHE: dict[tuple, CompiledKernel] = {}
@@ -363,19 +319,22 @@ def run_module_text(module_text: str, inputs: list, out_dtype, autotune: bool = 
     With `autotune`, at the tiles of the fastest candidate (`tuned_blocks`)."""
     unit = all(_unit_inner_stride(t) for t in inputs)
     blocks = tuned_blocks(module_text, inputs, unit) if autotune else {}
-    results = _launch(compile_module(module_text, unit_inner_stride=unit, **blocks), inputs)
-    return [results[0].to(out_dtype)] + results[1:]
+    kernel = compile_module(module_text, unit_inner_stride=unit, **blocks)
+    results = _launch(kernel, inputs)
+    if kernel.output_dtypes[0] != out_dtype:
+        results[0] = results[0].to(out_dtype)
+    return results
 
 
 def _launch(kernel: CompiledKernel, inputs: list) -> list:
-    """Run a compiled forward kernel; one whose mask reads closure tensors gets its tile tables
-    classified per call from the mask program it carries."""
+    """Run a compiled forward kernel on the tensors whose module it compiled; one whose mask reads
+    closure tensors gets its tile tables classified per call from the mask program it carries."""
     if kernel.mask_program is not None:
         from ..block_mask import call_time_tables
 
         inputs = list(inputs) + call_time_tables(kernel.mask_program, inputs, inputs[0].shape[2], inputs[1].shape[2],
                                                  kernel.block_m, kernel.block_n, "cpu")
-    return kernel(inputs)
+    return kernel.run_unchecked(inputs)
 
 
 def tuned_blocks(module_text: str, inputs: list, unit_inner_stride: bool = True) -> dict:

@@ -35,8 +35,9 @@ from .. import disk_cache, runtime
 
 # The record's layout and the kernel's calling convention; a change makes old entries misses.
 # 2: the kernel takes a range of its programs after the arrays (two int64), and the record says
-# how many programs it has.
-FORMAT_VERSION = 2
+# how many programs it has. 3: the record names the kernel's claiming entry
+# (`attn-cpu-claim-programs`).
+FORMAT_VERSION = 3
 # The JIT's packed wrapper of the kernel's C interface (what ExecutionEngine.raw_lookup returns):
 # one argument, an array of pointers to the arguments (memref descriptor pointers, then the
 # program range).
@@ -115,9 +116,10 @@ def _checksum(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def load(key: str) -> tuple[dict, int, object] | None:
-    """The cached kernel's record, the address of its entry point and its loaded library (keep
-    it alive while the kernel is used); None on a miss or a bad entry (the caller rebuilds it)."""
+def load(key: str) -> tuple[dict, int, object, int | None] | None:
+    """The cached kernel's record, the address of its entry point, its loaded library (keep it
+    alive while the kernel is used) and the address of its claiming entry (None if the record
+    names none); None on a miss or a bad entry (the caller rebuilds it)."""
     library, record_path = _paths(key)
     try:
         doc = json.loads(record_path.read_text())
@@ -128,6 +130,7 @@ def load(key: str) -> tuple[dict, int, object] | None:
             raise ValueError("the shared object does not match its record")
         lib = ctypes.CDLL(str(library))
         entry = getattr(lib, _SYMBOL_PREFIX + payload["name"])
+        claiming = getattr(lib, _SYMBOL_PREFIX + payload["claiming"]) if payload.get("claiming") else None
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
@@ -135,7 +138,8 @@ def load(key: str) -> tuple[dict, int, object] | None:
         # overwrites it either way.
         _log.debug("CPU kernel cache entry %s is unusable, rebuilding it: %s", key, err)
         return None
-    return payload, ctypes.cast(entry, ctypes.c_void_p).value, lib
+    address = ctypes.cast(entry, ctypes.c_void_p).value
+    return payload, address, lib, None if claiming is None else ctypes.cast(claiming, ctypes.c_void_p).value
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,7 +150,7 @@ def _compiler() -> str | None:
     return found
 
 
-def store(key: str, engine, kernel: dict) -> tuple[dict, int, object] | None:
+def store(key: str, engine, kernel: dict) -> tuple[dict, int, object, int | None] | None:
     """Link the JIT's object code into `<key>.so`, record `kernel` (the name and what a call
     needs) beside it, and load it back as `load` does; None where that is not possible (no C
     compiler, a failed link, an unwritable cache directory), and the caller keeps the JIT's code."""

@@ -1,15 +1,17 @@
 """How the CPU backend spreads a kernel's programs over threads.
 
 A lowered kernel runs the range [first, last) of its flat program ids that its last two arguments
-give (`attn-cpu-grid-loops`). A call cuts [0, programs) into contiguous pieces, a few per thread,
-and the calling thread and pool threads take the next piece until none is left: programs differ
-in cost (causal attention's last query blocks see the most keys, so equal contiguous shares of a
-grid with fewer heads than threads are unbalanced) and a thread the OS deschedules should not
-hold the rest back. ctypes releases the GIL around a foreign call, so the pieces run in parallel;
-they share no memory they write: each program writes only its own slices of the outputs and each
-call allocates its own scratch buffers. Which thread runs a program changes nothing it computes.
-(Programs that add into one output, the closure gradients, add into a copy per piece: see
-`ae_mlir.backends.cpu`.)
+give (`attn-cpu-grid-loops`). Its programs are cut into contiguous pieces, a few per thread, and
+the calling thread and pool threads take the next piece until none is left: programs differ in
+cost (causal attention's last query blocks see the most keys, so equal contiguous shares of a
+grid with fewer heads than threads are unbalanced) and a thread the OS deschedules should not hold
+the rest back. Most kernels take their pieces in their own code (`run_claiming`: the kernel's
+claiming entry, `attn-cpu-claim-programs`), so a call is one foreign call per thread and the
+calling thread does not sleep waiting for the others; kernels that add into a copy of an output
+per piece (the closure gradients: see `ae_mlir.backends.cpu`) are called once per piece (`run`).
+ctypes releases the GIL around a foreign call, so the pieces run in parallel; they share no
+memory they write: each program writes only its own slices of the outputs and each call
+allocates its own scratch buffers. Which thread runs a program changes nothing it computes.
 
 Threads: as many as the process may run on (`os.sched_getaffinity`), or `AE_MLIR_CPU_THREADS`;
 1 runs every program on the calling thread.
@@ -18,12 +20,16 @@ This module imports neither the MLIR bindings nor torch.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import logging
 import os
+import queue
 import threading
 from collections.abc import Callable
 
 THREADS_ENV = "AE_MLIR_CPU_THREADS"
+_log = logging.getLogger("ae_mlir.cpu_threads")
 
 
 def thread_count() -> int:
@@ -85,55 +91,80 @@ def run(call: Callable[[int, int], None], programs: int, per_thread: int = PIECE
             call(*piece)
 
     with _POOL.get(threads - 1) as workers:
-        for worker in workers:
-            worker.start(work)
-        try:
-            work()
-        finally:
-            # Whatever becomes of this thread's pieces, the others finish before the call returns.
-            errors = [worker.wait() for worker in workers]
+        jobs = [worker.submit(work, wait=True) for worker in workers]
+    try:
+        work()
+    finally:
+        # Whatever becomes of this thread's pieces, the others finish before the call returns.
+        errors = [job.wait() for job in jobs]
     for error in errors:
         if error is not None:
             raise error
 
 
+def run_claiming(call: Callable[[int], None], programs: int, per_thread: int = PIECES_PER_THREAD) -> None:
+    """`call(chunk)` on up to `thread_count()` threads at once, for a kernel's claiming entry: each
+    thread claims `chunk` programs at a time (about `per_thread` claims per thread) until none is
+    left, and the entry returns on each thread once every thread that entered it has finished
+    (`attn-cpu-claim-programs`). So this returns when the calling thread's call does, without
+    waiting for the pool threads to come back from theirs: a pool thread that starts late finds
+    nothing left to claim."""
+    threads = min(thread_count(), programs)
+    if threads <= 1:
+        call(max(programs, 1))
+        return
+    chunk = -(-programs // (threads * per_thread))
+    with _POOL.get(threads - 1) as workers:
+        for worker in workers:
+            worker.submit(lambda: call(chunk))
+    call(chunk)
+
+
+class _Job:
+    """A job handed to a pool thread; `wait()` blocks until it ends and returns its exception."""
+
+    def __init__(self, run: Callable[[], None], wait: bool):
+        self.run = run
+        self.error: BaseException | None = None
+        self.done = threading.Lock() if wait else None
+        if self.done is not None:
+            self.done.acquire()
+
+    def wait(self) -> BaseException | None:
+        self.done.acquire()
+        return self.error
+
+
 class _Worker:
-    """A pool thread that runs one job at a time, handed over through two locks: a held lock is
-    the cheapest wake-up CPython has. A ThreadPoolExecutor's futures and condition variables cost
-    a kernel call about 30 us more on a 2-core host, where a call at L 512 takes about 2 ms."""
+    """A pool thread that runs the jobs handed to it in turn, from a queue: a SimpleQueue's get
+    wakes on a lock, the cheapest wake-up CPython has (a ThreadPoolExecutor's futures and condition
+    variables cost a kernel call about 30 us more on a 2-core host)."""
 
     def __init__(self, name: str):
-        self._begin = threading.Lock()
-        self._begin.acquire()
-        self._done = threading.Lock()
-        self._done.acquire()
-        self._job: Callable[[], None] | None = None
-        self._error: BaseException | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._serve, name=name, daemon=True).start()
 
     def _serve(self) -> None:
         while True:
-            self._begin.acquire()
+            job = self._jobs.get()
             try:
-                self._job()
-            except BaseException as err:  # handed to the caller, which raises it
-                self._error = err
-            self._done.release()
+                job.run()
+            except BaseException as err:  # handed to a caller that waits, else logged
+                job.error = err
+                if job.done is None:
+                    _log.error("a CPU kernel job failed on a pool thread", exc_info=err)
+            if job.done is not None:
+                job.done.release()
 
-    def start(self, job: Callable[[], None]) -> None:
-        self._job, self._error = job, None
-        self._begin.release()
-
-    def wait(self) -> BaseException | None:
-        """Block until the job ends; its exception, if it raised one."""
-        self._done.acquire()
-        self._job = None
-        return self._error
+    def submit(self, run: Callable[[], None], wait: bool = False) -> _Job:
+        job = _Job(run, wait)
+        self._jobs.put(job)
+        return job
 
 
 class _Pool:
     """The worker threads, shared by every kernel call and grown when a call wants more. One call
-    holds them at a time: a second caller waits for them (the cores are busy anyway)."""
+    hands them its jobs at a time; a thread runs the jobs of concurrent calls in turn."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -156,6 +187,17 @@ def _forget_pool_in_child() -> None:
     global _POOL
     _POOL = _Pool()
 
+
+def _drain_pool() -> None:
+    # A pool thread may still have a claiming job to start (one that claims nothing: its call
+    # returned long ago); it must end before the interpreter unloads the kernels' code.
+    with _POOL.lock:
+        workers = list(_POOL.workers)
+    for job in [worker.submit(lambda: None, wait=True) for worker in workers]:
+        job.wait()
+
+
+atexit.register(_drain_pool)
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_in_child)

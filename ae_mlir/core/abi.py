@@ -172,6 +172,12 @@ def backward_part(kernel_name: str) -> str | None:
     return None
 
 
+def claiming_entry_name(kernel: str) -> str:
+    """The CPU kernel's entry through which threads claim its programs from a shared counter
+    (`attn-cpu-claim-programs`)."""
+    return f"{kernel}_claiming"
+
+
 # The kernels the split chunked recurrence launches before its output kernel, in order (those it
 # needs: passes/chunk), each named `chunk_stage_name(forward, stage)` and marked with CHUNK_STAGE:
 # the name alone cannot tell, since the output kernel keeps the user's function name.

@@ -87,7 +87,7 @@ class attention:
 
     def __getstate__(self):
         # The per-call caches (module texts, compiled calls) are rebuilt by the copy's own calls.
-        return {key: value for key, value in self.__dict__.items() if key not in ("_texts", "_calls")}
+        return {key: value for key, value in self.__dict__.items() if key not in ("_texts", "_calls", "_passed")}
 
     def __setstate__(self, state):
         # A copy is a variant of its own: sharing the original's key would make compiled calls of
@@ -110,8 +110,24 @@ class attention:
 
     def _validate(self, q, k, v):
         """q, k, v checked in this attention's layout and returned as [B, H, L, D] views."""
-        checks.with_layout_hint(self._validate_as, self.layout, q, k, v)
-        return tuple(checks.to_bhld(t, self.layout) for t in (q, k, v))
+        return self._validated(q, k, v)[0]
+
+    def _validated(self, q, k, v):
+        """(`_validate`'s views, the record of tensors like these or None). Tensors like ones that
+        passed before (the shapes, dtypes and devices the checks read) pass unchecked, as every
+        torch call costs a call from Python microseconds; the record, a dict, keeps the backend
+        each `backend` argument resolved to for them."""
+        key = checks.tensors_key(q, k, v)
+        record = None
+        if key is not None:
+            passed = self.__dict__.setdefault("_passed", {})
+            key = (self.layout, key)
+            record = passed.get(key)
+        if record is None:
+            checks.with_layout_hint(self._validate_as, self.layout, q, k, v)
+            if key is not None:
+                record = kept(passed, key, dict, 64)
+        return tuple(checks.to_bhld(t, self.layout) for t in (q, k, v)), record
 
     def mlir(self, q, k, v, debug_info: bool = False, kv_len=None, block_table=None, cu_seqlens_q=None,
              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, compose: bool = True) -> str:
@@ -308,7 +324,11 @@ class attention:
 
             return call_packed(self, q, k, v, return_lse, backend, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k)
-        q, k, v, block_table = self._validate_cache(q, k, v, block_table)
+        record = None
+        if block_table is None:
+            (q, k, v), record = self._validated(q, k, v)
+        else:
+            q, k, v, block_table = self._validate_cache(q, k, v, block_table)
         checked = index_check.enabled(self.check_indices)
         keys = k.shape[2] if block_table is None else k.shape[2] * block_table.shape[1]
         kv_len = checks.key_lengths(kv_len, q, keys, checked)
@@ -317,8 +337,15 @@ class attention:
             if checked:
                 checks.pages_in_use(block_table, kv_len, k.shape[0], k.shape[2])
             block_table = checks.page_table(block_table, k.shape[0])
-        backend = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
-        checks.check_float64_backend(q, backend)
+        if backend is not None and type(backend) is not str:
+            record = None  # an unhashable or odd `backend` gets backend_for's message
+        resolved = record.get(backend) if record is not None else None
+        if resolved is None:
+            resolved = checks.backend_for(backend, [("q", q), ("k", k), ("v", v)])
+            checks.check_float64_backend(q, resolved)
+            if record is not None:
+                record[backend] = resolved
+        backend = resolved
         if q.shape[0] * q.shape[1] * q.shape[2] == 0 or keys == 0:
             # Nothing to compute: no queries, or no keys (every row is empty: o = 0, lse = -inf).
             import torch

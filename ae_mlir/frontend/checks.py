@@ -27,6 +27,20 @@ def check_tensor(name: str, t, rank: int, form: str = FORMS["bhld"], float64: bo
         raise ValueError(f"{name} must be {allowed}, got {t.dtype}")
 
 
+def tensors_key(*tensors):
+    """What the checks of these tensors read (shapes, dtypes, devices), as a hashable key; None
+    unless every one is a plain torch.Tensor (a subclass may answer differently, and anything
+    else gets the checks' own message)."""
+    import torch
+
+    key = []
+    for t in tensors:
+        if type(t) is not torch.Tensor:
+            return None
+        key += (t.shape, t.dtype, t.device)
+    return tuple(key)
+
+
 def check_float64_backend(q, backend: str):
     """float64 q/k/v run on the float64 reference only (how torch.autograd.gradcheck checks the
     backward); the compiled backends take float16, bfloat16 and float32."""

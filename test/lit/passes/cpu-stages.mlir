@@ -4,7 +4,8 @@
 // arrays, one loop over that range carrying the destination, its own loop tagged as a state loop;
 // after bufferization the state is one buffer per call that the loop updates in place, and each
 // program writes its own row of the destination argument, which is not copied as a whole; the
-// kernel returns nothing. Its C interface takes the range as two integers.
+// kernel returns nothing. Its C interface takes the range as two integers; its claiming entry's
+// (attn-cpu-claim-programs) takes the arrays, the counters and two integers.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu)' --mlir-print-ir-after-all --no-mlir-print-op-generic 2>&1 >/dev/null | FileCheck %s
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu)' --mlir-print-ir-after-all 2>&1 >/dev/null | grep 'IR Dump After' | FileCheck %s --check-prefix=ORDER
 
@@ -52,6 +53,8 @@
 // CHECK: llvm.br ^bb{{[0-9]+}}(%arg16 : i64)
 // CHECK: llvm.call @free
 // CHECK: llvm.func @_mlir_ciface_running_max(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64)
+// CHECK: llvm.func @running_max_claiming(
+// CHECK: llvm.func @_mlir_ciface_running_max_claiming(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64)
 // CHECK: llvm.func @__truncsfbf2(
 
 // ORDER: IR Dump After LowerScatter (attn-cpu-lower-scatter)
@@ -71,6 +74,7 @@
 // ORDER-NEXT: IR Dump After Canonicalizer (canonicalize)
 // ORDER-NEXT: IR Dump After CSE (cse)
 // ORDER-NEXT: IR Dump After LegalizeForLlvm (attn-cpu-legalize-for-llvm)
+// ORDER-NEXT: IR Dump After ClaimPrograms (attn-cpu-claim-programs)
 // ORDER-NEXT: (lower-affine)
 // ORDER: (reconcile-unrealized-casts)
 // ORDER-NEXT: IR Dump After Canonicalizer (canonicalize)
