@@ -172,6 +172,7 @@ class PresetOptions:
     unit_inner_stride: bool = True  # attn-lower-to-cpu
     vector_bits: int = 512         # attn-lower-to-cpu: register tiles for the host's vector width
     no_avx512_bf16: bool = False   # attn-lower-to-cpu: the host has AVX512-BF16 (cpu_target_features)
+    narrow_isa: bool = False       # attn-lower-to-cpu: x86 code no wider than vector_bits (cpu_target_features)
     num_warps: int = 4             # Triton launch
     num_stages: int = 2            # Triton launch
     linear: bool = False           # the module is linear attention (its launch config has block_v/k)
@@ -260,10 +261,11 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         if not typed.get("backward") and takes_host_tma(problem, target):
             values.update(tensor_descriptors=True, host_descriptors=True)
     if preset == "cpu":
-        from .backends.cpu_cache import host_has_avx512_bf16, host_vector_bits
+        from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 
-        values["vector_bits"] = host_vector_bits()
+        values["vector_bits"] = vector_bits()
         values["no_avx512_bf16"] = host_has_avx512_bf16()
+        values["narrow_isa"] = narrows_isa(values["vector_bits"])
     if problem is not None and preset == "cpu":
         values.update(cpu_config(problem.lq, problem.lk, not problem.masked and not typed.get("backward")))
     elif problem is not None and problem.linear:
@@ -352,7 +354,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
     if preset == "cpu":
         return [Stage("l1", tuple(to_l1)),
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "
-                               f"vector-bits={o.vector_bits} no-avx512-bf16={_flag(o.no_avx512_bf16)}}}",))]
+                               f"vector-bits={o.vector_bits} no-avx512-bf16={_flag(o.no_avx512_bf16)} "
+                               f"narrow-isa={_flag(o.narrow_isa)}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

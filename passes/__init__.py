@@ -54,6 +54,7 @@ _REGISTRY: dict[str, str] = {
     "attn-cpu-claim-programs": "cpu_claim_programs:ClaimPrograms",
     "attn-cpu-define-bf16-truncation": "cpu_bf16_truncation:DefineBf16Truncation",
     "attn-cpu-no-avx512-bf16": "cpu_target_features:NoAvx512Bf16",
+    "attn-cpu-narrow-isa": "cpu_target_features:NarrowIsa",
     "attn-lower-to-triton": "lower_to_triton:LowerToTriton",
 }
 

@@ -18,7 +18,8 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
    `attn-cpu-claim-programs` adds each kernel's claiming entry (threads take its programs from a
    shared counter).
 5. Upstream conversions to the llvm dialect (`LLVM_PIPELINE`),
-   `attn-cpu-define-bf16-truncation` and, with `no-avx512-bf16`, `attn-cpu-no-avx512-bf16`; the kernel carries
+   `attn-cpu-define-bf16-truncation`, with `no-avx512-bf16` `attn-cpu-no-avx512-bf16`, and with
+   `narrow-isa` `attn-cpu-narrow-isa`; the kernel carries
    `llvm.emit_c_interface`, so a C caller passes one memref descriptor per array, then the
    program range.
 
@@ -93,6 +94,13 @@ class LowerToCpu(PassPipeline):
     no_avx512_bf16: bool = option(False, "end with attn-cpu-no-avx512-bf16 (the cpu preset sets it on hosts "
                                          "with AVX512-BF16, whose bf16 vectors LLVM's x86 backend cannot all "
                                          "legalize)")
+    narrow_isa: bool = option(False, "end with attn-cpu-narrow-isa: on x86, no vector extensions wider than "
+                                     "vector-bits (the cpu preset sets it when AE_MLIR_CPU_VECTOR_BITS is below "
+                                     "the host's width)")
+
+    def __post_init__(self):
+        if self.narrow_isa and self.vector_bits not in (128, 256):
+            raise ValueError(f"narrow-isa needs vector-bits 128 or 256, got {self.vector_bits}")
 
     def elements(self) -> list[str]:
         pinned_strides = ["attn-cpu-pin-unit-inner-stride"] if self.unit_inner_stride else []
@@ -114,4 +122,5 @@ class LowerToCpu(PassPipeline):
             *LLVM_PIPELINE,
             "attn-cpu-define-bf16-truncation",
             *(["attn-cpu-no-avx512-bf16"] if self.no_avx512_bf16 else []),
+            *([f"attn-cpu-narrow-isa{{vector-bits={self.vector_bits}}}"] if self.narrow_isa else []),
         ]

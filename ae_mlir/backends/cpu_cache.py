@@ -76,6 +76,31 @@ def host_vector_bits() -> int:
     return 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
 
 
+VECTOR_BITS_ENV = "AE_MLIR_CPU_VECTOR_BITS"
+
+
+def vector_bits() -> int:
+    """The vector width the CPU kernels are compiled for: the host's (`host_vector_bits`), or
+    `AE_MLIR_CPU_VECTOR_BITS` (128, 256 or 512, at most the host's) to compile them as for a host
+    with narrower registers (an AVX2 or SSE one, on x86: `narrows_isa`), e.g. to test or time
+    those kernels where they do not run by default."""
+    host = host_vector_bits()
+    raw = os.environ.get(VECTOR_BITS_ENV, "").strip()
+    if not raw:
+        return host
+    allowed = [bits for bits in (128, 256, 512) if bits <= host]
+    if raw not in map(str, allowed):
+        raise ValueError(f"{VECTOR_BITS_ENV} must be one of {', '.join(map(str, allowed))} on this host "
+                         f"(its vector registers are {host} bits), got {raw!r}")
+    return int(raw)
+
+
+def narrows_isa(bits: int) -> bool:
+    """Whether kernels tiled for `bits` leave out the host's wider x86 vector extensions
+    (`attn-cpu-narrow-isa`); other architectures have one width."""
+    return bits < host_vector_bits() and platform.machine().lower() in ("x86_64", "amd64")
+
+
 def host_has_avx512_bf16() -> bool:
     """Whether the host has AVX512-BF16 instructions (`attn-cpu-no-avx512-bf16` says why that
     matters)."""
@@ -104,7 +129,7 @@ def key(module_text: str, options: dict) -> str:
     """The cache key of a kernel compiled with `options` (the preset's; the host's vector width
     unless they name one)."""
     return runtime.cache_key(module_text, f"cpu:{host_identity()}",
-                             dict({"vector_bits": host_vector_bits()}, **options, toolchain=toolchain_identity(),
+                             dict({"vector_bits": vector_bits()}, **options, toolchain=toolchain_identity(),
                                   cpu_format=FORMAT_VERSION))
 
 
