@@ -10,10 +10,10 @@ of `attn.grid`. Captured bool tensors get byte elements, and the kernel's own lo
 `ae.cpu_state_loop` for `attn-cpu-carry-state-in-place`.
 
 The range is what lets the CPU backend run the grid on several threads: it calls the kernel with
-disjoint ranges, or through the claiming entry `attn-cpu-claim-programs` adds beside it. An OpenMP lowering (scf.parallel to omp.parallel) would spread
-the loop inside the kernel, but its code calls the OpenMP runtime, which neither the JIT nor the
-`cc`-linked shared object of the disk cache can count on finding; calls over ranges need nothing
-but the kernel.
+disjoint ranges, or through the claiming entry that `attn-cpu-claim-programs` adds beside it. An
+OpenMP lowering (scf.parallel to omp.parallel) would spread the loop inside the kernel, but its
+code calls the OpenMP runtime, which neither the JIT nor the `cc`-linked shared object of the disk
+cache can count on finding; calls over ranges need nothing but the kernel.
 """
 from __future__ import annotations
 

@@ -207,9 +207,10 @@ class CompiledKernel:
 
     def run_unchecked(self, inputs: list) -> list:
         """Run the kernel on `inputs` that its caller made match the types it was compiled for
-        (the module it compiled was written from them; wrong shapes would be read out of bounds). Each torch call costs a call from Python
-        several microseconds, more right after a kernel has swept the caches: this path makes the
-        fewest (the inputs' strides and addresses, the outputs' allocation)."""
+        (the module it compiled was written from them; wrong shapes would be read out of
+        bounds). Each torch call costs a call from Python several microseconds, more right after
+        a kernel has swept the caches: this path makes the fewest (the inputs' strides and
+        addresses, the outputs' allocation)."""
         if self._expected is None:
             self._prepare_call()
         outputs = [make(shape, dtype=dtype) for make, shape, dtype in self._results]
@@ -220,7 +221,8 @@ class CompiledKernel:
             launch = cpu_launch.ClaimingLaunch(self._claiming, tensors, layouts, self.programs, owner=self)
             cpu_threads.run_claiming(launch, self.programs)
             return outputs
-        launch = cpu_launch.RangeLaunch(self._entry, tensors, [len(inputs) + i for i in self.accumulated], self.programs, layouts)
+        launch = cpu_launch.RangeLaunch(self._entry, tensors, [len(inputs) + i for i in self.accumulated],
+                                        self.programs, layouts)
         # A copy per piece: one piece per thread keeps the copies few.
         cpu_threads.run(launch, self.programs, 1 if self.accumulated else cpu_threads.PIECES_PER_THREAD)
         launch.sum_private_copies()
