@@ -217,6 +217,42 @@ def test_non_unit_inner_stride_compiles_a_general_kernel():
     assert not cpu.compile_module(text, unit_inner_stride=False).unit_inner_stride
 
 
+def test_a_closure_tensor_without_unit_inner_stride_keeps_the_unit_stride_kernel(monkeypatch):
+    # A transposed bias table and a broadcast (stride-0) one are passed as contiguous copies, so
+    # q, k and v keep the kernel whose tile rows load as vectors; the transposed table, which
+    # requires grad, gets its gradient through the copy.
+    lq = 40
+    table = rand(2 * lq - 1, 3, seed=8).t().requires_grad_()
+    gate = torch.tensor([0.5]).expand(lq)
+    assert table.stride(-1) != 1 and gate.stride(-1) == 0
+
+    def bias(score, b, h, q_idx, kv_idx):
+        return score * gate[kv_idx] + table[h, q_idx - kv_idx + lq - 1]
+
+    q, k, v = qkv(h=3, lq=lq)
+    attn = ae.attention(score_mod=bias, mask_mod=causal)
+    compiled = []
+    real = cpu.compile_module
+
+    def recording(text, **options):
+        compiled.append(options.get("unit_inner_stride"))
+        return real(text, **options)
+
+    monkeypatch.setattr(cpu, "compile_module", recording)
+    out = attn(q, k, v, backend="cpu")
+    assert compiled and all(compiled)
+    want = attn(q.double(), k.double(), v.double(), backend="reference")
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+    out.sum().backward()
+    doubled = table.detach().double().requires_grad_()
+
+    def bias64(score, b, h, q_idx, kv_idx):
+        return score * gate[kv_idx] + doubled[h, q_idx - kv_idx + lq - 1]
+
+    ae.attention(score_mod=bias64, mask_mod=causal)(q.double(), k.double(), v.double(), backend="reference").sum().backward()
+    torch.testing.assert_close(table.grad.double(), doubled.grad, atol=1e-4, rtol=1e-4)
+
+
 def test_captured_integer_and_bool_tensors():
     ids = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 2, 3] * 3, dtype=torch.int32)
     allowed = torch.rand(30) > 0.3

@@ -57,6 +57,23 @@ def test_compiled_training_matches_eager(bias, backend):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=name)
 
 
+def test_a_transposed_learnable_table_trains_under_compile():
+    # A bias table whose last dimension is not unit-strided reaches the kernels as a contiguous
+    # copy (eager and compiled), and its gradient through the copy.
+    inputs = [torch.randn(2, 11, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = AttentionLayer(bias=True)
+        model.table = torch.nn.Parameter(model.table.detach().t().contiguous().t())
+        assert model.table.stride(-1) != 1
+        models.append(model)
+    eager, model = models
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(_train(compiled, inputs), _train(eager, inputs), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.table, eager.table, atol=1e-5, rtol=1e-5)
+
+
 def test_the_graph_holds_one_ae_mlir_op():
     seen = []
 

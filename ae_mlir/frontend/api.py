@@ -375,9 +375,10 @@ class attention:
                  compose: bool = True) -> tuple[str, list]:
         """The L0 module for these [B, H, L, D] tensors (and per-entry key lengths, a paged cache,
         packed sequences) and the closure tensors it takes, checked (devices; indices in checked
-        mode); `compose` as `_build` takes it."""
+        mode); `compose` as `_build` takes it. Closure tensors come with a unit last stride
+        (`checks.with_unit_last_stride`)."""
         text, caps = self._prepare_captures(q, k, v, kv_len, block_table, sequences, compose)
-        return text, caps.tensors
+        return text, [checks.with_unit_last_stride(t) for t in caps.tensors]
 
     def _prepare_captures(self, q, k, v, kv_len=None, block_table=None, sequences=None,
                           compose: bool = True) -> tuple[str, "Captures"]:

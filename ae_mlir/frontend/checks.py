@@ -41,6 +41,14 @@ def tensors_key(*tensors):
     return tuple(key)
 
 
+def with_unit_last_stride(t):
+    """`t`, or a contiguous copy of it where its last dimension is not unit-strided (a stride-0
+    broadcast, a transposed table): as a closure tensor such a tensor would send the whole call,
+    q, k and v included, to the kernels' variant for any strides (element-wise tile loads). The
+    copy is a torch op, so a tensor that requires grad gets its gradient through it."""
+    return t if t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
 def check_float64_backend(q, backend: str):
     """float64 q/k/v run on the float64 reference only (how torch.autograd.gradcheck checks the
     backward); the compiled backends take float16, bfloat16 and float32."""

@@ -13,13 +13,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import closure_sources, relative_reads, variant_registry
+from . import checks, closure_sources, relative_reads, variant_registry
 from .autograd import CompiledCall, compiled_call
 
 
 def _kernel_captures(captures: list) -> list:
-    """Closure tensors as the kernel takes them: a 0-d tensor as a 1-element vector."""
-    return [t.reshape(1) if t.dim() == 0 else t for t in captures]
+    """Closure tensors as the kernel takes them: a 0-d tensor as a 1-element vector, the others
+    with a unit last stride (`checks.with_unit_last_stride`)."""
+    return [t.reshape(1) if t.dim() == 0 else checks.with_unit_last_stride(t) for t in captures]
 
 
 def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest: tuple) -> tuple[CompiledCall, list]:
