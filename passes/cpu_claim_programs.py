@@ -9,7 +9,7 @@ entered, the threads that finished), the programs per claim and the number of pr
     entered += 1
     while (first = fetch_add(next, chunk)) < programs: kernel(arrays..., first, min(first + chunk, programs))
     finished += 1
-    while finished < entered: (spin)
+    while finished < entered: (spin; after SPINS rounds, sleep SLEEP_US microseconds a round)
 
 Every thread of a call runs it on the same arrays and counters. Claims are dynamic, so a thread
 that starts late, or is descheduled, leaves its share to the others, and a thread that never
@@ -30,10 +30,18 @@ from typing import ClassVar
 
 from ..core import abi
 from . import ModulePass
-from .cpu_support import KERNEL_ATTR, lowered_kernels
+from .cpu_support import KERNEL_ATTR, lowered_kernels, ops
 
 # Positions in the counters array.
 NEXT, ENTERED, FINISHED = 0, 1, 2
+# A thread that has waited SPINS rounds of the final spin (two atomic reads each: about a
+# millisecond) sleeps SLEEP_US microseconds a round from then on: a wait that long is the rest of
+# another thread's claim (milliseconds on long sequences), and spinning through it would take a
+# core from that thread wherever threads outnumber cores. Shorter waits, the usual imbalance at
+# a call's end, spin: a sleep would add the tens of microseconds a wake-up costs.
+SPINS = 65536
+SLEEP = "usleep"
+SLEEP_US = 20
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,10 @@ class ClaimPrograms(ModulePass):
                               "its programs from a shared counter and return together")
 
     def apply(self, module_op) -> None:
-        for kernel in lowered_kernels(module_op):
+        kernels = lowered_kernels(module_op)
+        if kernels:
+            declare_sleep(module_op)
+        for kernel in kernels:
             add_claiming_entry(kernel)
 
 
@@ -86,12 +97,32 @@ def add_claiming_entry(kernel):
                 func.call([], ir.FlatSymbolRefAttr.get(name), [*args, first, last])
                 scf.yield_([])
             fetch_add(FINISHED, one)
-            barrier = scf.WhileOp([], [])
-            before = barrier.before.blocks.append()
+            barrier = scf.WhileOp([i64], [zero])
+            before = barrier.before.blocks.append(i64)
             with ir.InsertionPoint(before):
                 finished, entered = fetch_add(FINISHED, zero), fetch_add(ENTERED, zero)
-                scf.condition(arith.cmpi(arith.CmpIPredicate.ult, finished, entered), [])
-            with ir.InsertionPoint(barrier.after.blocks.append()):
-                scf.yield_([])
+                scf.condition(arith.cmpi(arith.CmpIPredicate.ult, finished, entered), [before.arguments[0]])
+            after = barrier.after.blocks.append(i64)
+            with ir.InsertionPoint(after):
+                spins = after.arguments[0]
+                waited_long = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, spins, arith.constant(i64, SPINS)))
+                with ir.InsertionPoint(waited_long.then_block):
+                    i32 = ir.IntegerType.get_signless(32)
+                    func.call([i32], ir.FlatSymbolRefAttr.get(SLEEP), [arith.constant(i32, SLEEP_US)])
+                    scf.yield_([])
+                scf.yield_([arith.addi(spins, one)])
             func.ReturnOp([])
     return entry
+
+
+def declare_sleep(module_op) -> None:
+    """Declare libc's `usleep(useconds_t) -> int` in the module, once."""
+    from mlir import ir
+    from mlir.dialects import func
+
+    body = module_op.regions[0].blocks[0]
+    if any(op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == SLEEP for op in ops(body)):
+        return
+    with module_op.context, module_op.location:
+        i32 = ir.IntegerType.get_signless(32)
+        func.FuncOp(SLEEP, ([i32], [i32]), visibility="private", ip=ir.InsertionPoint.at_block_begin(body))

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import torch
@@ -279,6 +280,29 @@ def test_a_pool_thread_that_starts_late_keeps_the_kernel_it_calls(tmp_path, monk
     idle.late()
     torch.testing.assert_close(got, ae.attention(mask_mod=causal)(q, k, v, backend="reference").float(),
                                atol=2e-5, rtol=2e-5)
+
+
+def test_a_thread_that_waits_long_for_another_sleeps(monkeypatch):
+    # One thread claims the whole grid (about a tenth of a second of work); a second enters after
+    # it and finds nothing to claim: it waits for the first in the claiming entry's final spin,
+    # which sleeps once it has waited long, so its CPU time stays well below its wait.
+    monkeypatch.setenv(THREADS, "1")
+    q, k, v = qkv(b=1, h=4, lq=2048, dk=64, seed=14)
+    kernel = cpu.compile_module(ae.attention().mlir(q, k, v))
+    outputs = [torch.empty(spec.shape) for spec in kernel.outputs]
+    layouts = [(spec.shape, t.stride()) for spec, t in zip(kernel.inputs + kernel.outputs, [q, k, v, *outputs])]
+    launch = cpu_launch.ClaimingLaunch(kernel._claiming, [q, k, v, *outputs], layouts, kernel.programs)
+    first = threading.Thread(target=launch, args=(kernel.programs,))
+    first.start()
+    while launch.counters[0] == 0:  # the first thread has not claimed yet
+        time.sleep(0.001)
+    wall, cpu_time = time.perf_counter(), time.thread_time()
+    launch(1)
+    wall, cpu_time = time.perf_counter() - wall, time.thread_time() - cpu_time
+    first.join(60)
+    assert list(launch.counters)[1:] == [2, 2]
+    torch.testing.assert_close(outputs[0], kernel([q, k, v])[0])
+    assert wall > 0.02 and cpu_time < 0.5 * wall, (wall, cpu_time)
 
 
 def test_claims_cover_every_program_once_at_any_chunk(monkeypatch):

@@ -3,10 +3,12 @@
 // next unclaimed program, the threads that entered, the threads that finished), the programs per
 // claim (at least one) and the number of programs. It counts itself in, claims ranges with an
 // atomic fetch-and-add and runs the kernel on each until the counter passes the programs, counts
-// itself out, and spins on atomic reads until every thread that entered has finished. Functions
-// that are not lowered kernels get none.
+// itself out, and spins on atomic reads until every thread that entered has finished, sleeping
+// 20 us a round (libc's usleep, declared once) after 65536 rounds. Functions that are not lowered
+// kernels get none.
 // RUN: ae-opt %s --attn-cpu-claim-programs --no-mlir-print-op-generic | FileCheck %s
 
+// CHECK: func.func private @usleep(i32) -> i32
 // CHECK-LABEL: func.func @kernel(
 // CHECK-LABEL: func.func @kernel_claiming(
 // CHECK-SAME: %[[A:[a-z0-9]+]]: memref<2x8xf32, strided<[?, 1], offset: ?>>, %[[C:[a-z0-9]+]]: memref<3xi64>, %[[CHUNK:[a-z0-9]+]]: index, %[[N:[a-z0-9]+]]: index) attributes {llvm.emit_c_interface} {
@@ -28,11 +30,17 @@
 // CHECK: %[[LAST:.*]] = arith.minui %[[END]], %[[N]] : index
 // CHECK: func.call @kernel(%[[A]], %[[F]], %[[LAST]])
 // CHECK: memref.atomic_rmw addi %[[ONE]], %[[C]][%[[FINISHED]]]
-// CHECK: scf.while : () -> () {
+// CHECK: scf.while (%[[SPIN:.*]] = %[[ZERO]]) : (i64) -> i64 {
 // CHECK: %[[DONE:.*]] = memref.atomic_rmw addi %[[ZERO]], %[[C]][%[[FINISHED]]]
 // CHECK: %[[IN:.*]] = memref.atomic_rmw addi %[[ZERO]], %[[C]][%[[ENTERED]]]
 // CHECK: %[[WAIT:.*]] = arith.cmpi ult, %[[DONE]], %[[IN]] : i64
-// CHECK: scf.condition(%[[WAIT]])
+// CHECK: scf.condition(%[[WAIT]]) %[[SPIN]] : i64
+// CHECK: ^bb0(%[[N:.*]]: i64):
+// CHECK: %[[LONG:.*]] = arith.cmpi uge, %[[N]], %c65536_i64 : i64
+// CHECK: scf.if %[[LONG]] {
+// CHECK: func.call @usleep(%c20_i32) : (i32) -> i32
+// CHECK: %[[NEXT_SPIN:.*]] = arith.addi %[[N]], %[[ONE]] : i64
+// CHECK: scf.yield %[[NEXT_SPIN]] : i64
 // CHECK: return
 // CHECK-NOT: func.func @helper_claiming
 func.func @kernel(%a: memref<2x8xf32, strided<[?, 1], offset: ?>>, %first: index, %last: index)
