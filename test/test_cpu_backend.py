@@ -253,6 +253,31 @@ def test_a_closure_tensor_without_unit_inner_stride_keeps_the_unit_stride_kernel
     torch.testing.assert_close(table.grad.double(), doubled.grad, atol=1e-4, rtol=1e-4)
 
 
+def test_a_broadcast_closure_tensor_larger_than_q_k_v_is_read_in_place(monkeypatch):
+    # A bias broadcast to [B, H, Lq, Lk] (stride 0 along all but one dimension) would cost more
+    # to copy than the call reads of q, k and v: the kernel for any strides reads it as it is.
+    q, k, v = qkv(b=2, h=3, lq=40, dk=8)
+    bias = rand(40, seed=4)[:, None].expand(2, 3, 40, 40)
+    assert bias.numel() > q.numel() + k.numel() + v.numel()
+
+    def add_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[b, h, q_idx, kv_idx]
+
+    compiled = []
+    real = cpu.compile_module
+
+    def recording(text, **options):
+        compiled.append(options.get("unit_inner_stride"))
+        return real(text, **options)
+
+    monkeypatch.setattr(cpu, "compile_module", recording)
+    attn = ae.attention(score_mod=add_bias)
+    out = attn(q, k, v, backend="cpu")
+    assert compiled == [False]
+    want = attn(q.double(), k.double(), v.double(), backend="reference")
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+
+
 def test_captured_integer_and_bool_tensors():
     ids = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 2, 3] * 3, dtype=torch.int32)
     allowed = torch.rand(30) > 0.3

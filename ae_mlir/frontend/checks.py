@@ -41,12 +41,20 @@ def tensors_key(*tensors):
     return tuple(key)
 
 
-def with_unit_last_stride(t):
+def with_unit_last_stride(t, limit: int):
     """`t`, or a contiguous copy of it where its last dimension is not unit-strided (a stride-0
-    broadcast, a transposed table): as a closure tensor such a tensor would send the whole call,
-    q, k and v included, to the kernels' variant for any strides (element-wise tile loads). The
-    copy is a torch op, so a tensor that requires grad gets its gradient through it."""
-    return t if t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+    broadcast, a transposed table) and it has at most `limit` elements (q's, k's and v's): as a
+    closure tensor such a tensor would send the whole call, q, k and v included, to the kernels'
+    variant for any strides (element-wise tile loads), while a larger one (a bias broadcast to
+    [B, H, Lq, Lk]) would cost more to copy, or not fit. The copy is a torch op, so a tensor that
+    requires grad gets its gradient through it."""
+    if t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1 or t.numel() > limit:
+        return t
+    return t.contiguous()
+
+
+def qkv_elements(q, k, v) -> int:
+    return q.numel() + k.numel() + v.numel()
 
 
 def check_float64_backend(q, backend: str):

@@ -18,9 +18,8 @@ from .autograd import CompiledCall, compiled_call
 
 
 def _kernel_captures(captures: list) -> list:
-    """Closure tensors as the kernel takes them: a 0-d tensor as a 1-element vector, the others
-    with a unit last stride (`checks.with_unit_last_stride`)."""
-    return [t.reshape(1) if t.dim() == 0 else checks.with_unit_last_stride(t) for t in captures]
+    """Closure tensors as the kernel takes them: a 0-d tensor as a 1-element vector."""
+    return [t.reshape(1) if t.dim() == 0 else t for t in captures]
 
 
 def _call(key: str, backend: str, q, k, v, captures: list, cache: list, longest: tuple) -> tuple[CompiledCall, list]:
@@ -56,9 +55,12 @@ def _present(cache: list) -> list:
     return [t for t in cache if t is not None]
 
 
-def _with_cache(plan: list, captures: list, cache: list) -> list:
-    """The kernel's closure tensors."""
-    return relative_reads.kernel_closures(plan, _kernel_captures(captures)) + _present(cache)
+def _with_cache(plan: list, captures: list, cache: list, q, k, v) -> list:
+    """The kernel's closure tensors, with a unit last stride as eager calls pass them
+    (`checks.with_unit_last_stride`)."""
+    limit = checks.qkv_elements(q, k, v)
+    closures = relative_reads.kernel_closures(plan, _kernel_captures(captures))
+    return [checks.with_unit_last_stride(t, limit) for t in closures] + _present(cache)
 
 
 def _lse_dtype(q) -> torch.dtype:
@@ -75,7 +77,7 @@ def attention_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tensor,
     batch's as varlen.Sequences holds them, with its longest sequences' bounds)."""
     cache = [kv_len, block_table, cu_seqlens_q, cu_seqlens_k]
     call, plan = _call(key, backend, q, k, v, captures, cache, (longest_q, longest_k))
-    out, lse = call.forward(q, k, v, _with_cache(plan, captures, cache))
+    out, lse = call.forward(q, k, v, _with_cache(plan, captures, cache, q, k, v))
     if lse is None:
         lse = torch.zeros(q.shape[:3], dtype=_lse_dtype(q), device=q.device)
     return out, lse
@@ -99,8 +101,9 @@ def attention_backward_op(key: str, backend: str, q: Tensor, k: Tensor, v: Tenso
     call, plan = _call(key, backend, q, k, v, captures, cache, (longest_q, longest_k))
     softmax = call.with_lse
     wanted = [closures_wanted[j] for j, _, _ in plan] + [False] * len(_present(cache))
-    dq, dk, dv, d_kernel = call.backward(q, k, v, _with_cache(plan, captures, cache), lse if softmax else None,
-                                         d_out, d_lse if softmax else None, wanted, out=out)
+    closures = _with_cache(plan, captures, cache, q, k, v)
+    dq, dk, dv, d_kernel = call.backward(q, k, v, closures, lse if softmax else None, d_out,
+                                         d_lse if softmax else None, wanted, out=out)
     given = _kernel_captures(captures)
     d_captures = relative_reads.written_gradients(plan, given, d_kernel[:len(plan)])
     return [dq, dk, dv] + [t.new_zeros(t.shape, dtype=_grad_dtype(t)) if g is None else g.reshape(t.shape)
