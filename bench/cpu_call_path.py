@@ -23,22 +23,17 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
+
+import sys  # noqa: E402
 
 import torch  # noqa: E402
 
 import ae_mlir as ae  # noqa: E402
 from ae_mlir.backends import cpu, cpu_cache, cpu_threads  # noqa: E402
 
-
-def causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+# The demo's mask and timer, so that both time the same thing.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from causal_demo import _seconds, causal  # noqa: E402
 
 
 def measure(seq: int, rounds: int, masked: bool) -> dict:

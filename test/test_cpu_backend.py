@@ -217,6 +217,19 @@ def test_non_unit_inner_stride_compiles_a_general_kernel():
     assert not cpu.compile_module(text, unit_inner_stride=False).unit_inner_stride
 
 
+def _record_unit_inner_stride(monkeypatch) -> list:
+    """The `unit_inner_stride` of every kernel the CPU backend compiles or fetches from now on."""
+    compiled = []
+    real = cpu.compile_module
+
+    def recording(text, **options):
+        compiled.append(options.get("unit_inner_stride"))
+        return real(text, **options)
+
+    monkeypatch.setattr(cpu, "compile_module", recording)
+    return compiled
+
+
 def test_a_closure_tensor_without_unit_inner_stride_keeps_the_unit_stride_kernel(monkeypatch):
     # A transposed bias table and a broadcast (stride-0) one are passed as contiguous copies, so
     # q, k and v keep the kernel whose tile rows load as vectors; the transposed table, which
@@ -231,14 +244,7 @@ def test_a_closure_tensor_without_unit_inner_stride_keeps_the_unit_stride_kernel
 
     q, k, v = qkv(h=3, lq=lq)
     attn = ae.attention(score_mod=bias, mask_mod=causal)
-    compiled = []
-    real = cpu.compile_module
-
-    def recording(text, **options):
-        compiled.append(options.get("unit_inner_stride"))
-        return real(text, **options)
-
-    monkeypatch.setattr(cpu, "compile_module", recording)
+    compiled = _record_unit_inner_stride(monkeypatch)
     out = attn(q, k, v, backend="cpu")
     assert compiled and all(compiled)
     want = attn(q.double(), k.double(), v.double(), backend="reference")
@@ -263,14 +269,7 @@ def test_a_broadcast_closure_tensor_larger_than_q_k_v_is_read_in_place(monkeypat
     def add_bias(score, b, h, q_idx, kv_idx):
         return score + bias[b, h, q_idx, kv_idx]
 
-    compiled = []
-    real = cpu.compile_module
-
-    def recording(text, **options):
-        compiled.append(options.get("unit_inner_stride"))
-        return real(text, **options)
-
-    monkeypatch.setattr(cpu, "compile_module", recording)
+    compiled = _record_unit_inner_stride(monkeypatch)
     attn = ae.attention(score_mod=add_bias)
     out = attn(q, k, v, backend="cpu")
     assert compiled == [False]
