@@ -9,6 +9,13 @@ from typing import NamedTuple
 from .core import abi
 
 
+def unit_last_stride(t) -> bool:
+    """Whether consecutive elements along `t`'s last dimension are adjacent in memory (a 0-d
+    tensor, or a last dimension of one element, counts as such): what the kernels' unit-stride
+    variants take."""
+    return t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1
+
+
 class ReversedRows:
     """A GPU tensor read (or written) with its sequence dimension (2, of [B, H, L, D]) in reverse
     order, as a kernel argument: the pointer at its last row and that dimension's stride negated.

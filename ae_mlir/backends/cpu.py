@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass
 
 from .. import progress
+from ..kernel_args import unit_last_stride
 from ..core import abi
 from ..core.context import CompileError
 from . import cpu_cache, cpu_launch, cpu_threads
@@ -200,7 +201,7 @@ class CompiledKernel:
             if t.shape != shape or t.dtype != dtype:
                 raise ValueError(f"argument {i} of the CPU kernel must be {self.inputs[i].describe()}, got "
                                  f"[{', '.join(map(str, t.shape))}] {str(t.dtype).removeprefix('torch.')}")
-            if self.unit_inner_stride and not _unit_inner_stride(t):
+            if self.unit_inner_stride and not unit_last_stride(t):
                 raise ValueError(f"argument {i} of the CPU kernel needs unit stride in its last dimension "
                                  "(this kernel was compiled with unit-inner-stride)")
         return self.run_unchecked(inputs)
@@ -227,10 +228,6 @@ class CompiledKernel:
         cpu_threads.run(launch, self.programs, 1 if self.accumulated else cpu_threads.PIECES_PER_THREAD)
         launch.sum_private_copies()
         return outputs
-
-
-def _unit_inner_stride(t) -> bool:
-    return t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1
 
 
 def _spec(mlir_type) -> _ArgSpec:
@@ -319,7 +316,7 @@ def clear_memory_cache() -> None:
 def run_module_text(module_text: str, inputs: list, out_dtype, autotune: bool = False) -> list:
     """Compile (once) and run `module_text` on CPU tensors; the first result takes `out_dtype`.
     With `autotune`, at the tiles of the fastest candidate (`tuned_blocks`)."""
-    unit = all(_unit_inner_stride(t) for t in inputs)
+    unit = all(unit_last_stride(t) for t in inputs)
     blocks = tuned_blocks(module_text, inputs, unit) if autotune else {}
     kernel = compile_module(module_text, unit_inner_stride=unit, **blocks)
     results = _launch(kernel, inputs)
@@ -389,7 +386,7 @@ def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, ki
         raise ValueError(f"the backward kernels need the tensors {', '.join(missing)}")
     for part, reads, writes in kernels:
         inputs = [tensors[r] for r in first + list(reads)]
-        unit = all(_unit_inner_stride(t) for t in inputs)
+        unit = all(unit_last_stride(t) for t in inputs)
         kernel = compile_module(module_text, unit_inner_stride=unit, backward=part, closure_grads=closure_grads)
         if kernel.mask_program is not None:
             # A mask that reads closure tensors: the tiles this kernel visits, classified per call

@@ -378,8 +378,7 @@ class attention:
         mode); `compose` as `_build` takes it. Closure tensors come with a unit last stride
         (`checks.with_unit_last_stride`)."""
         text, caps = self._prepare_captures(q, k, v, kv_len, block_table, sequences, compose)
-        limit = checks.qkv_elements(q, k, v)
-        return text, [checks.with_unit_last_stride(t, limit) for t in caps.tensors]
+        return text, checks.with_unit_last_strides(caps.tensors, q, k, v)
 
     def _prepare_captures(self, q, k, v, kv_len=None, block_table=None, sequences=None,
                           compose: bool = True) -> tuple[str, "Captures"]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from ..kernel_args import unit_last_stride
+
 BACKENDS = ("cpu", "triton", "reference")
 LAYOUTS = ("bhld", "blhd")
 # How each layout spells q/k/v and a per-token g, for messages.
@@ -48,13 +50,15 @@ def with_unit_last_stride(t, limit: int):
     variant for any strides (element-wise tile loads), while a larger one (a bias broadcast to
     [B, H, Lq, Lk]) would cost more to copy, or not fit. The copy is a torch op, so a tensor that
     requires grad gets its gradient through it."""
-    if t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1 or t.numel() > limit:
-        return t
-    return t.contiguous()
+    return t if unit_last_stride(t) or t.numel() > limit else t.contiguous()
 
 
-def qkv_elements(q, k, v) -> int:
-    return q.numel() + k.numel() + v.numel()
+def with_unit_last_strides(tensors: list, q, k, v) -> list:
+    """`with_unit_last_stride` of each closure tensor, at most as large as q, k and v together."""
+    if not tensors:
+        return tensors
+    limit = q.numel() + k.numel() + v.numel()
+    return [with_unit_last_stride(t, limit) for t in tensors]
 
 
 def check_float64_backend(q, backend: str):

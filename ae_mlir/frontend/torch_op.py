@@ -58,9 +58,8 @@ def _present(cache: list) -> list:
 def _with_cache(plan: list, captures: list, cache: list, q, k, v) -> list:
     """The kernel's closure tensors, with a unit last stride as eager calls pass them
     (`checks.with_unit_last_stride`)."""
-    limit = checks.qkv_elements(q, k, v)
     closures = relative_reads.kernel_closures(plan, _kernel_captures(captures))
-    return [checks.with_unit_last_stride(t, limit) for t in closures] + _present(cache)
+    return checks.with_unit_last_strides(closures, q, k, v) + _present(cache)
 
 
 def _lse_dtype(q) -> torch.dtype:
