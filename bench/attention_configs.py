@@ -7,9 +7,10 @@ code-generation choices, beside SDPA's cuDNN and flash backends (full and causal
 
 `build` compiles one bundle per (case, choice) with ae-mlir's Triton lowering, exactly as
 `ae.attention` would with that config (the case is bench/suite.py's catalogue entry, B * L =
-16384, H = 16, bf16); a choice named `...+ws` also marks the KV loops of the Triton IR
-`tt.warp_specialize`, which Triton 3.6 hands to its Hopper warp-specialization pass. That edit
-is an experiment to decide what the lowering should emit, not something ae-mlir does.
+16384, H = 16, bf16); a choice may add experimental edits of the Triton IR, `+ws` (the KV loops
+marked `tt.warp_specialize`) or `+lazy` (the accumulator rescaled only when a row's max grew by
+2^8; bench/ttir_edits.py): experiments to decide what the lowering should emit, not something
+ae-mlir does.
 "default" is the preset's config, "tma..." load tiles through TMA tensor descriptors
 (`tensor_descriptors`; made on the host where the preset makes them so, `host_descriptors`), the
 others through pointers.
@@ -34,40 +35,47 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import suite  # noqa: E402
+import ttir_edits  # noqa: E402
 
-# (name, config overrides or None for ae-mlir's default, warp-specialize the KV loops).
-# A tile choice without "tma" loads through pointers, whatever the preset's default.
+# (name, config overrides or None for ae-mlir's default). A tile choice without "tma" loads through
+# pointers, whatever the preset's default.
 _POINTERS = {"tensor_descriptors": False}
 _M128N64W4S3 = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3, **_POINTERS}
 _M128N128W8S3 = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, **_POINTERS}
 _M64N64W4S3 = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3, **_POINTERS}
 _M64N128W4S3 = {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 3, **_POINTERS}
 CHOICES = {
-    "default": (None, False),
-    "tma": ({"tensor_descriptors": True}, False),
-    "tma+ws": ({"tensor_descriptors": True}, True),
-    "m128n64w4s3": (_M128N64W4S3, False),
-    "m128n128w8s3": (_M128N128W8S3, False),
-    "tma-m128n128w8s3": (dict(_M128N128W8S3, tensor_descriptors=True), False),
-    "m64n64w4s3": (_M64N64W4S3, False),
-    "m64n128w4s3": (_M64N128W4S3, False),
-    "m64n64w4s3+ws": (_M64N64W4S3, True),
-    "m64n32w4s3": ({"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 3, **_POINTERS}, False),
+    "default": None,
+    "tma": {"tensor_descriptors": True},
+    "m128n64w4s3": _M128N64W4S3,
+    "m128n128w8s3": _M128N128W8S3,
+    "tma-m128n128w8s3": dict(_M128N128W8S3, tensor_descriptors=True),
+    "m64n64w4s3": _M64N64W4S3,
+    "m64n128w4s3": _M64N128W4S3,
+    "m64n32w4s3": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 3, **_POINTERS},
 }
-# Any other tile choice by name: [tma-]m<block_m>n<block_n>w<num_warps>s<num_stages>[+ws].
-_TILES = re.compile(r"(tma-)?m(\d+)n(\d+)w(\d+)s(\d+)(\+ws)?$")
+# Any other tile choice by name: [tma-|dtma-]m<block_m>n<block_n>w<num_warps>s<num_stages>, "dtma"
+# with the descriptors made on the device whatever the preset's default.
+_TILES = re.compile(r"(tma-|dtma-)?m(\d+)n(\d+)w(\d+)s(\d+)$")
+# Experimental edits of the Triton IR a choice may add, each as "+name".
+EDITS = ttir_edits.EDITS
 
 
 def choice(name: str) -> tuple | None:
-    """(config overrides or None, warp-specialize) of a choice name; None if it names none."""
-    if name in CHOICES:
-        return CHOICES[name]
-    found = _TILES.match(name)
+    """(config overrides or None, [Triton IR edits]) of a choice name; None if it names none."""
+    base, *edits = name.split("+")
+    if any(e not in EDITS for e in edits):
+        return None
+    if base in CHOICES:
+        return CHOICES[base], [EDITS[e] for e in edits]
+    found = _TILES.match(base)
     if found is None:
         return None
-    tma, m, n, w, s, ws = found.groups()
+    tma, m, n, w, s = found.groups()
     config = {"block_m": int(m), "block_n": int(n), "num_warps": int(w), "num_stages": int(s)}
-    return dict(config, tensor_descriptors=bool(tma)), bool(ws)
+    if tma == "dtma-":
+        config["host_descriptors"] = False
+    return dict(config, tensor_descriptors=bool(tma)), [EDITS[e] for e in edits]
 
 
 # Peers that compute the same attention as these catalogue entries.
@@ -82,17 +90,6 @@ def _cases(variants: list[str], dims: list[int], seqs: list[int]) -> list:
             for variant in variants for dim in dims for seq in seqs]
 
 
-def _warp_specialized(ttir: str) -> str:
-    """The Triton IR with every top-level scf.for (the KV loops) marked tt.warp_specialize."""
-    out = []
-    for line in ttir.splitlines():
-        # A KV loop closes at the function body's indentation (4 spaces) with its result types.
-        if re.match(r"^    \}\) : \(i32, i32, i32, ", line):
-            line = line.replace("}) : (", "}) {tt.warp_specialize} : (", 1)
-        out.append(line)
-    return "\n".join(out) + "\n"
-
-
 def build(out_dir: str, cases: list, choices: list[str]) -> None:
     from ae_mlir import runtime
     from ae_mlir.backends import triton as tb
@@ -102,13 +99,10 @@ def build(out_dir: str, cases: list, choices: list[str]) -> None:
     for case in cases:
         attn, shape = suite.softmax_problem(case, "cpu")
         for picked in choices:
-            config, ws = choice(picked)
+            config, edits = choice(picked)
             bundle = tb.compile_bundle(attn, *suite.meta_like(shape, case.dtype), target="cuda:90", config=config)
-            if ws:
-                # A copy: the compile cache hands out the same object for the same config.
-                bundle = runtime.Bundle.from_json(bundle.to_json())
-                for variant in bundle.variants.values():
-                    variant.ttir = _warp_specialized(variant.ttir)
+            if edits:
+                bundle = ttir_edits.edited(bundle, edits)
             name = f"{case.name}.{picked}.json"
             bundle.save(os.path.join(out_dir, name))
             manifest.append({"case": case.as_dict(), "choice": picked, "file": name,
@@ -225,7 +219,8 @@ def main(argv=None) -> int:
     p.add_argument("--dims", default="64,128")
     p.add_argument("--seqs", default="2048,8192")
     p.add_argument("--choices", default=",".join(CHOICES),
-                   help=f"some of {', '.join(CHOICES)}, or any [tma-]m<M>n<N>w<warps>s<stages>[+ws]")
+                   help=f"some of {', '.join(CHOICES)}, or any [tma-|dtma-]m<M>n<N>w<warps>s<stages>, each "
+                        f"optionally with +{' +'.join(EDITS)}")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     if args.mode == "build":

@@ -3,6 +3,7 @@ backward and SDPA's (flash, cuDNN) in the same process, bf16, B=8 H=16 L=2048.
 
     python bench/backward.py build --out bench/bundles/backward      # here: needs the MLIR bindings
         [--config tensor_descriptors=true]   # backward preset overrides for every case
+        [--edits ws]   # experimental Triton IR edits of the backward kernels (bench/ttir_edits.py)
     python bench/backward.py run --bundles bench/bundles/backward --out DIR   # on the GPU: torch + triton
         [--baseline DIR]   # also time DIR's bundles (built by another version) in the same process
     python bench/backward.py sweep --bundles bench/bundles/backward --out DIR # each kernel alone, per config
@@ -32,6 +33,7 @@ sys.path.insert(0, HERE)
 
 import harness  # noqa: E402
 import suite  # noqa: E402
+import ttir_edits  # noqa: E402
 
 CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64),
          ("sigmoid", 128), ("relu", 128), ("retnet", 128), ("tempered", 128), ("sliding_window", 128),
@@ -64,7 +66,8 @@ def _selected(only: str) -> list[tuple[str, int]]:
     return [(v, d) for v, d in CASES if not names or f"{v}_d{d}" in names]
 
 
-def build(out: str, only: str = "", sweep_configs: bool = True, config: dict | None = None) -> None:
+def build(out: str, only: str = "", sweep_configs: bool = True, config: dict | None = None,
+          edits: tuple = ()) -> None:
     from ae_mlir.backends import triton as tb
     from ae_mlir.backends.call_time_tiles import backward_call_time_tiles
     from build_suite import build_one
@@ -83,8 +86,10 @@ def build(out: str, only: str = "", sweep_configs: bool = True, config: dict | N
         empty = suite.softmax_inputs(shape, case.dtype, "cpu", empty=True)
         roles = dict(zip(("q", "k", "v"), empty), **{f"c{i}": t for i, t in enumerate(attn._build(*empty)[1])})
         tiles = backward_call_time_tiles(text, "cuda:90", roles)
-        tb.build_backward_bundle(text, "cuda:90", dict(tiles, closure_grads=False, **(config or {}))).save(
-            os.path.join(out, f"{name}.bwd.json"))
+        bwd = tb.build_backward_bundle(text, "cuda:90", dict(tiles, closure_grads=False, **(config or {})))
+        if edits:
+            bwd = ttir_edits.edited(bwd, [ttir_edits.EDITS[e] for e in edits])
+        bwd.save(os.path.join(out, f"{name}.bwd.json"))
         if sweep_configs and (variant, dim) in SWEEP_CASES:
             for bm, bn, warps, stages in (SWEEP_CUT if variant in CUT_MASKS else SWEEP):
                 config = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages,
@@ -332,6 +337,8 @@ def main(argv=None) -> int:
     parser.add_argument("--bundles", default=os.path.join(HERE, "bundles", "backward"))
     parser.add_argument("--no-sweep", action="store_true", help="build: leave out the sweep's bundles")
     parser.add_argument("--config", default="", help="build: backward preset overrides for every case, key=value,...")
+    parser.add_argument("--edits", default="", help=f"build: Triton IR edits of the backward kernels, some of "
+                        f"{','.join(ttir_edits.EDITS)}")
     parser.add_argument("--baseline", action="append", default=[],
                         help="run: also time this directory's backward bundles (another compiler version)")
     args = parser.parse_args(argv)
@@ -340,7 +347,11 @@ def main(argv=None) -> int:
     if args.mode == "build":
         from build_suite import parse_config
 
-        build(args.out, args.cases, not args.no_sweep, parse_config(args.config))
+        edits = tuple(e for e in args.edits.split(",") if e)
+        unknown = [e for e in edits if e not in ttir_edits.EDITS]
+        if unknown:
+            parser.error(f"--edits: unknown {', '.join(unknown)} (known: {', '.join(ttir_edits.EDITS)})")
+        build(args.out, args.cases, not args.no_sweep, parse_config(args.config), edits)
     elif args.mode == "sweep":
         sweep(args.bundles, args.out)
     elif args.mode == "cpu":
