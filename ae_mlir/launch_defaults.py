@@ -301,6 +301,17 @@ def linear_config(problem: Problem, target: str = "cuda:90") -> dict:
 FAST_TANH = True
 
 
+# Multiprocessors (compute units) of the GPU each target names, for attn-lower-to-triton's
+# wave-programs: the H100 and H200 (sm90, SXM) have 132, the A100 (sm80) 108, the MI300X (gfx942)
+# 304. A target another GPU shares (the H100 PCIe has 114) only sizes the sections differently.
+MULTIPROCESSORS = {"cuda:90": 132, "cuda:80": 108, "hip:gfx942": 304}
+
+
+def multiprocessors(target: str) -> int:
+    """The programs `target`'s GPU runs at once, one a multiprocessor; 0 where unknown."""
+    return MULTIPROCESSORS.get(target, 0)
+
+
 def has_fast_tanh(target: str) -> bool:
     """Whether `target` has tanh.approx.f32: NVIDIA from sm75 on."""
     family, _, arch = target.partition(":")

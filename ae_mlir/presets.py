@@ -25,7 +25,7 @@ from typing import Literal
 from .core import abi
 from .core.context import CompileError
 from .launch_defaults import (CUT_TILES_AT, FAST_TANH, WHOLE_TILES, backward_config, backward_overrides, cpu_config,
-                              default_config, has_fast_tanh, has_tma, host_tma, linear_config)
+                              default_config, has_fast_tanh, has_tma, host_tma, linear_config, multiprocessors)
 
 PRESETS = ("cpu", "triton")
 TARGETS = {"cpu": "host", "triton": "cuda:90"}
@@ -169,6 +169,7 @@ class PresetOptions:
     tensor_descriptors: bool = False  # attn-lower-to-triton: TMA tile loads (see has_tma)
     host_descriptors: bool = False  # attn-lower-to-triton: their descriptors made on the host (see host_tma)
     fast_tanh: bool = False        # attn-lower-to-triton: tanh.approx.f32 (see FAST_TANH)
+    wave_programs: int = 0         # attn-lower-to-triton: the GPU's multiprocessors (launch_defaults)
     unit_inner_stride: bool = True  # attn-lower-to-cpu
     vector_bits: int = 512         # attn-lower-to-cpu: register tiles for the host's vector width
     no_avx512_bf16: bool = False   # attn-lower-to-cpu: the host has AVX512-BF16 (cpu_target_features)
@@ -223,6 +224,8 @@ class PresetOptions:
             config["tensor_descriptors"] = True
         if self.host_descriptors and self.tensor_descriptors:
             config["host_descriptors"] = True
+        if self.target != "host" and self.wave_programs != multiprocessors(self.target):
+            config["wave_programs"] = self.wave_programs
         if not self.mirror_reads and self.target != "host":  # the Triton preset mirrors
             config["mirror_reads"] = False
         if not self.raw_row_max and self.target != "host" and not self.backward:  # and takes the raw row max
@@ -255,6 +258,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset], "prescale_q": preset == "cpu",
                     "mirror_reads": preset == "triton",
                     "raw_row_max": preset == "triton"}
+    if preset == "triton":
+        values["wave_programs"] = multiprocessors(target)
     if problem is not None and preset == "triton":
         values["fast_tanh"] = (FAST_TANH and has_fast_tanh(target) and not problem.linear
                                and problem.dtype in ("bf16", "f16"))
@@ -365,7 +370,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                            f"input-precision={o.input_precision} "
                            f"tensor-descriptors={_flag(o.tensor_descriptors)} "
                            f"host-descriptors={_flag(o.host_descriptors)} "
-                           f"fast-tanh={_flag(o.fast_tanh)}}}",))]
+                           f"fast-tanh={_flag(o.fast_tanh)} "
+                           f"wave-programs={o.wave_programs}}}",))]
 
 
 def pipeline_text(preset: str, options: PresetOptions, stage: str | None = None) -> str:

@@ -6,7 +6,9 @@ op by op into tt/arith/math/scf ops on tensors:
 * Each tensor argument becomes a `!tt.ptr<elt>` plus its strides; the program coordinates come
   from `tt.get_program_id`, with the query block on axis x (fastest, so the programs that share
   K/V run together) walked from the last block down (causal rows are longest at the end, so the
-  longest programs start first). The launch grid is `attn.grid` on the tt.func, in x, y, z order.
+  longest programs start first), or, where the tiling marked `attn.heavy_blocks`, from the
+  heaviest block, across sections of heads that fill `wave-programs` (triton/program_order.py).
+  The launch grid is `attn.grid` on the tt.func, in x, y, z order.
 * A tile load (`tensor.extract_slice` [+ `tensor.pad`]) is one `tt.load` over a pointer tensor
   built from `tt.make_range`/`tt.expand_dims`/`tt.broadcast`/`tt.addptr`, masked where the slice is
   ragged and filled with zeros. Tile dimensions that are not powers of two (head dims like 80) are
@@ -113,6 +115,14 @@ class LowerToTriton(ModulePass):
         False, "f32 math.tanh, and the logistic 1 / (1 + exp(-x)) as 0.5 + 0.5 tanh(x / 2), through the "
                "hardware's tanh approximation (PTX tanh.approx.f32, NVIDIA sm75 and later; 2^-11 relative "
                "error) rather than the exact expansions, where the value reaches no comparison")
+    wave_programs: int = option(
+        0, "the programs the GPU runs at once (its multiprocessors): kernels whose tiling marks "
+           "attn.heavy_blocks start their heaviest blocks first across sections of heads that fill it "
+           "(0: the heaviest block of each head first, head after head)")
+
+    def __post_init__(self):
+        if self.wave_programs < 0:
+            raise ValueError(f"wave-programs must be at least 0, got {self.wave_programs}")
 
     def apply(self, module_op) -> None:
         from mlir import ir
@@ -126,7 +136,7 @@ class LowerToTriton(ModulePass):
         for func in kernels:
             text = Kernel(func, self.assume_aligned, self.input_precision,
                           self.assume_aligned and self.tensor_descriptors, self.fast_tanh,
-                          self.host_descriptors).build()
+                          self.host_descriptors, self.wave_programs).build()
             parsed = parse_module(text, module_op.context, "<attn-lower-to-triton>")
             with module_op.context:
                 parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(func))

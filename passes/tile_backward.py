@@ -64,7 +64,7 @@ from .tile_backward_rows import Rows
 from .tile_backward_running_max import RunningMaxGradients
 from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
-from .tile_tables import Classification, classify_blocks, table_constants
+from .tile_tables import Classification, classify_blocks, heavy_blocks, table_constants
 from .tile_varlen import sequences_source
 
 
@@ -251,9 +251,10 @@ class _Backward(RunningMaxGradients):
             state = list(loop.results)
         return state
 
-    def signature(self, name: str, part: str, grid: list[int]):
-        """The kernel `part` of abi.BACKWARD_KERNELS: its entry block, and its arguments after
-        q, k, v and the closure tensors, by role."""
+    def signature(self, name: str, part: str, grid: list[int], lists):
+        """The kernel `part` of abi.BACKWARD_KERNELS, walking `lists` (partial, full) per block of
+        its grid's last axis: its entry block, and its arguments after q, k, v and the closure
+        tensors, by role."""
         from mlir import ir
 
         i64 = ir.IntegerType.get_signless(64)
@@ -288,6 +289,8 @@ class _Backward(RunningMaxGradients):
         if self.program is not None:
             attributes.update({key: ir.Attribute.parse(text) for key, text in
                                Classification([], [], self.program).kernel_attributes()})
+        elif self.sources[0] is None and self.kv_len is None and heavy_blocks(*lists) is not None:
+            attributes[abi.HEAVY_BLOCKS] = ir.StringAttr.get(heavy_blocks(*lists))
         entry = self.function(name, self.inputs + [types[r] for r in ins + outs], [types[r] for r in outs], attributes)
         args = dict(zip(ins + outs, self.kernel_args[len(self.inputs):]))
         if self.program is not None:
@@ -302,13 +305,13 @@ class _Backward(RunningMaxGradients):
 
         bm, bn = self.bm, self.bn
         nn = -(-self.lk // bn)
-        entry, args = self.signature(name, "dkdv", [self.b, self.hkv, nn])
+        lists = (transposed(partial, nn), transposed(full, nn))
+        entry, args = self.signature(name, "dkdv", [self.b, self.hkv, nn], lists)
         d_out, lse, delta, dk_dest, dv_dest = (args.get(r) for r in ("do", "lse", "delta", "dk", "dv"))
         # A user normalizer's rows, which its dQ kernel wrote.
         online_rows = {r: args[r] for r in abi.backward_roles("dkdv", self.kind, self.stat)[0][1:]} \
             if self.kind == "online" else {}
         q, k, v = (self.packed_arg(i) for i in range(3))
-        lists = (transposed(partial, nn), transposed(full, nn))
         with ir.InsertionPoint(entry):
             pb, phk, pn = (program_id(axis) for axis in range(3))
             q_rows, k_rows = self.sides(pb)
@@ -370,16 +373,13 @@ class _Backward(RunningMaxGradients):
         bm, bn = self.bm, self.bn
         nm = -(-self.lq // bm)
         f32_type = ir.F32Type.get()
-        entry, args = self.signature(name, "dq", [self.b, self.h, nm])
+        entry, args = self.signature(name, "dq", [self.b, self.h, nm], (partial, full))
         out, d_out, lse, d_lse, dq_dest, delta_dest = (args.get(r) for r in ("out", "do", "lse", "dlse", "dq",
                                                                                "delta"))
         q, k, v = (self.packed_arg(i) for i in range(3))
         with ir.InsertionPoint(entry):
-            pb, ph, last_first = (program_id(axis) for axis in range(3))
+            pb, ph, pm = (program_id(axis) for axis in range(3))
             q_rows, k_rows = self.sides(pb)
-            # Under a causal mask the last query blocks visit the most KV blocks: the GPU starts
-            # programs in grid order, so they go first and the short ones fill in at the end.
-            pm = arith.subi(index(nm - 1), last_first)
             hk = arith.divui(ph, index(self.group)) if self.group > 1 else ph
             m0 = arith.muli(pm, index(bm))
             q_tile = q_rows.load(q, ph, m0, bm, self.dk)

@@ -41,6 +41,21 @@ class Classification:
         return [(abi.CALL_TIME_TABLES, "unit"), (abi.MASK_PROGRAM, string_attribute(self.program.to_json()))]
 
 
+def heavy_blocks(partial: list[list[int]], full: list[list[int]]) -> str | None:
+    """abi.HEAVY_BLOCKS of a kernel walking these lists per block: "first" or "last" where the
+    tile counts fall or rise along the blocks (a causal mask's), None where they are equal or go
+    both ways."""
+    counts = [len(p) + len(f) for p, f in zip(partial, full)]
+    pairs = list(zip(counts, counts[1:]))
+    if all(a == b for a, b in pairs):
+        return None
+    if all(a >= b for a, b in pairs):
+        return "first"
+    if all(a <= b for a, b in pairs):
+        return "last"
+    return None
+
+
 def string_attribute(text: str) -> str:
     """`text` as an MLIR string attribute; JSON from `to_json` is ASCII without newlines, so
     quotes and backslashes are all that need escaping."""

@@ -190,7 +190,7 @@ def test_triton_text_names_every_option():
         "mirror-reads=true raw-row-max=true},"
         "attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,"
         "attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=true host-descriptors=true "
-        "fast-tanh=true})")
+        "fast-tanh=true wave-programs=132})")
     assert (options.num_warps, options.num_stages) == (4, 3)
 
 

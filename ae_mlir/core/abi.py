@@ -22,6 +22,9 @@ CHUNK_STAGE = "attn.chunk_stage"            # string: which CHUNK_STAGES kernel 
 ARG_ROLES = "attn.arg_roles"                # [string]: one role per argument
 CALL_TIME_TABLES = "attn.call_time_tables"  # unit: the four tile tables follow the inputs
 MASK_PROGRAM = "attn.mask_program"          # string: JSON mask program that classifies those tables
+HEAVY_BLOCKS = "attn.heavy_blocks"          # string: "first" or "last", the end of the block axis
+                                            # whose programs visit the most tiles (absent: equal
+                                            # or not known before the call)
 # Only on tt.func (attn-lower-to-triton):
 KERNEL_ARGS = "attn.kernel_args"            # [string]: "q", "q.stride0", ..., "table0"
 TABLES = "attn.tables"                      # [dense i32]: compile-time tile tables, "table<j>"

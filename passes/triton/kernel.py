@@ -5,13 +5,16 @@ from ...core import abi
 from ..index_bounds import IndexBounds
 from .linalg import LinalgOps
 from .ops import ELEMENTWISE, TensorOps
+from .program_order import ProgramOrder
 from .values import PRECISION, Dest, Table, fail, padded_size
 
 
-class Kernel(TensorOps, LinalgOps):
+class Kernel(TensorOps, LinalgOps, ProgramOrder):
     def __init__(self, func, aligned: bool, precision: str, descriptors: bool = False, fast_tanh: bool = False,
-                 host_descriptors: bool = False):
+                 host_descriptors: bool = False, wave_programs: int = 0):
         super().__init__()
+        self.wave_programs = wave_programs
+        self.coordinates = None  # the program ids' values, made at the first (ProgramOrder)
         self.func = func
         self.aligned = aligned
         self.descriptors = descriptors

@@ -52,11 +52,11 @@ class TensorOps(Tables, MathExpansions):
         axis = int(op.attributes["axis"].value)
         if axis not in (0, 1, 2):
             raise fail(op, f"has axis {axis}; L1 kernels have axes 0 (batch), 1 (head), 2 (query block)")
-        triton_axis = 2 - axis
-        pid = Value(self.em(f'"tt.get_program_id"() {{axis = {triton_axis} : i32}} : () -> i32'), (), "i32")
-        if axis == 2 and self.grid[2] > 1:
-            pid = self.op("arith.subi", self.const(self.grid[2] - 1, "i32"), pid)
-        self.values[op.results[0]] = pid
+        if self.coordinates is None:
+            if op.operation.parent.name != "func.func":
+                raise fail(op, "must be in the kernel's entry block (all three ids are computed together)")
+            self.coordinates = self.program_coordinates()
+        self.values[op.results[0]] = self.coordinates[axis]
 
     def empty(self, op) -> None:
         self.values[op.results[0]] = Empty()

@@ -11,11 +11,12 @@
 // RUN: not ae-opt %s --pipeline='triton{tensor-descriptors=true}' --target=hip:gfx942 2>&1 | FileCheck %s --check-prefix=NOTMA --implicit-check-not=Traceback
 // RUN: ae-opt %s --pipeline='triton{tensor-descriptors=true}' --emit=ttir | FileCheck %s --check-prefix=TMA
 
-// CUDA: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=true block-v=64 block-k=64},attn-tile{block-m=16 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false mirror-reads=true raw-row-max=true},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false host-descriptors=false fast-tanh=false})
+// CUDA: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=true block-v=64 block-k=64},attn-tile{block-m=16 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false mirror-reads=true raw-row-max=true},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false host-descriptors=false fast-tanh=false wave-programs=132})
 // CUDA-NEXT: // launch: num-warps=4 num-stages=3
 // HIP: attn-tile{block-m=16 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false mirror-reads=true raw-row-max=true}
+// HIP-SAME: wave-programs=304}
 // HIP: // launch: num-warps=4 num-stages=2
-// OVERRIDE: attn-tile{block-m=32 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false mirror-reads=true raw-row-max=true},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=false input-precision=ieee tensor-descriptors=false host-descriptors=false fast-tanh=false})
+// OVERRIDE: attn-tile{block-m=32 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false mirror-reads=true raw-row-max=true},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=false input-precision=ieee tensor-descriptors=false host-descriptors=false fast-tanh=false wave-programs=132})
 // AFTER: IR Dump After AttnTile (attn-tile)
 // AFTER: IR Dump After Canonicalizer (canonicalize)
 // AFTER: IR Dump After CSE (cse)

@@ -32,12 +32,11 @@
 // CHECK-SAME: %[[DQ:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[DELTA:[a-z0-9]+]]: tensor<1x2x100xf32>)
 // CHECK-SAME: -> (tensor<1x2x100x16xbf16>, tensor<1x2x100xf32>)
 // CHECK-SAME: attn.arg_roles = ["q", "k", "v", "out", "do", "lse", "dlse", "dq", "delta"]
-// CHECK-SAME: attn.block_m = 32 : i64, attn.block_n = 32 : i64, attn.grid = array<i64: 1, 2, 4>
+// The last query blocks visit the most KV blocks (1, 2, 3, 4), which a GPU lowering starts first.
+// CHECK-SAME: attn.block_m = 32 : i64, attn.block_n = 32 : i64, attn.grid = array<i64: 1, 2, 4>, attn.heavy_blocks = "last"
 // CHECK-DAG: %[[PB:.*]] = "attn.program_id"() {axis = 0 : i64}
 // CHECK-DAG: %[[PH:.*]] = "attn.program_id"() {axis = 1 : i64}
-// CHECK-DAG: %[[PID:.*]] = "attn.program_id"() {axis = 2 : i64}
-// Query block 3 - pid: the long (late) causal rows start first.
-// CHECK: %[[PM:.*]] = arith.subi %{{.*}}, %[[PID]] : index
+// CHECK-DAG: %[[PM:.*]] = "attn.program_id"() {axis = 2 : i64}
 // CHECK: %[[QT:.*]] = tensor.pad
 // CHECK: tensor.extract_slice %[[DO]][%[[PB]], %[[PH]], %{{.*}}, 0] [1, 1, %{{.*}}, 16]
 // CHECK: %[[DOT:.*]] = tensor.pad
@@ -105,7 +104,8 @@
 // CHECK-SAME: %[[DK:[a-z0-9]+]]: tensor<1x2x100x16xbf16>, %[[DV:[a-z0-9]+]]: tensor<1x2x100x16xbf16>)
 // CHECK-SAME: -> (tensor<1x2x100x16xbf16>, tensor<1x2x100x16xbf16>)
 // CHECK-SAME: attn.arg_roles = ["q", "k", "v", "do", "lse", "delta", "dk", "dv"]
-// CHECK-SAME: attn.block_m = 32 : i64, attn.block_n = 32 : i64, attn.grid = array<i64: 1, 2, 4>
+// The first KV blocks are visited by the most query blocks (4, 3, 2, 1).
+// CHECK-SAME: attn.block_m = 32 : i64, attn.block_n = 32 : i64, attn.grid = array<i64: 1, 2, 4>, attn.heavy_blocks = "first"
 // CHECK-DAG: %[[PB:.*]] = "attn.program_id"() {axis = 0 : i64}
 // CHECK-DAG: %[[PH:.*]] = "attn.program_id"() {axis = 1 : i64}
 // CHECK-DAG: %[[PN:.*]] = "attn.program_id"() {axis = 2 : i64}
