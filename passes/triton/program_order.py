@@ -7,16 +7,17 @@ last down (the causal forward's longest programs start first, and equal ones in 
 
 With `attn.heavy_blocks` (the tiling's word that the programs at one end of the block axis visit
 more tiles) the heaviest block goes first. That alone changes little when the heads follow one
-another: the last head's longest program still starts near the end. With `wave` (the programs the
-GPU runs at once, its multiprocessors) the heads are taken in sections whose programs about fill
-the GPU, and within a section every head's heaviest block goes first, then every head's next:
-longest first over the whole section, while the K/V the running programs read stays that of a
-few heads. A section holds the least power of two of heads whose programs fill the wave: 8.6
-to 17 MB of K/V at D = 128 (132 to 264 programs of 128 rows), whatever the length. In a greedy
-schedule of the tiles' counts on 132 multiprocessors, causal kernels of 8 to 128 blocks a head,
-B * H = 16 to 512, lose 0.1-64% of their time (3.5-15% at B * H >= 64) to the unequal tail in
-the per-head order, and 0-3% in such sections; sections of other sizes (9 heads of 16 blocks:
-9%) can do worse than none.
+another: the last head's longest program still starts near the end. With `wave_programs` (the
+programs the GPU runs at once, its multiprocessors) the heads are taken in sections whose
+programs fill the GPU, and within a section every head's heaviest block goes first, then every
+head's next: longest first over the whole section, while the K/V the running programs read stays
+that of a few heads. A section holds the least power of two of heads whose programs fill the
+wave: 8.6 to 17 MB of K/V at D = 128 (132 to 264 programs of 128 rows), whatever the length. In a
+greedy schedule of the tiles' counts on 132 multiprocessors, causal kernels (B * H = 16 to 512, 8
+to 256 blocks a head) lose up to 64% of their time to the unequal tail in the per-head order
+(3.5-15% at B * H >= 64), and at most 3% in such sections; sections of other sizes (9 heads of 16
+blocks: 9%) can do worse than none. On the H200 the sections gained 3.4-6.1% over the per-head
+order (bench/RESULTS.md, 2026-12-05).
 """
 from __future__ import annotations
 
