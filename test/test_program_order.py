@@ -66,3 +66,16 @@ def test_the_preset_takes_the_targets_multiprocessors():
         options = presets.options_for("triton", problem, target)
         assert options.wave_programs == wave
         assert f"wave-programs={wave}}}" in presets.pipeline_text("triton", options)
+
+
+@pytest.mark.parametrize("partial, full, want", [
+    ([[0], [1], [2]], [[], [0], [0, 1]], "last"),        # causal: 1, 2, 3 tiles
+    ([[0, 1], [1, 2], [2]], [[2], [], []], "first"),     # anti-causal: 3, 2, 1
+    ([[0], [0], [0]], [[1], [1], [1]], None),            # equal
+    ([[0], [0, 1, 2], [2]], [[], [], []], None),         # up then down (a bidirectional window)
+    ([[0]], [[]], None),                                 # one block
+])
+def test_heavy_blocks_from_the_tile_counts(partial, full, want):
+    from ae_mlir.passes.tile_tables import heavy_blocks
+
+    assert heavy_blocks(partial, full) == want
