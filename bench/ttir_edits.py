@@ -47,8 +47,10 @@ def lazy_rescale(ttir: str) -> str:
     LAZY_THRESHOLD (log2 units) since the last rescale, one decision per tile (scf.if): otherwise
     the rows keep their old max, their probabilities reach up to 2^LAZY_THRESHOLD, and the
     accumulator's multiply by alpha (exactly 1 then) is skipped. Exact: output and logsumexp are
-    formed from the max every row's terms were taken against. Loops carrying (max, sum, acc)
-    with the shape ae-mlir's softmax writes are edited; others are left as they are."""
+    formed from the max every row's terms were taken against (the TTIR interpreter agrees; on
+    the H200, Triton 3.6 miscompiled the raw-max loops so edited and ran the masked ones 15-19%
+    slower: bench/RESULTS.md, 2026-12-05). Loops carrying (max, sum, acc) with the shape
+    ae-mlir's softmax writes are edited; others are left as they are."""
     lines = ttir.splitlines()
     out: list[str] = []
     i = 0
