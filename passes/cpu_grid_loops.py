@@ -24,6 +24,7 @@ from typing import ClassVar
 from ..core import abi
 from . import ModulePass
 from .cpu_support import GRID_ATTR, KERNEL_ATTR, STATE_LOOP_ATTR, fail, ops, walk
+from .tile_tables import heavy_blocks_of
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def lower_grid(func):
         loop = scf.ForOp(first, last, one, dests, ip=ir.InsertionPoint(ret))
         ip = ir.InsertionPoint(loop.body)
         ids = program_ids_of(loop.induction_variable, grid, ip)
-        if _heavy_last(op) and grid[-1] > 1:
+        if heavy_blocks_of(op) == "last" and grid[-1] > 1:
             # The threads claim ranges of programs in order: the heaviest blocks go first, so the
             # last ranges claimed are short (a causal kernel of 16 blocks a head on 2 threads
             # spent ~4% of its time on the tail, in a greedy schedule of the tiles' counts).
@@ -122,14 +123,6 @@ def lower_grid(func):
             del op.attributes[abi.HEAVY_BLOCKS]
         op.attributes[KERNEL_ATTR] = ir.UnitAttr.get()
     return loop.operation
-
-
-def _heavy_last(func_op) -> bool:
-    """Whether the tiling marked the kernel's last blocks the ones that visit the most tiles."""
-    from mlir import ir
-
-    heavy = func_op.attributes[abi.HEAVY_BLOCKS] if abi.HEAVY_BLOCKS in func_op.attributes else None
-    return heavy is not None and ir.StringAttr(heavy).value == "last"
 
 
 def program_ids_of(flat, grid: list[int], ip) -> list:

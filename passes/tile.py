@@ -33,7 +33,7 @@ from .l1_ops import TILE_VIEWS, kernel_function, ops_named, shape
 from .tile_pack_gqa import pack, packable, store_head_rows
 from .tile_sources import RowSources
 from .tile_split_kv import build_split, splittable
-from .tile_tables import Classification, classify_blocks, heavy_blocks, table_constants
+from .tile_tables import Classification, classify_blocks, heavy_blocks_attributes, table_constants
 from .tile_varlen import packing_ops, sequences_source
 
 LOG2E = 1.0 / math.log(2.0)
@@ -97,11 +97,8 @@ class _Kernel(RowSources, KernelBuilder):
         result_types = [r.type for r in (self.packing_results() or self.op.results)]
         attributes = self.attributes([self.b, self.hkv if self.packed else self.h, nm])
         attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
-        heavy = None
         if not classification.at_call_time and self.kv_len is None and self.q_seq is None:
-            heavy = heavy_blocks(classification.partial, classification.full)
-        if heavy is not None:
-            attributes[abi.HEAVY_BLOCKS] = ir.StringAttr.get(heavy)
+            attributes.update(heavy_blocks_attributes(classification.partial, classification.full))
         mirrored = self.mirrored_positions()
         if mirrored:
             tables = abi.call_time_table_roles(len(inputs) - len(abi.INPUTS)) if table_types else []

@@ -64,7 +64,7 @@ from .tile_backward_rows import Rows
 from .tile_backward_running_max import RunningMaxGradients
 from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
-from .tile_tables import Classification, classify_blocks, heavy_blocks, table_constants
+from .tile_tables import Classification, classify_blocks, heavy_blocks_attributes, table_constants
 from .tile_varlen import sequences_source
 
 
@@ -289,8 +289,8 @@ class _Backward(RunningMaxGradients):
         if self.program is not None:
             attributes.update({key: ir.Attribute.parse(text) for key, text in
                                Classification([], [], self.program).kernel_attributes()})
-        elif self.sources[0] is None and self.kv_len is None and heavy_blocks(*lists) is not None:
-            attributes[abi.HEAVY_BLOCKS] = ir.StringAttr.get(heavy_blocks(*lists))
+        elif self.sources[0] is None and self.kv_len is None:
+            attributes.update(heavy_blocks_attributes(*lists))
         entry = self.function(name, self.inputs + [types[r] for r in ins + outs], [types[r] for r in outs], attributes)
         args = dict(zip(ins + outs, self.kernel_args[len(self.inputs):]))
         if self.program is not None:

@@ -56,6 +56,24 @@ def heavy_blocks(partial: list[list[int]], full: list[list[int]]) -> str | None:
     return None
 
 
+def heavy_blocks_attributes(partial: list[list[int]], full: list[list[int]]) -> dict:
+    """{abi.HEAVY_BLOCKS: its string attribute} of a kernel walking these lists, or {} where
+    heavy_blocks finds neither end heavier."""
+    from mlir import ir
+
+    heavy = heavy_blocks(partial, full)
+    return {} if heavy is None else {abi.HEAVY_BLOCKS: ir.StringAttr.get(heavy)}
+
+
+def heavy_blocks_of(func_op) -> str | None:
+    """The abi.HEAVY_BLOCKS a kernel function carries ("first", "last"), or None."""
+    from mlir import ir
+
+    if abi.HEAVY_BLOCKS not in func_op.attributes:
+        return None
+    return ir.StringAttr(func_op.attributes[abi.HEAVY_BLOCKS]).value
+
+
 def string_attribute(text: str) -> str:
     """`text` as an MLIR string attribute; JSON from `to_json` is ASCII without newlines, so
     quotes and backslashes are all that need escaping."""

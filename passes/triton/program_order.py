@@ -21,7 +21,7 @@ order (bench/RESULTS.md, 2026-12-05).
 """
 from __future__ import annotations
 
-from ...core import abi
+from ..tile_tables import heavy_blocks_of
 
 
 class ProgramOrder:
@@ -35,7 +35,7 @@ class ProgramOrder:
         b, h, nm = self.grid
         pid = [Value(self.em(f'"tt.get_program_id"() {{axis = {axis} : i32}} : () -> i32'), (), "i32")
                for axis in range(3)]
-        heavy = self.func.attributes[abi.HEAVY_BLOCKS].value if abi.HEAVY_BLOCKS in self.func.attributes else None
+        heavy = heavy_blocks_of(self.func)
         heads = b * h
         section = min(heads, _section_heads(self.wave_programs, nm)) if self.wave_programs and heavy else 1
         if section == 1:
