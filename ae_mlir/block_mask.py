@@ -1,7 +1,8 @@
 """Call-time tile classification of masks that read closure tensors.
 
-A kernel whose mask reads closure tensors (but not b or h) takes its four tile tables as
-arguments (see `core.block_tables`) and carries the mask as a JSON `ScalarProgram`. At each call
+A kernel whose mask reads closure tensors takes its four tile tables as arguments (see
+`core.block_tables`; one per batch entry or head where the mask reads b or h: a batch of rows
+each packing its own documents) and carries the mask as a JSON `ScalarProgram`. At each call
 the runtime evaluates that program with torch on the tensors' own device, reading the closure
 tensors from the kernel's operands, as FlexAttention's BlockMask does: no user Python is needed,
 so a bundle built ahead of time classifies on its own.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from .core.block_tables import classify
+from .core.block_tables import classify, table_lead
 from .core.memo import kept
 from .core.regions import ScalarProgram
 from .core.scalar_eval import bind_externals, evaluate
@@ -25,11 +26,14 @@ def classify_program(program: ScalarProgram, operands: list, seq_q: int, seq_k: 
                      block_n: int, device, layout: str = "forward") -> list:
     """The four tables (partial count/index, full count/index; [NM] and [NM, NN] int32, or per
     KV block for the "dkdv" layout: see `core.block_tables.classify`) of the mask `program`, whose
-    outer values are `operands` (the kernel's inputs) or constants."""
+    outer values are `operands` (the kernel's inputs, q [B, H, Lq, D] first) or constants; with
+    the leading axes `table_lead` gives where the mask reads b or h."""
     externals = bind_externals(program, operands, device)
+    batch, heads = operands[0].shape[0], operands[0].shape[1]
+    lead = table_lead(program.uses_arg(0), program.uses_arg(1), batch, heads)
     tables = classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], externals, device),
-                      1, 1, seq_q, seq_k, block_m, block_n, device, full_width=True, layout=layout)
-    return [t.reshape(t.shape[2:]) for t in tables.tensors()]
+                      *(lead or [1, 1]), seq_q, seq_k, block_m, block_n, device, full_width=True, layout=layout)
+    return [t if lead else t.reshape(t.shape[2:]) for t in tables.tensors()]
 
 
 _CACHE: dict = {}
@@ -45,7 +49,7 @@ def call_time_tables(program_json: str, operands: list, seq_q: int, seq_k: int, 
     a new detached view of the same tensor at each call, which shares its version counter."""
     program = _program(program_json)
     reads = tuple(operands[s[1]] for s in program.sources if s[0] == "operand")
-    key = (program_json, seq_q, seq_k, block_m, block_n, str(device), layout,
+    key = (program_json, tuple(operands[0].shape[:2]), seq_q, seq_k, block_m, block_n, str(device), layout,
            tuple((str(t.device), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version) for t in reads))
     # The entry holds the closure tensors: while it lives, no other tensor can take their memory.
     return kept(_CACHE, key, lambda: (reads, classify_program(program, operands, seq_q, seq_k, block_m, block_n,

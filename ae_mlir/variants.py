@@ -42,6 +42,7 @@ class Variant:
     make: Callable  # (shape, device, generator) -> ae.attention
     adjust: Callable[[Shape], Shape] = lambda s: s
     causal_like: bool = False  # about half the tiles visible (for FLOP counts)
+    per_entry: bool = False  # the mask reads b: each batch entry has its own (a closure tensor per row)
 
 
 def _causal(b, h, q_idx, kv_idx):
@@ -101,6 +102,24 @@ def _document(shape, device, gen):
         return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
 
     return ae.attention(mask_mod=document)
+
+
+def _document_rows(shape, device, gen):
+    """Each batch row packs its own documents (ids [B, L]), as a training batch of packed rows does."""
+    import torch
+
+    import ae_mlir as ae
+
+    rows = []
+    for _ in range(shape.batch):
+        lengths = torch.randint(shape.seq_k // 16, shape.seq_k // 4 + 1, (shape.seq_k,), generator=gen)
+        rows.append(torch.repeat_interleave(torch.arange(len(lengths)), lengths)[: shape.seq_k])
+    doc = torch.stack(rows).to(device)
+
+    def document_rows(b, h, q_idx, kv_idx):
+        return (doc[b, q_idx] == doc[b, kv_idx]) & (q_idx >= kv_idx)
+
+    return ae.attention(mask_mod=document_rows)
 
 
 def _alibi(shape, device, gen):
@@ -257,6 +276,8 @@ CATALOGUE: dict[str, Variant] = {v.name: v for v in (
     Variant("causal_sliding", f"causal and q_idx - kv_idx <= {WINDOW}", _causal_sliding),
     Variant("prefix_lm", "the first quarter visible to all, causal after", _prefix_lm),
     Variant("document", "causal within documents (closure tensor of ids)", _document, causal_like=True),
+    Variant("document_rows", "causal within documents, ids per batch row ([B, L] closure tensor)",
+            _document_rows, causal_like=True, per_entry=True),
     Variant("alibi", "causal + ALiBi slopes (closure tensor)", _alibi, causal_like=True),
     Variant("relative_bias", "learned bias table [H, Lq + Lk - 1]", _relative_bias),
     Variant("softcap", "causal + tanh soft-capping at 30", _softcap, causal_like=True),

@@ -139,7 +139,8 @@ def _run_case(case, entries: list, bundle_dir: str, rounds: int) -> dict:
     attn, shape = suite.softmax_problem(case, "cuda")
     q, k, v = suite.softmax_inputs(shape, case.dtype, "cuda")
     captures = attn._build(q, k, v)[1]
-    flops = suite.softmax_flops(shape, suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, "cuda"))
+    flops = suite.softmax_flops(shape, suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, "cuda",
+                                                                batch=suite.mask_batch(case.variant, shape)))
     rec = {"case": case.as_dict(), "tflops": {}, "rounds": {}, "max_error": {}, "errors": {}, "configs": {}}
 
     def bench(fn) -> float:

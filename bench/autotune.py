@@ -47,7 +47,8 @@ def _problem(case, device):
         return suite.linear_attention(case), (q, k, v, g), suite.linear_flops(case)
     attn, shape = suite.softmax_problem(case, device)
     inputs = suite.softmax_inputs(shape, case.dtype, device)
-    kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device)
+    kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device,
+                               batch=suite.mask_batch(case.variant, shape))
     return attn, inputs, suite.softmax_flops(shape, kept)
 
 

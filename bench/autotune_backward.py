@@ -88,8 +88,9 @@ def run(bundles: str, out_dir: str) -> None:
         try:
             attn, shape = suite.softmax_problem(_case(name), device)
             q, k, v = suite.softmax_inputs(shape, "bfloat16", device)
-            flops = 2.5 * suite.softmax_flops(shape, suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k,
-                                                                          device))
+            kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device,
+                                       batch=suite.mask_batch(name.rsplit("_d", 1)[0], shape))
+            flops = 2.5 * suite.softmax_flops(shape, kept)
             text, captures, grads, tiles = _call(attn, q, k, v, target)
             # Softmax's kernels read the forward's output and logsumexp; the other normalizers'
             # recompute what they need.

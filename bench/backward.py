@@ -37,7 +37,8 @@ import ttir_edits  # noqa: E402
 
 CASES = [("full", 128), ("causal", 128), ("softcap", 128), ("alibi", 128), ("full", 64), ("causal", 64),
          ("sigmoid", 128), ("relu", 128), ("retnet", 128), ("tempered", 128), ("sliding_window", 128),
-         ("causal_sliding", 128), ("document", 128), ("dilated", 128), ("gqa", 128), ("mla_dims", 128)]
+         ("causal_sliding", 128), ("document", 128), ("document_rows", 128), ("dilated", 128), ("gqa", 128),
+         ("mla_dims", 128)]
 BATCH, HEADS, SEQ = 8, 16, 2048
 # (block_m, block_n, num_warps, num_stages): each kernel of the backward timed alone under each
 # (the `sweep` mode), for full and causal attention.
@@ -217,7 +218,8 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = (), only: str =
         q, k, v = suite.softmax_inputs(shape, case.dtype, device)
         d_out = torch.randn(*q.shape[:3], v.shape[3], dtype=q.dtype, device=device)
         captures = attn._build(q, k, v)[1]
-        kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device)
+        kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, device,
+                                   batch=suite.mask_batch(variant, shape))
         flops = 2.5 * suite.softmax_flops(shape, kept)
         fwd = runtime.Bundle.load(os.path.join(bundles, f"{name}.fwd.json"))
         rec = {"case": name, "variant": variant, "D": dim, "kept_fraction": kept, "backward_flops": flops,
@@ -266,7 +268,7 @@ def run(bundles: str, out_dir: str, baselines: tuple[str, ...] = (), only: str =
         peers = {}
         try:
             if attn.normalize == "softmax":  # FlexAttention normalizes by softmax only
-                peers["flex_attention"] = suite.flex_callable(attn, shape, device)
+                peers["flex_attention"] = suite.flex_callable(attn, shape, device, suite.mask_batch(variant, shape))
             elif not isinstance(attn.normalize, str):
                 # No peer runs a user's normalizer: torch autograd through the float32 materialized
                 # attention, 256 query rows at a time, is what one writes without ae-mlir.

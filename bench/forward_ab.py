@@ -69,7 +69,7 @@ def run(a: str, b: str, out_dir: str) -> None:
             rows = suite.sample_rows(length)
             want = suite.attention_reference(attn, q, k, v, rows)
             rec = {"variant": variant, "seq": length, "results": {}}
-            kept = suite.kept_fraction(attn.mask_mod, length, length, "cuda") if attn.mask_mod is not None else 1.0
+            kept = suite.kept_fraction(attn.mask_mod, length, length, "cuda", batch=suite.mask_batch(variant, shape))
             flops = suite.softmax_flops(shape, kept)
             times = {label: [] for label in bundles}
             for label, bundle in bundles.items():

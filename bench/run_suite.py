@@ -195,13 +195,13 @@ class Gpu:
 
         return run
 
-    def flex(self, attn, shape):
-        return suite.flex_callable(attn, shape, self.device)
+    def flex(self, attn, shape, batch=None):
+        return suite.flex_callable(attn, shape, self.device, batch)
 
-    def block_mask_ms(self, attn, shape) -> float | None:
+    def block_mask_ms(self, attn, shape, batch=None) -> float | None:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        return self.wall_ms(lambda: create_block_mask(attn.mask_mod, None, None, shape.seq_q, shape.seq_k,
+        return self.wall_ms(lambda: create_block_mask(attn.mask_mod, batch, None, shape.seq_q, shape.seq_k,
                                                       device=self.device))
 
     def fla(self, variant: str):
@@ -250,16 +250,16 @@ class DryRun(Gpu):
     def sdpa(self, backend: str, causal: bool, gqa: bool):
         return lambda q, k, v: self.torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
 
-    def flex(self, attn, shape):
+    def flex(self, attn, shape, batch=None):
         # FlexAttention's BlockMask evaluates the mod under vmap: check it does, where it is cheap.
         if attn.mask_mod is not None and shape.seq_q <= 2048:
             from torch.nn.attention.flex_attention import create_block_mask
 
-            create_block_mask(attn.mask_mod, None, None, shape.seq_q, shape.seq_k, device="cpu")
+            create_block_mask(attn.mask_mod, batch, None, shape.seq_q, shape.seq_k, device="cpu")
         return lambda q, k, v: self.torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
 
-    def block_mask_ms(self, attn, shape) -> float | None:
-        return super().block_mask_ms(attn, shape) if shape.seq_q <= 2048 else None
+    def block_mask_ms(self, attn, shape, batch=None) -> float | None:
+        return super().block_mask_ms(attn, shape, batch) if shape.seq_q <= 2048 else None
 
     def fla(self, variant: str):
         return lambda q, k, v, g: self.torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
@@ -321,7 +321,8 @@ def softmax_case(case, bundle, eng, budget: Budget) -> dict:
     outs = eng.outputs(bundle)
     # The runtime adds the call-time tables itself, as `ae.attention` calls it.
     args = (q, k, v, *captures)
-    kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, eng.device)
+    batch = suite.mask_batch(case.variant, shape)
+    kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, eng.device, batch=batch)
     flops = suite.softmax_flops(shape, kept)
     rec.update(kept_fraction=kept, flops=flops, closure_tensors=len(captures), call_time_tables=bool(tables))
     if case.part == "verify":
@@ -355,7 +356,7 @@ def softmax_case(case, bundle, eng, budget: Budget) -> dict:
     else:
         start = time.monotonic()
         try:
-            flex = eng.flex(attn, shape)
+            flex = eng.flex(attn, shape, batch)
             results["flex_attention"] = measure(eng, lambda: flex(q, k, v), flops, error)
         except Exception as err:
             results["flex_attention"] = {"error": _error_text(err)}
@@ -370,7 +371,7 @@ def softmax_case(case, bundle, eng, budget: Budget) -> dict:
             ScalarProgram.from_json(program), [q, k, v, *captures], shape.seq_q, shape.seq_k, bm, bn, eng.device))
         classification = {"ms": uncached,
                           "cached_ms": eng.wall_ms(lambda: runtime.call_time_tables(bundle, q, k, v, *captures)),
-                          "flex_create_block_mask_ms": eng.block_mask_ms(attn, shape)}
+                          "flex_create_block_mask_ms": eng.block_mask_ms(attn, shape, batch)}
         if "ms" in results["ae_mlir"]:
             classification["fraction_of_attention"] = uncached / results["ae_mlir"]["ms"]
         rec["classification"] = classification

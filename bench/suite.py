@@ -194,19 +194,29 @@ def _normalized(normalize, s, keep, v):
     return normalize.finalize(p @ v, p.sum(dim=-1, keepdim=True))
 
 
-def kept_fraction(mask_mod, seq_q: int, seq_k: int, device, block: int = 1024) -> float:
-    """The exact fraction of (query, key) pairs the mask keeps (no catalogue mask reads b or h)."""
+def mask_batch(variant: str, shape) -> int | None:
+    """The batch entries a catalogue entry's mask differs over: B where it reads b (per-row
+    document ids), else None (one mask for every entry; no catalogue mask reads h)."""
+    from ae_mlir.variants import CATALOGUE
+
+    return shape.batch if variant in CATALOGUE and CATALOGUE[variant].per_entry else None
+
+
+def kept_fraction(mask_mod, seq_q: int, seq_k: int, device, block: int = 1024, batch: int | None = None) -> float:
+    """The exact fraction of (query, key) pairs the mask keeps, over `batch` entries where it
+    reads b (`mask_batch`)."""
     import torch
 
     if mask_mod is None:
         return 1.0
+    entries = batch or 1
     kept = 0
     for start in range(0, seq_q, block):
         rows = torch.arange(start, min(start + block, seq_q))
-        b, h, q_idx, kv_idx = _index_grids(1, 1, rows, seq_k, device)
+        b, h, q_idx, kv_idx = _index_grids(entries, 1, rows, seq_k, device)
         keep = torch.as_tensor(mask_mod(b, h, q_idx, kv_idx), device=device)
-        kept += int(keep.expand(1, 1, len(rows), seq_k).sum())
-    return kept / (seq_q * seq_k)
+        kept += int(keep.expand(entries, 1, len(rows), seq_k).sum())
+    return kept / (entries * seq_q * seq_k)
 
 
 def softmax_flops(shape, kept: float) -> float:
@@ -314,10 +324,11 @@ def reference_heads(heads: int) -> list[int]:
 # --- peers ------------------------------------------------------------------------------------------
 
 
-def flex_callable(attn, shape, device):
+def flex_callable(attn, shape, device, batch: int | None = None):
     """torch.compile'd FlexAttention computing what `attn` computes (softmax entries only), with a
-    BlockMask from the entry's mask_mod; the warm-up workers and the measurement both build it
-    here, so the workers' compiles are the cache entries the measurement then hits."""
+    BlockMask from the entry's mask_mod (per batch entry with `batch`: `mask_batch`); the warm-up
+    workers and the measurement both build it here, so the workers' compiles are the cache
+    entries the measurement then hits."""
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -327,7 +338,7 @@ def flex_callable(attn, shape, device):
     compiled = torch.compile(flex_attention, dynamic=False)
     block_mask = None
     if attn.mask_mod is not None:
-        block_mask = create_block_mask(attn.mask_mod, None, None, shape.seq_q, shape.seq_k, device=device)
+        block_mask = create_block_mask(attn.mask_mod, batch, None, shape.seq_q, shape.seq_k, device=device)
     gqa = shape.kv_heads != shape.heads
 
     def run(q, k, v):

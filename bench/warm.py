@@ -45,7 +45,7 @@ def compile_flex(case_fields: dict) -> str:
     attn, shape = suite.softmax_problem(case, "cuda")
     q, k, v = suite.softmax_inputs(shape, case.dtype, "cuda", empty=True)
     with torch.no_grad():
-        suite.flex_callable(attn, shape, "cuda")(q, k, v)
+        suite.flex_callable(attn, shape, "cuda", suite.mask_batch(case.variant, shape))(q, k, v)
     torch.cuda.synchronize()
     return case.name
 

@@ -33,7 +33,8 @@ from .l1_ops import TILE_VIEWS, kernel_function, ops_named, shape
 from .tile_pack_gqa import pack, packable, store_head_rows
 from .tile_sources import RowSources
 from .tile_split_kv import build_split, splittable
-from .tile_tables import Classification, classify_blocks, heavy_blocks_attributes, table_constants
+from .tile_tables import (Classification, call_time_table_types, classify_blocks, heavy_blocks_attributes,
+                          per_slice, table_constants, table_row)
 from .tile_varlen import packing_ops, sequences_source
 
 LOG2E = 1.0 / math.log(2.0)
@@ -93,7 +94,9 @@ class _Kernel(RowSources, KernelBuilder):
 
         nm, nn = -(-self.lq // self.rows), -(-self.lk // self.bn)
         inputs = [a.type for a in self.func_block.arguments]
-        table_types = self.table_types(nm, nn) if classification.at_call_time else []
+        table_types = call_time_table_types(classification.program, self.b, self.h, nm, nn) \
+            if classification.at_call_time else []
+        self.program = classification.program
         result_types = [r.type for r in (self.packing_results() or self.op.results)]
         attributes = self.attributes([self.b, self.hkv if self.packed else self.h, nm])
         attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
@@ -145,13 +148,6 @@ class _Kernel(RowSources, KernelBuilder):
         return {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
                 abi.BLOCK_N: ir.IntegerAttr.get(i64, self.bn)}
 
-    @staticmethod
-    def table_types(nm: int, nn: int) -> list:
-        from mlir import ir
-
-        i32 = ir.IntegerType.get_signless(32)
-        return [tensor_type([nm], i32), tensor_type([nm, nn], i32)] * 2
-
     def start_program(self, query_block=None):
         """The program's coordinates: sets pb, ph (and the KV head hk) and m0, the first query row
         of `query_block` (default: program id 2); returns the query block."""
@@ -193,8 +189,8 @@ class _Kernel(RowSources, KernelBuilder):
         state.append(fill(zero, tensor.EmptyOp([self.bm, self.dv], f32_type).result))
         return state
 
-    def visit_kv_tiles(self, q_tile, args, table_row, partial, full, table_args, state=None, deal=None) -> list:
-        """The two scf.for loops over the KV tiles of row `table_row` of the tile tables: partial
+    def visit_kv_tiles(self, q_tile, args, table_row_id, partial, full, table_args, state=None, deal=None) -> list:
+        """The two scf.for loops over the KV tiles of row `table_row_id` of the tile tables: partial
         ones with the mask, then full ones; returns the row state after both. With `deal` =
         (split, splits), each list's tiles in reach of the entry's length are dealt out at run
         time and this program takes the split-th contiguous share."""
@@ -226,10 +222,11 @@ class _Kernel(RowSources, KernelBuilder):
             else:
                 count_tab, index_tab = (arith.constant(attr.type, attr) for attr in
                                         (ir.Attribute.parse(text) for text in table_constants(lists)[:2]))
-            count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, [table_row]))
+            row = table_row(self.program if table_args else None, self.pb, self.ph, table_row_id)
+            count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, row))
             if reach is not None:
                 bounds = None if consecutive(lists) else constant_table(bound_table(lists, -(-self.lk // self.bn)))
-                count = trip_count(count, index_tab, bounds, table_row, reach)
+                count = trip_count(count, index_tab, bounds, table_row_id, reach)
             start = index(0)
             if deal is not None:
                 split, splits = deal
@@ -238,7 +235,7 @@ class _Kernel(RowSources, KernelBuilder):
                 count = arith.minsi(arith.addi(start, share), count)
             loop = scf.ForOp(start, count, index(1), state)
             with ir.InsertionPoint(loop.body):
-                nb_raw = tensor.extract(index_tab, [table_row, loop.induction_variable])
+                nb_raw = tensor.extract(index_tab, row + [loop.induction_variable])
                 nb = arith.index_cast(ir.IndexType.get(), nb_raw)
                 scf.YieldOp(self.kv_step(q_tile, self.hk, nb, list(loop.inner_iter_args), masked))
             state = list(loop.results)
@@ -411,9 +408,10 @@ class AttnTile(ModulePass):
 
     block_m: int = option(64, "query rows per program")
     block_n: int = option(64, "keys per KV tile")
-    call_time_tables: bool = option(False, "classify masks that read closure tensors at call time: the "
-                                           "kernel takes the tile tables as four extra arguments after "
-                                           "the inputs (partial count/index, full count/index) "
+    call_time_tables: bool = option(False, "classify masks that read closure tensors, b or h at call time: "
+                                           "the kernel takes the tile tables as four extra arguments after "
+                                           "the inputs (partial count/index, full count/index; per batch "
+                                           "entry and head where the mask reads b or h) "
                                            "and carries the mask as JSON in attn.mask_program")
     kv_splits: int = option(1, "programs per query block, each taking a contiguous run of its KV tiles, "
                                "and a combine kernel after them (flash-decoding); normalizers without a "
@@ -456,11 +454,20 @@ class AttnTile(ModulePass):
                                          self.call_time_tables and kernel.kv_len is None)
         # Packed sequences take neither form: a sequence's rows are not a batch entry's.
         varlen = kernel.q_seq is not None
-        if self.pack_gqa and packable(kernel, self.block_m) and not classification.at_call_time and not varlen:
+        nn = -(-kernel.lk // self.block_n)
+        wants_packing = self.pack_gqa and packable(kernel, self.block_m) and not varlen
+        if classification.at_call_time and per_slice(classification.program) and (
+                wants_packing or min(self.kv_splits, nn) > 1 or varlen):
+            # Decoding shapes: a mask that reads b or h keeps every tile partial and takes the KV
+            # splits or the packed heads, which call-time tables (one row per program) rule out;
+            # a few query rows against a long cache gain more from filling the GPU. In a packed
+            # batch b is a sequence, whose rows the runtime's tables do not follow.
+            classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m,
+                                             self.block_n)
+        if wants_packing and not classification.at_call_time:
             pack(kernel)
             classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, kernel.rows,
                                              self.block_n)
-        nn = -(-kernel.lk // self.block_n)
         splits = min(self.kv_splits, nn)
         with op.location:
             if splits > 1 and splittable(kernel, classification) and not varlen:

@@ -33,10 +33,11 @@ every run and on the CPU, whose programs run on threads that cannot share an acc
 Tiles are classified as in `attn-tile` (positional masks at compile time, tables as constants;
 the dK/dV kernel reads the transposed lists), with the tiles on a ragged edge of either sequence
 partial: their masked form also drops padded query rows. With `call-time-tables`, a mask that
-reads closure tensors (not b or h; no per-entry lengths or packed sequences) is classified at each
-call as the forward's is: each kernel takes its four tables as arguments (abi.backward_table_roles,
-the dK/dV kernel's per KV block) and carries the mask program. Other masks that read closure
-tensors or the batch/head visit every tile with the mask.
+reads closure tensors or the batch entry or head (no per-entry lengths or packed sequences) is
+classified at each call as the forward's is: each kernel takes its four tables as arguments
+(abi.backward_table_roles, the dK/dV kernel's per KV block; per entry and head where the mask
+reads b or h) and carries the mask program. Without it, such masks visit every tile with the
+mask.
 
 The gradients of the float closure tensors the score_mod reads (attn.closure_grad: learnable bias
 tables, ALiBi slopes) are sums over every score that reads an element. The dQ kernel, which visits
@@ -64,7 +65,8 @@ from .tile_backward_rows import Rows
 from .tile_backward_running_max import RunningMaxGradients
 from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
-from .tile_tables import Classification, classify_blocks, heavy_blocks_attributes, table_constants
+from .tile_tables import (Classification, call_time_table_types, classify_blocks, heavy_blocks_attributes,
+                          table_constants, table_row)
 from .tile_varlen import sequences_source
 
 
@@ -223,11 +225,12 @@ class _Backward(RunningMaxGradients):
         counts, indices, _ = table_constants(lists)
         return [arith.constant(attr.type, attr) for attr in (ir.Attribute.parse(t) for t in (counts, indices))]
 
-    def walk(self, lists_pair, block_id, state: list, step, reach=None) -> list:
-        """Loops over the block ids `block_id`'s partial then full lists name (each list a
-        constant table, or the kernel's call-time table arguments), `step(other_block, state,
-        masked)` building one iteration; with `reach` (an index value), only over the listed
-        blocks below it (compile-time lists only)."""
+    def walk(self, lists_pair, at, state: list, step, reach=None) -> list:
+        """Loops over the block ids that the partial then full lists of block `at` = (batch entry,
+        head, block id; index values) name (each list a constant table, or the kernel's call-time
+        table arguments, which may be per entry and head), `step(other_block, state, masked)`
+        building one iteration; with `reach` (an index value), only over the listed blocks below
+        it (compile-time lists only)."""
         from mlir import ir
         from mlir.dialects import arith, scf, tensor
 
@@ -238,14 +241,15 @@ class _Backward(RunningMaxGradients):
                 continue
             else:
                 count_tab, index_tab = self.tables(lists)
-            count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, [block_id]))
+            row = table_row(self.program if self.table_args else None, *at)
+            count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, row))
             if reach is not None:
                 width = max(n for row in lists for n in row) + 1
                 bounds = None if consecutive(lists) else constant_table(bound_table(lists, width))
-                count = trip_count(count, index_tab, bounds, block_id, arith.minsi(reach, index(width)))
+                count = trip_count(count, index_tab, bounds, at[2], arith.minsi(reach, index(width)))
             loop = scf.ForOp(index(0), count, index(1), state)
             with ir.InsertionPoint(loop.body):
-                raw = tensor.extract(index_tab, [block_id, loop.induction_variable])
+                raw = tensor.extract(index_tab, row + [loop.induction_variable])
                 other = arith.index_cast(ir.IndexType.get(), raw)
                 scf.YieldOp(step(other, list(loop.inner_iter_args), masked))
             state = list(loop.results)
@@ -279,9 +283,8 @@ class _Backward(RunningMaxGradients):
         if self.program is not None:
             # [blocks] counts and [blocks, other blocks] indices, blocks along the grid's last axis.
             blocks, others = (-(-self.lq // self.bm), -(-self.lk // self.bn))[::1 if part == "dq" else -1]
-            i32 = ir.IntegerType.get_signless(32)
             tables = abi.backward_table_roles(part)
-            types.update(zip(tables, [tensor_type([blocks], i32), tensor_type([blocks, others], i32)] * 2))
+            types.update(zip(tables, call_time_table_types(self.program, self.b, self.h, blocks, others)))
             ins = ins + tables
         roles = abi.input_roles(len(self.inputs)) + list(ins) + list(outs)
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
@@ -352,7 +355,7 @@ class _Backward(RunningMaxGradients):
                     dk_acc = matmul(self.to_input_type(ds_t), q_tile, acc[0])
                     return [dk_acc, dv_acc]
 
-                return self.walk(lists, pn, state, step, reach)
+                return self.walk(lists, (pb, h, pn), state, step, reach)
 
             state = [zeros([bn, self.dk]), zeros([bn, self.dv])]
             if self.group > 1:
@@ -421,7 +424,7 @@ class _Backward(RunningMaxGradients):
                 return [matmul(self.to_input_type(ds), k_tile, acc[0])] + closures
 
             closure_dests = [args[role] for role in self.closure_roles]
-            acc, *closures = self.walk((partial, full), pm, [zeros([bm, self.dk])] + closure_dests, step, reach)
+            acc, *closures = self.walk((partial, full), (pb, ph, pm), [zeros([bm, self.dk])] + closure_dests, step, reach)
             results = [q_rows.store(self.scaled(acc, self.scale), dq_dest, ph, m0, bm)]
             if self.row_statistic:
                 results.append(q_rows.store(delta_row, delta_dest, ph, m0, bm))
@@ -443,7 +446,7 @@ class AttnTileBackward(ModulePass):
                                      "slice, without padding: no row masks or bounds checks in the lowerings")
     closure_grads: bool = option(True, "the dQ kernel also writes the gradients of the float closure tensors the "
                                        "score_mod reads (dc<i>); false leaves them out (none is wanted)")
-    call_time_tables: bool = option(False, "a mask that reads closure tensors (not b or h) is classified at each "
+    call_time_tables: bool = option(False, "a mask that reads closure tensors, b or h is classified at each "
                                            "call: each kernel takes its four tile tables as arguments (roles "
                                            "dq_* and dkdv_*) and carries the mask program, as attn-tile's do")
     mirror_reads: bool = option(False, "each kernel reads a closure tensor whose reads step back along its "

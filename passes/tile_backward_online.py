@@ -124,7 +124,7 @@ class OnlineGradients(TileGradients):
                     add_rows(acc[2], p), add_rows(acc[3], weighted)]
 
         state = [zeros([bm, self.dk]), zeros([bm, self.dk]), zeros([bm]), zeros([bm])]
-        a_acc, b_acc, total, products = self.walk(lists, pm, state, step, reach)
+        a_acc, b_acc, total, products = self.walk(lists, (pb, ph, pm), state, step, reach)
         rscale, delta = self.online_rows(total, products)
         dq = self.generic([(a_acc, TILE), (b_acc, TILE), (rscale, ROW), (delta, ROW)],
                           tensor_type([bm, self.dk], self.elt),
@@ -144,6 +144,6 @@ class OnlineGradients(TileGradients):
                                arith.addf(arith.mulf(a[2], a[1]), a[3])), *where))
                 return self.scatter_closure_grads(qk, dm, acc, pb, ph, m0, n0, masked)
 
-            closures = self.walk(lists, pm, list(closure_dests), scatter, reach)
+            closures = self.walk(lists, (pb, ph, pm), list(closure_dests), scatter, reach)
         func.ReturnOp([q_rows.store(dq, dq_dest, ph, m0, bm), q_rows.store(delta, delta_dest, ph, m0, bm),
                        q_rows.store(rscale, rscale_dest, ph, m0, bm)] + closures)

@@ -99,7 +99,7 @@ class RunningMaxGradients(OnlineGradients):
                                    lambda a: self.online_masked(a[0], pb, ph, m0, n0, masked, fallback=-INF))
             return [combine(acc[0], visible, self.row_max, arith.maximumf)]
 
-        (top,) = self.walk(lists, pm, [fill(f32(-INF), empty(rows_t))], largest, reach)
+        (top,) = self.walk(lists, (pb, ph, pm), [fill(f32(-INF), empty(rows_t))], largest, reach)
         # A row that sees no key keeps m = 0, as the forward does.
         m = self.generic([(top, ROW)], rows_t, lambda a: arith.select(
             arith.cmpf(arith.CmpFPredicate.OEQ, a[0], f32(-INF)), f32(0.0), a[0]), rank=1)
@@ -124,7 +124,7 @@ class RunningMaxGradients(OnlineGradients):
                     combine(acc[4], keys, self.row_min, arith.minimumf)]
 
         state = [zeros([bm]) for _ in range(4)] + [fill(f32(INF), empty(rows_t))]
-        total, weighted, slope_weighted, slopes, key = self.walk(lists, pm, state, sums, reach)
+        total, weighted, slope_weighted, slopes, key = self.walk(lists, (pb, ph, pm), state, sums, reach)
         rscale, delta = self.online_rows(total, weighted)
         dmax = self.generic([(rscale, ROW), (slope_weighted, ROW), (delta, ROW), (slopes, ROW)], rows_t,
                             lambda a: arith.addf(arith.mulf(a[0], a[1]), arith.mulf(a[2], a[3])), rank=1)
@@ -136,7 +136,7 @@ class RunningMaxGradients(OnlineGradients):
             closures = self.scatter_closure_grads(qk, dx, acc[1:], pb, ph, m0, n0, masked) if acc[1:] else []
             return [matmul(self.to_input_type(ds), k_tile, acc[0])] + closures
 
-        dq, *closures = self.walk(lists, pm, [zeros([bm, self.dk])] + list(closure_dests), gradients, reach)
+        dq, *closures = self.walk(lists, (pb, ph, pm), [zeros([bm, self.dk])] + list(closure_dests), gradients, reach)
         results = [q_rows.store(self.scaled(dq, self.scale), dests[0], ph, m0, bm)]
         roles = abi.backward_roles("dq", "online", "max")[1][1:]
         results += [q_rows.store(rows[r], dest, ph, m0, bm) for r, dest in zip(roles, dests[1:])]

@@ -3,9 +3,12 @@ the mask, and how the kernel learns it.
 
 * A mask that reads only q_idx, kv_idx and constants is evaluated here, on the index grid, with
   the shared scalar evaluator; the kernel carries the lists as constant tables.
-* A mask that also reads closure tensors (but not b or h) is classified at call time when asked:
-  the kernel takes the four tables as arguments and carries the mask's program as JSON
-  (`attn.mask_program`), which the runtime evaluates on the closure tensors it is launched with.
+* A mask that also reads closure tensors is classified at call time when asked: the kernel takes
+  the four tables as arguments and carries the mask's program as JSON (`attn.mask_program`),
+  which the runtime evaluates on the closure tensors it is launched with. Where the mask reads b
+  or h too (document ids per batch row), the tables have a batch and a head axis
+  (`core.block_tables.table_lead`) and a program reads its own entry's and head's rows
+  (`call_time_table_types`, `table_row`).
 * Otherwise every tile is partial; without a mask only the ragged last tile is.
 """
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core import abi
-from ..core.block_tables import classify, cut_per_block, unmasked
+from ..core.block_tables import classify, cut_per_block, table_lead, unmasked
 from ..core.regions import ScalarProgram, from_region
 from ..core.scalar_eval import bind_externals, evaluate
 
@@ -101,8 +104,8 @@ def _positional_tables(program: ScalarProgram, lq: int, lk: int, bm: int, bn: in
 
 
 def call_time_program(mask_region) -> ScalarProgram | None:
-    """The program of a mask that is classified at call time (it reads closure tensors, not b or
-    h), else None."""
+    """The program of a mask that is classified at call time (it reads closure tensors), else
+    None."""
     if mask_region is None:
         return None
     program = from_region(mask_region)
@@ -112,7 +115,7 @@ def call_time_program(mask_region) -> ScalarProgram | None:
 def cut_tiles(mask_region, lq: int, lk: int, bm: int, bn: int) -> float:
     """How many of its KV tiles a mask of positions alone cuts (partial tiles, which evaluate the
     mask per element) per query block that visits any, at bm x bn tiles; 0 without a mask or for
-    one read at call time or per (b, h)."""
+    one read at call time (closure tensors, b or h)."""
     if mask_region is None:
         return 0.0
     program = from_region(mask_region)
@@ -137,10 +140,38 @@ def _is_positional(program: ScalarProgram) -> bool:
 
 
 def _classifiable_at_call_time(program: ScalarProgram) -> bool:
-    """The runtime classifies one (b, h) slice for all, from kernel operands and constants."""
-    if program.uses_arg(0) or program.uses_arg(1):
-        return False
+    """The runtime classifies from kernel operands and constants (per (b, h) slice where the
+    mask reads them)."""
     return all(source[0] in ("operand", "constant") for source in program.sources)
+
+
+def call_time_table_types(program: ScalarProgram, batch: int, heads: int, blocks: int, others: int) -> list:
+    """The types of the four call-time tables of a kernel walking `others` blocks per block of its
+    grid's last axis: [lead.., blocks] counts and [lead.., blocks, others] indices, with the lead
+    axes `table_lead` gives for a mask that reads b or h."""
+    from mlir import ir
+
+    from .l1_builders import tensor_type
+
+    lead = table_lead(program.uses_arg(0), program.uses_arg(1), batch, heads)
+    i32 = ir.IntegerType.get_signless(32)
+    return [tensor_type(lead + [blocks], i32), tensor_type(lead + [blocks, others], i32)] * 2
+
+
+def per_slice(program: ScalarProgram | None) -> bool:
+    """Whether a call-time mask's tables are per batch entry or head (it reads b or h)."""
+    return program is not None and (program.uses_arg(0) or program.uses_arg(1))
+
+
+def table_row(program: ScalarProgram | None, batch, head, block) -> list:
+    """The indices of `block`'s row in a kernel's call-time tables, as a program of entry `batch`
+    and head `head` (index values) reads them; just the block for compile-time tables and masks
+    that read neither b nor h."""
+    from .l1_builders import index
+
+    if not per_slice(program):
+        return [block]
+    return [batch if program.uses_arg(0) else index(0), head if program.uses_arg(1) else index(0), block]
 
 
 def table_constants(values: list[list[int]]) -> tuple[str, str, str]:

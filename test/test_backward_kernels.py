@@ -25,8 +25,8 @@ from ae_mlir.passes import build_pass_manager, create_pass
 from l1_interp import kernels_of, run_by_role
 
 # Every softmax entry of the catalogue (test_softmax_entries_are_all_covered keeps this in step).
-SOFTMAX = ["full", "causal", "sliding_window", "causal_sliding", "prefix_lm", "document", "alibi",
-           "relative_bias", "softcap", "t5_bias", "gqa", "mla_dims", "dilated"]
+SOFTMAX = ["full", "causal", "sliding_window", "causal_sliding", "prefix_lm", "document", "document_rows",
+           "alibi", "relative_bias", "softcap", "t5_bias", "gqa", "mla_dims", "dilated"]
 
 
 def backward_module(text: str, block_m: int, block_n: int):

@@ -6,6 +6,10 @@ two lists per query block, partial tiles then full ones, stored as tables:
 
     partial_count [.., NM] i32, partial_index [.., NM, W] i32, full_count, full_index
 
+A mask read at call time that also reads the batch or head index has a table per batch entry or
+head: the tables take two leading axes, [B or 1, H or 1] (`table_lead`), which the kernels index
+with their program's entry and head. FlexAttention's BlockMask has the same axes.
+
 It needs only torch: the tile pass classifies positional masks with it at compile time, and the
 runtime (`ae_mlir.block_mask`) masks that read closure tensors at call time, on the tensors' own
 device, as FlexAttention's BlockMask does.
@@ -31,6 +35,15 @@ class BlockTables:
 
     def tensors(self) -> list:
         return [self.partial_count, self.partial_index, self.full_count, self.full_index]
+
+
+def table_lead(reads_batch: bool, reads_head: bool, batch: int, heads: int) -> list[int]:
+    """The leading axes of a call-time mask's tables: none for a mask of positions and closure
+    tensors alone (one table for every program), else [B or 1, H or 1] as it reads b and h. The
+    kernels' argument types and the runtime's classification both follow this rule."""
+    if not (reads_batch or reads_head):
+        return []
+    return [batch if reads_batch else 1, heads if reads_head else 1]
 
 
 def _pack(flags, device, full_width: bool):
