@@ -68,6 +68,14 @@ def _pack(flags, device, full_width: bool):
 GRID_BUDGET = 1 << 24
 
 
+def _word(block_n: int):
+    """(bytes, torch dtype) of the widest integer whose bytes a row of block_n flags divides into."""
+    import torch
+
+    width = next(w for w in (8, 4, 2, 1) if block_n % w == 0)
+    return width, {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[width]
+
+
 def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int, block_n: int,
              device="cpu", full_width: bool = False, layout: str = "forward") -> BlockTables:
     """Classify tiles of the mask `keep(b, h, q_idx, kv_idx) -> bool tensor`.
@@ -103,9 +111,13 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
         kept = kept.expand(batch, heads, blocks * rows, seq_k)
         padded = torch.zeros(batch, heads, blocks * rows, nn * block_n, dtype=torch.bool, device=device)
         padded[..., :seq_k] = kept
-        tiles = padded.view(batch, heads, blocks, rows, nn, block_n)
-        any_kept[:, :, m:m + blocks] = tiles.any(dim=5).any(dim=3)
-        all_kept[:, :, m:m + blocks] = tiles.all(dim=5).all(dim=3)
+        # Up to 8 flags at a time, as the bytes of one integer: element-wise any/all over the
+        # bools took most of the classification's time (on an H200 about 70 ms per 10^9 mask
+        # entries; on a CPU twice the mask's own evaluation).
+        width, dtype = _word(block_n)
+        words = padded.view(dtype).view(batch, heads, blocks, rows, nn, block_n // width)
+        any_kept[:, :, m:m + blocks] = (words != 0).any(dim=5).any(dim=3)
+        all_kept[:, :, m:m + blocks] = (words == int.from_bytes(b"\x01" * width, "little")).all(dim=5).all(dim=3)
     if ragged:
         all_kept[..., nn - 1] = False
     if layout != "forward" and seq_q % block_m:
