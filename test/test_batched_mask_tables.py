@@ -14,7 +14,6 @@ import torch
 import ae_mlir as ae
 from ae_mlir import block_mask, runtime
 from ae_mlir.backends import triton as tb
-from ae_mlir.core import abi
 from ae_mlir.core.block_tables import classify, table_lead
 from bundle_interp import interpret, interpret_roles
 
@@ -82,19 +81,19 @@ def test_tables_have_the_axes_the_mask_reads_and_differ_per_slice(name):
 
 @pytest.mark.parametrize("name", list(MASKS))
 def test_cpu_forward_and_backward_match_float64(name):
-    attn = ae.attention(mask_mod=MASKS[name][0])
-    q, k, v = (t.float().requires_grad_() for t in _inputs(seed=1))
-    d_out = torch.randn(2, 4, L, 16, generator=torch.Generator().manual_seed(2))
+    _check_cpu(ae.attention(mask_mod=MASKS[name][0]), seed=1)
+
+
+def _check_cpu(attn, seed: int, tol=1e-5):
+    """The CPU backend's output and gradients (float32) against float64 autograd on the reference
+    backend, relative to each one's largest magnitude (RetNet's unnormalized outputs and
+    gradients reach hundreds)."""
+    q, k, v = (t.float().requires_grad_() for t in _inputs(seed=seed))
+    d_out = torch.randn(2, 4, L, 16, generator=torch.Generator().manual_seed(seed + 1))
     want_out, want = _reference_gradients(attn, q, k, v, d_out)
     out = attn(q, k, v, backend="cpu")
-    _assert_close_scaled([out], [want_out])
-    _assert_close_scaled(torch.autograd.grad(out, (q, k, v), d_out), want)
-
-
-def _assert_close_scaled(got, want, tol=1e-5):
-    """Float32 results against float64 ones relative to each one's largest magnitude (RetNet's
-    unnormalized outputs and gradients reach hundreds)."""
-    for g, w in zip(got, want):
+    got = [out] + list(torch.autograd.grad(out, (q, k, v), d_out))
+    for g, w in zip(got, [want_out, *want]):
         scale = w.abs().max()
         torch.testing.assert_close(g.double() / scale, w / scale, atol=tol, rtol=0)
 
@@ -141,10 +140,4 @@ def test_user_normalizers_walk_their_slices_lists(normalizer):
     from ae_mlir import variants
 
     make = variants.retnet_normalizer if normalizer == "retnet" else variants.tempered_normalizer
-    attn = ae.attention(mask_mod=MASKS["per_row_documents"][0], normalize=make())
-    q, k, v = (t.float().requires_grad_() for t in _inputs(seed=6))
-    d_out = torch.randn(2, 4, L, 16, generator=torch.Generator().manual_seed(7))
-    want_out, want = _reference_gradients(attn, q, k, v, d_out)
-    out = attn(q, k, v, backend="cpu")
-    _assert_close_scaled([out], [want_out])
-    _assert_close_scaled(torch.autograd.grad(out, (q, k, v), d_out), want)
+    _check_cpu(ae.attention(mask_mod=MASKS["per_row_documents"][0], normalize=make()), seed=6)
