@@ -2,8 +2,7 @@
 
 A kernel whose mask reads closure tensors takes its four tile tables as arguments (see
 `core.block_tables`; one per batch entry or head where the mask reads b or h: a batch of rows
-each packing its own documents), and a fifth, the order to start its programs in, and carries
-the mask as a JSON `ScalarProgram`. At each call
+each packing its own documents) and carries the mask as a JSON `ScalarProgram`. At each call
 the runtime evaluates that program with torch on the tensors' own device, reading the closure
 tensors from the kernel's operands, as FlexAttention's BlockMask does: no user Python is needed,
 so a bundle built ahead of time classifies on its own.
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from .core.block_tables import classify, program_order, table_lead
+from .core.block_tables import classify, table_lead
 from .core.memo import kept
 from .core.regions import ScalarProgram
 from .core.scalar_eval import bind_externals, evaluate
@@ -27,27 +26,14 @@ def classify_program(program: ScalarProgram, operands: list, seq_q: int, seq_k: 
                      block_n: int, device, layout: str = "forward") -> list:
     """The four tables (partial count/index, full count/index; [NM] and [NM, NN] int32, or per
     KV block for the "dkdv" layout: see `core.block_tables.classify`) of the mask `program`, whose
-    outer values are `operands` (the kernel's inputs, q [B, H, Lq, D] and k first) or constants;
-    with the leading axes `table_lead` gives where the mask reads b or h. Then the order to start
-    the kernel's programs in (`core.block_tables.program_order`; the dK/dV kernel's programs take
-    a KV head's group of query heads), for the GPU the tensors are on."""
+    outer values are `operands` (the kernel's inputs, q [B, H, Lq, D] first) or constants; with
+    the leading axes `table_lead` gives where the mask reads b or h."""
     externals = bind_externals(program, operands, device)
     batch, heads = operands[0].shape[0], operands[0].shape[1]
     lead = table_lead(program.uses_arg(0), program.uses_arg(1), batch, heads)
     tables = classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], externals, device),
                       *(lead or [1, 1]), seq_q, seq_k, block_m, block_n, device, full_width=True, layout=layout)
-    tables = [t if lead else t.reshape(t.shape[2:]) for t in tables.tensors()]
-    group = heads // operands[1].shape[1] if layout == "dkdv" else 1
-    order = program_order(tables[0] + tables[2], batch, heads, group, _wave(device), tables[1].shape[-1])
-    return tables + [order]
-
-
-def _wave(device) -> int:
-    """The programs the GPU of `device` runs at once, its multiprocessors; 0 elsewhere."""
-    import torch
-
-    device = torch.device(device)
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+    return [t if lead else t.reshape(t.shape[2:]) for t in tables.tensors()]
 
 
 _CACHE: dict = {}

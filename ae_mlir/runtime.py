@@ -34,10 +34,8 @@ from .kernel_args import HostDescriptor, mirrored_inputs, mirrored_roles  # noqa
 from .triton_kernels import compile_ttir, current_target, launch_one, parse_target  # noqa: F401  (part of the runtime's API)
 
 # 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
-# tiles; launch takes no tile tables. 3: those kernels take the order to start their programs in
-# after the four tile tables (abi.CALL_TIME_TABLE_ORDER), and tables per batch entry or head where
-# the mask reads b or h.
-FORMAT_VERSION = 3
+# tiles; launch takes no tile tables.
+FORMAT_VERSION = 2
 # Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables.
 MASK_PROGRAM = "mask_program"
 _TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
@@ -252,7 +250,7 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
 
     given = [q, k, v] + list(captures)
     # The runtime makes the call-time tables and the mirrored closure tensors, the last inputs.
-    n_made = (len(abi.CALL_TIME_TABLE_ORDER) if MASK_PROGRAM in bundle.meta else 0) + len(mirrored_roles(bundle))
+    n_made = (4 if MASK_PROGRAM in bundle.meta else 0) + len(mirrored_roles(bundle))
     if len(given) != len(bundle.inputs) - n_made:
         raise ValueError(f"kernel '{bundle.name}' takes {len(bundle.inputs) - n_made} tensors (q, k, v and "
                          f"{len(bundle.inputs) - n_made - 3} closure tensors), got {len(given)}")

@@ -34,7 +34,7 @@ from .tile_pack_gqa import pack, packable, store_head_rows
 from .tile_sources import RowSources
 from .tile_split_kv import build_split, splittable
 from .tile_tables import (Classification, call_time_table_types, classify_blocks, heavy_blocks_attributes,
-                          per_slice, program_order_attribute, table_constants, table_row)
+                          per_slice, table_constants, table_row)
 from .tile_varlen import packing_ops, sequences_source
 
 LOG2E = 1.0 / math.log(2.0)
@@ -94,14 +94,12 @@ class _Kernel(RowSources, KernelBuilder):
 
         nm, nn = -(-self.lq // self.rows), -(-self.lk // self.bn)
         inputs = [a.type for a in self.func_block.arguments]
-        table_types = call_time_table_types(classification.program, [self.b, self.h, nm], self.h, nn) \
+        table_types = call_time_table_types(classification.program, self.b, self.h, nm, nn) \
             if classification.at_call_time else []
         self.program = classification.program
         result_types = [r.type for r in (self.packing_results() or self.op.results)]
         attributes = self.attributes([self.b, self.hkv if self.packed else self.h, nm])
         attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
-        if table_types:
-            attributes.update(program_order_attribute(len(inputs) + len(table_types) - 1))
         if not classification.at_call_time and self.kv_len is None and self.q_seq is None:
             attributes.update(heavy_blocks_attributes(classification.partial, classification.full))
         mirrored = self.mirrored_positions()

@@ -66,7 +66,7 @@ from .tile_backward_running_max import RunningMaxGradients
 from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
 from .tile_tables import (Classification, call_time_table_types, classify_blocks, heavy_blocks_attributes,
-                          program_order_attribute, table_constants, table_row)
+                          table_constants, table_row)
 from .tile_varlen import sequences_source
 
 
@@ -281,10 +281,10 @@ class _Backward(RunningMaxGradients):
         ins = ins + tuple(abi.mirrored(i) for i in mirrored)
         types.update({abi.mirrored(i): self.inputs[len(abi.INPUTS) + i] for i in mirrored})
         if self.program is not None:
-            # Counts and indices per block of the grid's last axis, over the other sequence's blocks.
-            others = -(-self.lk // self.bn) if part == "dq" else -(-self.lq // self.bm)
+            # [blocks] counts and [blocks, other blocks] indices, blocks along the grid's last axis.
+            blocks, others = (-(-self.lq // self.bm), -(-self.lk // self.bn))[::1 if part == "dq" else -1]
             tables = abi.backward_table_roles(part)
-            types.update(zip(tables, call_time_table_types(self.program, grid, self.h, others)))
+            types.update(zip(tables, call_time_table_types(self.program, self.b, self.h, blocks, others)))
             ins = ins + tables
         roles = abi.input_roles(len(self.inputs)) + list(ins) + list(outs)
         attributes = {abi.GRID: ir.DenseI64ArrayAttr.get(grid), abi.BLOCK_M: ir.IntegerAttr.get(i64, self.bm),
@@ -292,7 +292,6 @@ class _Backward(RunningMaxGradients):
         if self.program is not None:
             attributes.update({key: ir.Attribute.parse(text) for key, text in
                                Classification([], [], self.program).kernel_attributes()})
-            attributes.update(program_order_attribute(len(self.inputs) + list(ins).index(tables[-1])))
         elif self.sources[0] is None and self.kv_len is None:
             attributes.update(heavy_blocks_attributes(*lists))
         entry = self.function(name, self.inputs + [types[r] for r in ins + outs], [types[r] for r in outs], attributes)

@@ -145,29 +145,17 @@ def _classifiable_at_call_time(program: ScalarProgram) -> bool:
     return all(source[0] in ("operand", "constant") for source in program.sources)
 
 
-def call_time_table_types(program: ScalarProgram, grid: list[int], heads: int, others: int) -> list:
-    """The types of the call-time tables (abi.CALL_TIME_TABLE_ORDER) of a kernel over `grid`
-    [batch, grid heads, blocks] walking `others` blocks per block: [lead.., blocks] counts and
-    [lead.., blocks, others] indices, with the lead axes `table_lead` gives for a mask that reads b
-    or h (over the `heads` query heads), then the program order [programs]."""
+def call_time_table_types(program: ScalarProgram, batch: int, heads: int, blocks: int, others: int) -> list:
+    """The types of the four call-time tables of a kernel walking `others` blocks per block of its
+    grid's last axis: [lead.., blocks] counts and [lead.., blocks, others] indices, with the lead
+    axes `table_lead` gives for a mask that reads b or h."""
     from mlir import ir
 
     from .l1_builders import tensor_type
 
-    batch, grid_heads, blocks = grid
     lead = table_lead(program.uses_arg(0), program.uses_arg(1), batch, heads)
     i32 = ir.IntegerType.get_signless(32)
-    return [tensor_type(lead + [blocks], i32), tensor_type(lead + [blocks, others], i32)] * 2 + [
-        tensor_type([batch * grid_heads * blocks], i32)]
-
-
-def program_order_attribute(position: int) -> dict:
-    """{abi.PROGRAM_ORDER_ARG: position}: the kernel's argument `position` holds the order the
-    runtime wants its programs started in (the Triton lowering reads it; the CPU's threads take
-    programs in grid order)."""
-    from mlir import ir
-
-    return {abi.PROGRAM_ORDER_ARG: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), position)}
+    return [tensor_type(lead + [blocks], i32), tensor_type(lead + [blocks, others], i32)] * 2
 
 
 def per_slice(program: ScalarProgram | None) -> bool:

@@ -70,8 +70,7 @@ def test_tables_have_the_axes_the_mask_reads_and_differ_per_slice(name):
     text, captures = attn._build(q, k, v)
     bundle = tb.compile_bundle(attn, q, k, v, config={"block_m": 32, "block_n": 32, "num_warps": 4})
     program = bundle.meta[runtime.MASK_PROGRAM]
-    counts, index, full_counts, _, order = block_mask.call_time_tables(program, [q, k, v, *captures], L, L, 32, 32,
-                                                                       "cpu")
+    counts, index, full_counts, _ = block_mask.call_time_tables(program, [q, k, v, *captures], L, L, 32, 32, "cpu")
     lead = table_lead(reads_b, reads_h, 2, 4)
     assert list(counts.shape) == lead + [5] and list(index.shape) == lead + [5, 5]
     slices = (counts + full_counts).reshape(-1, 5)

@@ -321,9 +321,8 @@ def test_cpu_backward_kernels_take_call_time_tables_and_match_float64():
         kernel = cpu.compile_module(text, backward=part)
         reads, _ = abi.backward_roles(part)
         assert kernel.mask_program is not None, part
-        # q, k, v, doc, the reads, four tile tables and the program order
-        assert len(kernel.inputs) == 4 + len(reads) + 5, part
-        assert [spec.elt for spec in kernel.inputs[-5:]] == ["i32"] * 5, part
+        assert len(kernel.inputs) == 4 + len(reads) + 4, part  # q, k, v, doc, the reads, four tables
+        assert [spec.elt for spec in kernel.inputs[-4:]] == ["i32"] * 4, part
 
 
 def test_a_nearly_full_cache_keeps_a_steps_tables_together(monkeypatch):

@@ -78,7 +78,7 @@ def _call_time_cut(l0_text: str, target: str, operands: list) -> float:
             from ..core.block_tables import BlockTables, cut_per_block
 
             tables = call_time_tables(program, operands, p.lq, p.lk, *launch_defaults.CUT_TILES_AT, operands[0].device)
-            cut = cut_per_block(BlockTables(*tables[:4]))
+            cut = cut_per_block(BlockTables(*tables))
         _CUTS[key] = cut
     return _CUTS[key]
 

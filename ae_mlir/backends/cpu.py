@@ -107,8 +107,8 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         blocks = abi.backward_blocks(backward, {key: getattr(options, key) for key in
                                                 ("block_m", "block_n", "dkdv_block_m", "dkdv_block_n")})
     else:
-        # A mask that reads closure tensors is classified per call (block_mask); its tile tables
-        # and program order follow the inputs (the CPU's threads take the programs in grid order).
+        # A mask that reads closure tensors is classified per call (block_mask); its four tile
+        # tables follow the inputs.
         inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
         blocks = (options.block_m, options.block_n)
     lowered = _Lowered(module, name, inputs, outputs, *blocks, abi.mask_program(kernel),

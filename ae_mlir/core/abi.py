@@ -80,10 +80,8 @@ BACKWARD_OUTPUTS = ("dq", "dk", "dv")
 ROW_STATS = ("lse", "dlse", "delta", "rscale", "rowmax", "maxkey", "dmax")
 # Tensors the runtime binds by role (strides, alignment checks).
 STREAMS = INPUTS + ("out", "lse", "state", "do") + ROW_STATS[1:] + ("dq", "dk", "dv")
-# The call-time tile tables, in argument order (ae_mlir.block_mask.call_time_tables gives them so):
-# the tiles per block, then the order to start the programs in (PROGRAM_ORDER_ARG).
-CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index", "program_order")
-PROGRAM_ORDER_ARG = "attn.program_order_arg"  # i64: the argument holding a kernel's program order
+# The call-time tile tables, in argument order (ae_mlir.block_mask.BlockMask.tables gives them so).
+CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index")
 
 
 def capture(i: int) -> str:
@@ -210,7 +208,7 @@ def output_roles(linear: bool) -> tuple[str, ...]:
 
 
 def backward_table_roles(part: str) -> tuple[str, ...]:
-    """The roles of the call-time tables (CALL_TIME_TABLE_ORDER) of the backward kernel
+    """The roles of the four call-time tile tables (CALL_TIME_TABLE_ORDER) of the backward kernel
     `part` ("dq": per query block, over KV blocks; "dkdv": per KV block, over query blocks), which
     the runtime classifies from the bundle's mask program at each call."""
     return tuple(f"{part}_{name}" for name in CALL_TIME_TABLE_ORDER)
@@ -233,7 +231,7 @@ def backward_table_part(role: str) -> str | None:
 
 
 def call_time_table_roles(n_captures: int) -> list[str]:
-    """The roles of the call-time tables: the closure roles after the kernel's own."""
+    """The roles of the four call-time tables: the closure roles after the kernel's own."""
     return [capture(n_captures + i) for i in range(len(CALL_TIME_TABLE_ORDER))]
 
 
@@ -309,7 +307,7 @@ def mask_program(func) -> str | None:
 
 
 def call_time_table_types(func, n_inputs: int) -> list:
-    """The types of the call-time tables, which follow the kernel's `n_inputs` inputs."""
+    """The types of the four call-time tables, which follow the kernel's `n_inputs` inputs."""
     if not takes_call_time_tables(func):
         return []
     return input_types(func)[n_inputs:n_inputs + len(CALL_TIME_TABLE_ORDER)]

@@ -133,38 +133,6 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     return BlockTables(pc, pi, fc, fi)
 
 
-def section_heads(wave: int, blocks: int) -> int:
-    """The least power of two of heads whose `blocks` programs each fill `wave` (the programs a
-    GPU runs at once): the heads a launch order takes together (passes/triton/program_order.py)."""
-    heads = 1
-    while heads * blocks < wave:
-        heads *= 2
-    return heads
-
-
-def program_order(counts, batch: int, heads: int, group: int, wave: int, limit: int):
-    """The order to start a kernel's programs in, from the tiles each visits: int32 [programs], the
-    i-th entry the linear id (b * heads // group + g) * blocks + m of the program started i-th, for
-    a grid [batch, heads // group, blocks] whose program (b, g, m) walks the lists of block m of
-    the `group` query heads g * group ... (counts [blocks] or [Bt, Ht, blocks], per query head;
-    each at most `limit`). The heads are taken in sections that fill `wave` (`section_heads`; 0:
-    all heads in one), each section's programs heaviest first (equal ones in grid order): the
-    long programs of a document mask start first while the K/V the running programs read stays
-    that of a few heads, as the compile-time order does for causal masks."""
-    import torch
-
-    blocks = counts.shape[-1]
-    lead = [1, 1] if counts.dim() == 1 else list(counts.shape[:2])
-    grid_heads = heads // group
-    work = counts.reshape(lead + [blocks]).expand(batch, heads, blocks).to(torch.int64)
-    work = work.reshape(batch, grid_heads, group, blocks).sum(dim=2)
-    section = section_heads(wave, blocks) if wave else batch * grid_heads
-    slab = torch.arange(batch * grid_heads, device=counts.device).view(batch, grid_heads, 1) // section
-    top = group * limit + 1
-    key = slab * top + (top - 1 - work)
-    return torch.argsort(key.reshape(-1), stable=True).to(torch.int32)
-
-
 def cut_per_block(tables: BlockTables) -> float:
     """The tiles the mask cuts (partial tiles, which evaluate it per element) per query block that
     visits any: a causal diagonal cuts 2 of its 128 x 64 tiles, a band's two edges 4."""

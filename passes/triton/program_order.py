@@ -5,10 +5,6 @@ The grid is [blocks, heads, batch] in x, y, z order, so that the programs of one
 together and share its K/V through L2. Without `attn.heavy_blocks` the blocks are walked from the
 last down (the causal forward's longest programs start first, and equal ones in any order).
 
-A kernel whose tiles a call classifies (a document mask's) takes the order from the runtime
-(`abi.PROGRAM_ORDER_ARG`, core.block_tables.program_order: the same sections, heaviest first by
-the tables' counts): program i computes the program that table's entry i names.
-
 With `attn.heavy_blocks` (the tiling's word that the programs at one end of the block axis visit
 more tiles) the heaviest block goes first. That alone changes little when the heads follow one
 another: the last head's longest program still starts near the end. With `wave_programs` (the
@@ -25,8 +21,6 @@ order (bench/RESULTS.md, 2026-12-05).
 """
 from __future__ import annotations
 
-from ...core import abi
-from ...core.block_tables import section_heads
 from ..tile_tables import heavy_blocks_of
 
 
@@ -41,11 +35,9 @@ class ProgramOrder:
         b, h, nm = self.grid
         pid = [Value(self.em(f'"tt.get_program_id"() {{axis = {axis} : i32}} : () -> i32'), (), "i32")
                for axis in range(3)]
-        if abi.PROGRAM_ORDER_ARG in self.func.attributes:
-            return self._from_order_table(pid)
         heavy = heavy_blocks_of(self.func)
         heads = b * h
-        section = min(heads, section_heads(self.wave_programs, nm)) if self.wave_programs and heavy else 1
+        section = min(heads, _section_heads(self.wave_programs, nm)) if self.wave_programs and heavy else 1
         if section == 1:
             rank, head, batch = pid
         else:
@@ -53,24 +45,6 @@ class ProgramOrder:
         if heavy == "first" or nm == 1:
             return [batch, head, rank]
         return [batch, head, self.op("arith.subi", self.const(nm - 1, "i32"), rank)]
-
-    def _from_order_table(self, pid: list) -> list:
-        """(batch, head, block) of the program the runtime's order table (abi.PROGRAM_ORDER_ARG:
-        a kernel whose tiles a call classifies) names at linear grid position pid.x + blocks *
-        (pid.y + heads * pid.z)."""
-        b, h, nm = self.grid
-        number = int(self.func.attributes[abi.PROGRAM_ORDER_ARG].value)
-        table = self.values[self.func.regions[0].blocks[0].arguments[number]]
-
-        def c(n):
-            return self.const(n, "i32")
-
-        linear = self.op("arith.addi", pid[0],
-                         self.op("arith.muli", c(nm), self.op("arith.addi", pid[1], self.op("arith.muli", c(h), pid[2]))))
-        named = self.gather(table, [linear], self.func, [True])
-        per_batch = self.op("arith.divsi", named, c(nm))
-        return [self.op("arith.divsi", per_batch, c(h)), self.op("arith.remsi", per_batch, c(h)),
-                self.op("arith.remsi", named, c(nm))]
 
     def _sectioned(self, pid: list, section: int, heads: int) -> tuple:
         """(rank along the blocks, head, batch) of the program at linear grid position
@@ -96,3 +70,11 @@ class ProgramOrder:
         head = op("arith.remsi", flat, c(h))
         batch = op("arith.divsi", flat, c(h))
         return rank, head, batch
+
+
+def _section_heads(wave: int, blocks: int) -> int:
+    """The least power of two of heads whose `blocks` programs each fill `wave`."""
+    heads = 1
+    while heads * blocks < wave:
+        heads *= 2
+    return heads

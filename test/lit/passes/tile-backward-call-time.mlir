@@ -1,18 +1,16 @@
 // attn-tile-backward{call-time-tables=true}: a mask that reads a closure tensor (document ids)
 // is classified at each call. Each backward kernel takes its own four tile tables as arguments
 // (roles dq_* per query block, dkdv_* per KV block, which the runtime classifies from the mask
-// program both carry) and walks them: partial tiles with the mask, then full ones; a fifth
-// argument, named by attn.program_order_arg, holds the order the runtime starts its programs in.
-// Without the option both kernels visit every tile with the mask.
+// program both carry) and walks them: partial tiles with the mask, then full ones. Without the
+// option both kernels visit every tile with the mask.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-verify,attn-differentiate,attn-tile-backward{block-m=16 block-n=16 call-time-tables=true})' --no-mlir-print-op-generic | FileCheck %s
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-verify,attn-differentiate,attn-tile-backward{block-m=16 block-n=16})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=EVERY
 
 // CHECK-LABEL: func.func @attention_bwd_dq(
-// CHECK-SAME: %[[PC:[a-z0-9]+]]: tensor<2xi32>, %[[PI:[a-z0-9]+]]: tensor<2x2xi32>, %[[FC:[a-z0-9]+]]: tensor<2xi32>, %[[FI:[a-z0-9]+]]: tensor<2x2xi32>, %arg12: tensor<2xi32>
-// CHECK-SAME: attn.arg_roles = [{{.*}}"dq_partial_count", "dq_partial_index", "dq_full_count", "dq_full_index", "dq_program_order", "dq", "delta"]
+// CHECK-SAME: %[[PC:[a-z0-9]+]]: tensor<2xi32>, %[[PI:[a-z0-9]+]]: tensor<2x2xi32>, %[[FC:[a-z0-9]+]]: tensor<2xi32>, %[[FI:[a-z0-9]+]]: tensor<2x2xi32>
+// CHECK-SAME: attn.arg_roles = [{{.*}}"dq_partial_count", "dq_partial_index", "dq_full_count", "dq_full_index", "dq", "delta"]
 // CHECK-SAME: attn.call_time_tables
 // CHECK-SAME: attn.mask_program
-// CHECK-SAME: attn.program_order_arg = 12 : i64
 // CHECK: tensor.extract %[[PC]]
 // CHECK: scf.for
 // CHECK: tensor.extract %[[PI]]
@@ -21,7 +19,7 @@
 // CHECK: tensor.extract %[[FI]]
 // CHECK-LABEL: func.func @attention_bwd_dkdv(
 // CHECK-SAME: tensor<2xi32>, %{{[a-z0-9]+}}: tensor<2x2xi32>, %{{[a-z0-9]+}}: tensor<2xi32>, %{{[a-z0-9]+}}: tensor<2x2xi32>
-// CHECK-SAME: attn.arg_roles = [{{.*}}"dkdv_partial_count", "dkdv_partial_index", "dkdv_full_count", "dkdv_full_index", "dkdv_program_order", "dk", "dv"]
+// CHECK-SAME: attn.arg_roles = [{{.*}}"dkdv_partial_count", "dkdv_partial_index", "dkdv_full_count", "dkdv_full_index", "dk", "dv"]
 // CHECK-SAME: attn.call_time_tables
 // EVERY-LABEL: func.func @attention_bwd_dq(
 // EVERY-NOT: attn.call_time_tables

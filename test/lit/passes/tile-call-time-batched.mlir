@@ -6,17 +6,10 @@
 // programs (tile-backward-call-time.mlir).
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-verify,attn-fuse-online-softmax,attn-tile{block-m=16 block-n=16 call-time-tables=true})' --no-mlir-print-op-generic | FileCheck %s
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-verify,attn-differentiate,attn-tile-backward{block-m=16 block-n=16 call-time-tables=true})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=BWD
-// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-verify,attn-fuse-online-softmax,attn-tile{block-m=16 block-n=16 call-time-tables=true},attn-lower-to-triton)' | FileCheck %s --check-prefix=TT
-//
-// The fifth table, attn.program_order_arg, is the order the runtime starts the programs in
-// (heaviest first by the tables' counts): the Triton lowering reads entry pid.x + 2 * (pid.y + 1 *
-// pid.z) of it and decodes the program it names as (batch, head, block) = (n / 2 / 1, n / 2 % 1,
-// n % 2), where the grid is [2 blocks, 1 head, 2 entries].
 
 // CHECK-LABEL: func.func @attention(
-// CHECK-SAME: %[[PC:[a-z0-9]+]]: tensor<2x1x2xi32>, %[[PI:[a-z0-9]+]]: tensor<2x1x2x2xi32>, %[[FC:[a-z0-9]+]]: tensor<2x1x2xi32>, %[[FI:[a-z0-9]+]]: tensor<2x1x2x2xi32>, %arg8: tensor<4xi32>
+// CHECK-SAME: %[[PC:[a-z0-9]+]]: tensor<2x1x2xi32>, %[[PI:[a-z0-9]+]]: tensor<2x1x2x2xi32>, %[[FC:[a-z0-9]+]]: tensor<2x1x2xi32>, %[[FI:[a-z0-9]+]]: tensor<2x1x2x2xi32>
 // CHECK-SAME: attn.call_time_tables
-// CHECK-SAME: attn.program_order_arg = 8 : i64
 // CHECK: %[[B:[0-9]+]] = "attn.program_id"() {axis = 0 : i64}
 // CHECK: %[[M:[0-9]+]] = "attn.program_id"() {axis = 2 : i64}
 // CHECK: %[[ZERO:[a-z0-9_]+]] = arith.constant 0 : index
@@ -34,24 +27,6 @@
 // BWD: %[[B:[0-9]+]] = "attn.program_id"() {axis = 0 : i64}
 // BWD: %[[N:[0-9]+]] = "attn.program_id"() {axis = 2 : i64}
 // BWD: tensor.extract %[[PC]][%[[B]], %{{[a-z0-9_]+}}, %[[N]]] : tensor<2x1x2xi32>
-
-// TT: "tt.func"
-// TT-DAG: %[[TWO:[0-9]+]] = "arith.constant"() <{value = 2 : i32}> : () -> i32
-// TT-DAG: %[[ONE:[0-9]+]] = "arith.constant"() <{value = 1 : i32}> : () -> i32
-// TT: %[[X:[0-9]+]] = "tt.get_program_id"() {axis = 0 : i32}
-// TT: %[[Y:[0-9]+]] = "tt.get_program_id"() {axis = 1 : i32}
-// TT: %[[Z:[0-9]+]] = "tt.get_program_id"() {axis = 2 : i32}
-// TT: %[[ZH:[0-9]+]] = "arith.muli"(%[[ONE]], %[[Z]])
-// TT: %[[YZ:[0-9]+]] = "arith.addi"(%[[Y]], %[[ZH]])
-// TT: %[[YZB:[0-9]+]] = "arith.muli"(%[[TWO]], %[[YZ]])
-// TT: %[[LIN:[0-9]+]] = "arith.addi"(%[[X]], %[[YZB]])
-// TT: %[[OFF:[0-9]+]] = "arith.extsi"(%[[LIN]])
-// TT: %[[PTR:[0-9]+]] = "tt.addptr"(%{{arg[0-9]+}}, %[[OFF]]) : (!tt.ptr<i32>, i64)
-// TT: %[[N:[0-9]+]] = "tt.load"(%[[PTR]])
-// TT: %[[NB:[0-9]+]] = "arith.divsi"(%[[N]], %[[TWO]])
-// TT: "arith.divsi"(%[[NB]], %[[ONE]])
-// TT: "arith.remsi"(%[[NB]], %[[ONE]])
-// TT: "arith.remsi"(%[[N]], %[[TWO]])
 
 module {
   func.func @attention(%q: tensor<2x1x32x16xf32>, %k: tensor<2x1x32x16xf32>, %v: tensor<2x1x32x16xf32>, %c0: tensor<2x32xi64>) -> (tensor<2x1x32x16xf32>, tensor<2x1x32xf32>) {
