@@ -34,8 +34,9 @@ from .kernel_args import HostDescriptor, mirrored_inputs, mirrored_roles  # noqa
 from .triton_kernels import compile_ttir, current_target, launch_one, parse_target  # noqa: F401  (part of the runtime's API)
 
 # 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
-# tiles; launch takes no tile tables.
-FORMAT_VERSION = 2
+# tiles; launch takes no tile tables. 3: where that mask reads b or h, its tables have a batch and
+# a head axis (core.block_tables.table_lead), which a runtime of format 2 would not give.
+FORMAT_VERSION = 3
 # Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables.
 MASK_PROGRAM = "mask_program"
 _TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
