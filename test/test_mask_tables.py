@@ -177,10 +177,11 @@ def test_call_time_tables_equal_the_mask_mod_ones(mask_mod, lk):
         assert torch.equal(g, w.reshape(w.shape[2:]))
 
 
-@pytest.mark.parametrize("budget", [1, 3 * 16 * 50, 1 << 24], ids=["block", "blocks", "whole"])
+@pytest.mark.parametrize("budget", [1, 2 * 16 * 60, 3 * 16 * 50, 1 << 24], ids=["block", "heads", "blocks", "whole"])
 @pytest.mark.parametrize("lq,lk", [(100, 50), (96, 57), (7, 130)])
 def test_classify_passes_over_several_query_blocks(monkeypatch, budget, lq, lk):
-    # However many query blocks one evaluation covers (one, a few with a ragged block left over,
+    # However many query blocks, batch entries and heads one evaluation covers (a block of one
+    # head, two of the three heads then the third, a few blocks with a ragged block left over,
     # all), the tables are those of the dense mask tile by tile; the mask reads b and h too.
     from ae_mlir.core import block_tables
 

@@ -86,9 +86,10 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     swapped in the tables).
 
     `keep` is called on broadcastable int64 index tensors, over as many whole query blocks of
-    rows at once as GRID_BUDGET allows (at least one; a ragged last block alone), so memory stays
-    O(max(GRID_BUDGET, batch * heads * block_m * seq_k)). `batch` / `heads` of 1 mean the mask
-    does not depend on that index.
+    rows at once as GRID_BUDGET allows (at least one; a ragged last block alone), and over slabs
+    of the batch entries and heads where one block of rows of all of them would exceed it, so
+    memory stays O(max(GRID_BUDGET, block_m * seq_k)). `batch` / `heads` of 1 mean the mask does
+    not depend on that index.
     """
     import torch
 
@@ -96,28 +97,16 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     ragged = seq_k % block_n != 0
     any_kept = torch.zeros(batch, heads, nm, nn, dtype=torch.bool, device=device)
     all_kept = torch.zeros_like(any_kept)
-    b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
-    h = torch.arange(heads, device=device).view(1, heads, 1, 1)
     kv = torch.arange(seq_k, device=device).view(1, 1, 1, seq_k)
-    per_pass = max(1, GRID_BUDGET // (batch * heads * block_m * max(seq_k, 1)))
-    whole = seq_q // block_m
-    passes = [(m, min(per_pass, whole - m), block_m) for m in range(0, whole, per_pass)]
-    if whole < nm:
-        passes.append((whole, 1, seq_q - whole * block_m))
-    for m, blocks, rows in passes:
-        first = m * block_m
-        q = torch.arange(first, first + blocks * rows, device=device).view(1, 1, blocks * rows, 1)
-        kept = torch.as_tensor(keep(b, h, q, kv), device=device).to(torch.bool)
-        kept = kept.expand(batch, heads, blocks * rows, seq_k)
-        padded = torch.zeros(batch, heads, blocks * rows, nn * block_n, dtype=torch.bool, device=device)
-        padded[..., :seq_k] = kept
-        # Up to 8 flags at a time, as the bytes of one integer: element-wise any/all over the
-        # bools took most of the classification's time (on an H200 about 70 ms per 10^9 mask
-        # entries; on a CPU twice the mask's own evaluation).
-        width, dtype = _word(block_n)
-        words = padded.view(dtype).view(batch, heads, blocks, rows, nn, block_n // width)
-        any_kept[:, :, m:m + blocks] = (words != 0).any(dim=5).any(dim=3)
-        all_kept[:, :, m:m + blocks] = (words == int.from_bytes(b"\x01" * width, "little")).all(dim=5).all(dim=3)
+    row_entries = block_m * max(seq_k, 1)
+    per_head = max(1, min(heads, GRID_BUDGET // row_entries))
+    per_entry = max(1, min(batch, GRID_BUDGET // (per_head * row_entries))) if per_head == heads else 1
+    for b0 in range(0, batch, per_entry):
+        for h0 in range(0, heads, per_head):
+            b = torch.arange(b0, min(b0 + per_entry, batch), device=device).view(-1, 1, 1, 1)
+            h = torch.arange(h0, min(h0 + per_head, heads), device=device).view(1, -1, 1, 1)
+            slab = (slice(b0, b0 + per_entry), slice(h0, h0 + per_head))
+            _classify_slab(keep, b, h, kv, seq_q, (block_m, block_n), any_kept[slab], all_kept[slab])
     if ragged:
         all_kept[..., nn - 1] = False
     if layout != "forward" and seq_q % block_m:
@@ -131,6 +120,35 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     pc, pi = _pack(partial, device, full_width)
     fc, fi = _pack(full, device, full_width)
     return BlockTables(pc, pi, fc, fi)
+
+
+def _classify_slab(keep, b, h, kv, seq_q: int, blocks: tuple[int, int], any_kept, all_kept) -> None:
+    """Fill `any_kept` / `all_kept` ([len(b), len(h), NM, NN] views) for the entries `b` and heads
+    `h` (index tensors), as many whole query blocks of rows a pass as GRID_BUDGET allows."""
+    import torch
+
+    block_m, block_n = blocks
+    entries, heads, nm, nn = any_kept.shape
+    seq_k = kv.shape[-1]
+    per_pass = max(1, GRID_BUDGET // (entries * heads * block_m * max(seq_k, 1)))
+    whole = seq_q // block_m
+    passes = [(m, min(per_pass, whole - m), block_m) for m in range(0, whole, per_pass)]
+    if whole < nm:
+        passes.append((whole, 1, seq_q - whole * block_m))
+    # Up to 8 flags at a time, as the bytes of one integer: element-wise any/all over the bools
+    # took most of the classification's time (on a CPU twice the mask's own evaluation).
+    width, dtype = _word(block_n)
+    all_set = int.from_bytes(b"\x01" * width, "little")
+    for m, count, rows in passes:
+        first = m * block_m
+        q = torch.arange(first, first + count * rows, device=kv.device).view(1, 1, count * rows, 1)
+        kept = torch.as_tensor(keep(b, h, q, kv), device=kv.device).to(torch.bool)
+        kept = kept.expand(entries, heads, count * rows, seq_k)
+        padded = torch.zeros(entries, heads, count * rows, nn * block_n, dtype=torch.bool, device=kv.device)
+        padded[..., :seq_k] = kept
+        words = padded.view(dtype).view(entries, heads, count, rows, nn, block_n // width)
+        any_kept[:, :, m:m + count] = (words != 0).any(dim=5).any(dim=3)
+        all_kept[:, :, m:m + count] = (words == all_set).all(dim=5).all(dim=3)
 
 
 def cut_per_block(tables: BlockTables) -> float:
