@@ -86,6 +86,9 @@ class _Kernel(RowSources, KernelBuilder):
         self.q_seq = sequences_source(q)
         self.packing = packing_ops(op) if self.q_seq is not None else None
         self.spans: dict = {}
+        # The mask program of call-time tables (build sets it): their rows are per entry and head
+        # where it reads b or h.
+        self.program = None
 
     # --- the kernel ----------------------------------------------------------------------
     def build(self, classification: Classification) -> None:
