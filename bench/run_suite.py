@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -44,10 +42,12 @@ sys.path.insert(0, HERE)
 
 # Only light modules at the top: the warm-up workers are spawned and re-import this file first.
 import suite  # noqa: E402
+import suite_cases  # noqa: E402
+from suite_engines import BENCH, DryRun, Gpu  # noqa: E402
+import suite_checks  # noqa: E402
 import warm  # noqa: E402
 
 T0 = time.monotonic()  # a child process takes its parent's (CLOCK_MONOTONIC is system-wide)
-BENCH = {"warmup": 25, "rep": 100}  # triton.testing.do_bench, milliseconds, median
 FLA_TUNE = {"warmup": 5, "rep": 20}  # fla's autotuning benchmark (all configs; Triton's default is 25/100)
 # Seconds a case needs besides compiles (inputs, reference, kernel loads, timings), by part; and
 # the compiles that the parts after a part are planned to need (verify's FlexAttention compiles
@@ -104,351 +104,10 @@ class Budget:
 # --- engines: the GPU, and a stand-in that checks everything but the launches -----------------------
 
 
-class Gpu:
-    dry = False
-
-    def __init__(self):
-        import torch
-
-        self.torch = torch
-        self.device = torch.device("cuda")
-
-    def sync(self) -> None:
-        self.torch.cuda.synchronize()
-
-    def bench(self, fn) -> float:
-        from triton.testing import do_bench
-
-        return float(do_bench(fn, warmup=BENCH["warmup"], rep=BENCH["rep"], return_mode="median"))
-
-    def wall_ms(self, fn, reps: int = 5) -> float:
-        """Median wall time with the device drained before and after: for host-driven work (tile
-        classification launches many small kernels), where GPU event time would miss the gaps."""
-        times = []
-        for _ in range(reps):
-            self.sync()
-            start = time.perf_counter()
-            fn()
-            self.sync()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
-
-    def outputs(self, bundle) -> dict:
-        from ae_mlir import runtime
-
-        made = [self.torch.empty(s.shape, dtype=runtime.torch_dtype(s.dtype), device=self.device)
-                for s in bundle.outputs]
-        return {"out": made[0], "lse": made[1] if len(made) > 1 else None}
-
-    def launch(self, bundle, *args, out, lse):
-        from ae_mlir import runtime
-
-        return runtime.launch(bundle, *args, out=out, lse=lse)
-
-    def kernel_info(self, bundle, args, outs) -> dict:
-        from ae_mlir import runtime
-
-        variant = runtime.choose_variant(bundle, runtime.bind(bundle, *args, **outs))
-        info = {"block_m": bundle.block_m, "block_n": bundle.block_n, "num_warps": bundle.num_warps,
-                "num_stages": bundle.num_stages, "grid": bundle.grid,
-                "kernel_variant": "aligned" if variant.aligned else "generic"}
-        if not self.dry:
-            kernel = runtime.compile_ttir(variant.ttir, runtime.current_target(), bundle.num_warps, bundle.num_stages)
-            info.update(registers=getattr(kernel, "n_regs", None), spills=getattr(kernel, "n_spills", None),
-                        shared_bytes=kernel.metadata.shared)
-        if bundle.stages:
-            # The kernels launched before this one (a split linear recurrence's chunk states).
-            info["stages"] = []
-            for stage in bundle.stages:
-                entry = {"name": stage.name, "grid": stage.grid, "num_warps": stage.num_warps,
-                         "num_stages": stage.num_stages}
-                if not self.dry:
-                    kernel = runtime.compile_ttir(stage.variants[info["kernel_variant"]].ttir,
-                                                  runtime.current_target(), stage.num_warps, stage.num_stages)
-                    entry.update(registers=getattr(kernel, "n_regs", None), spills=getattr(kernel, "n_spills", None),
-                                 shared_bytes=kernel.metadata.shared)
-                info["stages"].append(entry)
-        return info
-
-    def rows(self, length: int):
-        return suite.sample_rows(length)
-
-    def ref_heads(self, heads: int) -> list[int]:
-        return suite.reference_heads(heads)
-
-    def sdpa_reference(self, q, k, v, causal: bool):
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(SDPBackend.MATH):
-            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-
-    def sdpa(self, backend: str, causal: bool, gqa: bool):
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        chosen = getattr(SDPBackend, backend)
-
-        def run(q, k, v):
-            with sdpa_kernel(chosen):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-
-        return run
-
-    def flex(self, attn, shape, batch=None):
-        return suite.flex_callable(attn, shape, self.device, batch)
-
-    def block_mask_ms(self, attn, shape, batch=None) -> float | None:
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        return self.wall_ms(lambda: create_block_mask(attn.mask_mod, batch, None, shape.seq_q, shape.seq_k,
-                                                      device=self.device))
-
-    def fla(self, variant: str):
-        return suite.fla_op(variant)
-
-
-class DryRun(Gpu):
-    """Runs every case's code on the CPU at full size with the same inputs, captures, call-time
-    tables, references and bookkeeping, but binds each ae-mlir launch (argument checks, kernel
-    variant choice, argument list) instead of running it and stands zeros in for the peers."""
-
-    dry = True
-
-    def __init__(self):
-        import torch
-
-        self.torch = torch
-        self.device = torch.device("cpu")
-
-    def sync(self) -> None:
-        pass
-
-    def bench(self, fn) -> float:
-        fn()
-        return 1.0
-
-    def launch(self, bundle, *args, out, lse):
-        from ae_mlir import runtime
-
-        tensors = runtime.bind(bundle, *args, out=out, lse=lse)
-        variant = runtime.choose_variant(bundle, tensors)
-        values = runtime.argument_values(variant, tensors, runtime.device_tables(bundle, self.device))
-        if len(values) != len(variant.args):
-            raise AssertionError(f"{len(values)} arguments for {len(variant.args)} kernel parameters")
-        return [tensors[s.role].zero_() for s in bundle.outputs]
-
-    def rows(self, length: int):
-        return suite.sample_rows(length, edge=2, spread=4)
-
-    def ref_heads(self, heads: int) -> list[int]:
-        return [heads - 1]
-
-    def sdpa_reference(self, q, k, v, causal: bool):
-        return self.torch.zeros(*q.shape[:3], v.shape[-1])
-
-    def sdpa(self, backend: str, causal: bool, gqa: bool):
-        return lambda q, k, v: self.torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
-
-    def flex(self, attn, shape, batch=None):
-        # FlexAttention's BlockMask evaluates the mod under vmap: check it does, where it is cheap.
-        if attn.mask_mod is not None and shape.seq_q <= 2048:
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            create_block_mask(attn.mask_mod, batch, None, shape.seq_q, shape.seq_k, device="cpu")
-        return lambda q, k, v: self.torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
-
-    def block_mask_ms(self, attn, shape, batch=None) -> float | None:
-        return super().block_mask_ms(attn, shape, batch) if shape.seq_q <= 2048 else None
-
-    def fla(self, variant: str):
-        return lambda q, k, v, g: self.torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
-
-
-# --- one case -----------------------------------------------------------------------------------------
-
-
-def _error_text(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0][:400] if lines else ''}"
-
-
-def measure(eng, fn, flops: float, error) -> dict:
-    """Run once (that call compiles or autotunes where the callable does), check, then time."""
-    try:
-        start = time.monotonic()
-        out = fn()
-        eng.sync()
-        result = {"first_call_s": round(time.monotonic() - start, 3), "max_abs_err": error(out)}
-        del out
-        ms = eng.bench(fn)
-        result.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
-        return result
-    except Exception as err:
-        return {"error": _error_text(err)}
-
-
-def kernel_info(eng, bundle, args, outs) -> dict:
-    try:
-        return eng.kernel_info(bundle, args, outs)
-    except Exception as err:
-        return {"kernel_info_error": _error_text(err)}
-
-
-def _speedups(results: dict) -> dict:
-    mine = results.get("ae_mlir", {})
-    if not isinstance(mine, dict) or "ms" not in mine:
-        return {}
-    return {peer: r["ms"] / mine["ms"] for peer, r in results.items()
-            if peer != "ae_mlir" and isinstance(r, dict) and "ms" in r}
-
-
-def softmax_case(case, bundle, eng, budget: Budget) -> dict:
-    import torch
-
-    from ae_mlir import block_mask, runtime
-    from ae_mlir.core.regions import ScalarProgram
-
-    attn, shape = suite.softmax_problem(case, eng.device)
-    q, k, v = suite.softmax_inputs(shape, case.dtype, eng.device)
-    normalize = attn.normalize if isinstance(attn.normalize, str) else attn.normalize.name
-    gqa = shape.kv_heads != shape.heads
-    rec = {"case": case.name, "part": case.part, "variant": case.variant, "dtype": case.dtype, "B": shape.batch,
-           "H": shape.heads, "Hkv": shape.kv_heads, "L": shape.seq_q, "Dk": shape.dim_qk, "Dv": shape.dim_v,
-           "normalize": normalize}
-    captures = attn._build(q, k, v)[1]
-    tables = runtime.call_time_tables(bundle, q, k, v, *captures)
-    outs = eng.outputs(bundle)
-    # The runtime adds the call-time tables itself, as `ae.attention` calls it.
-    args = (q, k, v, *captures)
-    batch = suite.mask_batch(case.variant, shape)
-    kept = suite.kept_fraction(attn.mask_mod, shape.seq_q, shape.seq_k, eng.device, batch=batch)
-    flops = suite.softmax_flops(shape, kept)
-    rec.update(kept_fraction=kept, flops=flops, closure_tensors=len(captures), call_time_tables=bool(tables))
-    if case.part == "verify":
-        rows = None
-        ref = eng.sdpa_reference(q, k, v, causal=case.variant == "causal")
-        rec["reference"] = "float32 SDPA (math backend), all rows"
-    else:
-        rows = eng.rows(shape.seq_q)
-        ref = suite.attention_reference(attn, q, k, v, rows)
-        rec["reference"] = f"float32 materialized attention, {len(rows)} query rows"
-    rec["reference_max_abs"] = float(ref.abs().max())
-    rec["reference_finite"] = bool(torch.isfinite(ref).all())
-
-    def error(o):
-        picked = o if rows is None else o[:, :, rows.to(o.device)]
-        return float((picked.float() - ref).abs().max())
-
-    results = {"ae_mlir": measure(eng, lambda: eng.launch(bundle, *args, **outs)[0], flops, error)}
-    rec.update(kernel_info(eng, bundle, args, outs))
-    causal = case.variant == "causal" if case.part == "verify" else suite.SDPA_EQUIVALENT.get(case.variant)
-    if causal is None:
-        results["sdpa"] = "n/a: SDPA has no equivalent of this variant"
-    else:
-        for name, backend in (("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION")):
-            fn = eng.sdpa(backend, causal, gqa)
-            results[name] = measure(eng, lambda fn=fn: fn(q, k, v), flops, error)
-    if normalize != "softmax":
-        results["flex_attention"] = f"n/a: FlexAttention has no {normalize} normalizer"
-    elif not budget.allow("flex"):
-        results["flex_attention"] = {"skipped": "time budget"}
-    else:
-        start = time.monotonic()
-        try:
-            flex = eng.flex(attn, shape, batch)
-            results["flex_attention"] = measure(eng, lambda: flex(q, k, v), flops, error)
-        except Exception as err:
-            results["flex_attention"] = {"error": _error_text(err)}
-        results["flex_attention"]["compile_s"] = round(time.monotonic() - start, 2)
-        budget.observe("flex", time.monotonic() - start)
-    if tables:
-        # What the call-time tables cost when the closure tensors change (uncached) and when they
-        # do not (the cache hit every later call takes), beside FlexAttention's create_block_mask.
-        bm, bn = bundle.block_m, bundle.block_n
-        program = bundle.meta[runtime.MASK_PROGRAM]
-        uncached = eng.wall_ms(lambda: block_mask.classify_program(
-            ScalarProgram.from_json(program), [q, k, v, *captures], shape.seq_q, shape.seq_k, bm, bn, eng.device))
-        classification = {"ms": uncached,
-                          "cached_ms": eng.wall_ms(lambda: runtime.call_time_tables(bundle, q, k, v, *captures)),
-                          "flex_create_block_mask_ms": eng.block_mask_ms(attn, shape, batch)}
-        if "ms" in results["ae_mlir"]:
-            classification["fraction_of_attention"] = uncached / results["ae_mlir"]["ms"]
-        rec["classification"] = classification
-    rec["results"] = results
-    rec["speedup"] = _speedups(results)
-    return rec
-
-
-def linear_case(case, bundle, eng, budget: Budget) -> dict:
-    import torch
-
-    data = suite.linear_inputs(case, eng.device)
-    q, k, v, g = data["ae"]
-    fq, fk, fv, fg = data["fla"]
-    decay = suite.LINEAR_DECAYS[case.variant]
-    flops = suite.linear_flops(case)
-    rec = {"case": case.name, "part": case.part, "variant": case.variant, "decay": decay, "dtype": case.dtype,
-           "B": case.batch, "H": case.heads, "L": case.seq, "Dk": case.dim, "Dv": case.dim, "chunk": suite.CHUNK,
-           "layout": "[B, T, H, D] storage (fla's); ae-mlir reads [B, H, T, D] views of it", "flops": flops}
-    heads = eng.ref_heads(case.heads)
-    picked = torch.tensor(heads, device=eng.device)
-    g_ref = g[picked] if decay == "head" else g[:, picked]
-    ref = suite.linear_reference(q[:, picked], k[:, picked], v[:, picked], g_ref, decay)
-    rec.update(reference=f"float32 chunked recurrence, heads {heads}", reference_max_abs=float(ref.abs().max()),
-               reference_finite=bool(torch.isfinite(ref).all()))
-
-    def error(o):
-        return float((o[:, picked].float() - ref).abs().max())
-
-    outs = eng.outputs(bundle)
-
-    # As ae.linear_attention does (and so timed): a per-token g whose tokens are not adjacent in
-    # memory is copied, or every kernel would take its general variant.
-    copied = decay == "token" and g.stride(-1) != 1
-
-    def ae():
-        return eng.launch(bundle, q, k, v, g.contiguous() if copied else g, **outs)[0]
-
-    results = {"ae_mlir": measure(eng, ae, flops, error)}
-    rec.update(kernel_info(eng, bundle, (q, k, v, g.contiguous() if copied else g), outs))
-    peer = f"fla_chunk_{case.variant}"
-    try:
-        op = eng.fla(case.variant)
-    except ImportError as err:
-        op = None
-        results[peer] = {"error": _error_text(err)}
-    if op is not None and not budget.allow("fla"):
-        results[peer] = {"skipped": "time budget"}
-    elif op is not None:
-        results[peer] = measure(eng, lambda: op(fq, fk, fv, fg), flops, lambda o: error(o.transpose(1, 2)))
-        budget.observe("fla", results[peer].get("first_call_s", 0.0))
-        if "ms" in results[peer] and "ms" in results["ae_mlir"]:
-            theirs = op(fq, fk, fv, fg).transpose(1, 2)
-            rec["max_abs_diff_ae_vs_fla"] = float((ae().float() - theirs.float()).abs().max())
-    rec["results"] = results
-    rec["speedup"] = _speedups(results)
-    return rec
-
-
-# --- the run ---------------------------------------------------------------------------------------
-
-
-def _finite(x):
-    """JSON without NaN/Infinity tokens (strict parsers reject them): non-finite floats as strings."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
 def write_json(path: str, doc: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(_finite(doc), f, indent=1)
+        json.dump(suite_cases.finite(doc), f, indent=1)
     os.replace(tmp, path)
 
 
@@ -521,27 +180,6 @@ def warm_tasks(todo: list, bundles: dict, directory: str, target: str, workers: 
     return tasks
 
 
-def summary_line(rec: dict) -> str:
-    if "results" not in rec:
-        return f"{rec['case']}: {rec.get('error') or rec.get('skipped')}"
-    parts = []
-    for name, r in rec["results"].items():
-        if isinstance(r, str):
-            continue
-        if "tflops" in r:
-            text = f"{name} {r['tflops']:.1f} TF/s err {r['max_abs_err']:.1e}"
-            if name in rec["speedup"]:
-                text += f" (ae {rec['speedup'][name]:.2f}x)"
-        else:
-            text = f"{name} {r.get('error') or r.get('skipped')}"
-        parts.append(text)
-    extra = ""
-    if "classification" in rec:
-        c = rec["classification"]
-        extra = f" | tables {c['ms']:.2f} ms uncached, {c['cached_ms']:.3f} ms cached"
-    return f"{rec['case']}: " + " | ".join(parts) + extra
-
-
 def run_part(part: str, todo: list, bundles: dict, eng, budget: Budget, out_dir: str, header: dict) -> list:
     path = os.path.join(out_dir, f"{part}.json")
     records = []
@@ -554,13 +192,13 @@ def run_part(part: str, todo: list, bundles: dict, eng, budget: Budget, out_dir:
             rec = {"case": case.name, "skipped": "time budget"}
         else:
             try:
-                rec = (linear_case if part == "linear" else softmax_case)(case, bundle, eng, budget)
+                rec = (suite_cases.linear_case if part == "linear" else suite_cases.softmax_case)(case, bundle, eng, budget)
             except Exception as err:
-                rec = {"case": case.name, "error": _error_text(err),
+                rec = {"case": case.name, "error": suite_cases.error_text(err),
                        "traceback": traceback.format_exc(limit=-4).strip().splitlines()}
         records.append(rec)
         write_json(path, dict(header, part=part, cases=records))
-        log(f"{part} {i}/{len(todo)} {summary_line(rec)}")
+        log(f"{part} {i}/{len(todo)} {suite_cases.summary_line(rec)}")
     return records
 
 
@@ -619,7 +257,7 @@ def plot(out_dir: str) -> None:
     except ImportError as err:
         log(f"no plot ({err})")
     except Exception as err:
-        log(f"plot failed: {_error_text(err)}")
+        log(f"plot failed: {suite_cases.error_text(err)}")
 
 
 def run_children(args, parts: list, todo: list, deadline: float) -> dict:
@@ -747,123 +385,20 @@ def dry_run(args) -> int:
         if os.path.exists(path):
             with open(path) as f:
                 for rec in json.load(f)["cases"]:
-                    problems += _record_problems(rec)
+                    problems += suite_checks.record_problems(rec)
     plot(args.out)
     if not os.path.exists(os.path.join(args.out, "suite.png")):
         problems.append("no plot was written")
-    problems += _check_warm(bundles, todo, args.bundles)
+    problems += suite_checks.check_warm(bundles, todo, args.bundles, expected_variant, log)
     loaded = [m for m in sys.modules if (m == "mlir" or m.startswith("mlir.")) and sys.modules[m] is not None]
     if loaded:
         problems.append(f"the GPU side imported MLIR modules: {loaded}")
     del sys.modules["mlir"]
-    problems += _check_references()
+    problems += suite_checks.check_references(log)
     log(f"dry run: {len(problems)} problem(s); records in {args.out}")
     for p in problems:
         print("  " + p)
     return 1 if problems else 0
-
-
-def _record_problems(rec: dict) -> list:
-    if "results" not in rec:
-        return [f"{rec['case']}: {rec.get('error') or rec.get('skipped')}"]
-    out = [f"{rec['case']}: {name}: {r['error']}" for name, r in rec["results"].items()
-           if isinstance(r, dict) and "error" in r]
-    if not rec.get("reference_finite", True):
-        out.append(f"{rec['case']}: the float32 reference is not finite")
-    return out
-
-
-def _check_warm(bundles: dict, todo: list, directory: str) -> list:
-    problems = []
-    first = next((c for c in todo if not isinstance(bundles[c], str)), None)
-    if first is not None:
-        task = (f"ae {first.name}", warm.compile_ae,
-                (os.path.join(directory, first.bundle_file), expected_variant(first, bundles[first]), "cuda:90"))
-        stats = warm.run_pool([task], 1, time.monotonic() + 300, log)
-        if stats["done"] != 1:
-            problems.append(f"warm-up pool: {stats}")
-    try:
-        for variant in suite.LINEAR_DECAYS:
-            suite.fla_op(variant)
-    except ImportError as err:
-        log(f"fla is not importable here ({err}); its autotuner split is not checked")
-        return problems
-    tuners = warm.fla_autotuners()
-    covered = {id(t): set() for t in tuners}
-    shares = 14
-    for part in range(shares):
-        warm.partition_fla(part, shares)
-        for t in tuners:
-            covered[id(t)] |= {str(c) for c in t.configs}
-    uncovered = [t for t in tuners if covered[id(t)] != {str(c) for c in t.__dict__["_all_configs"]}]
-    log(f"fla: {len(tuners)} autotuners, {sum(len(t.__dict__['_all_configs']) for t in tuners)} configs "
-        f"(CPU-side lists), split {shares} ways")
-    if not tuners or uncovered:
-        problems.append(f"fla autotuner split: {len(tuners)} found, {len(uncovered)} not covered")
-    return problems
-
-
-def _check_references() -> list:
-    import torch
-    import torch.nn.functional as F
-
-    import ae_mlir as ae
-    from ae_mlir.variants import CATALOGUE, Shape, build
-
-    problems = []
-    for name in CATALOGUE:
-        attn, shape = build(name, Shape(2, 4, 300, 300, 32, 32), seed=suite.SEED)
-        q, k, v = suite.softmax_inputs(shape, "float32", "cpu")
-        got = suite.attention_reference(attn, q, k, v, torch.arange(300))
-        for backend in ("cpu", "reference"):
-            want = attn(q, k, v, backend=backend).float()
-            err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
-            if err < 1e-5:
-                continue
-            message = f"reference {name}: relative error {err:.1e} against ae-mlir's {backend} backend"
-            if backend == "cpu":
-                problems.append(message)
-            else:
-                # The executor evaluates float32 mods in float64 (with float32-rounded constants);
-                # where a mod floors a float, as t5_bias does at |q - kv| = 16, 32, 64, it then
-                # disagrees with float32 torch, the CPU backend and the Triton kernels alike.
-                log(f"note: {message}, while the float32 CPU backend agrees")
-        if attn.mask_mod is not None:
-            b, h, qi, ki = (torch.arange(n).view(*s) for n, s in ((1, (1, 1, 1, 1)), (1, (1, 1, 1, 1)),
-                                                                 (300, (1, 1, 300, 1)), (300, (1, 1, 1, 300))))
-            brute = int(attn.mask_mod(b, h, qi, ki).expand(1, 1, 300, 300).sum()) / 300**2
-            if brute != suite.kept_fraction(attn.mask_mod, 300, 300, "cpu", block=64):
-                problems.append(f"kept fraction {name}: blockwise count differs from the brute-force one")
-    try:
-        from fla.ops.gla.naive import naive_recurrent_gla
-        from fla.ops.retention.naive import naive_retention
-        from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
-    except ImportError:
-        naive = None
-    else:
-        naive = {"retention": lambda q, k, v, g: naive_retention(q.transpose(1, 2), k.transpose(1, 2),
-                                                                 v.transpose(1, 2)).transpose(1, 2),
-                 "simple_gla": lambda q, k, v, g: naive_recurrent_simple_gla(q, k, v, g)[0],
-                 "gla": lambda q, k, v, g: naive_recurrent_gla(q, k, v, g)[0]}
-    for variant, decay in suite.LINEAR_DECAYS.items():
-        case = suite.Case("linear", variant, 2, 3, 150, 16, "float32")
-        data = suite.linear_inputs(case, "cpu")
-        q, k, v, g = data["ae"]
-        if decay != "head":
-            # Stronger gates than the benchmark's, so that decay errors would show.
-            g = F.logsigmoid(torch.randn(g.shape, generator=torch.Generator().manual_seed(5)))
-        got = suite.linear_reference(q, k, v, g, decay)
-        lin = ae.linear_attention(decay=decay, chunk_size=suite.CHUNK)
-        checks = {"ae-mlir's reference executor": lin(q, k, v, g, backend="reference").float()}
-        if naive is not None:
-            fg = None if decay == "head" else g.transpose(1, 2)
-            checks[f"fla's naive {variant}"] = naive[variant](*data["fla"][:3], fg).transpose(1, 2).float()
-        for label, want in checks.items():
-            err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
-            if not err < 1e-4:
-                problems.append(f"linear reference {variant}: relative error {err:.1e} against {label}")
-    log(f"references checked against ae-mlir's CPU backend and reference executor{' and fla' if naive else ''}")
-    return problems
 
 
 def main(argv=None) -> int:
