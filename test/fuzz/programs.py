@@ -154,9 +154,12 @@ def bool_expr(draw, depth: int, doc=None, names: tuple = ATTENTION_NAMES) -> Nod
     if depth <= 0 or draw(st.booleans()):
         kind = draw(st.integers(0, 3))
         if kind == 0 and doc is not None:
-            n = doc.shape[0]
-            return Node("eq", (Node("capture", value=(doc, (bounded_index(Node("var", value="q_idx"), n),))),
-                               Node("capture", value=(doc, (bounded_index(Node("var", value="kv_idx"), n),)))))
+            # Document ids shared by the batch [L], or per batch row [2, L] (read at b): the tables
+            # a call classifies are then per batch entry.
+            n = doc.shape[-1]
+            lead = (bounded_index(Node("var", value="b"), doc.shape[0]),) if doc.dim() == 2 else ()
+            return Node("eq", tuple(Node("capture", value=(doc, lead + (bounded_index(Node("var", value=name), n),)))
+                                    for name in ("q_idx", "kv_idx")))
         cmp = draw(st.sampled_from(["lt", "le", "ge", "eq", "ne"]))
         left = Node("add", (Node("var", value=draw(st.sampled_from(names[:3]))), index_expr(draw, 1, names)))
         right = Node("add", (index_expr(draw, 1, names), Node("const", value=draw(st.integers(-8, 8)))))
@@ -242,14 +245,15 @@ def programs(draw, max_seq: int = 80, dtypes=(torch.float32, torch.bfloat16, tor
     bias = torch.randn(heads, generator=gen)
     table = torch.randn(heads, 7, generator=gen)
     doc = torch.sort(torch.randint(0, 4, (max(seq_q, seq_k),), generator=gen)).values
+    doc_rows = torch.sort(torch.randint(0, 4, (2, max(seq_q, seq_k)), generator=gen), dim=-1).values
     leaves = [Node("var", value="score")]
     score_tree = float_expr(draw, draw(st.integers(1, 3)), leaves, [bias, table]) if draw(st.booleans()) else None
-    use_doc = draw(st.booleans())
-    mask_tree = bool_expr(draw, draw(st.integers(0, 2)), doc if use_doc else None) if draw(st.booleans()) else None
+    ids = draw(st.sampled_from([None, doc, doc_rows]))
+    mask_tree = bool_expr(draw, draw(st.integers(0, 2)), ids) if draw(st.booleans()) else None
     return Program(
         batch=draw(st.integers(1, 2)), heads=heads, heads_kv=heads_kv, seq_q=seq_q, seq_k=seq_k,
         dim_qk=dim_qk, dim_v=dim_v, dtype=draw(st.sampled_from(dtypes)),
         normalize=draw(st.sampled_from(["softmax", "softmax", "sigmoid", "relu", "none", "retnet", "plus_one"])),
         score_tree=score_tree, mask_tree=mask_tree, transposed=draw(st.booleans()), seed=seed,
-        captures=[bias, table, doc],
+        captures=[bias, table, doc, doc_rows],
     )
