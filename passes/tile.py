@@ -34,7 +34,7 @@ from .tile_pack_gqa import pack, packable, store_head_rows
 from .tile_sources import RowSources
 from .tile_split_kv import build_split, splittable
 from .tile_tables import (Classification, call_time_table_types, classify_blocks, heavy_blocks_attributes,
-                          per_slice, table_constants, table_row)
+                          table_constants, table_row)
 from .tile_varlen import packing_ops, sequences_source
 
 LOG2E = 1.0 / math.log(2.0)
@@ -452,21 +452,18 @@ class AttnTile(ModulePass):
         func = kernel_function(op, "tiled", views=TILE_VIEWS)
         kernel = _Kernel(op, func, self.block_m, self.block_n, self.whole_tiles, self.prescale_q, self.mirror_reads,
                          self.raw_row_max)
-        # The tile loops bound per-entry lengths with compile-time lists only.
-        classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
-                                         self.call_time_tables and kernel.kv_len is None)
         # Packed sequences take neither form: a sequence's rows are not a batch entry's.
         varlen = kernel.q_seq is not None
         nn = -(-kernel.lk // self.block_n)
         wants_packing = self.pack_gqa and packable(kernel, self.block_m) and not varlen
-        if classification.at_call_time and per_slice(classification.program) and (
-                wants_packing or min(self.kv_splits, nn) > 1 or varlen):
-            # Decoding shapes: a mask that reads b or h keeps every tile partial and takes the KV
-            # splits or the packed heads, which call-time tables (one row per program) rule out;
-            # a few query rows against a long cache gain more from filling the GPU. In a packed
-            # batch b is a sequence, whose rows the runtime's tables do not follow.
-            classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m,
-                                             self.block_n)
+        # The tile loops bound per-entry lengths with compile-time lists only. Decoding shapes: a
+        # mask that reads b or h keeps every tile partial and takes the KV splits or the packed
+        # heads, which call-time tables (one row per program) rule out; a few query rows against a
+        # long cache gain more from filling the GPU. In a packed batch b is a sequence, whose rows
+        # the runtime's tables do not follow.
+        classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
+                                         self.call_time_tables and kernel.kv_len is None,
+                                         per_slice_ok=not (wants_packing or min(self.kv_splits, nn) > 1 or varlen))
         if wants_packing and not classification.at_call_time:
             pack(kernel)
             classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, kernel.rows,

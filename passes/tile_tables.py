@@ -83,14 +83,16 @@ def string_attribute(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, at_call_time: bool = False) -> Classification:
+def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, at_call_time: bool = False,
+                    per_slice_ok: bool = True) -> Classification:
     """Classify every (query block, KV block) pair as skipped, full or partial (see the module
-    docstring for which masks are classified when)."""
+    docstring for which masks are classified when); without `per_slice_ok` a mask that reads b or
+    h is not classified at call time (kernel forms whose programs cannot take per-slice tables)."""
     if mask_region is None:
         return Classification(*unmasked(lq, lk, bm, bn).as_lists())
     program = from_region(mask_region)
     if not _is_positional(program):
-        if at_call_time and _classifiable_at_call_time(program):
+        if at_call_time and _classifiable_at_call_time(program) and (per_slice_ok or not per_slice(program)):
             return Classification([], [], program)
         nm, nn = -(-lq // bm), -(-lk // bn)
         return Classification([list(range(nn)) for _ in range(nm)], [[] for _ in range(nm)])
