@@ -112,7 +112,7 @@ def aligned_ok(bundle, tensors: dict) -> bool:
     return True
 
 
-_STRIDE, _TABLE, _TENSOR, _DESCRIPTOR, _DESCRIPTOR_SIZE, _DESCRIPTOR_STRIDE = range(6)
+_STRIDE, _TABLE, _TENSOR, _DESCRIPTOR, _DESCRIPTOR_SIZE, _DESCRIPTOR_STRIDE, _SIZE = range(7)
 _PLANS: dict = {}
 _LAUNCHER: dict = {}
 
@@ -162,6 +162,8 @@ def _argument_plan(variant) -> list[tuple]:
                     plan.append((_DESCRIPTOR_STRIDE, name, int(kind[len("stride"):])))
             elif rest.startswith("stride"):
                 plan.append((_STRIDE, name, int(rest[len("stride"):])))
+            elif rest.startswith("size"):
+                plan.append((_SIZE, name, int(rest[len("size"):])))
             elif name.startswith("table"):
                 plan.append((_TABLE, int(name[len("table"):]), 0))
             else:
@@ -182,7 +184,7 @@ def argument_values(variant, tensors: dict, tables: list) -> list:
             values.append(tables[key])
         elif kind == _DESCRIPTOR:
             values.append(host_descriptor(tensors[key]))
-        elif kind == _DESCRIPTOR_SIZE:
+        elif kind in (_DESCRIPTOR_SIZE, _SIZE):
             values.append(tensors[key].shape[d])
         elif kind == _DESCRIPTOR_STRIDE:
             values.append(descriptor_strides(tensors[key])[d])

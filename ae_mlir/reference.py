@@ -10,7 +10,7 @@ import math
 
 from .core.context import CompileError, Diagnostic, location_parts
 from .core.regions import from_region
-from .core import scalar_eval
+from .core import abi, scalar_eval
 
 
 def _error(op, message: str) -> CompileError:
@@ -189,6 +189,7 @@ def evaluate(module, inputs: list) -> list:
     if len(block.arguments) != len(inputs):
         raise ValueError(f"the module takes {len(block.arguments)} tensors, got {len(inputs)}")
     env = {arg: _as_f64(t.detach().cpu()) for arg, t in zip(block.arguments, inputs)}
+    packed_rows = {}  # offsets -> the rows of the packed tensor they unpacked
     for op in block.operations:
         vals = [env[v] for v in op.operands]
         name = op.operation.name
@@ -233,9 +234,13 @@ def evaluate(module, inputs: list) -> list:
             for s, (lo, hi) in enumerate(_spans(cu, packed.shape[2], view.shape[2])):
                 view[s, :, :hi - lo] = packed[0, :, lo:hi]
             env[op.results[0]] = view
+            packed_rows[op.operands[1]] = packed.shape[2]
         elif name == "attn.pack_sequences":
             view, cu = vals
-            packed = torch.zeros(list(op.results[0].type.shape), dtype=view.dtype)
+            # A module of any row count (`?`) packs into as many rows as it unpacked with these offsets.
+            shape = list(op.results[0].type.shape)
+            shape[abi.PACKED_ROWS_DIM] = packed_rows.get(op.operands[1], shape[abi.PACKED_ROWS_DIM])
+            packed = torch.zeros(shape, dtype=view.dtype)
             for s, (lo, hi) in enumerate(_spans(cu, packed.shape[2], view.shape[2])):
                 packed[0, :, lo:hi] = view[s, :, :hi - lo]
             env[op.results[0]] = packed

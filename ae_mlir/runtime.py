@@ -262,7 +262,7 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
     tensors = {}
     inputs, outputs, workspace = _binding(bundle)
     for (role, shape, dtype, spec), t in zip(inputs, given):
-        if t.shape != shape or t.dtype != dtype:
+        if not _fits(t, shape) or t.dtype != dtype:
             raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)}, got {t.dtype}{list(t.shape)} "
                              "(this bundle was compiled for other shapes)")
         if t.device != device:
@@ -273,14 +273,27 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
             t = t.view(torch.uint8)
         tensors[role] = t
     for (role, shape, dtype, spec), t in zip(outputs, (out, lse)):
+        shape = _sized(role, shape, q, k)
         if t is None:
             t = torch.empty(shape, dtype=dtype, device=device)
         elif t.shape != shape or t.dtype != dtype or t.device != device:
             raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)} on {device}")
         tensors[role] = t
     for role, shape, dtype, _ in workspace:
-        tensors[role] = torch.empty(shape, dtype=dtype, device=device)
+        tensors[role] = torch.empty(_sized(role, shape, q, k), dtype=dtype, device=device)
     return tensors
+
+
+def _fits(t, shape) -> bool:
+    """Whether tensor `t` has a spec's `shape` (-1: any size, a packed batch's rows)."""
+    if -1 not in shape:
+        return t.shape == shape
+    return t.dim() == len(shape) and all(n < 0 or n == m for n, m in zip(shape, t.shape))
+
+
+def _sized(role: str, shape, q, k):
+    """A spec's shape with a packed batch's rows (-1) taken from q's or k's (abi.sized_shape)."""
+    return shape if -1 not in shape else abi.sized_shape(role, shape, q.shape[2], k.shape[2])
 
 
 def _binding(bundle: Bundle) -> tuple:
@@ -373,7 +386,7 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
     made = backward_inputs_made(bundle, given, device)
     for role, shape, dtype, spec in inputs:
         t = given.get(role, made.get(role))
-        if t is None or t.shape != shape or t.dtype != dtype:
+        if t is None or not _fits(t, shape) or t.dtype != dtype:
             got = "nothing" if t is None else f"{t.dtype}{list(t.shape)}"
             raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)}, got {got}")
         if t.device != device:
@@ -382,6 +395,6 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
     for role, shape, dtype, _ in outputs + workspace:
         # The closure tensors' gradients are sums the kernel adds into.
         allocate = torch.zeros if abi.is_closure_grad(role) else torch.empty
-        tensors[role] = allocate(shape, dtype=dtype, device=device)
+        tensors[role] = allocate(_sized(role, shape, given["q"], given["k"]), dtype=dtype, device=device)
     _launch_all(bundle, tensors, device)
     return {spec.role: tensors[spec.role] for spec in bundle.outputs}

@@ -86,6 +86,7 @@ irdl.dialect @attn {
   // s holds rows cu[s] .. cu[s+1] - 1 of a packed [1, H, T(, D)] tensor. unpack_sequences is the
   // [S, H, L(, D)] view of them: row i of sequence s is packed row cu[s] + i for i < cu[s+1] - cu[s]
   // and zero past it (L bounds the longest sequence). The tiling reads the packed rows in place.
+  // T may be dynamic (`?`): a module then serves packed batches of any total row count.
   irdl.operation @unpack_sequences {
     %packed = irdl.base "!builtin.tensor"
     %cu = irdl.base "!builtin.tensor"

@@ -39,12 +39,24 @@ def span(kernel, source, batch, longest: int):
     from mlir.dialects import arith, tensor
 
     packed, cu = source
-    rows = shape(packed)[2]
+    rows = packed_rows(kernel, packed)
     cu_arg = kernel.kernel_arg(cu, "cu_seqlens")
 
     def offset(i):
         return arith.index_cast(ir.IndexType.get(), tensor.extract(cu_arg, [i]))
 
-    lo = arith.minsi(arith.maxsi(offset(batch), index(0)), index(rows))
-    hi = arith.minsi(arith.maxsi(offset(arith.addi(batch, index(1))), lo), index(rows))
+    lo = arith.minsi(arith.maxsi(offset(batch), index(0)), rows)
+    hi = arith.minsi(arith.maxsi(offset(arith.addi(batch, index(1))), lo), rows)
     return lo, arith.minsi(hi, arith.addi(lo, index(longest)))
+
+
+def packed_rows(kernel, packed):
+    """The row count T of a packed [1, H, T(, D)] argument: a constant, or read from the tensor
+    where the module takes any T (one compiled kernel serves every total of a packed batch)."""
+    from mlir import ir
+    from mlir.dialects import tensor
+
+    rows = shape(packed)[2]
+    if not ir.ShapedType.is_dynamic_size(rows):
+        return index(rows)
+    return tensor.dim(kernel.kernel_arg(packed, "the packed q, k and v"), index(2))

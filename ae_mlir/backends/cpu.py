@@ -67,6 +67,7 @@ class _Lowered:
     mask_program: str | None  # JSON, for a kernel that takes call-time tile tables
     programs: int             # the grid's size; the last two arguments take a range of [0, programs)
     accumulated: dict[int, str]  # output -> role: the closure gradients the kernel adds into (attn.scatter_add)
+    output_roles: list[str]      # whose rows a packed output has (abi.sized_shape)
 
 
 def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
@@ -85,6 +86,7 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
     inputs = [_spec(t) for t in abi.input_types(funcs[0])]
     outputs = [_spec(t) for t in abi.result_types(funcs[0])]
     accumulated = {}
+    output_roles = list(abi.SOFTMAX_OUTPUTS[:len(outputs)])
     name = report.name = abi.name(funcs[0])
     overrides = {key: value for key, value in (("block_m", block_m), ("block_n", block_n)) if value}
     if backward is not None:
@@ -100,7 +102,8 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         n_results = len(abi.result_types(kernel))
         inputs = [_spec(t) for t in abi.input_types(kernel)[:-n_results]]
         outputs = [_spec(t) for t in abi.result_types(kernel)]
-        accumulated = {i: role for i, role in enumerate(abi.arg_roles(kernel)[-n_results:]) if abi.is_closure_grad(role)}
+        output_roles = abi.arg_roles(kernel)[-n_results:]
+        accumulated = {i: role for i, role in enumerate(output_roles) if abi.is_closure_grad(role)}
         name = report.name = abi.name(kernel)
         # A backward kernel's call-time tables (abi.backward_table_roles) are among its inputs,
         # classified over its own blocks: the dK/dV kernel's may differ from the dQ kernel's.
@@ -112,7 +115,7 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
         blocks = (options.block_m, options.block_n)
     lowered = _Lowered(module, name, inputs, outputs, *blocks, abi.mask_program(kernel),
-                       math.prod(abi.grid(kernel)), accumulated)
+                       math.prod(abi.grid(kernel)), accumulated, output_roles)
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
     return lowered
@@ -167,6 +170,10 @@ class CompiledKernel:
         self.unit_inner_stride = bool(record["unit_inner_stride"])
         self.programs = int(record["programs"])
         self.accumulated = {int(i): role for i, role in record.get("accumulated", {}).items()}
+        self.output_roles = list(record["output_roles"])
+        # A packed batch's kernel takes any row count (-1 in its shapes): each call sizes its
+        # outputs and descriptors from q's and k's rows.
+        self.any_rows = any(-1 in spec.shape for spec in self.inputs + self.outputs)
         self._owner = owner  # the JIT engine or the loaded library: keeps the code mapped
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
         # The entry through which threads claim programs (`attn-cpu-claim-programs`).
@@ -198,7 +205,9 @@ class CompiledKernel:
         for i, (t, (shape, dtype)) in enumerate(zip(inputs, self._expected)):
             if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
                 raise ValueError(f"argument {i} of the CPU kernel must be a CPU torch.Tensor")
-            if t.shape != shape or t.dtype != dtype:
+            fits = t.shape == shape or (self.any_rows and t.dim() == len(shape) and
+                                        all(n < 0 or n == m for n, m in zip(shape, t.shape)))
+            if not fits or t.dtype != dtype:
                 raise ValueError(f"argument {i} of the CPU kernel must be {self.inputs[i].describe()}, got "
                                  f"[{', '.join(map(str, t.shape))}] {str(t.dtype).removeprefix('torch.')}")
             if self.unit_inner_stride and not unit_last_stride(t):
@@ -214,9 +223,16 @@ class CompiledKernel:
         addresses, the outputs' allocation)."""
         if self._expected is None:
             self._prepare_call()
-        outputs = [make(shape, dtype=dtype) for make, shape, dtype in self._results]
-        layouts = [(spec.shape, t.stride()) for spec, t in zip(self.inputs, inputs)] + [
-            (spec.shape, strides) for spec, strides in zip(self.outputs, self._output_strides)]
+        if self.any_rows:
+            rows = inputs[0].shape[2], inputs[1].shape[2]
+            shapes = [abi.sized_shape(role, spec.shape, *rows) for role, spec in zip(self.output_roles, self.outputs)]
+            outputs = [make(shape, dtype=dtype) for (make, _, dtype), shape in zip(self._results, shapes)]
+            layouts = [(t.shape, t.stride()) for t in inputs] + [
+                (shape, cpu_launch.contiguous_strides(shape)) for shape in shapes]
+        else:
+            outputs = [make(shape, dtype=dtype) for make, shape, dtype in self._results]
+            layouts = [(spec.shape, t.stride()) for spec, t in zip(self.inputs, inputs)] + [
+                (spec.shape, strides) for spec, strides in zip(self.outputs, self._output_strides)]
         tensors = list(inputs) + outputs
         if self._claiming is not None and not self.accumulated:
             launch = cpu_launch.ClaimingLaunch(self._claiming, tensors, layouts, self.programs, owner=self)
@@ -234,7 +250,8 @@ def _spec(mlir_type) -> _ArgSpec:
     from mlir import ir
 
     shaped = ir.RankedTensorType(mlir_type)
-    return _ArgSpec(tuple(shaped.shape), str(shaped.element_type))
+    # -1: a dimension of any size (a packed batch's rows, abi.PACKED_ROWS_DIM).
+    return _ArgSpec(tuple(max(n, -1) for n in shaped.shape), str(shaped.element_type))
 
 
 def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inner_stride: bool,
@@ -253,6 +270,7 @@ def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inne
                   "block_n": lowered.block_n, "mask_program": lowered.mask_program,
                   "unit_inner_stride": unit_inner_stride, "programs": lowered.programs,
                   "accumulated": {str(i): role for i, role in lowered.accumulated.items()},
+                  "output_roles": lowered.output_roles,
                   "claiming": abi.claiming_entry_name(lowered.name)}
         report.stage("LLVM -> native code (JIT, -O3)")
         try:

@@ -39,7 +39,8 @@ def _specs(types: list, roles: list[str]) -> list[runtime.TensorSpec]:
     specs = []
     for role, ty in zip(roles, types):
         elt = str(ty.element_type)
-        specs.append(runtime.TensorSpec(role, [int(n) for n in ty.shape], _ELT_DTYPES.get(elt, elt)))
+        # -1: a dimension of any size (a packed batch's rows, abi.PACKED_ROWS_DIM).
+        specs.append(runtime.TensorSpec(role, [max(int(n), -1) for n in ty.shape], _ELT_DTYPES.get(elt, elt)))
     return specs
 
 

@@ -80,8 +80,21 @@ BACKWARD_OUTPUTS = ("dq", "dk", "dv")
 ROW_STATS = ("lse", "dlse", "delta", "rscale", "rowmax", "maxkey", "dmax")
 # Tensors the runtime binds by role (strides, alignment checks).
 STREAMS = INPUTS + ("out", "lse", "state", "do") + ROW_STATS[1:] + ("dq", "dk", "dv")
+# A packed variable-length batch ([1, H, T(, D)] tensors read through cu_seqlens offsets) compiles
+# for any total row count T: dimension PACKED_ROWS_DIM of these roles may be dynamic (`?`), and
+# takes the rows of the packed keys (KEY_ROWS) or of the packed queries (the others).
+PACKED_ROWS_DIM = 2
+KEY_ROWS = ("k", "v", "dk", "dv")
+PACKED_ROW_ROLES = KEY_ROWS + ("q", "out", "do", "dq") + ROW_STATS
 # The call-time tile tables, in argument order (ae_mlir.block_mask.BlockMask.tables gives them so).
 CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index")
+
+
+def sized_shape(role: str, shape, q_rows: int, k_rows: int) -> tuple:
+    """`shape` (a kernel argument's, -1 or MLIR's dynamic size where any size goes) with its packed
+    rows given: a packed batch's tensors have q's rows or k's (PACKED_ROWS_DIM)."""
+    rows = k_rows if role in KEY_ROWS else q_rows
+    return tuple(rows if d == PACKED_ROWS_DIM and n < 0 else n for d, n in enumerate(shape))
 
 
 def capture(i: int) -> str:

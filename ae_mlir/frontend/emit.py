@@ -34,6 +34,7 @@ def mlir_elt(dtype) -> str:
 
 
 def tensor_type(shape, elt: str) -> str:
+    """The MLIR tensor type of `shape` (None: a dimension of any size) and element type `elt`."""
     return _tensor_type(tuple(shape), elt)
 
 
@@ -41,7 +42,7 @@ def tensor_type(shape, elt: str) -> str:
 # short CPU kernel call costs.
 @functools.lru_cache(maxsize=1024)
 def _tensor_type(shape: tuple, elt: str) -> str:
-    dims = "x".join(str(int(d)) for d in shape)
+    dims = "x".join("?" if d is None else str(int(d)) for d in shape)
     return f"tensor<{dims}x{elt}>" if dims else f"tensor<{elt}>"
 
 

@@ -130,6 +130,14 @@ def check_trainable(attn, backend: str) -> None:
                          f"not normalize={getattr(normalize, 'name', normalize)!r} on {backend!r}")
 
 
+def packed_type(t, elt: str) -> str:
+    """The type of packed [1, H, T, D] `t` in a module: of any row count T, so that one compiled
+    module serves every total of the batches that share its buckets."""
+    from .emit import tensor_type
+
+    return tensor_type((1, t.shape[1], None, t.shape[3]), elt)
+
+
 def packed_module_lines(body: list, caps, sequences: Sequences, q, k, v, ret_vals: list, ret_types: list,
                         call: str):
     """Views of the packed q, k, v at the top of the L0 `body`, the results packed back at its
@@ -145,11 +153,11 @@ def packed_module_lines(body: list, caps, sequences: Sequences, q, k, v, ret_val
                                  ("v", v, cu_k, sequences.longest_k)):
         view = tensor_type((sequences.kv_len.shape[0], t.shape[1], longest, t.shape[3]), elt)
         lines.append(f'%{name}_logical = "attn.unpack_sequences"(%{name}, {cu}) : '
-                     f'({tensor_type(t.shape, elt)}, {cu_type}) -> {view}' + call)
+                     f'({packed_type(t, elt)}, {cu_type}) -> {view}' + call)
     body[:0] = lines
     packed_vals, packed_types = [], []
     for value, ty in zip(ret_vals, ret_types):
-        rows = (1, q.shape[1], q.shape[2]) + ((v.shape[3],) if value == "%out" else ())
+        rows = (1, q.shape[1], None) + ((v.shape[3],) if value == "%out" else ())
         packed = tensor_type(rows, elt if value == "%out" else "f32")
         body.append(f'{value}_packed = "attn.pack_sequences"({value}, {cu_q}) : ({ty}, {cu_type}) -> {packed}' + call)
         packed_vals.append(f"{value}_packed")

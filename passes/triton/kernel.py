@@ -75,6 +75,7 @@ _HANDLERS = {
     "tensor.pad": Kernel.pad,
     "tensor.insert_slice": Kernel.insert_slice,
     "tensor.extract": Kernel.extract,
+    "tensor.dim": Kernel.dim,
     "tensor.collapse_shape": Kernel.reshape,
     "tensor.expand_shape": Kernel.reshape,
     "linalg.fill": Kernel.fill,

@@ -43,9 +43,13 @@ class Memory(TileBuilder):
                 raise fail(self.func, f"names {len(labels)} argument roles for {len(args)} arguments")
         for i, (arg, label) in enumerate(zip(args, labels)):
             ty = arg.type
-            if not hasattr(ty, "shape") or not ty.has_static_shape:
-                raise fail(self.func, f"argument {i} ({label}) must be a statically shaped tensor, got {ty}")
+            if not hasattr(ty, "shape"):
+                raise fail(self.func, f"argument {i} ({label}) must be a ranked tensor, got {ty}")
             shape = tuple(ty.shape)
+            dynamic = [d for d, n in enumerate(shape) if ir.ShapedType.is_dynamic_size(n)]
+            if dynamic and (label not in abi.PACKED_ROW_ROLES or dynamic != [abi.PACKED_ROWS_DIM]):
+                raise fail(self.func, f"argument {i} ({label}) must be a statically shaped tensor, got {ty} "
+                                      "(only packed sequences' rows may take any size)")
             elt = element_type(ty)
             assumed = abi.aligned_assumption(label, shape) if self.aligned else None
             aligned, unit_last = assumed == abi.ALIGNED, assumed is not None
@@ -60,8 +64,9 @@ class Memory(TileBuilder):
                 hint = "tt.divisibility = 16 : i32" if aligned and label not in abi.ROW_STATS else ""
                 strides.append(self.add_param(f"{label}_stride{d}", "i32" if aligned else "i64",
                                               f"{label}.stride{d}", hint))
+            sizes = {d: self.add_param(f"{label}_size{d}", "i32", f"{label}.size{d}") for d in dynamic}
             self.values[arg] = Arg(label, shape, stored, ptr, strides, "i32" if aligned else "i64", elt == "i1",
-                                   aligned)
+                                   aligned, sizes)
         self.dests = args[len(args) - n_out:]
         self.dest_labels = labels[len(args) - n_out:]
 

@@ -167,6 +167,14 @@ class TensorOps(Tables, MathExpansions):
         inside = [self.index_bounds.within(i, 0, n - 1) for i, n in zip(indices, src.shape)]
         self.values[op.results[0]] = self.gather(src, lowered, op, inside)
 
+    def dim(self, op) -> None:
+        """tensor.dim of an argument: the size argument of a dimension that takes any size (a
+        packed batch's rows), else the static size."""
+        src, d = self.get(op.operands[0], op), constant_int(op.operands[1])
+        if not isinstance(src, Arg) or d is None:
+            raise fail(op, "reads the size of a kernel argument's fixed dimension only")
+        self.values[op.results[0]] = src.sizes.get(d) or self.const(src.shape[d], "i32")
+
     def scf_for(self, op) -> None:
         lb, ub, step = (self.scalar(v, op) for v in list(op.operands)[:3])
         block = op.regions[0].blocks[0]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...core.context import CompileError, Diagnostic, location_parts
 
@@ -119,6 +119,7 @@ class Arg:
     offset_elt: str = "i64"  # integer type of offsets inside a tile
     bool_bytes: bool = False
     aligned: bool = False  # abi.ALIGNED in the aligned variant: 16-byte aligned base and strides
+    sizes: dict = field(default_factory=dict)  # dimension -> its size (a scalar Value) where dynamic
 
 
 @dataclass

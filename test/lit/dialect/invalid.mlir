@@ -189,3 +189,12 @@ func.func @unpack_vector_heads(%g: tensor<1x2x10xf32>, %cu: tensor<3xi32>) {
   %v = "attn.unpack_sequences"(%g, %cu) : (tensor<1x2x10xf32>, tensor<3xi32>) -> tensor<2x3x8xf32>
   return
 }
+
+// -----
+
+// A packed tensor may take any size in its rows alone (one module serves every total).
+func.func @unpack_any_heads(%q: tensor<1x?x10x16xf32>, %cu: tensor<3xi32>) {
+  // expected-error @+1 {{packed must have a static shape but for its rows (dimension 2), got tensor<1x?x10x16xf32>}}
+  %v = "attn.unpack_sequences"(%q, %cu) : (tensor<1x?x10x16xf32>, tensor<3xi32>) -> tensor<2x2x8x16xf32>
+  return
+}

@@ -42,3 +42,12 @@ func.func @stores_into_an_input(%q: tensor<1x1x16x16xf32>, %k: tensor<1x1x16x16x
   %bad = tensor.insert_slice %tile into %q[%c0, %c0, 0, 0] [1, 1, 16, 16] [1, 1, 1, 1] : tensor<16x16xf32> into tensor<1x1x16x16xf32>
   return %out : tensor<1x1x16x16xf32>
 }
+
+// -----
+
+// Only a packed batch's rows may take any size: an L1 kernel over a tensor of any batch size is
+// refused.
+// expected-error @+1 {{argument 0 (q) must be a statically shaped tensor, got tensor<?x1x16x16xf32> (only packed sequences' rows may take any size)}}
+func.func @any_batch(%q: tensor<?x1x16x16xf32>, %k: tensor<1x1x16x16xf32>, %v: tensor<1x1x16x16xf32>, %out: tensor<1x1x16x16xf32>) -> tensor<1x1x16x16xf32> attributes {attn.grid = array<i64: 1, 1, 1>} {
+  return %out : tensor<1x1x16x16xf32>
+}
