@@ -301,19 +301,14 @@ class attention:
                         for name, t, logical in (("k", k, tk), ("v", v, tv))]
         ret_vals = ["%out"] + (["%lse"] if with_lse else [])
         ret_types = [to] + ([tl] if with_lse else [])
-        def typed(t):
-            return tensor_type(t.shape, elt)
-
         if sequences is not None:
             from .varlen import packed_module_lines, packed_type
 
             ret_vals, ret_types = packed_module_lines(body, caps, sequences, q, k, v, ret_vals, ret_types, call)
 
-            def typed(t):
-                return packed_type(t, elt)
-
         body.append(f"return {', '.join(ret_vals)} : {', '.join(ret_types)}" + call)
-        params = [f"%{name}: {typed(t)}" for name, t in (("q", q), ("k", k), ("v", v))] + [
+        params = [f"%{name}: {tensor_type(t.shape, elt) if sequences is None else packed_type(t, elt)}"
+                  for name, t in (("q", q), ("k", k), ("v", v))] + [
             f"%c{i}: {t}" for i, t in enumerate(caps.types())]
         text = func_text("attention", params, ret_types, body, call)
         return text, caps
