@@ -174,14 +174,13 @@ class _Backward(RunningMaxGradients):
 
     def lists(self):
         """(partial, full) tile lists, indexed by query block."""
-        if self.call_time_tables and self.sources[0] is None and self.kv_len is None:
-            classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn, at_call_time=True)
-            if classification.at_call_time:
-                # The kernel walks the tables it is given (signature, walk); the runtime classifies
-                # with the ragged edges partial, as ragged_partial does here.
-                self.program = classification.program
-                return [], []
-        classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn)
+        at_call_time = self.call_time_tables and self.sources[0] is None and self.kv_len is None
+        classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn, at_call_time=at_call_time)
+        if classification.at_call_time:
+            # The kernel walks the tables it is given (signature, walk); the runtime classifies
+            # with the ragged edges partial, as ragged_partial does here.
+            self.program = classification.program
+            return [], []
         if self.sources[0] is not None or self.kv_len is not None:
             # A packed sequence or an entry's keys may end inside any tile: every tile drops the
             # rows past its end. (Walking a packed batch's whole tiles unmasked, where that is
