@@ -185,6 +185,65 @@ def test_cache_programs_at_default_configs(target):
     run()
 
 
+def _packed(p: Program, q, k, v, count: int, gen):
+    """q, k, v of `p` as a packed batch of `count` sequences, sequence s cut from batch entry
+    s % B to random lengths (0 to the full length; the first keeps a query): the packed q, k, v
+    ([H, T, D]) and the call's offsets, bounded by p's lengths."""
+    lens_q, lens_k = (torch.randint(0, n + 1, (count,), generator=gen) for n in (p.seq_q, p.seq_k))
+    lens_q[0] = max(int(lens_q[0]), 1)
+
+    def pack(t, lens):
+        return torch.cat([t[s % p.batch, :, :n] for s, n in enumerate(lens.tolist())], dim=1)
+
+    def offsets(lens):
+        return torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
+
+    call = {"cu_seqlens_q": offsets(lens_q), "cu_seqlens_k": offsets(lens_k), "max_seqlen_q": p.seq_q,
+            "max_seqlen_k": p.seq_k}
+    return (pack(q, lens_q), pack(k, lens_k), pack(v, lens_k)), call
+
+
+def check_packed(p: Program, target: str):
+    """`p` on two packed batches of 1 to 5 sequences of other lengths and totals: one kernel (the Triton bundle at the
+    target's default config, interpreted, or the CPU backend's), compiled for p's longest
+    sequences, runs both; each against the reference backend on the same batch."""
+    from bundle_interp import interpret
+
+    from ae_mlir.backends import triton as tb
+    from ae_mlir.frontend import varlen
+
+    attn = _attention(p)
+    q, k, v = p.inputs()
+    gen = torch.Generator().manual_seed(p.seed + 7)
+    count = int(torch.randint(1, 6, (), generator=gen))
+    bundle = None
+    for _ in range(2):
+        packed, call = _packed(p, q, k, v, count, gen)
+        want = attn(*packed, backend="reference", **call)
+        if target == "cpu":
+            got = attn(*packed, backend="cpu", **call)
+        else:
+            views = varlen.packed_views(*packed, attn.layout)
+            bundle = bundle or tb.compile_bundle(attn, *packed, target=target, **call)
+            sequences = varlen.prepare(*views[:2], call["cu_seqlens_q"], call["cu_seqlens_k"], p.seq_q, p.seq_k, False)
+            _, captures = attn._prepare(*views, sequences=sequences)
+            (out, *_), _ = interpret(bundle, *views, *captures)
+            got = out[0]
+        _assert_close(p, got, want, f"packed {call['cu_seqlens_q'].tolist()} / {call['cu_seqlens_k'].tolist()} "
+                                    f"on {target}")
+
+
+@pytest.mark.parametrize("target", TARGETS + ("cpu",))
+def test_packed_programs_at_default_configs(target):
+    @seed(SEED + 6)
+    @settings(FUZZ, max_examples=max(5, EXAMPLES // 5))
+    @given(programs(max_seq=MAX_SEQ.get(target, 200)))
+    def run(p: Program):
+        check_packed(p, target)
+
+    run()
+
+
 @seed(SEED + 1)
 @FUZZ
 # Past 128 keys: the CPU preset's KV tiles are 128 keys wide where no mask cuts them.
