@@ -129,8 +129,8 @@ class Memory(TileBuilder):
         arg = sl.arg
         if not (self.descriptors and arg.aligned and sl.spans is not None and len(padded) == 2):
             return False
-        if arg.elt not in ("bf16", "f16", "f32") or arg.strides[-1] != 1 or min(arg.shape[-2:]) < 2:
-            return False
+        if arg.elt not in ("bf16", "f16", "f32") or arg.strides[-1] != 1 or arg.sizes or min(arg.shape[-2:]) < 2:
+            return False  # (a packed tensor of any rows: its tiles end at a sequence's end, not the tensor's)
         return all(span in (None, size) and size <= DESCRIPTOR_BLOCK for span, size in zip(sl.spans, padded))
 
     def _descriptor_load(self, sl: Slice, padded: tuple) -> Value:
