@@ -35,8 +35,10 @@ from .triton_kernels import compile_ttir, current_target, launch_one, parse_targ
 
 # 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
 # tiles; launch takes no tile tables. 3: where that mask reads b or h, its tables have a batch and
-# a head axis (core.block_tables.table_lead), which a runtime of format 2 would not give.
-FORMAT_VERSION = 3
+# a head axis (core.block_tables.table_lead), which a runtime of format 2 would not give. 4: a
+# packed batch's tensors take any rows (-1 in their specs, "<role>.size2" kernel arguments, a
+# workspace's `rows` rule), which a runtime of format 3 would allocate wrongly.
+FORMAT_VERSION = 4
 # Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables.
 MASK_PROGRAM = "mask_program"
 _TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
@@ -50,8 +52,9 @@ class BundleError(Exception):
 @dataclass
 class TensorSpec:
     role: str  # q, k, v, c<i> (closure tensor i), out, lse
-    shape: list[int]
+    shape: list[int]  # -1: any size (a packed batch's rows, abi.PACKED_ROWS_DIM)
     dtype: str  # torch dtype name, e.g. "bfloat16"
+    rows: list[int] | None = None  # a workspace of any rows: [divisor, addend] (abi.sized_shape)
 
 
 @dataclass
@@ -279,8 +282,8 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
         elif t.shape != shape or t.dtype != dtype or t.device != device:
             raise ValueError(f"{role} must be {spec.dtype}{list(spec.shape)} on {device}")
         tensors[role] = t
-    for role, shape, dtype, _ in workspace:
-        tensors[role] = torch.empty(_sized(role, shape, q, k), dtype=dtype, device=device)
+    for role, shape, dtype, spec in workspace:
+        tensors[role] = torch.empty(_sized(role, shape, q, k, spec.rows), dtype=dtype, device=device)
     return tensors
 
 
@@ -291,9 +294,9 @@ def _fits(t, shape) -> bool:
     return t.dim() == len(shape) and all(n < 0 or n == m for n, m in zip(shape, t.shape))
 
 
-def _sized(role: str, shape, q, k):
-    """A spec's shape with a packed batch's rows (-1) taken from q's or k's (abi.sized_shape)."""
-    return shape if -1 not in shape else abi.sized_shape(role, shape, q.shape[2], k.shape[2])
+def _sized(role: str, shape, q, k, rule=None):
+    """A spec's shape with a packed batch's rows (-1) from q's or k's (abi.sized_shape)."""
+    return shape if -1 not in shape else abi.sized_shape(role, shape, q.shape[2], k.shape[2], rule)
 
 
 def _binding(bundle: Bundle) -> tuple:
@@ -392,9 +395,9 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
         if t.device != device:
             t = t.to(device)
         tensors[role] = t.view(torch.uint8) if dtype == torch.bool else t
-    for role, shape, dtype, _ in outputs + workspace:
+    for role, shape, dtype, spec in outputs + workspace:
         # The closure tensors' gradients are sums the kernel adds into.
         allocate = torch.zeros if abi.is_closure_grad(role) else torch.empty
-        tensors[role] = allocate(_sized(role, shape, given["q"], given["k"]), dtype=dtype, device=device)
+        tensors[role] = allocate(_sized(role, shape, given["q"], given["k"], spec.rows), dtype=dtype, device=device)
     _launch_all(bundle, tensors, device)
     return {spec.role: tensors[spec.role] for spec in bundle.outputs}

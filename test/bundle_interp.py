@@ -48,7 +48,7 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
         # NaN where the kernels must write every element; the closure gradients start at zero,
         # as the runtime allocates them, since the kernels add into them.
         fill = 0.0 if abi.is_closure_grad(spec.role) else float("nan")
-        shape = abi.sized_shape(spec.role, spec.shape, given["q"].shape[2], given["k"].shape[2])
+        shape = abi.sized_shape(spec.role, spec.shape, given["q"].shape[2], given["k"].shape[2], spec.rows)
         tensors[spec.role] = torch.full(shape, fill, dtype=runtime.torch_dtype(spec.dtype))
     arrays = _run_kernels(_launches(bundle, tensors, variant), tensors)
     results = {}

@@ -1,10 +1,11 @@
 """Packed variable-length batches of any total row count: a packed module's rows are `?`, so the
 batches that share its sequence-count and longest-sequence buckets run one compiled kernel
 whatever their totals (a serving loop's prefill batches, training batches packed without a fixed
-token budget). Checked against the float64 oracle of test_varlen at several totals through the
-CPU backend (forward and backward, compiled once) and through one Triton bundle per target in
-the TTIR interpreter, and with offsets past the rows a call has, which the kernels clamp into
-that call's rows (not the rows of the batch the kernel was compiled from)."""
+token budget). Checked against the float64 oracles of test_varlen and test_linear_varlen at
+several totals through the CPU backend (forward and backward, compiled once) and through one
+Triton bundle per target in the TTIR interpreter (linear attention's split form sizing its
+workspaces from the call's rows), and with offsets past the rows a call has, which the kernels
+clamp into that call's rows (not the rows of the batch the kernel was compiled from)."""
 from __future__ import annotations
 
 import math
@@ -17,6 +18,8 @@ from ae_mlir.backends import cpu as cpu_backend
 from ae_mlir.backends import triton as tb
 from ae_mlir.frontend import varlen
 from bundle_interp import interpret, interpret_roles
+from test_linear_varlen import BIAS, DECAYS, _layer, _offsets, _problem
+from test_linear_varlen import _oracle as _linear_oracle
 from test_varlen import _batch, _mods, _oracle
 
 # Four sequences each (bucket 4), the longest 33-64 (bucket 64); totals 100, 151 and 59 for the
@@ -166,3 +169,55 @@ def test_torch_compile_with_dynamic_shapes_takes_every_total(monkeypatch):
         for g, w in zip(grads, torch.autograd.grad(want.square().sum(), eager)):
             torch.testing.assert_close(g, w)
     assert len(compiled) == 3  # the forward and the two backward kernels
+
+
+# Linear attention: five sequences each (bucket 8), the longest 65-128 (bucket 128).
+LINEAR_BATCHES = [[100, 0, 17, 1, 100], [128, 64, 3, 0, 1], [70, 70, 70, 70, 70]]
+
+
+@pytest.mark.parametrize("decay, normalize", DECAYS, ids=["none", "normalized", "head", "token", "token_dim"])
+def test_linear_cpu_kernels_compile_once_for_every_total(decay, normalize, monkeypatch):
+    compiled = set()
+    real = cpu_backend.compile_module
+
+    def spy(*args, **kwargs):
+        kernel = real(*args, **kwargs)
+        compiled.add(id(kernel))
+        return kernel
+
+    monkeypatch.setattr(cpu_backend, "compile_module", spy)
+    layer = _layer(decay, normalize, chunk_size=16)
+    counts = []
+    for seed, lens in enumerate(LINEAR_BATCHES):
+        q, k, v, g, s0 = _problem(lens, decay, seed=seed)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, state = layer(*leaves, g, s0, cu_seqlens=_offsets(lens), return_state=True, backend="cpu")
+        want, want_state = _linear_oracle(q, k, v, g, s0, lens, decay, normalize)
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(state.double(), want_state, rtol=1e-5, atol=1e-5)
+        d_out = torch.randn(out.shape, dtype=torch.float64)
+        got = torch.autograd.grad(out, leaves, d_out.float())
+        ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        expected = torch.autograd.grad(_linear_oracle(*ref, g, s0, lens, decay, normalize)[0], ref, d_out)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a.double(), b, rtol=2e-4, atol=2e-4 * max(1.0, b.abs().max().item()))
+        counts.append(len(compiled))
+    assert counts[0] == counts[-1], counts  # the later totals compiled nothing
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+@pytest.mark.parametrize("decay, normalize", DECAYS, ids=["none", "normalized", "head", "token", "token_dim"])
+def test_one_linear_bundle_runs_every_total_in_the_ttir_interpreter(target, decay, normalize):
+    layer = _layer(decay, normalize)
+    q, k, v, g, s0 = _problem(LINEAR_BATCHES[0], decay, dtype=torch.bfloat16)
+    bundle = tb.build_bundle(layer.mlir(q, k, v, g, s0, cu_seqlens=_offsets(LINEAR_BATCHES[0])), target, None)
+    for seed, lens in enumerate(LINEAR_BATCHES[1:]):
+        q, k, v, g, s0 = _problem(lens, decay, dtype=torch.bfloat16, seed=seed + 1)
+        qb, kb, vb, gb, s0b, sequences = layer._packed(q, k, v, g, s0, _offsets(lens), None)
+        inputs = [t for t in (gb, s0b) if t is not None] + [sequences.kv_len, sequences.cu_q]
+        (out, state), _ = interpret(bundle, qb, kb, vb, *inputs + ([] if normalize else [BIAS]))
+        assert out.shape[2] == sum(lens)
+        want, want_state = _linear_oracle(q, k, v, g, s0, lens, decay, normalize)
+        got = out.transpose(1, 2).double()
+        assert (got - want).abs().max() < 1e-2 * want.abs().max()
+        assert (state[:len(lens)].double() - want_state).abs().max() < 1e-2 * want_state.abs().max()

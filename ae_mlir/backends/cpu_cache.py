@@ -36,8 +36,9 @@ from .. import disk_cache, runtime
 # The record's layout and the kernel's calling convention; a change makes old entries misses.
 # 2: the kernel takes a range of its programs after the arrays (two int64), and the record says
 # how many programs it has. 3: the record names the kernel's claiming entry
-# (`attn-cpu-claim-programs`).
-FORMAT_VERSION = 3
+# (`attn-cpu-claim-programs`). 4: its shapes may hold -1 (a packed batch's rows), sized per call
+# from q's or k's rows by the outputs' roles, which the record names.
+FORMAT_VERSION = 4
 # The JIT's packed wrapper of the kernel's C interface (what ExecutionEngine.raw_lookup returns):
 # one argument, an array of pointers to the arguments (memref descriptor pointers, then the
 # program range).

@@ -83,17 +83,21 @@ def lower(module, options) -> tuple:
     # The tile tables of a mask that reads closure tensors follow the inputs; the caller
     # computes them with ae_mlir.block_mask when it launches the kernel.
     inputs += _specs(abi.call_time_table_types(kernel, n_inputs), abi.call_time_table_roles(n_inputs - 3))
-    workspace, mirrored = {}, {}
+    workspace, mirrored, rows = {}, {}, {}
     for func in abi.functions(module):
         for role, ty in zip(abi.arg_roles(func) or [], abi.input_types(func)):
             if abi.is_workspace(role):
                 workspace.setdefault(role, ty)
             elif abi.mirrored_capture(role):
                 mirrored.setdefault(role, ty)
+        rows.update(abi.workspace_rows(func))
     # Closure tensors read mirrored (passes/mirror_reads.py) come last; the runtime makes them.
     inputs += _specs(list(mirrored.values()), list(mirrored))
+    workspace_specs = _specs(list(workspace.values()), list(workspace))
+    for spec in workspace_specs:
+        spec.rows = rows.get(spec.role)
     # With its locations, so that a diagnostic of the Triton lowering points at the user's mods.
-    return (module.operation.get_asm(enable_debug_info=True), inputs, outputs, _specs(list(workspace.values()), list(workspace)),
+    return (module.operation.get_asm(enable_debug_info=True), inputs, outputs, workspace_specs,
             abi.takes_call_time_tables(kernel))
 
 

@@ -85,15 +85,21 @@ STREAMS = INPUTS + ("out", "lse", "state", "do") + ROW_STATS[1:] + ("dq", "dk", 
 # takes the rows of the packed keys (KEY_ROWS) or of the packed queries (the others).
 PACKED_ROWS_DIM = 2
 KEY_ROWS = ("k", "v", "dk", "dv")
-PACKED_ROW_ROLES = KEY_ROWS + ("q", "out", "do", "dq") + ROW_STATS
+# On kernel functions: {workspace role: [divisor, addend]}, the rows (PACKED_ROWS_DIM) of a packed
+# batch's workspace of any rows: q's rows // divisor + addend (a chunked recurrence's workspaces
+# follow the packed rows, passes/chunk/split.py).
+WORKSPACE_ROWS = "attn.workspace_rows"
 # The call-time tile tables, in argument order (ae_mlir.block_mask.BlockMask.tables gives them so).
 CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index")
 
 
-def sized_shape(role: str, shape, q_rows: int, k_rows: int) -> tuple:
+def sized_shape(role: str, shape, q_rows: int, k_rows: int, rule=None) -> tuple:
     """`shape` (a kernel argument's, -1 or MLIR's dynamic size where any size goes) with its packed
-    rows given: a packed batch's tensors have q's rows or k's (PACKED_ROWS_DIM)."""
+    rows given: a packed batch's tensors have q's rows or k's (PACKED_ROWS_DIM), a workspace
+    q_rows // divisor + addend by its `rule` (WORKSPACE_ROWS)."""
     rows = k_rows if role in KEY_ROWS else q_rows
+    if rule is not None:
+        rows = q_rows // rule[0] + rule[1]
     return tuple(rows if d == PACKED_ROWS_DIM and n < 0 else n for d, n in enumerate(shape))
 
 
@@ -301,6 +307,15 @@ def _strings(func, attr: str) -> list[str] | None:
 def arg_roles(func) -> list[str] | None:
     """The kernel's `attn.arg_roles`, or None where its arguments follow the softmax layout."""
     return _strings(func, ARG_ROLES)
+
+
+def workspace_rows(func) -> dict:
+    """The kernel's WORKSPACE_ROWS: {role: [divisor, addend]} (empty where none takes any rows)."""
+    if WORKSPACE_ROWS not in func.attributes:
+        return {}
+    from mlir import ir
+
+    return {named.name: list(ir.DenseI64ArrayAttr(named.attr)) for named in ir.DictAttr(func.attributes[WORKSPACE_ROWS])}
 
 
 def kernel_args(func) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import checks, index_check
+from ..core import abi
 from ..core.memo import kept
 from .api import _compiling, _execute, wants_grad
 from .module_text import Captures, as_float, func_text, mod_name, signature, types_text
@@ -245,13 +246,18 @@ class linear_attention:
         dk = q.shape[3]
         dv = v.shape[3]
         elt = mlir_elt(q.dtype)
-        tq, tk, tv = (tensor_type(t.shape, elt) for t in (q, k, v))
+
+        def typed(t, t_elt):
+            # A packed batch's tensors take any total rows (`?`): one module serves every total.
+            return tensor_type(t.shape if sequences is None or t.dim() < 3 else _any_rows(t.shape), t_elt)
+
+        tq, tk, tv = (typed(t, elt) for t in (q, k, v))
         params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
         operands = ["%q", "%k", "%v"]
         types = [tq, tk, tv]
         body = []
         if g is not None:
-            tg = tensor_type(g.shape, mlir_elt(g.dtype))
+            tg = typed(g, mlir_elt(g.dtype))
             params.append(f"%g: {tg}")
             operands.append("%g")
             types.append(tg)
@@ -286,7 +292,7 @@ class linear_attention:
             f'operandSegmentSizes = array<i32: {seg}>}} : {types_text(types)} -> ({to}, {tst}){call}')
         out = "%out"
         if sequences is not None:
-            to = tensor_type((1, h, q.shape[2], dv), elt)
+            to = tensor_type((1, h, None, dv), elt)
             body.append(f'%out_packed = "attn.pack_sequences"(%out, %cu) : ({tensor_type((b, h, l, dv), elt)}, '
                         f'{tensor_type(sequences.cu_q.shape, "i32")}) -> {to}{call}')
             out = "%out_packed"
@@ -403,6 +409,11 @@ def _empty_call(q, v, initial_state, entries: int):
     state = (initial_state[:entries].to(torch.float32).clone() if initial_state is not None
              else torch.zeros(entries, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
     return out, state
+
+
+def _any_rows(shape) -> tuple:
+    """A packed [1, H, T, ...] shape with its rows T of any size."""
+    return tuple(None if d == abi.PACKED_ROWS_DIM else n for d, n in enumerate(shape))
 
 
 def _unpacked_operands(sequences, operands: list, types: list, tensors: list, params: list, body: list,

@@ -45,16 +45,35 @@ class SplitKernel(ChunkStep):
 
     def __init__(self, op, func, chunk: int, block_v: int):
         super().__init__(op, func, chunk, block_v)
+        from mlir import ir
+
         if self.packed_out is None:
             lead, chunks, rows = [self.b, self.h], self.chunks, self.l
+        elif ir.ShapedType.is_dynamic_size(total := shape(self.packed_out)[2]):
+            # A packed batch of any rows: the runtime sizes the workspaces (workspace_rows).
+            lead, chunks, rows = [1, self.h], total, total
         else:
-            total = shape(self.packed_out)[2]
             lead, chunks, rows = [1, self.h], total // chunk + self.b + 1, total + self.b * chunk
         self.ws_rows = rows
         self.h_type = tensor_type(lead + [chunks, self.dk, self.dv], self.dot_elt)
         cum_shape = {"token": lead + [rows], "token_dim": lead + [rows, self.dk],
                      "token_value_dim": lead + [rows, self.dv]}  # G over the dimensions g decays
         self.g_cum_type = tensor_type(cum_shape[self.decay]) if self.decay in cum_shape else None
+
+    def workspace_rows(self) -> dict:
+        """The rows of each workspace of a packed batch as (divisor, addend) of the packed rows T
+        (abi.WORKSPACE_ROWS): T / C + S + 1 chunk states, T + S C rows of decays and scores."""
+        c, s = self.c, self.b
+        return {STATES: (c, s + 1), DECAYS: (1, s * c), abi.workspace(2): (1, s * c)}
+
+    def ws_extent(self, workspace):
+        """The rows of `workspace` (w1 or w2): a constant, or read where it takes any rows."""
+        from mlir import ir
+        from mlir.dialects import tensor
+
+        if ir.ShapedType.is_dynamic_size(self.ws_rows):
+            return tensor.dim(workspace, index(abi.PACKED_ROWS_DIM))
+        return index(self.ws_rows)
 
     # --- workspace coordinates (the view's, or the packed rows' for packed sequences) ---------
     def ws_lead(self) -> list:
@@ -80,7 +99,7 @@ class SplitKernel(ChunkStep):
         """Rows [t0, t0 + rows) of the program's G in the workspace (a load_tile)."""
         from mlir.dialects import arith
 
-        stop = arith.minsi(self.ws_row(index(self.l)), index(self.ws_rows))
+        stop = arith.minsi(self.ws_row(index(self.l)), self.ws_extent(g_cum))
         return self.load_tile(g_cum, self.ws_lead(), self.ws_row(t0), stop, rows, width, col, past_end=True)
 
     @property

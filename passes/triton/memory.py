@@ -47,9 +47,9 @@ class Memory(TileBuilder):
                 raise fail(self.func, f"argument {i} ({label}) must be a ranked tensor, got {ty}")
             shape = tuple(ty.shape)
             dynamic = [d for d, n in enumerate(shape) if ir.ShapedType.is_dynamic_size(n)]
-            if dynamic and (label not in abi.PACKED_ROW_ROLES or dynamic != [abi.PACKED_ROWS_DIM]):
+            if dynamic and dynamic != [abi.PACKED_ROWS_DIM]:
                 raise fail(self.func, f"argument {i} ({label}) must be a statically shaped tensor, got {ty} "
-                                      "(only packed sequences' rows may take any size)")
+                                      f"(only a packed batch's rows, dimension {abi.PACKED_ROWS_DIM}, may take any size)")
             elt = element_type(ty)
             assumed = abi.aligned_assumption(label, shape) if self.aligned else None
             aligned, unit_last = assumed == abi.ALIGNED, assumed is not None
@@ -223,6 +223,8 @@ class Memory(TileBuilder):
         arg = dest.arg
         if arg.elt != "f32":
             raise fail(op, f"adds into a {arg.elt} tensor; atomic adds are f32 here")
+        if arg.sizes:
+            raise fail(op, "adds into a tensor of any rows; its destination must be statically shaped")
         indices = [self.lazy_value(v, op) for v in op.operands[2:]]
         if len(indices) != len(arg.shape):
             raise fail(op, f"indexes a rank-{len(arg.shape)} tensor with {len(indices)} index tiles")
@@ -256,6 +258,11 @@ class Memory(TileBuilder):
         return (self.const(0, "i64") if offset is None else offset,
                 self.const(1, "i1") if mask is None else mask)
 
+    def extent(self, arg: Arg, d: int, elt: str) -> Value:
+        """The size of `arg`'s dimension `d` in `elt`: its size argument where it takes any size."""
+        size = arg.sizes.get(d)
+        return self.const(arg.shape[d], elt) if size is None else self.cast_int(size, elt)
+
     def _terms(self, arg: Arg, indices: list, dims, inside: list[bool], elt: str = "i64") -> tuple:
         """(offset in `elt`, in-bounds mask) of arg[indices...] over the dimensions `dims`; None
         for an offset over no dimension and for a mask that every index is known to pass."""
@@ -269,7 +276,7 @@ class Memory(TileBuilder):
             if inside[d]:
                 continue
             ok = self.op("arith.andi", self.cmpi("sge", idx, self.const(0, idx.elt)),
-                         self.cmpi("slt", idx, self.const(arg.shape[d], idx.elt)))
+                         self.cmpi("slt", idx, self.extent(arg, d, idx.elt)))
             mask = ok if mask is None else self.op("arith.andi", mask, ok)
         return offset, mask
 

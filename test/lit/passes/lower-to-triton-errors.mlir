@@ -47,7 +47,7 @@ func.func @stores_into_an_input(%q: tensor<1x1x16x16xf32>, %k: tensor<1x1x16x16x
 
 // Only a packed batch's rows may take any size: an L1 kernel over a tensor of any batch size is
 // refused.
-// expected-error @+1 {{argument 0 (q) must be a statically shaped tensor, got tensor<?x1x16x16xf32> (only packed sequences' rows may take any size)}}
+// expected-error @+1 {{argument 0 (q) must be a statically shaped tensor, got tensor<?x1x16x16xf32> (only a packed batch's rows, dimension 2, may take any size)}}
 func.func @any_batch(%q: tensor<?x1x16x16xf32>, %k: tensor<1x1x16x16xf32>, %v: tensor<1x1x16x16xf32>, %out: tensor<1x1x16x16xf32>) -> tensor<1x1x16x16xf32> attributes {attn.grid = array<i64: 1, 1, 1>} {
   return %out : tensor<1x1x16x16xf32>
 }
