@@ -89,25 +89,30 @@ def packed_linear_programs(draw):
 
 
 def check_packed_linear(p: LinearProgram, lengths: list, target: str):
-    """The packed program's Triton bundle for `target` at its default config, interpreted, and its
-    CPU run against the reference executor (which the per-sequence oracle of
-    test_linear_varlen checks)."""
+    """The packed program's Triton bundle for `target` at its default config, interpreted, against
+    the reference executor (which the per-sequence oracle of test_linear_varlen checks): built
+    for `lengths`, then run on them and on other lengths of another total (each 7 tokens shorter,
+    in reverse order), which the same module serves."""
     from bundle_interp import interpret
 
     from ae_mlir.backends import triton as tb
 
     lin = p.attention()
-    q, k, v, g, s0 = p.inputs(lengths)
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    want = lin(q, k, v, g, initial_state=s0, cu_seqlens=cu, return_state=True, backend="reference")
-    qb, kb, vb, gb, s0b, sequences = lin._packed(q, k, v, g, s0, cu, None)
-    _, captures = lin._build(qb, kb, vb, gb, s0b, sequences=sequences)
-    bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0, cu_seqlens=cu), target)
-    fixed = [x for x in (gb, s0b) if x is not None] + [sequences.kv_len, sequences.cu_q]
-    (out, state), _ = interpret(bundle, qb, kb, vb, *fixed, *captures)
-    where = f"packed {lengths}, Triton IR for {target} (interpreted)"
-    _close(p, out, want[0], f"{where}, output")
-    _close(p, state[:len(lengths)], want[1], f"{where}, state")
+    longest = max(lengths)
+    bundle = None
+    for batch in (lengths, [max(n - 7, 0) for n in reversed(lengths)]):
+        q, k, v, g, s0 = p.inputs(batch)
+        cu = torch.tensor([0] + torch.tensor(batch).cumsum(0).tolist(), dtype=torch.int32)
+        want = lin(q, k, v, g, initial_state=s0, cu_seqlens=cu, max_seqlen=longest, return_state=True,
+                   backend="reference")
+        qb, kb, vb, gb, s0b, sequences = lin._packed(q, k, v, g, s0, cu, longest)
+        _, captures = lin._build(qb, kb, vb, gb, s0b, sequences=sequences)
+        bundle = bundle or tb.build_bundle(lin.mlir(q, k, v, g, s0, cu_seqlens=cu, max_seqlen=longest), target)
+        fixed = [x for x in (gb, s0b) if x is not None] + [sequences.kv_len, sequences.cu_q]
+        (out, state), _ = interpret(bundle, qb, kb, vb, *fixed, *captures)
+        where = f"packed {batch}, Triton IR for {target} (interpreted)"
+        _close(p, out, want[0], f"{where}, output")
+        _close(p, state[:len(batch)], want[1], f"{where}, state")
 
 
 @pytest.mark.parametrize("target", TARGETS)
