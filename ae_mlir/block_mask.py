@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 from .core.block_tables import classify, table_lead
+from .core.interval_eval import tile_bounds
 from .core.memo import kept
 from .core.regions import ScalarProgram
 from .core.scalar_eval import bind_externals, evaluate
@@ -31,8 +32,12 @@ def classify_program(program: ScalarProgram, operands: list, seq_q: int, seq_k: 
     externals = bind_externals(program, operands, device)
     batch, heads = operands[0].shape[0], operands[0].shape[1]
     lead = table_lead(program.uses_arg(0), program.uses_arg(1), batch, heads)
+    grid = tuple(lead or [1, 1])
+    # Tiles the mask's intervals decide need no element-wise evaluation: of document ids, all but
+    # those on a document's edge.
+    known = tile_bounds(program, externals, grid, seq_q, seq_k, block_m, block_n, device)
     tables = classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], externals, device),
-                      *(lead or [1, 1]), seq_q, seq_k, block_m, block_n, device, full_width=True, layout=layout)
+                      *grid, seq_q, seq_k, block_m, block_n, device, full_width=True, layout=layout, known=known)
     return [t if lead else t.reshape(t.shape[2:]) for t in tables.tensors()]
 
 

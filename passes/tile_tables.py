@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..core import abi
 from ..core.block_tables import classify, cut_per_block, table_lead, unmasked
+from ..core.interval_eval import tile_bounds
 from ..core.regions import ScalarProgram, from_region
 from ..core.scalar_eval import bind_externals, evaluate
 
@@ -102,7 +103,9 @@ def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, at_call_tim
 def _positional_tables(program: ScalarProgram, lq: int, lk: int, bm: int, bn: int):
     """The tile tables of a mask of positions alone, evaluated here on the index grid."""
     constants = bind_externals(program, [])
-    return classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], constants), 1, 1, lq, lk, bm, bn)
+    known = tile_bounds(program, constants, (1, 1), lq, lk, bm, bn)
+    return classify(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], constants), 1, 1, lq, lk, bm, bn,
+                    known=known)
 
 
 def call_time_program(mask_region) -> ScalarProgram | None:

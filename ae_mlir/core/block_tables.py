@@ -77,7 +77,7 @@ def _word(block_n: int):
 
 
 def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int, block_n: int,
-             device="cpu", full_width: bool = False, layout: str = "forward") -> BlockTables:
+             device="cpu", full_width: bool = False, layout: str = "forward", known=None) -> BlockTables:
     """Classify tiles of the mask `keep(b, h, q_idx, kv_idx) -> bool tensor`.
 
     `layout` "forward" lists KV blocks per query block, a ragged last KV tile partial; the
@@ -90,23 +90,32 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     of the batch entries and heads where one block of rows of all of them would exceed it, so
     memory stays O(max(GRID_BUDGET, block_m * seq_k)). `batch` / `heads` of 1 mean the mask does
     not depend on that index.
+
+    `known` = (always, never), bool [batch, heads, NM, NN] tiles the mask is known to keep every
+    pair of or none of (`core.interval_eval.tile_bounds`): then only the other tiles are
+    evaluated, element by element.
     """
     import torch
 
     nm, nn = -(-seq_q // block_m), -(-seq_k // block_n)
     ragged = seq_k % block_n != 0
-    any_kept = torch.zeros(batch, heads, nm, nn, dtype=torch.bool, device=device)
-    all_kept = torch.zeros_like(any_kept)
-    kv = torch.arange(seq_k, device=device).view(1, 1, 1, seq_k)
-    row_entries = block_m * max(seq_k, 1)
-    per_head = max(1, min(heads, GRID_BUDGET // row_entries))
-    per_entry = max(1, min(batch, GRID_BUDGET // (per_head * row_entries))) if per_head == heads else 1
-    for b0 in range(0, batch, per_entry):
-        for h0 in range(0, heads, per_head):
-            b = torch.arange(b0, min(b0 + per_entry, batch), device=device).view(-1, 1, 1, 1)
-            h = torch.arange(h0, min(h0 + per_head, heads), device=device).view(1, -1, 1, 1)
-            slab = (slice(b0, b0 + per_entry), slice(h0, h0 + per_head))
-            _classify_slab(keep, b, h, kv, seq_q, (block_m, block_n), any_kept[slab], all_kept[slab])
+    if known is not None:
+        always, never = known
+        any_kept, all_kept = ~never, always.clone()
+        _classify_open(keep, ~(always | never), any_kept, all_kept, seq_q, seq_k, (block_m, block_n))
+    else:
+        any_kept = torch.zeros(batch, heads, nm, nn, dtype=torch.bool, device=device)
+        all_kept = torch.zeros_like(any_kept)
+        kv = torch.arange(seq_k, device=device).view(1, 1, 1, seq_k)
+        row_entries = block_m * max(seq_k, 1)
+        per_head = max(1, min(heads, GRID_BUDGET // row_entries))
+        per_entry = max(1, min(batch, GRID_BUDGET // (per_head * row_entries))) if per_head == heads else 1
+        for b0 in range(0, batch, per_entry):
+            for h0 in range(0, heads, per_head):
+                b = torch.arange(b0, min(b0 + per_entry, batch), device=device).view(-1, 1, 1, 1)
+                h = torch.arange(h0, min(h0 + per_head, heads), device=device).view(1, -1, 1, 1)
+                slab = (slice(b0, b0 + per_entry), slice(h0, h0 + per_head))
+                _classify_slab(keep, b, h, kv, seq_q, (block_m, block_n), any_kept[slab], all_kept[slab])
     if ragged:
         all_kept[..., nn - 1] = False
     if layout != "forward" and seq_q % block_m:
@@ -120,6 +129,30 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     pc, pi = _pack(partial, device, full_width)
     fc, fi = _pack(full, device, full_width)
     return BlockTables(pc, pi, fc, fi)
+
+
+def _classify_open(keep, open_tiles, any_kept, all_kept, seq_q: int, seq_k: int, blocks: tuple[int, int]) -> None:
+    """Fill `any_kept` / `all_kept` at the `open_tiles` ([B, H, NM, NN] bool) by evaluating the
+    mask on each one's pairs, as many tiles a pass as GRID_BUDGET allows; positions past the
+    lengths (a ragged last block) count for neither."""
+    import torch
+
+    block_m, block_n = blocks
+    coords = open_tiles.nonzero()
+    device = open_tiles.device
+    rows = torch.arange(block_m, device=device).view(1, -1, 1)
+    cols = torch.arange(block_n, device=device).view(1, 1, -1)
+    per_pass = max(1, GRID_BUDGET // (block_m * block_n))
+    for start in range(0, coords.shape[0], per_pass):
+        tile = coords[start:start + per_pass]
+        b, h, m, n = (tile[:, i].view(-1, 1, 1) for i in range(4))
+        q, kv = m * block_m + rows, n * block_n + cols
+        inside = (q < seq_q) & (kv < seq_k)
+        kept = torch.as_tensor(keep(b, h, q.clamp(max=seq_q - 1), kv.clamp(max=seq_k - 1)), device=device)
+        kept = kept.to(torch.bool)
+        where = tuple(tile.T)
+        any_kept[where] = (kept & inside).flatten(1).any(dim=1)
+        all_kept[where] = (kept | ~inside).flatten(1).all(dim=1)
 
 
 def _classify_slab(keep, b, h, kv, seq_q: int, blocks: tuple[int, int], any_kept, all_kept) -> None:

@@ -1,0 +1,152 @@
+"""Call-time tile classification of document masks: ae-mlir's classifier through the mask's
+intervals (the default), the same classifier element by element (the intervals off), and
+FlexAttention's create_block_mask, in one process on fresh sorted document ids each round.
+
+    python bench/classify_masks.py build --out bench/bundles/classify      # the mask programs (MLIR)
+    python bench/classify_masks.py run --out DIR [--device cuda] [--rounds 15]
+
+`build` writes each case's mask program (the JSON the kernels carry); `run` needs torch alone
+(a GPU machine without the MLIR bindings runs it from the built programs). Cases: document ids
+shared by the batch and per batch row, causal within documents, H 16, B * L = 16k at L 2048 and
+8192, about one document per 512 tokens (at least 4); ae-mlir classifies at 64 x 64 tiles (the
+H200 default for masks that cut many tiles), FlexAttention at its default 128 x 128.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+HEADS, TOKENS, BLOCK = 16, 16384, 64
+CASES = [(kind, length) for kind in ("shared", "rows") for length in (2048, 8192)]
+
+
+def _mask(kind: str, doc):
+    if kind == "shared":
+        return lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv)
+    return lambda b, h, q, kv: (doc[b, q] == doc[b, kv]) & (q >= kv)
+
+
+def _ids(kind: str, batch: int, length: int, device, gen):
+    import torch
+
+    docs = max(4, length // 512)
+    rows = 1 if kind == "shared" else batch
+    ids = torch.sort(torch.randint(0, docs, (rows, length), generator=gen), dim=-1).values.to(device)
+    return ids[0] if kind == "shared" else ids
+
+
+def build(out: str) -> None:
+    import torch
+
+    import ae_mlir as ae
+    from ae_mlir.core.context import new_context, parse_module
+    from ae_mlir.core.regions import from_region
+
+    os.makedirs(out, exist_ok=True)
+    programs = {}
+    for kind, length in CASES:
+        batch = TOKENS // length
+        doc = _ids(kind, batch, length, "cpu", torch.Generator().manual_seed(0))
+        q = torch.empty(batch, HEADS, length, 64, device="meta")
+        module = parse_module(ae.attention(mask_mod=_mask(kind, doc)).mlir(q, q, q), new_context())
+        func = next(op for op in module.body.operations if op.operation.name == "func.func")
+        mask = next(op for op in func.regions[0].blocks[0].operations if op.operation.name == "attn.mask")
+        programs[f"{kind}-{length}"] = from_region(mask.regions[0]).to_json()
+    with open(os.path.join(out, "programs.json"), "w") as f:
+        json.dump(programs, f)
+
+
+def run(programs_dir: str, out: str, device: str, rounds: int) -> None:
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from ae_mlir import block_mask
+    from ae_mlir.core.regions import ScalarProgram
+
+    with open(os.path.join(programs_dir, "programs.json")) as f:
+        programs = {name: ScalarProgram.from_json(text) for name, text in json.load(f).items()}
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    real_bounds = block_mask.tile_bounds
+    doc_out = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else
+               f"{_cpu_name()}, {os.cpu_count()} cores, torch on {torch.get_num_threads()} threads",
+               "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+               "command": " ".join(["python", "bench/classify_masks.py"] + sys.argv[1:]),
+               "method": f"median ms of {rounds} rounds, each on fresh sorted document ids, the three "
+                         "classifiers in turn", "cases": []}
+    gen = torch.Generator().manual_seed(1)
+    for kind, length in CASES:
+        batch = TOKENS // length
+        program = programs[f"{kind}-{length}"]
+        q = torch.empty(batch, HEADS, length, 64, device="meta")
+        times = {"intervals": [], "element_by_element": [], "flex_create_block_mask": []}
+
+        def ours(ids, intervals: bool):
+            block_mask.tile_bounds = real_bounds if intervals else (lambda *a, **k: None)
+            try:
+                return block_mask.classify_program(program, [q, q, q, ids], length, length, BLOCK, BLOCK, device)
+            finally:
+                block_mask.tile_bounds = real_bounds
+
+        def flex(ids):
+            mask = _mask(kind, ids)
+            return create_block_mask(mask, batch if kind == "rows" else None, None, length, length, device=device)
+
+        for r in range(rounds + 1):
+            ids = _ids(kind, batch, length, device, gen)
+            for name, fn in (("intervals", lambda: ours(ids, True)), ("element_by_element", lambda: ours(ids, False)),
+                             ("flex_create_block_mask", lambda: flex(ids))):
+                sync()
+                start = time.perf_counter()
+                result = fn()
+                sync()
+                if r:  # the first round warms up
+                    times[name].append((time.perf_counter() - start) * 1e3)
+                if name == "intervals":
+                    with_intervals = result
+                elif name == "element_by_element":
+                    assert all(torch.equal(a, b) for a, b in zip(with_intervals, result)), "the tables differ"
+        case = {"mask": kind, "batch": batch, "heads": HEADS, "length": length,
+                **{f"{name}_ms": round(statistics.median(ts), 3) for name, ts in times.items()}}
+        case["flex_over_intervals"] = round(case["flex_create_block_mask_ms"] / case["intervals_ms"], 2)
+        doc_out["cases"].append(case)
+        print(json.dumps(case))
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, f"classify-masks-{device.split(':')[0]}.json"), "w") as f:
+            json.dump(doc_out, f, indent=1)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("build", "run"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--programs", default=os.path.join(HERE, "bundles", "classify"),
+                        help="run: the directory build wrote")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args(argv)
+    if args.mode == "build":
+        build(args.out)
+    else:
+        run(args.programs, args.out, args.device, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
