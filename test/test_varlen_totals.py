@@ -221,3 +221,29 @@ def test_one_linear_bundle_runs_every_total_in_the_ttir_interpreter(target, deca
         got = out.transpose(1, 2).double()
         assert (got - want).abs().max() < 1e-2 * want.abs().max()
         assert (state[:len(lens)].double() - want_state).abs().max() < 1e-2 * want_state.abs().max()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "generic", "aligned"])
+def test_strided_packed_views_of_other_totals(backend):
+    """Packed q, k, v that are views of wider rows (a fused QKV projection's [T, H, 3D] cut in
+    three): the CPU kernel and both Triton variants (the general one takes any strides) read
+    them in place at two totals."""
+    attn, score_mod, keep = _mods()
+    bundle = None
+    for seed, (lens_q, _) in enumerate(BATCHES[:2]):
+        lens_k = lens_q
+        q, k, v, cq, ck = _batch(lens_q, lens_k, h=4, hkv=4, d=16, dv=16, seed=seed)
+        fused = torch.cat([q, k, v], dim=-1)
+        q, k, v = fused[..., :16], fused[..., 16:32], fused[..., 32:]
+        want, _ = _oracle(q, k, v, lens_q, lens_k, score_mod, keep)
+        if backend == "cpu":
+            out = attn(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, backend="cpu")
+        else:
+            bundle = bundle or tb.compile_bundle(attn, q, k, v, target="cuda:90", cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                 max_seqlen_q=64, max_seqlen_k=64)
+            views = varlen.packed_views(q, k, v, "blhd")
+            sequences = varlen.prepare(*views[:2], cq, ck, 64, 64, False)
+            (packed, _), chosen = interpret(bundle, *views, *_closures(sequences), variant=backend)
+            assert chosen.aligned == (backend == "aligned")
+            out = packed[0].transpose(0, 1)
+        torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-6 if backend == "cpu" else 1e-5)
