@@ -39,8 +39,10 @@ from .triton_kernels import compile_ttir, current_target, launch_one, parse_targ
 # packed batch's tensors take any rows (-1 in their specs, "<role>.size2" kernel arguments, a
 # workspace's `rows` rule), which a runtime of format 3 would allocate wrongly.
 FORMAT_VERSION = 4
-# Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables.
+# Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables, and
+# for the (batch, query, key) grid it classifies where q's shape does not give it (abi.CALL_TIME_GRID).
 MASK_PROGRAM = "mask_program"
+CALL_TIME_GRID = "call_time_grid"
 _TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
                  "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool"}
 
@@ -321,8 +323,9 @@ def call_time_tables(bundle: Bundle, q, k, v, *captures) -> list:
         return []
     from .block_mask import call_time_tables as classify
 
-    return classify(program, [q, k, v, *captures], q.shape[2], k.shape[2], bundle.block_m, bundle.block_n,
-                    q.device)
+    batch, seq_q, seq_k = bundle.meta.get(CALL_TIME_GRID) or (None, q.shape[2], k.shape[2])
+    return classify(program, [q, k, v, *captures], seq_q, seq_k, bundle.block_m, bundle.block_n, q.device,
+                    batch=batch)
 
 
 def backward_call_time_tables(bundle: Bundle, given: dict, device) -> dict:

@@ -103,6 +103,8 @@ class _Kernel(RowSources, KernelBuilder):
         result_types = [r.type for r in (self.packing_results() or self.op.results)]
         attributes = self.attributes([self.b, self.hkv if self.packed else self.h, nm])
         attributes.update({key: ir.Attribute.parse(text) for key, text in classification.kernel_attributes()})
+        if classification.at_call_time and self.q_seq is not None:
+            attributes[abi.CALL_TIME_GRID] = ir.DenseI64ArrayAttr.get([self.b, self.lq, self.lk])
         if not classification.at_call_time and self.kv_len is None and self.q_seq is None:
             attributes.update(heavy_blocks_attributes(classification.partial, classification.full))
         mirrored = self.mirrored_positions()
@@ -204,7 +206,7 @@ class _Kernel(RowSources, KernelBuilder):
         if self.prescale_q:
             q_tile = self.generic([(q_tile, TILE)], q_tile.type,
                                   lambda a: arith.mulf(a[0], f32(self.score_scale)))
-        reach = None
+        reach = inside = None
         if self.kv_len is not None:
             self.keys = entry_length(self.kernel_arg(self.kv_len, "kv_len"), self.pb, self.lk)
             reach = arith.divui(arith.addi(self.keys, index(self.bn - 1)), index(self.bn))
@@ -227,7 +229,11 @@ class _Kernel(RowSources, KernelBuilder):
                                         (ir.Attribute.parse(text) for text in table_constants(lists)[:2]))
             row = table_row(self.program if table_args else None, self.pb, self.ph, table_row_id)
             count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, row))
-            if reach is not None:
+            if table_args and inside is not None:
+                # Call-time tables of packed sequences list no tile past a sequence's keys
+                # (tile_tables.bounded_by_lengths): only a query block past its end visits none.
+                count = arith.select(inside, count, index(0))
+            elif reach is not None:
                 bounds = None if consecutive(lists) else constant_table(bound_table(lists, -(-self.lk // self.bn)))
                 count = trip_count(count, index_tab, bounds, table_row_id, reach)
             start = index(0)
@@ -449,6 +455,8 @@ class AttnTile(ModulePass):
             self._tile(op)
 
     def _tile(self, op) -> None:
+        from mlir import ir
+
         func = kernel_function(op, "tiled", views=TILE_VIEWS)
         kernel = _Kernel(op, func, self.block_m, self.block_n, self.whole_tiles, self.prescale_q, self.mirror_reads,
                          self.raw_row_max)
@@ -456,14 +464,17 @@ class AttnTile(ModulePass):
         varlen = kernel.q_seq is not None
         nn = -(-kernel.lk // self.block_n)
         wants_packing = self.pack_gqa and packable(kernel, self.block_m) and not varlen
-        # The tile loops bound per-entry lengths with compile-time lists only. Decoding shapes: a
-        # mask that reads b or h keeps every tile partial and takes the KV splits or the packed
-        # heads, which call-time tables (one row per program) rule out; a few query rows against a
-        # long cache gain more from filling the GPU. In a packed batch b is a sequence, whose rows
-        # the runtime's tables do not follow.
+        # The tile loops bound per-entry lengths with compile-time lists only, but for packed
+        # sequences, whose call-time tables the classifier bounds by each sequence's keys (b is a
+        # sequence there, classified over the kernel's CALL_TIME_GRID). Decoding shapes: a mask
+        # that reads b or h keeps every tile partial and takes the KV splits or the packed heads,
+        # which call-time tables (one row per program) rule out; a few query rows against a long
+        # cache gain more from filling the GPU.
+        lengths = ir.BlockArgument(kernel.kv_len).arg_number if varlen else None
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
-                                         self.call_time_tables and kernel.kv_len is None,
-                                         per_slice_ok=not (wants_packing or min(self.kv_splits, nn) > 1 or varlen))
+                                         self.call_time_tables and (kernel.kv_len is None or varlen),
+                                         per_slice_ok=not (wants_packing or min(self.kv_splits, nn) > 1),
+                                         lengths=lengths)
         if wants_packing and not classification.at_call_time:
             pack(kernel)
             classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, kernel.rows,

@@ -85,19 +85,38 @@ def string_attribute(text: str) -> str:
 
 
 def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, at_call_time: bool = False,
-                    per_slice_ok: bool = True) -> Classification:
+                    per_slice_ok: bool = True, lengths: int | None = None) -> Classification:
     """Classify every (query block, KV block) pair as skipped, full or partial (see the module
     docstring for which masks are classified when); without `per_slice_ok` a mask that reads b or
-    h is not classified at call time (kernel forms whose programs cannot take per-slice tables)."""
+    h is not classified at call time (kernel forms whose programs cannot take per-slice tables).
+    `lengths` (packed sequences): the position of the function argument holding each entry's key
+    count, which a call-time mask is bounded by (`bounded_by_lengths`)."""
     if mask_region is None:
         return Classification(*unmasked(lq, lk, bm, bn).as_lists())
     program = from_region(mask_region)
     if not _is_positional(program):
         if at_call_time and _classifiable_at_call_time(program) and (per_slice_ok or not per_slice(program)):
-            return Classification([], [], program)
+            return Classification([], [], program if lengths is None else bounded_by_lengths(program, lengths))
         nm, nn = -(-lq // bm), -(-lk // bn)
         return Classification([list(range(nn)) for _ in range(nm)], [[] for _ in range(nm)])
     return Classification(*_positional_tables(program, lq, lk, bm, bn).as_lists())
+
+
+def bounded_by_lengths(program: ScalarProgram, lengths: int) -> ScalarProgram:
+    """`program` and kv_idx < lengths[b], with `lengths` (int32 [B]) the function's argument at
+    that position: the tables a call classifies from it list no tile past an entry's last key,
+    so a kernel walking them needs no bound on its trip count (whose lists need not be runs)."""
+    from dataclasses import replace
+
+    from ..core.regions import ScalarOp
+
+    n, ext = len(program.ops), f"ext{len(program.sources)}"
+    ops = (ScalarOp("tensor.extract", (ext, "arg0"), (), ("i32",), ("tensor<?xi32>", "index")),
+           ScalarOp("arith.index_cast", (f"v{n}_0",), (), ("index",), ("i32",)),
+           ScalarOp("arith.cmpi", ("arg3", f"v{n + 1}_0"), (("predicate", "2 : i64"),), ("i1",), ("index", "index")),
+           ScalarOp("arith.andi", (program.result, f"v{n + 2}_0"), (), ("i1",), ("i1", "i1")))
+    return replace(program, ops=program.ops + ops, result=f"v{n + 3}_0", results=(f"v{n + 3}_0",),
+                   sources=program.sources + (("operand", lengths),), externals=())
 
 
 def _positional_tables(program: ScalarProgram, lq: int, lk: int, bm: int, bn: int):

@@ -365,9 +365,9 @@ def test_a_training_step_classifies_a_closure_mask_once(monkeypatch):
     layouts = []
     classify_program = block_mask.classify_program
 
-    def counted(program, operands, *args):
-        layouts.append(args[-1])
-        return classify_program(program, operands, *args)
+    def counted(program, operands, seq_q, seq_k, block_m, block_n, device, layout, batch=None):
+        layouts.append(layout)
+        return classify_program(program, operands, seq_q, seq_k, block_m, block_n, device, layout, batch)
 
     monkeypatch.setattr(block_mask, "classify_program", counted)
     _gradients(attn, q, k, v, d_out, "cpu")

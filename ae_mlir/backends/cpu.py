@@ -65,6 +65,7 @@ class _Lowered:
     block_m: int
     block_n: int
     mask_program: str | None  # JSON, for a kernel that takes call-time tile tables
+    mask_grid: list | None    # the (batch, query, key) grid it classifies, where q's shape does not give it
     programs: int             # the grid's size; the last two arguments take a range of [0, programs)
     accumulated: dict[int, str]  # output -> role: the closure gradients the kernel adds into (attn.scatter_add)
     output_roles: list[str]      # whose rows a packed output has (abi.sized_shape)
@@ -114,7 +115,7 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         # tables follow the inputs.
         inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
         blocks = (options.block_m, options.block_n)
-    lowered = _Lowered(module, name, inputs, outputs, *blocks, abi.mask_program(kernel),
+    lowered = _Lowered(module, name, inputs, outputs, *blocks, abi.mask_program(kernel), abi.call_time_grid(kernel),
                        math.prod(abi.grid(kernel)), accumulated, output_roles)
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
@@ -167,6 +168,7 @@ class CompiledKernel:
         self.outputs = [_ArgSpec.from_dict(d) for d in record["outputs"]]
         self.block_m, self.block_n = int(record["block_m"]), int(record["block_n"])
         self.mask_program = record["mask_program"]
+        self.mask_grid = record["mask_grid"]
         self.unit_inner_stride = bool(record["unit_inner_stride"])
         self.programs = int(record["programs"])
         self.accumulated = {int(i): role for i, role in record.get("accumulated", {}).items()}
@@ -267,7 +269,7 @@ def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inne
         lowered = _lower(module_text, context, block_m, block_n, unit_inner_stride, report, backward, closure_grads)
         record = {"name": lowered.name, "inputs": [a.to_dict() for a in lowered.inputs],
                   "outputs": [a.to_dict() for a in lowered.outputs], "block_m": lowered.block_m,
-                  "block_n": lowered.block_n, "mask_program": lowered.mask_program,
+                  "block_n": lowered.block_n, "mask_program": lowered.mask_program, "mask_grid": lowered.mask_grid,
                   "unit_inner_stride": unit_inner_stride, "programs": lowered.programs,
                   "accumulated": {str(i): role for i, role in lowered.accumulated.items()},
                   "output_roles": lowered.output_roles,
@@ -349,8 +351,9 @@ def _launch(kernel: CompiledKernel, inputs: list) -> list:
     if kernel.mask_program is not None:
         from ..block_mask import call_time_tables
 
-        inputs = list(inputs) + call_time_tables(kernel.mask_program, inputs, inputs[0].shape[2], inputs[1].shape[2],
-                                                 kernel.block_m, kernel.block_n, "cpu")
+        batch, seq_q, seq_k = kernel.mask_grid or (None, inputs[0].shape[2], inputs[1].shape[2])
+        inputs = list(inputs) + call_time_tables(kernel.mask_program, inputs, seq_q, seq_k, kernel.block_m,
+                                                 kernel.block_n, "cpu", batch=batch)
     return kernel.run_unchecked(inputs)
 
 

@@ -155,6 +155,9 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
     meta = {"input_precision": input_precision, "config": options.launch_config()}
     if call_time_tables:
         meta[runtime.MASK_PROGRAM] = abi.mask_program(abi.functions(module)[-1])
+        grid = abi.call_time_grid(abi.functions(module)[-1])
+        if grid is not None:
+            meta[runtime.CALL_TIME_GRID] = grid
     stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
                             *options.kernel_launch(facts["name"], facts["chunk_stage"]), facts["tables"])
               for aligned, generic, facts in kernels[:-1]]

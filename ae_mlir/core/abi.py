@@ -22,6 +22,8 @@ CHUNK_STAGE = "attn.chunk_stage"            # string: which CHUNK_STAGES kernel 
 ARG_ROLES = "attn.arg_roles"                # [string]: one role per argument
 CALL_TIME_TABLES = "attn.call_time_tables"  # unit: the four tile tables follow the inputs
 MASK_PROGRAM = "attn.mask_program"          # string: JSON mask program that classifies those tables
+CALL_TIME_GRID = "attn.call_time_grid"      # array<i64: B, Lq, Lk>: the grid it classifies, where the
+                                            # kernel's q does not show it (packed sequences)
 HEAVY_BLOCKS = "attn.heavy_blocks"          # string: "first" or "last", the end of the block axis
                                             # whose programs visit the most tiles (absent: equal
                                             # or not known before the call)
@@ -332,6 +334,14 @@ def mask_program(func) -> str | None:
     from mlir import ir
 
     return ir.StringAttr(func.attributes[MASK_PROGRAM]).value if MASK_PROGRAM in func.attributes else None
+
+
+def call_time_grid(func) -> list[int] | None:
+    """The CALL_TIME_GRID (batch, query and key lengths) a kernel's call-time tables are
+    classified over, where its q's shape does not give it; else None."""
+    from mlir import ir
+
+    return list(ir.DenseI64ArrayAttr(func.attributes[CALL_TIME_GRID])) if CALL_TIME_GRID in func.attributes else None
 
 
 def call_time_table_types(func, n_inputs: int) -> list:

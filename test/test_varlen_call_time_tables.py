@@ -1,0 +1,107 @@
+"""Packed batches whose mask reads closure tensors (a prefix per sequence: prefix-LM; a window per
+head): the forward kernels walk tile tables classified at call time per sequence (b is the
+sequence) over the kernel's CALL_TIME_GRID, bounded by each sequence's keys, instead of visiting
+every tile with the mask. Checked against a float64 oracle per sequence through the CPU backend
+and each target's default-config bundle in the TTIR interpreter, at two totals; the tables list
+no tile past a sequence's keys; sequences whose tables differ (a prefix of 0 beside one of 200)
+make a kernel that read another sequence's row wrong."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import runtime
+from ae_mlir.backends import triton as tb
+from ae_mlir.frontend import varlen
+from bundle_interp import interpret
+
+PREFIX = torch.tensor([200, 0, 40, 7, 0])
+WINDOW = torch.tensor([16, 300])
+BATCHES = [[130, 300, 0, 257, 1], [300, 2, 90, 33, 256]]
+
+
+def _prefix_lm(b, h, q_idx, kv_idx):
+    return (kv_idx <= q_idx) | (kv_idx < PREFIX[b])
+
+
+def _head_window(b, h, q_idx, kv_idx):
+    return (kv_idx <= q_idx) & (q_idx - kv_idx < WINDOW[h])
+
+
+def _oracle(q, k, v, lens, keep):
+    """float64 attention of packed [T, H, D] q, k, v sequence by sequence; keep(b, h, i, j)."""
+    outs, lo = [], 0
+    heads = q.shape[1]
+    for s, n in enumerate(lens):
+        qs, ks, vs = (t[lo:lo + n].double().transpose(0, 1) for t in (q, k, v))
+        scores = qs @ ks.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        i, j = torch.arange(n).view(1, -1, 1), torch.arange(n).view(1, 1, -1)
+        kept = keep(s, torch.arange(heads).view(-1, 1, 1), i, j).expand(heads, n, n)
+        outs.append((scores.masked_fill(~kept, -math.inf).softmax(-1).nan_to_num() @ vs).transpose(0, 1))
+        lo += n
+    return torch.cat(outs)
+
+
+def _batch(lens, seed, dtype=torch.float32, d=32):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(sum(lens), 2, d, generator=gen).to(dtype) for _ in range(3))
+    return q, k, v, torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def _keep(mask):
+    if mask is _prefix_lm:
+        return lambda s, h, i, j: (j <= i) | (j < PREFIX[s])
+    return lambda s, h, i, j: (j <= i) & (i - j < WINDOW[h])
+
+
+@pytest.mark.parametrize("mask", [_prefix_lm, _head_window], ids=["prefix", "window"])
+def test_cpu_backend_at_two_totals(mask):
+    attn = ae.attention(mask_mod=mask, layout="blhd")
+    for seed, lens in enumerate(BATCHES):
+        q, k, v, cu = _batch(lens, seed)
+        out = attn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu", max_seqlen_q=512, max_seqlen_k=512)
+        torch.testing.assert_close(out.double(), _oracle(q, k, v, lens, _keep(mask)), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+@pytest.mark.parametrize("mask", [_prefix_lm, _head_window], ids=["prefix", "window"])
+def test_default_config_bundles_at_two_totals(target, mask):
+    attn = ae.attention(mask_mod=mask, layout="blhd")
+    bundle = None
+    for seed, lens in enumerate(BATCHES):
+        q, k, v, cu = _batch(lens, seed, torch.bfloat16, d=64)
+        bundle = bundle or tb.compile_bundle(attn, q, k, v, target=target, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                             max_seqlen_q=512, max_seqlen_k=512)
+        assert runtime.MASK_PROGRAM in bundle.meta and bundle.meta[runtime.CALL_TIME_GRID] == [8, 512, 512]
+        views = varlen.packed_views(q, k, v, "blhd")
+        sequences = varlen.prepare(*views[:2], cu, cu, 512, 512, False)
+        _, captures = attn._prepare(*views, sequences=sequences)
+        (out, _), _ = interpret(bundle, *views, *captures)
+        want = _oracle(q, k, v, lens, _keep(mask))
+        assert (out[0].transpose(0, 1).double() - want).abs().max() < 2e-2 * want.abs().max()
+
+
+def test_tables_are_per_sequence_and_stop_at_its_keys():
+    attn = ae.attention(mask_mod=_prefix_lm, layout="blhd")
+    lens = BATCHES[0]
+    q, k, v, cu = _batch(lens, 0, torch.bfloat16, d=64)
+    bundle = tb.compile_bundle(attn, q, k, v, target="cuda:90", cu_seqlens_q=cu, cu_seqlens_k=cu)
+    views = varlen.packed_views(q, k, v, "blhd")
+    sequences = varlen.prepare(*views[:2], cu, cu, None, None, False)
+    _, captures = attn._prepare(*views, sequences=sequences)
+    partial_count, partial_index, full_count, full_index = runtime.call_time_tables(bundle, *views, *captures)
+    assert partial_count.shape[:2] == (8, 1)  # a row per (padded) sequence, shared by the heads
+    bn = bundle.block_n
+    for s in range(8):
+        keys = lens[s] if s < len(lens) else 0
+        for count, index in ((partial_count, partial_index), (full_count, full_index)):
+            for m in range(count.shape[2]):
+                listed = index[s, 0, m, :int(count[s, 0, m])]
+                assert all(int(n) * bn < keys for n in listed), (s, m, listed)
+    # The long prefix (200 keys) of sequence 0 lists KV tiles above its diagonal; sequence 1 (no
+    # prefix) lists none: their rows differ.
+    first_block = int(partial_count[0, 0, 0] + full_count[0, 0, 0]), int(partial_count[1, 0, 0] + full_count[1, 0, 0])
+    assert first_block[0] > first_block[1] >= 1
