@@ -362,8 +362,9 @@ def test_a_second_process_runs_the_cached_kernel_on_threads(tmp_path):
     assert compiled[0] == "True"
     (record,) = (tmp_path / "cpu").glob("*.json")
     doc = json.loads(record.read_text())
-    assert doc["format"] == cpu_cache.FORMAT_VERSION == 3
+    assert doc["format"] == cpu_cache.FORMAT_VERSION == 4
     assert doc["kernel"]["programs"] == 2 * 3 * 3 and doc["kernel"]["claiming"] == "attention_claiming"
+    assert doc["kernel"]["output_roles"] == ["out", "lse"] and doc["kernel"]["mask_grid"] is None
     for threads in ("2", "3"):
         assert run(threads) == ["False", compiled[1]]
 
