@@ -20,7 +20,7 @@ from ae_mlir.frontend import varlen
 from bundle_interp import interpret, interpret_roles
 from test_linear_varlen import BIAS, DECAYS, _layer, _offsets, _problem
 from test_linear_varlen import _oracle as _linear_oracle
-from test_varlen import _batch, _mods, _oracle
+from test_varlen import _batch, _mods, _oracle, check_packed_results
 
 # Four sequences each (bucket 4), the longest 33-64 (bucket 64); totals 100, 151 and 59 for the
 # queries, other totals for the keys.
@@ -43,17 +43,23 @@ def test_batches_of_other_totals_write_one_module():
     assert "tensor<1x4x?x16xf32>" in texts.pop()
 
 
-def test_the_cpu_backend_compiles_once_for_every_total(monkeypatch):
-    attn, score_mod, keep = _mods()
-    compiled = []
+@pytest.fixture
+def compiled(monkeypatch):
+    """The ids of the CPU kernels `compile_module` hands out while a test runs."""
+    kernels = set()
     real = cpu_backend.compile_module
 
     def spy(*args, **kwargs):
         kernel = real(*args, **kwargs)
-        compiled.append((kwargs.get("backward"), id(kernel)))
+        kernels.add(id(kernel))
         return kernel
 
     monkeypatch.setattr(cpu_backend, "compile_module", spy)
+    return kernels
+
+
+def test_the_cpu_backend_compiles_once_for_every_total(compiled):
+    attn, score_mod, keep = _mods()
     for lens_q, lens_k in BATCHES:
         q, k, v, cq, ck = _batch(lens_q, lens_k, dtype=torch.float64)
         q, k, v = (t.float().requires_grad_() for t in (q, k, v))
@@ -68,7 +74,7 @@ def test_the_cpu_backend_compiles_once_for_every_total(monkeypatch):
         for role, g, w in zip(("dq", "dk", "dv"), got, expected):
             torch.testing.assert_close(g.double(), w, rtol=0, atol=2e-5, msg=role)
     # One forward kernel and one of each backward kernel, each the same object for every total.
-    assert len(set(compiled)) == 3, compiled
+    assert len(compiled) == 3, compiled
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
@@ -82,12 +88,7 @@ def test_one_bundle_runs_every_total_in_the_ttir_interpreter(target):
         sequences = varlen.prepare(qv, kv, cq, ck, None, None, False)
         (out, lse), _ = interpret(bundle, qv, kv, vv, *_closures(sequences))
         assert out.shape[2] == sum(lens_q) and lse.shape[2] == sum(lens_q)
-        want, want_lse = _oracle(q, k, v, lens_q, lens_k, score_mod, keep)
-        got = out[0].transpose(0, 1).double()
-        assert (got - want).abs().max() < 2e-2 * want.abs().max()
-        finite = torch.isfinite(want_lse)
-        assert torch.equal(finite, torch.isfinite(lse[0]))
-        assert (lse[0].double()[finite] - want_lse[finite]).abs().max() < 1e-3
+        check_packed_results(out, lse, *_oracle(q, k, v, lens_q, lens_k, score_mod, keep))
 
 
 def test_one_backward_bundle_runs_every_total_in_the_ttir_interpreter():
@@ -140,19 +141,10 @@ def test_offsets_past_the_rows_are_clamped_into_this_calls_rows(backend):
     torch.testing.assert_close(out[0].transpose(0, 1).double(), want, rtol=0, atol=2e-6)
 
 
-def test_torch_compile_with_dynamic_shapes_takes_every_total(monkeypatch):
+def test_torch_compile_with_dynamic_shapes_takes_every_total(compiled):
     """A training step over packed batches of varying totals under torch.compile(dynamic=True):
     dynamo traces the op once with a symbolic total, and ae-mlir compiles its kernels once."""
     attn = ae.attention(mask_mod=lambda b, h, i, j: i >= j, layout="blhd")
-    compiled = set()
-    real = cpu_backend.compile_module
-
-    def spy(*args, **kwargs):
-        kernel = real(*args, **kwargs)
-        compiled.add(id(kernel))
-        return kernel
-
-    monkeypatch.setattr(cpu_backend, "compile_module", spy)
 
     def step(q, k, v, cu):
         return attn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=64, max_seqlen_k=64, backend="cpu")
@@ -176,16 +168,7 @@ LINEAR_BATCHES = [[100, 0, 17, 1, 100], [128, 64, 3, 0, 1], [70, 70, 70, 70, 70]
 
 
 @pytest.mark.parametrize("decay, normalize", DECAYS, ids=["none", "normalized", "head", "token", "token_dim"])
-def test_linear_cpu_kernels_compile_once_for_every_total(decay, normalize, monkeypatch):
-    compiled = set()
-    real = cpu_backend.compile_module
-
-    def spy(*args, **kwargs):
-        kernel = real(*args, **kwargs)
-        compiled.add(id(kernel))
-        return kernel
-
-    monkeypatch.setattr(cpu_backend, "compile_module", spy)
+def test_linear_cpu_kernels_compile_once_for_every_total(decay, normalize, compiled):
     layer = _layer(decay, normalize, chunk_size=16)
     counts = []
     for seed, lens in enumerate(LINEAR_BATCHES):
