@@ -291,9 +291,7 @@ def bind(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> dict:
 
 def _fits(t, shape) -> bool:
     """Whether tensor `t` has a spec's `shape` (-1: any size, a packed batch's rows)."""
-    if -1 not in shape:
-        return t.shape == shape
-    return t.dim() == len(shape) and all(n < 0 or n == m for n, m in zip(shape, t.shape))
+    return t.shape == shape if -1 not in shape else abi.fits_shape(shape, t.shape)
 
 
 def _sized(role: str, shape, q, k, rule=None):

@@ -207,8 +207,7 @@ class CompiledKernel:
         for i, (t, (shape, dtype)) in enumerate(zip(inputs, self._expected)):
             if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
                 raise ValueError(f"argument {i} of the CPU kernel must be a CPU torch.Tensor")
-            fits = t.shape == shape or (self.any_rows and t.dim() == len(shape) and
-                                        all(n < 0 or n == m for n, m in zip(shape, t.shape)))
+            fits = t.shape == shape or (self.any_rows and abi.fits_shape(shape, t.shape))
             if not fits or t.dtype != dtype:
                 raise ValueError(f"argument {i} of the CPU kernel must be {self.inputs[i].describe()}, got "
                                  f"[{', '.join(map(str, t.shape))}] {str(t.dtype).removeprefix('torch.')}")

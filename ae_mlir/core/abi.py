@@ -95,6 +95,11 @@ WORKSPACE_ROWS = "attn.workspace_rows"
 CALL_TIME_TABLE_ORDER = ("partial_count", "partial_index", "full_count", "full_index")
 
 
+def fits_shape(spec, shape) -> bool:
+    """Whether a tensor of `shape` fits a kernel argument's `spec` shape (-1: any size)."""
+    return len(spec) == len(shape) and all(n < 0 or n == m for n, m in zip(spec, shape))
+
+
 def sized_shape(role: str, shape, q_rows: int, k_rows: int, rule=None) -> tuple:
     """`shape` (a kernel argument's, -1 or MLIR's dynamic size where any size goes) with its packed
     rows given: a packed batch's tensors have q's rows or k's (PACKED_ROWS_DIM), a workspace
