@@ -7,6 +7,7 @@ see the sequence as b and positions within it as q_idx and kv_idx.
 """
 from __future__ import annotations
 
+from ..core import abi
 from .l1_builders import index
 from .l1_ops import shape
 
@@ -56,7 +57,7 @@ def packed_rows(kernel, packed):
     from mlir import ir
     from mlir.dialects import tensor
 
-    rows = shape(packed)[2]
+    rows = shape(packed)[abi.PACKED_ROWS_DIM]
     if not ir.ShapedType.is_dynamic_size(rows):
         return index(rows)
-    return tensor.dim(kernel.kernel_arg(packed, "the packed q, k and v"), index(2))
+    return tensor.dim(kernel.kernel_arg(packed, "the packed q, k and v"), index(abi.PACKED_ROWS_DIM))

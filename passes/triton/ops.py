@@ -172,7 +172,7 @@ class TensorOps(Tables, MathExpansions):
         packed batch's rows), else the static size."""
         src, d = self.get(op.operands[0], op), constant_int(op.operands[1])
         if not isinstance(src, Arg) or d is None:
-            raise fail(op, "reads the size of a kernel argument's fixed dimension only")
+            raise fail(op, "reads the size of a kernel argument's dimension, named by a constant, only")
         self.values[op.results[0]] = src.sizes.get(d) or self.const(src.shape[d], "i32")
 
     def scf_for(self, op) -> None:
