@@ -115,3 +115,13 @@ def test_reads_past_a_closure_tensor_fall_back_and_report_the_read():
     assert interval_eval.tile_bounds(program, [ids], (1, 1), 8, 8, 4, 4) is None
     with pytest.raises(ScalarEvalError, match="out of bounds"):
         block_mask.classify_program(program, [q, q, q, ids], 8, 8, 4, 4, "cpu")
+
+
+def test_products_that_may_wrap_fall_back():
+    # int64 bounds of a product past 2^30 could wrap where the elements do not: no intervals.
+    attn = ae.attention(mask_mod=lambda b, h, q_idx, kv_idx: (q_idx * 3037000500) * (kv_idx + 1) > 0)
+    q = torch.randn(1, 1, 64, 16)
+    program = _mask_program(attn, q, q, q)
+    assert interval_eval.tile_bounds(program, bind_externals(program, [q, q, q]), (1, 1), 64, 64, 16, 16) is None
+    exact, through, _ = _both(program, [q, q, q], 1, 1, 64, 64, 16, 16)
+    assert all(torch.equal(a, b) for a, b in zip(exact.tensors(), through.tensors()))

@@ -88,6 +88,8 @@ def _op(op: ScalarOp, args: list, device) -> _Box:
         return _gather(args[0], args[1:])
     if any(not isinstance(a, _Box) for a in args):
         raise _Unsupported(name)
+    if name in ("arith.addi", "arith.subi", "arith.muli"):
+        _small(args, name == "arith.muli")
     if name in ("arith.addi", "arith.addf"):
         return _checked(args[0].lo + args[1].lo, args[0].hi + args[1].hi)
     if name in ("arith.subi", "arith.subf"):
@@ -145,6 +147,14 @@ def _upper(x, y):
     import torch
 
     return x | y if x.dtype == torch.bool else torch.maximum(x, y)
+
+
+def _small(args: list, product: bool) -> None:
+    """Bounds of integer adds and products stay exact only while they cannot wrap: int64 bounds
+    past 2^30 (for a product) or 2^61 have no interval here."""
+    limit = 1 << (30 if product else 61)
+    if any(bool((a.lo.abs() > limit).any() | (a.hi.abs() > limit).any()) for a in args):
+        raise _Unsupported("integer bounds that may wrap")
 
 
 def _checked(lo, hi) -> _Box:
