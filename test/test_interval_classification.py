@@ -125,3 +125,17 @@ def test_products_that_may_wrap_fall_back():
     assert interval_eval.tile_bounds(program, bind_externals(program, [q, q, q]), (1, 1), 64, 64, 16, 16) is None
     exact, through, _ = _both(program, [q, q, q], 1, 1, 64, 64, 16, 16)
     assert all(torch.equal(a, b) for a, b in zip(exact.tensors(), through.tensors()))
+
+
+def test_outer_constants_are_values():
+    # A program whose constant is an outer value (a source "constant"), as a region reading a
+    # function-level arith.constant has it: q_idx >= kv_idx + 3 at 16 x 16 tiles.
+    from ae_mlir.core.regions import ScalarOp, ScalarProgram
+
+    add = ScalarOp("arith.addi", ("arg3", "ext0"), (), ("index",), ("index", "index"))
+    cmp = ScalarOp("arith.cmpi", ("arg2", "v0_0"), (("predicate", "5 : i64"),), ("i1",), ("index", "index"))
+    program = ScalarProgram(("index",) * 4, (add, cmp), "v1_0", "i1", sources=(("constant", "3 : index", "index"),))
+    exact, through, (always, never) = _both(program, [], 1, 1, 64, 64, 16, 16)
+    assert all(torch.equal(a, b) for a, b in zip(exact.tensors(), through.tensors()))
+    assert always[0, 0].tolist()[2] == [True, False, False, False]
+    assert never[0, 0].tolist()[0] == [False, True, True, True]

@@ -66,7 +66,9 @@ def tile_bounds(program: ScalarProgram, externals: list, lead: tuple[int, int], 
     h = torch.arange(lead[1], device=device).view(1, -1, 1, 1)
     env = {"arg0": _Box(b, b), "arg1": _Box(h, h), "arg2": blocks(nm, block_m, seq_q, 2),
            "arg3": blocks(nn, block_n, seq_k, 3)}
-    env.update({f"ext{i}": e for i, e in enumerate(externals)})
+    # An outer constant is a value; a closure tensor is read through tensor.extract (`_gather`).
+    env.update({f"ext{i}": _Box(e, e) if source[0] == "constant" else e
+                for i, (e, source) in enumerate(zip(externals, program.sources))})
     try:
         for i, op in enumerate(program.ops):
             env[f"v{i}_0"] = _op(op, [env[k] for k in op.operands], device)
