@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from . import checks, index_check
-from ..core import abi
 from ..core.memo import kept
 from .api import _compiling, _execute, wants_grad
 from .module_text import Captures, as_float, func_text, mod_name, signature, types_text
 from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
 from .locations import user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
+from .varlen import any_rows
 
 DECAYS = (None, "head", "token", "token_dim")
 _ROLES = ("q_mod", "k_mod", "v_mod")
@@ -249,7 +249,7 @@ class linear_attention:
 
         def typed(t, t_elt):
             # A packed batch's tensors take any total rows (`?`): one module serves every total.
-            return tensor_type(t.shape if sequences is None or t.dim() < 3 else _any_rows(t.shape), t_elt)
+            return tensor_type(t.shape if sequences is None or t.dim() < 3 else any_rows(t.shape), t_elt)
 
         tq, tk, tv = (typed(t, elt) for t in (q, k, v))
         params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
@@ -409,11 +409,6 @@ def _empty_call(q, v, initial_state, entries: int):
     state = (initial_state[:entries].to(torch.float32).clone() if initial_state is not None
              else torch.zeros(entries, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
     return out, state
-
-
-def _any_rows(shape) -> tuple:
-    """A packed [1, H, T, ...] shape with its rows T of any size."""
-    return tuple(None if d == abi.PACKED_ROWS_DIM else n for d, n in enumerate(shape))
 
 
 def _unpacked_operands(sequences, operands: list, types: list, tensors: list, params: list, body: list,

@@ -130,12 +130,17 @@ def check_trainable(attn, backend: str) -> None:
                          f"not normalize={getattr(normalize, 'name', normalize)!r} on {backend!r}")
 
 
+def any_rows(shape) -> tuple:
+    """A packed [1, H, T(, ...)] shape with its rows T of any size (None): one compiled module
+    serves every total of the batches that share its buckets."""
+    return tuple(None if d == abi.PACKED_ROWS_DIM else n for d, n in enumerate(shape))
+
+
 def packed_type(t, elt: str) -> str:
-    """The type of packed [1, H, T, D] `t` in a module: of any row count T, so that one compiled
-    module serves every total of the batches that share its buckets."""
+    """The type of packed [1, H, T, D] `t` in a module, of any row count T."""
     from .emit import tensor_type
 
-    return tensor_type((1, t.shape[1], None, t.shape[3]), elt)
+    return tensor_type(any_rows(t.shape), elt)
 
 
 def packed_module_lines(body: list, caps, sequences: Sequences, q, k, v, ret_vals: list, ret_types: list,
