@@ -105,3 +105,23 @@ def test_tables_are_per_sequence_and_stop_at_its_keys():
     # prefix) lists none: their rows differ.
     first_block = int(partial_count[0, 0, 0] + full_count[0, 0, 0]), int(partial_count[1, 0, 0] + full_count[1, 0, 0])
     assert first_block[0] > first_block[1] >= 1
+
+
+def test_layers_on_the_same_offsets_check_and_classify_once(monkeypatch):
+    """A model's layers call attention on the same offsets one after another: the offsets are read
+    and checked once and the tables classified once, until the offsets change in place."""
+    from ae_mlir import block_mask
+
+    attn = ae.attention(mask_mod=_prefix_lm, layout="blhd")
+    classified = []
+    real = block_mask.classify_program
+    monkeypatch.setattr(block_mask, "classify_program", lambda *a, **kw: classified.append(1) or real(*a, **kw))
+    q, k, v, cu = _batch(BATCHES[0], 0)
+    first = [attn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu") for _ in range(3)]
+    assert len(classified) == 1 and all(torch.equal(first[0], out) for out in first)
+    cu[-1] += 5  # past the packed rows: the changed offsets are checked again
+    with pytest.raises(ValueError, match="end at the"):
+        attn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")
+    cu[-1] -= 5
+    attn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")
+    assert len(classified) == 2

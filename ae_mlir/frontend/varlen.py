@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core import abi
+from ..core.memo import kept
 from . import checks
 
 
@@ -75,11 +76,33 @@ def _longest(actual: int | None, given, name: str) -> int:
     return given
 
 
+_PREPARED: dict = {}
+
+
 def prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, checked: bool,
             names: tuple | None = None) -> Sequences:
     """Check the offsets of a packed call (q, k already [1, H, T, D]) and pad them to the
     module's bucketed sequence count with empty sequences. `names` (offsets, bound) replaces the
-    arguments' names in messages when queries and keys share one set of offsets."""
+    arguments' names in messages when queries and keys share one set of offsets.
+
+    Kept per offsets tensor (its memory and version) and call shape: the layers of a model call
+    attention on the same offsets one after another, and each would otherwise read them back (a
+    device sync on GPUs) and make new key counts, whose tile tables (a mask that reads closure
+    tensors) are then classified anew."""
+    import torch
+
+    offsets = (cu_seqlens_q, cu_seqlens_k)
+    if torch.compiler.is_compiling() or not all(isinstance(cu, torch.Tensor) and cu.device.type != "meta"
+                                                  for cu in offsets):
+        return _prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, checked, names)
+    key = tuple((cu.data_ptr(), tuple(cu.shape), cu.stride(), cu.dtype, str(cu.device), cu._version) for cu in offsets)
+    key += (q.shape[2], k.shape[2], str(q.device), max_seqlen_q, max_seqlen_k, checked, names)
+    # The entry holds the offsets: while it lives, no other tensor can take their memory.
+    return kept(_PREPARED, key, lambda: (offsets, _prepare(q, k, *offsets, max_seqlen_q, max_seqlen_k, checked,
+                                                           names)), 64)[1]
+
+
+def _prepare(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, checked: bool, names) -> Sequences:
     import torch
 
     if cu_seqlens_k is None or cu_seqlens_q is None:
