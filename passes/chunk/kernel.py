@@ -339,11 +339,11 @@ class ChunkKernel(KernelBuilder):
                       abi.ARG_ROLES: ir.ArrayAttr.get([ir.StringAttr.get(r) for r in roles])}
         if stage is not None:
             attributes[abi.CHUNK_STAGE] = ir.StringAttr.get(stage)
-        any_rows = {r: self.workspace_rows()[r] for r, t in extra
-                    if abi.is_workspace(r) and not ir.RankedTensorType(t).has_static_shape}
+        any_rows = [r for r, t in extra if abi.is_workspace(r) and not ir.RankedTensorType(t).has_static_shape]
         if any_rows:
-            attributes[abi.WORKSPACE_ROWS] = ir.DictAttr.get(
-                {r: ir.DenseI64ArrayAttr.get(list(rule)) for r, rule in any_rows.items()})
+            rules = self.workspace_rows()
+            attributes[abi.WORKSPACE_ROWS] = ir.DictAttr.get({r: ir.DenseI64ArrayAttr.get(list(rules[r]))
+                                                              for r in any_rows})
         name = self.name if stage is None else abi.chunk_stage_name(self.name, stage)
         entry = self.function(name, inputs + [t for _, t in extra], result_types, attributes)
         self.dests = dict(zip(roles[len(inputs):], self.kernel_args[len(inputs):]))

@@ -49,7 +49,7 @@ class SplitKernel(ChunkStep):
 
         if self.packed_out is None:
             lead, chunks, rows = [self.b, self.h], self.chunks, self.l
-        elif ir.ShapedType.is_dynamic_size(total := shape(self.packed_out)[2]):
+        elif ir.ShapedType.is_dynamic_size(total := shape(self.packed_out)[abi.PACKED_ROWS_DIM]):
             # A packed batch of any rows: the runtime sizes the workspaces (workspace_rows).
             lead, chunks, rows = [1, self.h], total, total
         else:
