@@ -262,8 +262,6 @@ def check() -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
-    from triton.tools.tensor_descriptor import TensorDescriptor as _  # noqa: F401
 
     q_layout, kv_layout = _layouts(gl.bfloat16)
     q_ty = f"tensordesc<bf16[{HALF}, 128],{q_layout!r}>"
