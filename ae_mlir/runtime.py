@@ -338,12 +338,13 @@ def backward_call_time_tables(bundle: Bundle, given: dict, device) -> dict:
     roles = [spec.role for spec in bundle.inputs]
     operands = [given[role] for role in roles if role in abi.INPUTS or abi.is_capture(role)]
     config = bundle.meta["config"]
+    batch, seq_q, seq_k = bundle.meta.get(CALL_TIME_GRID) or (None, given["q"].shape[2], given["k"].shape[2])
     tables = {}
     for part in ("dq", "dkdv"):
         names = abi.backward_table_roles(part)
         if names[0] in roles:
             bm, bn = abi.backward_blocks(part, config)
-            found = classify(program, operands, given["q"].shape[2], given["k"].shape[2], bm, bn, device, part)
+            found = classify(program, operands, seq_q, seq_k, bm, bn, device, part, batch=batch)
             tables.update(zip(names, found))
     return tables
 

@@ -33,11 +33,13 @@ every run and on the CPU, whose programs run on threads that cannot share an acc
 Tiles are classified as in `attn-tile` (positional masks at compile time, tables as constants;
 the dK/dV kernel reads the transposed lists), with the tiles on a ragged edge of either sequence
 partial: their masked form also drops padded query rows. With `call-time-tables`, a mask that
-reads closure tensors or the batch entry or head (no per-entry lengths or packed sequences) is
-classified at each call as the forward's is: each kernel takes its four tables as arguments
-(abi.backward_table_roles, the dK/dV kernel's per KV block; per entry and head where the mask
-reads b or h) and carries the mask program. Without it, such masks visit every tile with the
-mask.
+reads closure tensors or the batch entry or head (not with per-entry lengths of an unpacked
+batch) is classified at each call as the forward's is: each kernel takes its four tables as
+arguments (abi.backward_table_roles, the dK/dV kernel's per KV block; per entry and head where the
+mask reads b or h) and carries the mask program. A packed batch's program is bounded by each
+sequence's keys and queries (tile_tables.bounded_by_lengths; b is the sequence, over the grid the
+kernels record in attn.call_time_grid), so a tile the tables call full holds no row of the next
+sequence. Without it, such masks visit every tile with the mask.
 
 The gradients of the float closure tensors the score_mod reads (attn.closure_grad: learnable bias
 tables, ALiBi slopes) are sums over every score that reads an element. The dQ kernel, which visits
@@ -174,8 +176,18 @@ class _Backward(RunningMaxGradients):
 
     def lists(self):
         """(partial, full) tile lists, indexed by query block."""
-        at_call_time = self.call_time_tables and self.sources[0] is None and self.kv_len is None
-        classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn, at_call_time=at_call_time)
+        # Packed sequences' tables are per sequence, bounded by its keys and its queries; per-entry
+        # lengths of an unpacked batch take compile-time lists, as attn-tile's do.
+        packed = self.sources[0] is not None
+        at_call_time = self.call_time_tables and (packed or self.kv_len is None)
+        bounds = {}
+        if packed:
+            from mlir import ir
+
+            bounds = {"lengths": ir.BlockArgument(self.kv_len).arg_number,
+                      "query_offsets": ir.BlockArgument(self.sources[0][1]).arg_number}
+        classification = classify_blocks(self.mask, self.lq, self.lk, self.bm, self.bn, at_call_time=at_call_time,
+                                         **bounds)
         if classification.at_call_time:
             # The kernel walks the tables it is given (signature, walk); the runtime classifies
             # with the ragged edges partial, as ragged_partial does here.
@@ -242,7 +254,11 @@ class _Backward(RunningMaxGradients):
                 count_tab, index_tab = self.tables(lists)
             row = table_row(self.program if self.table_args else None, *at)
             count = arith.index_cast(ir.IndexType.get(), tensor.extract(count_tab, row))
-            if reach is not None:
+            if reach is not None and self.table_args:
+                # Call-time tables of packed sequences list no tile past a sequence's end
+                # (tile_tables.bounded_by_lengths): only a block past its end visits none.
+                count = arith.select(arith.cmpi(arith.CmpIPredicate.sgt, reach, index(0)), count, index(0))
+            elif reach is not None:
                 width = max(n for row in lists for n in row) + 1
                 bounds = None if consecutive(lists) else constant_table(bound_table(lists, width))
                 count = trip_count(count, index_tab, bounds, at[2], arith.minsi(reach, index(width)))
@@ -291,6 +307,8 @@ class _Backward(RunningMaxGradients):
         if self.program is not None:
             attributes.update({key: ir.Attribute.parse(text) for key, text in
                                Classification([], [], self.program).kernel_attributes()})
+            if self.sources[0] is not None:
+                attributes[abi.CALL_TIME_GRID] = ir.DenseI64ArrayAttr.get([self.b, self.lq, self.lk])
         elif self.sources[0] is None and self.kv_len is None:
             attributes.update(heavy_blocks_attributes(*lists))
         entry = self.function(name, self.inputs + [types[r] for r in ins + outs], [types[r] for r in outs], attributes)

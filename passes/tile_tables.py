@@ -85,38 +85,65 @@ def string_attribute(text: str) -> str:
 
 
 def classify_blocks(mask_region, lq: int, lk: int, bm: int, bn: int, at_call_time: bool = False,
-                    per_slice_ok: bool = True, lengths: int | None = None) -> Classification:
+                    per_slice_ok: bool = True, lengths: int | None = None,
+                    query_offsets: int | None = None) -> Classification:
     """Classify every (query block, KV block) pair as skipped, full or partial (see the module
     docstring for which masks are classified when); without `per_slice_ok` a mask that reads b or
     h is not classified at call time (kernel forms whose programs cannot take per-slice tables).
     `lengths` (packed sequences): the position of the function argument holding each entry's key
-    count, which a call-time mask is bounded by (`bounded_by_lengths`)."""
+    count, which a call-time mask is bounded by, and `query_offsets` that of the queries' offsets,
+    which bound its rows too (`bounded_by_lengths`)."""
     if mask_region is None:
         return Classification(*unmasked(lq, lk, bm, bn).as_lists())
     program = from_region(mask_region)
     if not _is_positional(program):
         if at_call_time and _classifiable_at_call_time(program) and (per_slice_ok or not per_slice(program)):
-            return Classification([], [], program if lengths is None else bounded_by_lengths(program, lengths))
+            if lengths is not None:
+                program = bounded_by_lengths(program, lengths, query_offsets)
+            return Classification([], [], program)
         nm, nn = -(-lq // bm), -(-lk // bn)
         return Classification([list(range(nn)) for _ in range(nm)], [[] for _ in range(nm)])
     return Classification(*_positional_tables(program, lq, lk, bm, bn).as_lists())
 
 
-def bounded_by_lengths(program: ScalarProgram, lengths: int) -> ScalarProgram:
+def bounded_by_lengths(program: ScalarProgram, lengths: int, query_offsets: int | None = None) -> ScalarProgram:
     """`program` and kv_idx < lengths[b], with `lengths` (int32 [B]) the function's argument at
     that position: the tables a call classifies from it list no tile past an entry's last key,
-    so a kernel walking them needs no bound on its trip count (whose lists need not be runs)."""
+    so a kernel walking them needs no bound on its trip count (whose lists need not be runs).
+    With `query_offsets` (the position of int32 [B + 1] offsets), also q_idx < offsets[b + 1] -
+    offsets[b]: a packed sequence's rows past its end are the next sequence's, which a tile the
+    tables call full would read unmasked (the backward's dK/dV kernel walks query blocks)."""
     from dataclasses import replace
 
     from ..core.regions import ScalarOp
 
-    n, ext = len(program.ops), f"ext{len(program.sources)}"
-    ops = (ScalarOp("tensor.extract", (ext, "arg0"), (), ("i32",), ("tensor<?xi32>", "index")),
-           ScalarOp("arith.index_cast", (f"v{n}_0",), (), ("index",), ("i32",)),
-           ScalarOp("arith.cmpi", ("arg3", f"v{n + 1}_0"), (("predicate", "2 : i64"),), ("i1",), ("index", "index")),
-           ScalarOp("arith.andi", (program.result, f"v{n + 2}_0"), (), ("i1",), ("i1", "i1")))
-    return replace(program, ops=program.ops + ops, result=f"v{n + 3}_0", results=(f"v{n + 3}_0",),
-                   sources=program.sources + (("operand", lengths),), externals=())
+    ops, sources = list(program.ops), list(program.sources)
+
+    def add(name, operands, attributes, result_type, operand_types) -> str:
+        ops.append(ScalarOp(name, operands, attributes, (result_type,), operand_types))
+        return f"v{len(ops) - 1}_0"
+
+    def external(position: int) -> str:
+        sources.append(("operand", position))
+        return f"ext{len(sources) - 1}"
+
+    def element(tensor: str, at: str) -> str:
+        return add("arith.index_cast", (add("tensor.extract", (tensor, at), (), "i32", ("tensor<?xi32>", "index")),),
+                   (), "index", ("i32",))
+
+    def below(position: str, bound: str) -> str:
+        return add("arith.cmpi", (position, bound), (("predicate", "2 : i64"),), "i1", ("index", "index"))
+
+    kept = add("arith.andi", (program.result, below("arg3", element(external(lengths), "arg0"))), (), "i1",
+               ("i1", "i1"))
+    if query_offsets is not None:
+        offsets = external(query_offsets)
+        one = add("arith.constant", (), (("value", "1 : index"),), "index", ())
+        first, end = element(offsets, "arg0"), element(offsets, add("arith.addi", ("arg0", one), (), "index",
+                                                                         ("index", "index")))
+        rows = add("arith.subi", (end, first), (), "index", ("index", "index"))
+        kept = add("arith.andi", (kept, below("arg2", rows)), (), "i1", ("i1", "i1"))
+    return replace(program, ops=tuple(ops), result=kept, results=(kept,), sources=tuple(sources), externals=())
 
 
 def _positional_tables(program: ScalarProgram, lq: int, lk: int, bm: int, bn: int):

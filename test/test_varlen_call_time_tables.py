@@ -14,6 +14,7 @@ import torch
 
 import ae_mlir as ae
 from ae_mlir import runtime
+from ae_mlir.core import abi
 from ae_mlir.backends import triton as tb
 from ae_mlir.frontend import varlen
 from bundle_interp import interpret
@@ -125,3 +126,120 @@ def test_layers_on_the_same_offsets_check_and_classify_once(monkeypatch):
     cu[-1] -= 5
     attn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")
     assert len(classified) == 2
+
+
+# --- the backward: tables per sequence, bounded by its keys and its queries -----------------------
+def _backward_oracle(q, k, v, d_out, lens, cu, table=None):
+    """float64 gradients of q, k, v (and of the relative-bias table, when given) of the packed
+    prefix-LM attention, each sequence alone on the reference backend."""
+    leaves = [t.double() for t in (q, k, v)]
+    want = [torch.zeros_like(t) for t in leaves]
+    if table is not None:
+        want.append(torch.zeros_like(table, dtype=torch.float64))
+    for s, n in enumerate(lens):
+        if n == 0:
+            continue
+        lo, prefix = int(cu[s]), int(PREFIX[s])
+        ref = [t[lo:lo + n].unsqueeze(0).clone().requires_grad_() for t in leaves]
+        score_mod = None
+        if table is not None:
+            ref.append(table.detach().double().requires_grad_())
+            score_mod = _relative_bias(ref[3])
+        attn = ae.attention(score_mod=score_mod, mask_mod=lambda b, h, i, j: (j <= i) | (j < prefix), layout="blhd")
+        grads = torch.autograd.grad(attn(*ref[:3], backend="reference"), ref, d_out[lo:lo + n].unsqueeze(0).double())
+        for total, g in zip(want[:3], grads[:3]):
+            total[lo:lo + n] += g[0]
+        if table is not None:
+            want[3] += grads[3]
+    return want
+
+
+def _relative_bias(table):
+    return lambda s, b, h, q_idx, kv_idx: s + table[h, q_idx - kv_idx + 511]
+
+
+def _relative(got, want):
+    return ((got.double() - want).abs().max() / want.abs().max()).item()
+
+
+def test_cpu_backward_takes_tables_per_sequence(monkeypatch):
+    """The prefix per sequence beside a learnable relative-bias table: the backward kernels walk
+    tables classified per sequence, and the gradients of q, k, v and the table match each
+    sequence alone (a tile listed past a sequence's keys would add the scores of zero keys into
+    the table's gradient)."""
+    from ae_mlir import block_mask
+    from test_backward_kernels import kernels_only
+
+    grids = []
+    real = block_mask.classify_program
+    monkeypatch.setattr(block_mask, "classify_program", lambda *a: grids.append(a[7:]) or real(*a))
+    lens = BATCHES[0]
+    q, k, v, cu = _batch(lens, 4)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(5))
+    table = (torch.randn(2, 2 * 512 - 1, generator=torch.Generator().manual_seed(6)) * 0.5).requires_grad_()
+    attn = ae.attention(score_mod=_relative_bias(table), mask_mod=_prefix_lm, layout="blhd")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with kernels_only():
+        out = attn(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu", max_seqlen_q=512, max_seqlen_k=512)
+        got = torch.autograd.grad(out, leaves + [table], d_out)
+    want = _backward_oracle(q, k, v, d_out, lens, cu, table)
+    for name, g, w in zip(("dq", "dk", "dv", "dtable"), got, want):
+        assert _relative(g, w) < 1e-5, name
+    assert sorted(grids) == [("dkdv", 8), ("dq", 8), ("forward", 8)]
+
+
+def test_backward_tables_stop_at_each_sequences_keys_and_queries():
+    """Each backward kernel's tables list, per sequence, no KV block past its keys and no query
+    block past its queries (the dK/dV kernel walks query blocks: rows past a sequence's end are
+    the next sequence's), and blocks past the end list nothing."""
+    attn = ae.attention(mask_mod=_prefix_lm, layout="blhd")
+    lens = BATCHES[1]
+    q, k, v, cu = _batch(lens, 0, torch.bfloat16, d=64)
+    text = attn.mlir(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=512, max_seqlen_k=512)
+    bundle = tb.build_backward_bundle(text, "cuda:90")
+    assert bundle.meta[runtime.CALL_TIME_GRID] == [8, 512, 512]
+    views = varlen.packed_views(q, k, v, "blhd")
+    sequences = varlen.prepare(*views[:2], cu, cu, 512, 512, False)
+    _, captures = attn._prepare(*views, sequences=sequences)
+    given = {"q": views[0], "k": views[1], "v": views[2], **{f"c{i}": c for i, c in enumerate(captures)}}
+    tables = runtime.backward_call_time_tables(bundle, given, "cpu")
+    config = bundle.meta["config"]
+    for part in ("dq", "dkdv"):
+        bm, bn = abi.backward_blocks(part, config)
+        # dq: a row per query block listing KV blocks; dkdv: a row per KV block listing query blocks.
+        own, other = (bm, bn) if part == "dq" else (bn, bm)
+        counts = [tables[f"{part}_{kind}_count"] for kind in ("partial", "full")]
+        indices = [tables[f"{part}_{kind}_index"] for kind in ("partial", "full")]
+        for s in range(8):
+            n = lens[s] if s < len(lens) else 0
+            for block in range(counts[0].shape[2]):
+                listed = [int(i) for c, ix in zip(counts, indices) for i in ix[s, 0, block, :int(c[s, 0, block])]]
+                if block * own >= n:
+                    assert listed == [], (part, s, block)
+                assert all(i * other < n for i in listed), (part, s, block, listed)
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_backward_bundles_in_the_interpreter(target):
+    """Each target's default-config backward bundle of the packed prefix-LM in the TTIR
+    interpreter, its forward's out and lse from the CPU backend, against each sequence alone."""
+    from bundle_interp import interpret_roles
+
+    lens = [70, 0, 129, 33]
+    q, k, v, cu = _batch(lens, 7, d=32)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(8))
+    attn = ae.attention(mask_mod=_prefix_lm, layout="blhd")
+    out, lse = attn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu", return_lse=True)
+    bundle = tb.build_backward_bundle(attn.mlir(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu), target)
+    assert runtime.MASK_PROGRAM in bundle.meta
+    views = varlen.packed_views(q, k, v, "blhd")
+    sequences = varlen.prepare(*views[:2], cu, cu, None, None, False)
+    _, captures = attn._prepare(*views, sequences=sequences)
+    given = {"q": views[0], "k": views[1], "v": views[2], "do": varlen.packed_views(d_out, d_out, d_out, "blhd")[0],
+             "out": varlen.packed_views(out, out, out, "blhd")[0], "lse": lse.unsqueeze(0),
+             **{f"c{i}": c for i, c in enumerate(captures)}}
+    given["dlse"] = torch.zeros_like(given["lse"])
+    got = interpret_roles(bundle, given)
+    want = _backward_oracle(q, k, v, d_out, lens, cu)
+    for name, w in zip(("dq", "dk", "dv"), want):
+        assert _relative(got[name][0].transpose(0, 1), w) < 1e-4, name

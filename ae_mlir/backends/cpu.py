@@ -414,8 +414,9 @@ def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, ki
             from ..block_mask import call_time_tables
 
             operands = [tensors[r] for r in first]
-            inputs += call_time_tables(kernel.mask_program, operands, tensors["q"].shape[2], tensors["k"].shape[2],
-                                       kernel.block_m, kernel.block_n, "cpu", part)
+            batch, seq_q, seq_k = kernel.mask_grid or (None, tensors["q"].shape[2], tensors["k"].shape[2])
+            inputs += call_time_tables(kernel.mask_program, operands, seq_q, seq_k, kernel.block_m, kernel.block_n,
+                                       "cpu", part, batch)
         n_writes = len(writes)
         results = kernel(inputs)
         tensors.update(zip(writes, results[:n_writes]))

@@ -213,6 +213,9 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
     meta = {"input_precision": input_precision, "config": options.launch_config(), "backward": True}
     if program is not None:
         meta[runtime.MASK_PROGRAM] = program
+        grid = abi.call_time_grid(first)
+        if grid is not None:
+            meta[runtime.CALL_TIME_GRID] = grid
     return runtime.Bundle(
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
         variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
