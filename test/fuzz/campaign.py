@@ -1,7 +1,9 @@
 """A fuzzing campaign at the configs users get: N random programs compiled at the default config
 of each target (cuda:90 and hip:gfx942), attention, linear attention, attention's backward
-kernels and attention on packed batches (one kernel for two batches of other totals), each run as interpreted Triton IR against the float64 reference (the backward: against
-float64 autograd, with the closure tensors learnable). Programs go round-robin over the (kind,
+kernels and attention on packed batches (one kernel for two batches of other totals) and their
+backward kernels, each run as interpreted Triton IR against the float64 reference (the backward:
+against float64 autograd, with the closure tensors learnable; a packed batch's, over its
+sequences unpacked). Programs go round-robin over the (kind,
 target) cells of the kinds asked for (`--kinds`; attention and linear by default) in batches of 20; a
 failure is counted (an assertion is a mismatch, any other exception a crash) and the run goes
 on. The record is rewritten after each batch, so a stopped run leaves an honest count.
@@ -30,10 +32,11 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from hypothesis import given, seed, settings  # noqa: E402
 from linear_programs import linear_programs  # noqa: E402
 from programs import programs  # noqa: E402
-from test_differential import FUZZ, TARGETS, check_backward, check_packed, check_triton  # noqa: E402
+from test_differential import (FUZZ, TARGETS, check_backward, check_packed, check_packed_backward,  # noqa: E402
+                               check_triton)
 from test_linear_differential import check_triton_linear  # noqa: E402
 
-KINDS = ("attention", "linear", "backward", "packed")
+KINDS = ("attention", "linear", "backward", "packed", "packed_backward")
 CELLS = [(kind, target) for kind in KINDS for target in TARGETS]
 KEEP_FAILURES = 50  # the first failures' programs and messages go in the record
 BATCH = 20
@@ -61,7 +64,7 @@ def main(argv=None):
     parser.add_argument("--minutes", type=float, default=None, help="stop running programs after this")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--kinds", default="attention,linear",
-                        help="which programs, comma-separated: attention, linear, backward, packed")
+                        help="which programs, comma-separated: " + ", ".join(KINDS))
     parser.add_argument("--tma", action="store_true",
                         help="attention programs for cuda:90 only, with TMA tile loads (tensor_descriptors, "
                              "an autotuning choice there) over the default config")
@@ -106,6 +109,8 @@ def main(argv=None):
                     check_backward(program, target)
                 elif kind == "packed":
                     check_packed(program, target)
+                elif kind == "packed_backward":
+                    check_packed_backward(program, target)
                 else:
                     check_triton_linear(program, target)
             except Exception as e:  # every failure is counted; none stops the campaign
