@@ -22,8 +22,10 @@ class Node:
     args: tuple = ()
     value: object = None
 
-    def eval(self, env):
-        a = [x.eval(env) for x in self.args]
+    def eval(self, env, clamped: bool = False):
+        """The value on `env`; `clamped` clamps a closure tensor's indices into range, as the
+        frontend does, for evaluating on whole index grids outside a trace."""
+        a = [x.eval(env, clamped) for x in self.args]
         op = self.op
         if op == "var":
             return env[self.value]
@@ -31,7 +33,10 @@ class Node:
             return self.value
         if op == "capture":
             tensor, index_nodes = self.value
-            return tensor[tuple(n.eval(env) for n in index_nodes)]
+            index = [n.eval(env, clamped) for n in index_nodes]
+            if clamped:
+                index = [torch.as_tensor(i).clamp(0, n - 1) for i, n in zip(index, tensor.shape)]
+            return tensor[tuple(index)]
         binary = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
                   "div": lambda x, y: x / y, "floordiv": lambda x, y: x // y, "mod": lambda x, y: x % y,
                   "max": torch.maximum, "min": torch.minimum, "lt": lambda x, y: x < y,
@@ -49,6 +54,26 @@ class Node:
         if op == "clamp":
             return torch.clamp(a[0], min=-self.value, max=self.value)
         raise ValueError(op)
+
+    def kink_distance(self, env):
+        """How far each element is from a point where the expression's derivative jumps (the
+        ties of min and max, abs at 0, a clamp's ends): inf where it has none. Rounding moves a
+        score across such a point in one evaluation and not in another, and the two gradients
+        then differ by O(1) however exact both are."""
+        values = [x.eval(env, clamped=True) for x in self.args]
+        distances = [x.kink_distance(env) for x in self.args]
+        own = None
+        if self.op in ("min", "max"):
+            own = (values[0] - values[1]).abs()
+        elif self.op == "abs":
+            own = values[0].abs()
+        elif self.op == "clamp":
+            own = torch.minimum((values[0] - self.value).abs(), (values[0] + self.value).abs())
+        found = torch.tensor(float("inf"), dtype=torch.float64)
+        for d in distances + ([own] if own is not None else []):
+            if isinstance(d, torch.Tensor) and d.is_floating_point():
+                found = torch.minimum(found, d)
+        return found
 
     def __str__(self):
         if self.op == "var":
