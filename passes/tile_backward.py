@@ -181,7 +181,7 @@ class _Backward(RunningMaxGradients):
         packed = self.sources[0] is not None
         at_call_time = self.call_time_tables and (packed or self.kv_len is None)
         bounds = {}
-        if packed:
+        if packed and self.kv_len is not None:
             from mlir import ir
 
             bounds = {"lengths": ir.BlockArgument(self.kv_len).arg_number,

@@ -385,11 +385,11 @@ def check_backward(p: Program, target: str):
 
 
 def _packed_backward_case(p: Program, target: str):
-    """(got, want, names, rows at kinks) for `p` on a packed batch of 1 to 5 sequences: the backward kernels'
-    dq, dk, dv and closure gradients (the target's default-config bundle interpreted, or the CPU
-    backend's through autograd) against float64 autograd on the reference backend over the same
-    sequences unpacked, each a batch entry of its own length (kv_len): b is the sequence and the
-    positions are the sequence's in both."""
+    """(got, want, names, rows at kinks) for `p` on a packed batch of 1 to 5 sequences: the
+    backward kernels' dq, dk, dv and closure gradients (the target's default-config bundle
+    interpreted, or the CPU backend's through autograd) against float64 autograd on the reference
+    backend over the same sequences unpacked, each a batch entry of its own length (kv_len): b is
+    the sequence and the positions are the sequence's in both."""
     from bundle_interp import interpret_roles
 
     from ae_mlir.backends import triton as tb
