@@ -321,7 +321,7 @@ def call_time_tables(bundle: Bundle, q, k, v, *captures) -> list:
         return []
     from .block_mask import call_time_tables as classify
 
-    batch, seq_q, seq_k = bundle.meta.get(CALL_TIME_GRID) or (None, q.shape[2], k.shape[2])
+    batch, seq_q, seq_k = abi.classification_grid(bundle.meta.get(CALL_TIME_GRID), q.shape[2], k.shape[2])
     return classify(program, [q, k, v, *captures], seq_q, seq_k, bundle.block_m, bundle.block_n, q.device,
                     batch=batch)
 
@@ -338,7 +338,8 @@ def backward_call_time_tables(bundle: Bundle, given: dict, device) -> dict:
     roles = [spec.role for spec in bundle.inputs]
     operands = [given[role] for role in roles if role in abi.INPUTS or abi.is_capture(role)]
     config = bundle.meta["config"]
-    batch, seq_q, seq_k = bundle.meta.get(CALL_TIME_GRID) or (None, given["q"].shape[2], given["k"].shape[2])
+    batch, seq_q, seq_k = abi.classification_grid(bundle.meta.get(CALL_TIME_GRID), given["q"].shape[2],
+                                                     given["k"].shape[2])
     tables = {}
     for part in ("dq", "dkdv"):
         names = abi.backward_table_roles(part)

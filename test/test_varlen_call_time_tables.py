@@ -129,29 +129,16 @@ def test_layers_on_the_same_offsets_check_and_classify_once(monkeypatch):
 
 
 # --- the backward: tables per sequence, bounded by its keys and its queries -----------------------
-def _backward_oracle(q, k, v, d_out, lens, cu, table=None):
-    """float64 gradients of q, k, v (and of the relative-bias table, when given) of the packed
-    prefix-LM attention, each sequence alone on the reference backend."""
-    leaves = [t.double() for t in (q, k, v)]
-    want = [torch.zeros_like(t) for t in leaves]
-    if table is not None:
-        want.append(torch.zeros_like(table, dtype=torch.float64))
-    for s, n in enumerate(lens):
-        if n == 0:
-            continue
-        lo, prefix = int(cu[s]), int(PREFIX[s])
-        ref = [t[lo:lo + n].unsqueeze(0).clone().requires_grad_() for t in leaves]
-        score_mod = None
-        if table is not None:
-            ref.append(table.detach().double().requires_grad_())
-            score_mod = _relative_bias(ref[3])
-        attn = ae.attention(score_mod=score_mod, mask_mod=lambda b, h, i, j: (j <= i) | (j < prefix), layout="blhd")
-        grads = torch.autograd.grad(attn(*ref[:3], backend="reference"), ref, d_out[lo:lo + n].unsqueeze(0).double())
-        for total, g in zip(want[:3], grads[:3]):
-            total[lo:lo + n] += g[0]
-        if table is not None:
-            want[3] += grads[3]
-    return want
+def _backward_oracle(q, k, v, d_out, cu, score_mod=None, learnable=()):
+    """float64 gradients of packed [T, H, D] q, k, v (and of the `learnable` closure tensors) of
+    the packed prefix-LM attention (packed_oracle: b is the sequence there too)."""
+    from packed_oracle import packed_gradients
+
+    attn = ae.attention(score_mod=score_mod, mask_mod=_prefix_lm)
+    offsets = cu.tolist()
+    grads = packed_gradients(attn, *(t.transpose(0, 1) for t in (q, k, v, d_out)), offsets, offsets, 512, 512,
+                             learnable)
+    return [g.transpose(0, 1) for g in grads[:3]] + grads[3:]
 
 
 def _relative_bias(table):
@@ -182,7 +169,7 @@ def test_cpu_backward_takes_tables_per_sequence(monkeypatch):
     with kernels_only():
         out = attn(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu", max_seqlen_q=512, max_seqlen_k=512)
         got = torch.autograd.grad(out, leaves + [table], d_out)
-    want = _backward_oracle(q, k, v, d_out, lens, cu, table)
+    want = _backward_oracle(q, k, v, d_out, cu, _relative_bias(table), [table])
     for name, g, w in zip(("dq", "dk", "dv", "dtable"), got, want):
         assert _relative(g, w) < 1e-5, name
     assert sorted(grids) == [("dkdv", 8), ("dq", 8), ("forward", 8)]
@@ -240,6 +227,6 @@ def test_backward_bundles_in_the_interpreter(target):
              **{f"c{i}": c for i, c in enumerate(captures)}}
     given["dlse"] = torch.zeros_like(given["lse"])
     got = interpret_roles(bundle, given)
-    want = _backward_oracle(q, k, v, d_out, lens, cu)
+    want = _backward_oracle(q, k, v, d_out, cu)
     for name, w in zip(("dq", "dk", "dv"), want):
         assert _relative(got[name][0].transpose(0, 1), w) < 1e-4, name

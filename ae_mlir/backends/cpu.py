@@ -350,7 +350,7 @@ def _launch(kernel: CompiledKernel, inputs: list) -> list:
     if kernel.mask_program is not None:
         from ..block_mask import call_time_tables
 
-        batch, seq_q, seq_k = kernel.mask_grid or (None, inputs[0].shape[2], inputs[1].shape[2])
+        batch, seq_q, seq_k = abi.classification_grid(kernel.mask_grid, inputs[0].shape[2], inputs[1].shape[2])
         inputs = list(inputs) + call_time_tables(kernel.mask_program, inputs, seq_q, seq_k, kernel.block_m,
                                                  kernel.block_n, "cpu", batch=batch)
     return kernel.run_unchecked(inputs)
@@ -414,7 +414,8 @@ def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, ki
             from ..block_mask import call_time_tables
 
             operands = [tensors[r] for r in first]
-            batch, seq_q, seq_k = kernel.mask_grid or (None, tensors["q"].shape[2], tensors["k"].shape[2])
+            batch, seq_q, seq_k = abi.classification_grid(kernel.mask_grid, tensors["q"].shape[2],
+                                                         tensors["k"].shape[2])
             inputs += call_time_tables(kernel.mask_program, operands, seq_q, seq_k, kernel.block_m, kernel.block_n,
                                        "cpu", part, batch)
         n_writes = len(writes)

@@ -110,6 +110,13 @@ def sized_shape(role: str, shape, q_rows: int, k_rows: int, rule=None) -> tuple:
     return tuple(rows if d == PACKED_ROWS_DIM and n < 0 else n for d, n in enumerate(shape))
 
 
+def classification_grid(recorded, q_len: int, k_len: int) -> tuple:
+    """(batch, queries, keys) a call-time mask is classified over: the grid its kernel recorded
+    (CALL_TIME_GRID, a packed batch's sequences and longest lengths), else all of q's entries at
+    q's and k's lengths (batch None)."""
+    return tuple(recorded) if recorded else (None, q_len, k_len)
+
+
 def capture(i: int) -> str:
     return f"c{i}"
 

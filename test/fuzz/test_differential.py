@@ -391,6 +391,7 @@ def _packed_backward_case(p: Program, target: str):
     backend over the same sequences unpacked, each a batch entry of its own length (kv_len): b is
     the sequence and the positions are the sequence's in both."""
     from bundle_interp import interpret_roles
+    from packed_oracle import packed_gradients, repacked, unpacked
 
     from ae_mlir.backends import triton as tb
     from ae_mlir.core import abi
@@ -402,33 +403,21 @@ def _packed_backward_case(p: Program, target: str):
     (qp, kp, vp), call = _packed(p, q, k, v, int(torch.randint(1, 6, (), generator=gen)), gen)
     d_out = torch.randn(*qp.shape[:2], vp.shape[2], generator=gen, dtype=torch.float64).to(q.dtype)
     cu_q, cu_k = (call[name].tolist() for name in ("cu_seqlens_q", "cu_seqlens_k"))
-
-    def unpack(t, offsets, length):
-        rows = [torch.nn.functional.pad(t[:, a:b], (0, 0, 0, length - (b - a))) for a, b in zip(offsets, offsets[1:])]
-        return torch.stack(rows).double()
-
-    def repack(t, offsets):
-        return torch.cat([t[s, :, :b - a] for s, (a, b) in enumerate(zip(offsets, offsets[1:]))], dim=1)
-
-    learnable = [c for c in p.captures if c.dtype.is_floating_point]
-    leaves = [unpack(t, cu, n).requires_grad_() for t, cu, n in
-              ((qp, cu_q, p.seq_q), (kp, cu_k, p.seq_k), (vp, cu_k, p.seq_k))]
     kv_len = torch.tensor([b - a for a, b in zip(cu_k, cu_k[1:])])
-    rows_q, rows_k = _rows_at_kinks(p, leaves[0].detach(), leaves[1].detach(), kv_len)
-    kinks = (repack(rows_q, cu_q), repack(rows_k, cu_k))
+    rows_q, rows_k = _rows_at_kinks(p, unpacked(qp, cu_q, p.seq_q), unpacked(kp, cu_k, p.seq_k), kv_len)
+    kinks = (repacked(rows_q, cu_q), repacked(rows_k, cu_k))
+    learnable = [c for c in p.captures if c.dtype.is_floating_point]
+    names = ["dq", "dk", "dv"]
     for c in learnable:
         c.requires_grad_()
     try:
-        out = attn(*leaves, kv_len=kv_len, backend="reference")
-        want = torch.autograd.grad(out, leaves + learnable, unpack(d_out, cu_q, p.seq_q), allow_unused=True)
-        names = ["dq", "dk", "dv"]
+        want = packed_gradients(attn, qp, kp, vp, d_out, cu_q, cu_k, p.seq_q, p.seq_k, learnable)
         if target == "cpu":
             packed = [t.detach().clone().requires_grad_() for t in (qp, kp, vp)]
             got = torch.autograd.grad(attn(*packed, backend="cpu", **call), packed + learnable, d_out,
                                       allow_unused=True)
             names += [None if p.dtype != torch.float32 else f"d{i}" for i in range(len(learnable))]
-            wanted = [repack(w, cu) for w, cu in zip(want[:3], (cu_q, cu_k, cu_k))] + list(want[3:])
-            return list(got), wanted, names, kinks
+            return list(got), want, names, kinks
     finally:
         for c in learnable:
             c.requires_grad_(False)
@@ -446,8 +435,7 @@ def _packed_backward_case(p: Program, target: str):
     positions = {id(c): i for i, c in enumerate(captures)}
     derived = any(all(c is not own for own in p.captures) for c in captures)
     names += [abi.closure_grad(positions[id(c)]) if id(c) in positions and not derived else None for c in learnable]
-    return ([got["dq"][0], got["dk"][0], got["dv"][0]] + [got.get(n) if n else None for n in names[3:]],
-            [repack(w, cu) for w, cu in zip(want[:3], (cu_q, cu_k, cu_k))] + list(want[3:]), names, kinks)
+    return [got["dq"][0], got["dk"][0], got["dv"][0]] + [got.get(n) if n else None for n in names[3:]], want, names, kinks
 
 
 def check_packed_backward(p: Program, target: str):
