@@ -8,8 +8,11 @@ FlexAttention's create_block_mask, in one process on fresh sorted document ids e
 `build` writes each case's mask program (the JSON the kernels carry); `run` needs torch alone
 (a GPU machine without the MLIR bindings runs it from the built programs). Cases: document ids
 shared by the batch and per batch row, causal within documents, H 16, B * L = 16k at L 2048 and
-8192, about one document per 512 tokens (at least 4); ae-mlir classifies at 64 x 64 tiles (the
-H200 default for masks that cut many tiles), FlexAttention at its default 128 x 128.
+8192, about one document per 512 tokens (at least 4). ae-mlir's tables as the runtime makes them
+on a cache miss: `forward`, a forward call's (64 x 64 tiles, the H200 default for masks that cut
+many tiles); `step`, a training step's (the forward's, then the dQ kernel's 64 x 64 and the dK/dV
+kernel's 32 x 64: one evaluation of the mask, pooled). FlexAttention's BlockMask (its default
+128 x 128) serves its forward and backward.
 """
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-HEADS, TOKENS, BLOCK = 16, 16384, 64
+HEADS, TOKENS = 16, 16384
+# The tiles of a document mask's forward, dQ and dK/dV kernels on CUDA at D 128 (launch_defaults).
+STEP = [(64, 64, "forward"), (64, 64, "dq"), (32, 64, "dkdv")]
 CASES = [(kind, length) for kind in ("shared", "rows") for length in (2048, 8192)]
 
 
@@ -87,12 +92,19 @@ def run(programs_dir: str, out: str, device: str, rounds: int) -> None:
         batch = TOKENS // length
         program = programs[f"{kind}-{length}"]
         q = torch.empty(batch, HEADS, length, 64, device="meta")
-        times = {"intervals": [], "element_by_element": [], "flex_create_block_mask": []}
+        text = program.to_json()
+        names = [f"{what}_{how}" for what in ("forward", "step") for how in ("intervals", "element_by_element")]
+        times = {name: [] for name in names + ["flex_create_block_mask"]}
 
-        def ours(ids, intervals: bool):
-            block_mask.tile_bounds = real_bounds if intervals else (lambda *a, **k: None)
+        def ours(ids, what: str, how: str):
+            """The tables a forward call (64x64 tiles) or a training step (its dQ and dK/dV
+            kernels' too) takes from fresh ids: what the runtime's cache computes on a miss."""
+            block_mask.tile_bounds = real_bounds if how == "intervals" else (lambda *a, **k: None)
+            block_mask._CACHE.clear()
+            block_mask._FLAGS.clear()
             try:
-                return block_mask.classify_program(program, [q, q, q, ids], length, length, BLOCK, BLOCK, device)
+                return [block_mask.call_time_tables(text, [q, q, q, ids], length, length, bm, bn, device, layout)
+                        for bm, bn, layout in (STEP if what == "step" else STEP[:1])]
             finally:
                 block_mask.tile_bounds = real_bounds
 
@@ -102,21 +114,21 @@ def run(programs_dir: str, out: str, device: str, rounds: int) -> None:
 
         for r in range(rounds + 1):
             ids = _ids(kind, batch, length, device, gen)
-            for name, fn in (("intervals", lambda: ours(ids, True)), ("element_by_element", lambda: ours(ids, False)),
-                             ("flex_create_block_mask", lambda: flex(ids))):
+            results = {}
+            for name in names + ["flex_create_block_mask"]:
                 sync()
                 start = time.perf_counter()
-                result = fn()
+                results[name] = flex(ids) if name.startswith("flex") else ours(ids, *name.split("_", 1))
                 sync()
                 if r:  # the first round warms up
                     times[name].append((time.perf_counter() - start) * 1e3)
-                if name == "intervals":
-                    with_intervals = result
-                elif name == "element_by_element":
-                    assert all(torch.equal(a, b) for a, b in zip(with_intervals, result)), "the tables differ"
+            for what in ("forward", "step"):
+                a, b = results[f"{what}_intervals"], results[f"{what}_element_by_element"]
+                assert all(torch.equal(x, y) for ta, tb in zip(a, b) for x, y in zip(ta, tb)), "the tables differ"
         case = {"mask": kind, "batch": batch, "heads": HEADS, "length": length,
                 **{f"{name}_ms": round(statistics.median(ts), 3) for name, ts in times.items()}}
-        case["flex_over_intervals"] = round(case["flex_create_block_mask_ms"] / case["intervals_ms"], 2)
+        case["flex_over_step"] = round(case["flex_create_block_mask_ms"] / min(case["step_intervals_ms"],
+                                                                              case["step_element_by_element_ms"]), 2)
         doc_out["cases"].append(case)
         print(json.dumps(case))
         os.makedirs(out, exist_ok=True)

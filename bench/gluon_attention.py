@@ -279,7 +279,23 @@ def check() -> int:
     return 0
 
 
-def run(bundles: str | None, out_dir: str, rounds: int) -> int:
+def _graphed(fn):
+    """fn replayed from a CUDA graph: the kernel's own time, without the host's launch path (the
+    Gluon JIT's descriptor arguments cost more on the host than a short kernel takes)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def run(bundles: str | None, out_dir: str, rounds: int, graphs: bool) -> int:
     import torch
     import torch.nn.functional as F
     import triton
@@ -317,6 +333,8 @@ def run(bundles: str | None, out_dir: str, rounds: int) -> int:
                 ours = runtime.launch(bundle, q, k, v)[0]
                 engines["ae-mlir"] = lambda bundle=bundle: runtime.launch(bundle, q, k, v)
                 errors["ae-mlir"] = (ours.float() - ref).abs().max().item()
+            if graphs:
+                engines.update({f"{name} graph": _graphed(fn) for name, fn in list(engines.items())})
             times = {name: [] for name in engines}
             for _ in range(rounds):
                 for name, fn in engines.items():
@@ -327,13 +345,21 @@ def run(bundles: str | None, out_dir: str, rounds: int) -> int:
                       "rounds": {name: ts for name, ts in times.items()}}
             record["tflops"] = {name: flops / ms * 1e-9 for name, ms in record["ms"].items()}
             results.append(record)
+            _save(out_dir, results)
             print(record["variant"], length, " ".join(f"err {name} {e:.2e}" for name, e in errors.items()),
                   " ".join(f"{name} {tf:.0f}" for name, tf in record["tflops"].items()), flush=True)
+    return 0
+
+
+def _save(out_dir: str, results: list) -> None:
+    """Written after every case: a hang of the probe (an mbarrier never arriving) keeps what ran."""
+    import torch
+    import triton
+
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "gluon-attention.json"), "w") as fh:
         json.dump({"meta": meta, "results": results}, fh, indent=1)
-    return 0
 
 
 def main(argv=None) -> int:
@@ -342,10 +368,11 @@ def main(argv=None) -> int:
     parser.add_argument("--bundles", help="run: ae-mlir's forward_ab bundles of full and causal")
     parser.add_argument("--out", default="gluon-out")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--graphs", action="store_true", help="run: also time each engine replayed from a CUDA graph")
     args = parser.parse_args(argv)
     if args.mode == "check":
         return check()
-    return run(args.bundles, args.out, args.rounds)
+    return run(args.bundles, args.out, args.rounds, args.graphs)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ BlockMask built once, outside the step, as its users do) and, for causal attenti
 `build` fills a kernel cache (AE_MLIR_CACHE_DIR) with what the run's calls need on a machine
 without the MLIR bindings: the forward and backward bundles at the tiles the document mask takes,
 the problem each module poses and the variant's derivative. `run` times each step (median of
-`triton.testing.do_bench`): ae-mlir's as users call it; for the document mask, ae-mlir's again
-with the tile-table cache emptied before each classification ("reclassified", how the API ran before 2026-12-04, when the
-detached views autograd hands the kernels missed the cache at every call: a forward and two
-backward classifications a step); FlexAttention's. ae-mlir's and FlexAttention's forward alone too
+`triton.testing.do_bench`): ae-mlir's as users call it; FlexAttention's. For the document mask
+also both with new document ids at every step ("fresh_ids", as a training loop over packed
+batches has them): the ids tensor the mask reads is overwritten in place before each step, so
+ae-mlir classifies it again (one evaluation of the mask for the step's three kernels) and
+FlexAttention builds its BlockMask in the step. ae-mlir's and FlexAttention's forward alone too
 (without grad), and each step captured in a CUDA graph and replayed (`graph_step_ms`: the GPU's time
 without the host's). `--variants causal,document` picks the cases of either mode; `--profile` adds each
 implementation's kernels with their mean time a step (torch.profiler).
@@ -109,18 +110,45 @@ def _graphed(fn, q, k, v, d_out, want) -> dict:
         return {"graph_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
 
-class _Forgetful(dict):
-    """A tile-table cache that keeps nothing: every classification runs again."""
+def _fresh_ids(attn, length: int, device, count: int = 8):
+    """The document ids tensor `attn`'s mask reads, and a step that overwrites it in place with
+    the next of `count` other sorted id sequences (documents of L/8 to L/2 tokens, as the
+    catalogue's)."""
+    import torch
 
-    def __setitem__(self, key, value):
-        pass
+    ids = next(c.cell_contents for c in attn.mask_mod.__closure__ if isinstance(c.cell_contents, torch.Tensor))
+    gen = torch.Generator().manual_seed(11)
+    pool = []
+    for _ in range(count):
+        lengths = torch.randint(length // 8, length // 2 + 1, (length,), generator=gen)
+        pool.append(torch.repeat_interleave(torch.arange(length), lengths)[:length].to(device, ids.dtype))
+    turn = [0]
+
+    def refresh():
+        turn[0] += 1
+        ids.copy_(pool[turn[0] % count])
+
+    return ids, refresh
+
+
+def _flex_fresh_mask(attn, shape, device):
+    """FlexAttention building its BlockMask from the mask's current ids at every call."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, dynamic=False)
+
+    def run(q, k, v):
+        block_mask = create_block_mask(attn.mask_mod, None, None, shape.seq_q, shape.seq_k, device=device)
+        return compiled(q, k, v, score_mod=attn.score_mod, block_mask=block_mask, scale=attn.scale)
+
+    return run
 
 
 def run(bundles: str, out_dir: str) -> None:
     os.environ["AE_MLIR_CACHE_DIR"] = os.path.abspath(bundles)
     import torch
-
-    from ae_mlir import block_mask
 
     device = torch.device("cuda")
     doc = harness.results_doc(out_dir, __doc__, heads=HEADS, dim=DIM, tokens=TOKENS, dtype="bfloat16")
@@ -135,24 +163,28 @@ def run(bundles: str, out_dir: str) -> None:
         want = _reference(attn, q, k, v, d_out)
         runs = [("ae_mlir", attn)]
         if variant == "document":
-            runs.append(("ae_mlir_reclassified", attn))
+            runs.append(("ae_mlir_fresh_ids", attn))
         runs.append(("flex_attention", suite.flex_callable(attn, shape, device)))
+        if variant == "document":
+            runs.append(("flex_attention_fresh_ids", _flex_fresh_mask(attn, shape, device)))
         if variant == "causal":
             runs += [("sdpa", _sdpa(None)), ("sdpa_cudnn", _sdpa("CUDNN_ATTENTION"))]
         for label, fn in runs:
-            cache = block_mask._CACHE
-            if label == "ae_mlir_reclassified":
-                block_mask._CACHE = _Forgetful()
+            fresh = label.endswith("fresh_ids")
+            if fresh:
+                ids, refresh = _fresh_ids(attn, length, device)
+                saved = ids.clone()
             try:
                 grads = torch.autograd.grad(fn(q, k, v), (q, k, v), d_out)
-                step = harness.bench_ms(lambda fn=fn: torch.autograd.grad(fn(q, k, v), (q, k, v), d_out))
-                result = {"step_ms": step, "step_tflops": rec["step_flops"] / (step * 1e-3) / 1e12,
-                          "max_rel_err": max(_error(g[:1], w) for g, w in zip(grads, want))}
-                if label != "ae_mlir_reclassified":  # a call without grad kept its tables before too
+                result = {"max_rel_err": max(_error(g[:1], w) for g, w in zip(grads, want))}
+                if fresh:
+                    step = harness.bench_ms(lambda fn=fn: refresh() or torch.autograd.grad(fn(q, k, v), (q, k, v), d_out))
+                else:
+                    step = harness.bench_ms(lambda fn=fn: torch.autograd.grad(fn(q, k, v), (q, k, v), d_out))
                     with torch.no_grad():
                         result["forward_ms"] = harness.bench_ms(lambda fn=fn: fn(q, k, v))
-                if label != "ae_mlir_reclassified":
                     result.update(_graphed(fn, q, k, v, d_out, want))
+                result.update(step_ms=step, step_tflops=rec["step_flops"] / (step * 1e-3) / 1e12)
                 if PROFILE:
                     result["kernels_us"] = harness.kernel_times(
                         lambda fn=fn: torch.autograd.grad(fn(q, k, v), (q, k, v), d_out))
@@ -160,7 +192,8 @@ def run(bundles: str, out_dir: str) -> None:
             except Exception as exc:
                 rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             finally:
-                block_mask._CACHE = cache
+                if fresh:
+                    ids.copy_(saved)
         doc["cases"].append(rec)
         print(rec, flush=True)
         harness.save(doc, out_dir, "training-steps.json")

@@ -345,33 +345,30 @@ def test_a_nearly_full_cache_keeps_a_steps_tables_together(monkeypatch):
     block_mask._CACHE.clear()
     block_mask._CACHE.update({("earlier call", i): None for i in range(63)})
     _gradients(attn, q, k, v, d_out, "cpu")
-    layouts = []
-    classify_program = block_mask.classify_program
-    monkeypatch.setattr(block_mask, "classify_program",
-                        lambda program, operands, *args: layouts.append(args[-1]) or classify_program(
-                            program, operands, *args))
+    made = []
+    tables = block_mask._tables
+    monkeypatch.setattr(block_mask, "_tables", lambda *args: made.append(args[-1]) or tables(*args))
     _gradients(attn, q, k, v, d_out, "cpu")
-    assert layouts == []
+    assert made == []
     assert ("earlier call", 0) not in block_mask._CACHE and len(block_mask._CACHE) == 64
     block_mask._CACHE.clear()
 
 
-def test_a_training_step_classifies_a_closure_mask_once(monkeypatch):
+def test_a_training_step_evaluates_a_closure_mask_once(monkeypatch):
     # The forward and both backward kernels get their tables from the cache on later steps:
-    # autograd hands the kernels new detached views of the document ids at every call.
+    # autograd hands the kernels new detached views of the document ids at every call. A step
+    # with new ids evaluates the mask once: the three kernels' tables pool its flags.
     attn, _, (q, k, v) = _document_training(lq=130)
     d_out = torch.randn(2, 2, 130, 16)
     _gradients(attn, q, k, v, d_out, "cpu")
-    layouts = []
-    classify_program = block_mask.classify_program
-
-    def counted(program, operands, seq_q, seq_k, block_m, block_n, device, layout, batch=None):
-        layouts.append(layout)
-        return classify_program(program, operands, seq_q, seq_k, block_m, block_n, device, layout, batch)
-
-    monkeypatch.setattr(block_mask, "classify_program", counted)
+    layouts, evaluated = [], []
+    tables, mask_flags = block_mask._tables, block_mask.mask_flags
+    monkeypatch.setattr(block_mask, "_tables", lambda *args: layouts.append(args[-1]) or tables(*args))
+    monkeypatch.setattr(block_mask, "mask_flags", lambda *args: evaluated.append(args[4:6]) or mask_flags(*args))
     _gradients(attn, q, k, v, d_out, "cpu")
-    assert layouts == []
+    assert layouts == [] and evaluated == []
     block_mask._CACHE.clear()
+    block_mask._FLAGS.clear()
     _gradients(attn, q, k, v, d_out, "cpu")
     assert sorted(layouts) == ["dkdv", "dq", "forward"]
+    assert evaluated == [(block_mask.FLAG_TILE, block_mask.FLAG_TILE)]

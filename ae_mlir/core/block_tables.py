@@ -78,12 +78,18 @@ def _word(block_n: int):
 
 def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int, block_n: int,
              device="cpu", full_width: bool = False, layout: str = "forward", known=None) -> BlockTables:
-    """Classify tiles of the mask `keep(b, h, q_idx, kv_idx) -> bool tensor`.
+    """Classify tiles of the mask `keep(b, h, q_idx, kv_idx) -> bool tensor`: `tile_flags`, then
+    `tables_from_flags` at the same blocks."""
+    flags = tile_flags(keep, batch, heads, seq_q, seq_k, block_m, block_n, device, known)
+    return tables_from_flags(flags, (block_m, block_n), seq_q, seq_k, block_m, block_n, full_width, layout)
 
-    `layout` "forward" lists KV blocks per query block, a ragged last KV tile partial; the
-    backward kernels' "dq" also makes the tiles of a ragged last query block partial (their
-    masked form drops the padded rows), and "dkdv" lists those per KV block instead (NM and NN
-    swapped in the tables).
+
+def tile_flags(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int, block_n: int,
+               device="cpu", known=None) -> tuple:
+    """(any_kept, all_kept): bool [batch, heads, NM, NN], whether the mask `keep(b, h, q_idx,
+    kv_idx) -> bool tensor` keeps any and every pair of each block_m x block_n tile; positions
+    past the lengths count for neither (a ragged last KV tile may read all_kept: the tables
+    decide what ragged tiles are).
 
     `keep` is called on broadcastable int64 index tensors, over as many whole query blocks of
     rows at once as GRID_BUDGET allows (at least one; a ragged last block alone), and over slabs
@@ -98,25 +104,64 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     import torch
 
     nm, nn = -(-seq_q // block_m), -(-seq_k // block_n)
-    ragged = seq_k % block_n != 0
     if known is not None:
         always, never = known
         any_kept, all_kept = ~never, always.clone()
         _classify_open(keep, ~(always | never), any_kept, all_kept, seq_q, seq_k, (block_m, block_n))
-    else:
-        any_kept = torch.zeros(batch, heads, nm, nn, dtype=torch.bool, device=device)
-        all_kept = torch.zeros_like(any_kept)
-        kv = torch.arange(seq_k, device=device).view(1, 1, 1, seq_k)
-        row_entries = block_m * max(seq_k, 1)
-        per_head = max(1, min(heads, GRID_BUDGET // row_entries))
-        per_entry = max(1, min(batch, GRID_BUDGET // (per_head * row_entries))) if per_head == heads else 1
-        for b0 in range(0, batch, per_entry):
-            for h0 in range(0, heads, per_head):
-                b = torch.arange(b0, min(b0 + per_entry, batch), device=device).view(-1, 1, 1, 1)
-                h = torch.arange(h0, min(h0 + per_head, heads), device=device).view(1, -1, 1, 1)
-                slab = (slice(b0, b0 + per_entry), slice(h0, h0 + per_head))
-                _classify_slab(keep, b, h, kv, seq_q, (block_m, block_n), any_kept[slab], all_kept[slab])
-    if ragged:
+        return any_kept, all_kept
+    any_kept = torch.zeros(batch, heads, nm, nn, dtype=torch.bool, device=device)
+    all_kept = torch.zeros_like(any_kept)
+    kv = torch.arange(seq_k, device=device).view(1, 1, 1, seq_k)
+    row_entries = block_m * max(seq_k, 1)
+    per_head = max(1, min(heads, GRID_BUDGET // row_entries))
+    per_entry = max(1, min(batch, GRID_BUDGET // (per_head * row_entries))) if per_head == heads else 1
+    for b0 in range(0, batch, per_entry):
+        for h0 in range(0, heads, per_head):
+            b = torch.arange(b0, min(b0 + per_entry, batch), device=device).view(-1, 1, 1, 1)
+            h = torch.arange(h0, min(h0 + per_head, heads), device=device).view(1, -1, 1, 1)
+            slab = (slice(b0, b0 + per_entry), slice(h0, h0 + per_head))
+            _classify_slab(keep, b, h, kv, seq_q, (block_m, block_n), any_kept[slab], all_kept[slab])
+    return any_kept, all_kept
+
+
+def pool_flags(flags: tuple, factor_m: int, factor_n: int) -> tuple:
+    """`tile_flags` of tiles factor_m x factor_n times as large, from those of the small ones: a
+    tile keeps some pair where one of its small tiles does, every pair where all of them do
+    (small tiles past the grid's edge count for neither, as positions past the lengths do)."""
+    import torch
+
+    any_kept, all_kept = flags
+    if factor_m == factor_n == 1:
+        return flags
+    *lead, nm, nn = any_kept.shape
+    big_m, big_n = -(-nm // factor_m), -(-nn // factor_n)
+    pad = (0, big_n * factor_n - nn, 0, big_m * factor_m - nm)
+    shape = (*lead, big_m, factor_m, big_n, factor_n)
+    any_big = torch.nn.functional.pad(any_kept, pad, value=False).view(shape).any(dim=5).any(dim=3)
+    all_big = torch.nn.functional.pad(all_kept, pad, value=True).view(shape).all(dim=5).all(dim=3)
+    return any_big, all_big
+
+
+def tables_from_flags(flags: tuple, flag_blocks: tuple[int, int], seq_q: int, seq_k: int, block_m: int,
+                      block_n: int, full_width: bool = False, layout: str = "forward") -> BlockTables:
+    """The tables of block_m x block_n tiles from `tile_flags` taken at `flag_blocks` (which
+    divide block_m and block_n: one evaluation of a mask serves the forward's tiles and both
+    backward kernels').
+
+    `layout` "forward" lists KV blocks per query block, a ragged last KV tile partial; the
+    backward kernels' "dq" also makes the tiles of a ragged last query block partial (their
+    masked form drops the padded rows), and "dkdv" lists those per KV block instead (NM and NN
+    swapped in the tables).
+    """
+    if layout not in ("forward", "dq", "dkdv"):
+        raise ValueError(f"layout must be forward, dq or dkdv, got {layout!r}")
+    if block_m % flag_blocks[0] or block_n % flag_blocks[1]:
+        raise ValueError(f"tiles {block_m}x{block_n} are not made of the flags' {flag_blocks[0]}x{flag_blocks[1]}")
+    any_kept, all_kept = pool_flags(flags, block_m // flag_blocks[0], block_n // flag_blocks[1])
+    device = any_kept.device
+    nm, nn = any_kept.shape[-2:]
+    all_kept = all_kept.clone()
+    if seq_k % block_n:
         all_kept[..., nn - 1] = False
     if layout != "forward" and seq_q % block_m:
         all_kept[..., nm - 1, :] = False
@@ -124,8 +169,6 @@ def classify(keep, batch: int, heads: int, seq_q: int, seq_k: int, block_m: int,
     partial = any_kept & ~all_kept
     if layout == "dkdv":
         full, partial = full.transpose(-1, -2).contiguous(), partial.transpose(-1, -2).contiguous()
-    elif layout not in ("forward", "dq"):
-        raise ValueError(f"layout must be forward, dq or dkdv, got {layout!r}")
     pc, pi = _pack(partial, device, full_width)
     fc, fi = _pack(full, device, full_width)
     return BlockTables(pc, pi, fc, fi)
