@@ -43,31 +43,28 @@ def mask_flags(program: ScalarProgram, operands: list, seq_q: int, seq_k: int, b
     grid = tuple(lead or [1, 1])
     # Tiles the mask's intervals decide need no element-wise evaluation: of document ids, all but
     # those on a document's edge.
-    known = _bounds(program, operands, externals, grid, seq_q, seq_k, block_m, block_n, device)
+    known = _bounds(program, externals, grid, seq_q, seq_k, block_m, block_n, device)
     flags = tile_flags(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], externals, device),
                        *grid, seq_q, seq_k, block_m, block_n, device, known=known)
     return flags, lead
 
 
-# The most closure-tensor elements whose copies the intervals of a GPU mask are evaluated on, on
-# the host. The intervals' small tensors ([B, H, NM, NN] tiles) cost a GPU a launch per torch op,
-# about 200 launches for a document mask: 3.4 ms a classification on an H100, where the host
-# takes about 1 ms for them on a 2-core CPU.
-HOST_BOUNDS_MAX = 1 << 20
+# The most mask entries (B or 1) x (H or 1) x Lq x Lk a GPU evaluates element by element rather
+# than first through the mask's intervals. The intervals' small tile-grid tensors cost the GPU a
+# launch per torch op (about 200 for a document mask), the entries a few passes of memory each:
+# on an H100 (bench/classify_masks.py, a training step's tables, 2026-12-05) element by element
+# took 2.5 ms against 5.6 at 4M entries, 5.8 against 7.2 at 67M and 5.3 against 8.2 at 34M, but
+# 12.9 against 7.8 at 134M. The CPU always takes the intervals (4-20x faster there).
+GPU_ELEMENT_WISE_MAX = 3 << 25
 
 
-def _bounds(program, operands, externals, grid, seq_q, seq_k, block_m, block_n, device):
-    """`tile_bounds` of the mask on `device`, evaluated on the host for a GPU mask whose closure
-    tensors are small."""
+def _bounds(program, externals, grid, seq_q, seq_k, block_m, block_n, device):
+    """`tile_bounds` of the mask, or None where a GPU evaluates it element by element sooner."""
     import torch
 
-    device = torch.device(device)
-    reads = [operands[s[1]] for s in program.sources if s[0] == "operand"]
-    if device.type == "cpu" or sum(t.numel() for t in reads) > HOST_BOUNDS_MAX:
-        return tile_bounds(program, externals, grid, seq_q, seq_k, block_m, block_n, device)
-    host = bind_externals(program, operands, "cpu")
-    known = tile_bounds(program, host, grid, seq_q, seq_k, block_m, block_n, "cpu")
-    return None if known is None else tuple(t.to(device) for t in known)
+    if torch.device(device).type != "cpu" and grid[0] * grid[1] * seq_q * seq_k <= GPU_ELEMENT_WISE_MAX:
+        return None
+    return tile_bounds(program, externals, grid, seq_q, seq_k, block_m, block_n, device)
 
 
 def classify_program(program: ScalarProgram, operands: list, seq_q: int, seq_k: int, block_m: int,

@@ -90,3 +90,14 @@ def test_tiles_not_made_of_the_flags_are_refused():
     flags = tile_flags(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, 1, 1, 64, 64, 32, 32)
     with pytest.raises(ValueError, match="not made of"):
         tables_from_flags(flags, (32, 32), 64, 64, 48, 32)
+
+
+def test_a_gpu_evaluates_small_masks_element_by_element(monkeypatch):
+    """On a GPU the intervals cost a launch per torch op: masks of up to GPU_ELEMENT_WISE_MAX
+    entries skip them (no tensor is touched here: the choice is made from the sizes)."""
+    calls = []
+    monkeypatch.setattr(block_mask, "tile_bounds", lambda *args: calls.append(args[-1]) or None)
+    assert block_mask._bounds(None, [], (8, 1), 2048, 2048, 64, 64, "cuda") is None and calls == []
+    block_mask._bounds(None, [], (2, 1), 8192, 8192, 64, 64, "cuda:0")
+    block_mask._bounds(None, [], (1, 1), 64, 64, 64, 64, "cpu")
+    assert calls == ["cuda:0", "cpu"]
