@@ -13,7 +13,7 @@ import functools
 import math
 
 from .core.block_tables import table_lead, tables_from_flags, tile_flags
-from .core.interval_eval import tile_bounds
+from .core.interval_eval import gathers_in_bounds, tile_bounds
 from .core.memo import kept
 from .core.regions import ScalarProgram
 from .core.scalar_eval import bind_externals, evaluate
@@ -44,7 +44,9 @@ def mask_flags(program: ScalarProgram, operands: list, seq_q: int, seq_k: int, b
     # Tiles the mask's intervals decide need no element-wise evaluation: of document ids, all but
     # those on a document's edge.
     known = _bounds(program, externals, grid, seq_q, seq_k, block_m, block_n, device)
-    flags = tile_flags(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], externals, device),
+    shapes = [operands[s[1]].shape if s[0] == "operand" else None for s in program.sources]
+    in_bounds = gathers_in_bounds(program, shapes, grid, seq_q, seq_k)
+    flags = tile_flags(lambda b, h, q, kv: evaluate(program, [b, h, q, kv], externals, device, in_bounds),
                        *grid, seq_q, seq_k, block_m, block_n, device, known=known)
     return flags, lead
 

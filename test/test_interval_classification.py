@@ -139,3 +139,29 @@ def test_outer_constants_are_values():
     assert all(torch.equal(a, b) for a, b in zip(exact.tensors(), through.tensors()))
     assert always[0, 0].tolist()[2] == [True, False, False, False]
     assert never[0, 0].tolist()[0] == [False, True, True, True]
+
+
+def test_reads_proven_inside_their_tensor_skip_the_bounds_check():
+    # The frontend clamps a closure read's indices into the tensor: the intervals over the whole
+    # grid prove both of a document mask's reads in bounds (no check, so no GPU synchronization),
+    # but not a read by a hand-written program whose index reaches past the tensor.
+    from ae_mlir.core.regions import ScalarOp, ScalarProgram
+
+    doc = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2])
+    attn = ae.attention(mask_mod=lambda b, h, q_idx, kv_idx: (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx))
+    q = torch.randn(1, 1, 8, 16)
+    program = _mask_program(attn, q, q, q)
+    reads = {i for i, op in enumerate(program.ops) if op.name == "tensor.extract"}
+    shapes = [tuple(doc.shape) if s[0] == "operand" else None for s in program.sources]
+    assert len(reads) == 2 and interval_eval.gathers_in_bounds(program, shapes, (1, 1), 8, 8) == reads
+
+    read = ScalarOp("tensor.extract", ("ext0", "arg2"), (), ("i64",), ("tensor<4xi64>", "index"))
+    zero = ScalarOp("arith.constant", (), (("value", "0 : i64"),), ("i64",), ())
+    cmp = ScalarOp("arith.cmpi", ("v0_0", "v1_0"), (("predicate", "0 : i64"),), ("i1",), ("i64", "i64"))
+    raw = ScalarProgram(("index",) * 4, (read, zero, cmp), "v2_0", "i1", sources=(("operand", 3),))
+    assert interval_eval.gathers_in_bounds(raw, [(4,)], (1, 1), 4, 8) == {0}
+    assert interval_eval.gathers_in_bounds(raw, [(4,)], (1, 1), 5, 8) == frozenset()
+    # A read whose index is itself read from a tensor is unbounded here: checked.
+    nested = ScalarOp("tensor.extract", ("ext0", "v0_0"), (), ("i64",), ("tensor<4xi64>", "i64"))
+    program = ScalarProgram(("index",) * 4, (read, nested, zero, cmp), "v3_0", "i1", sources=(("operand", 3),))
+    assert interval_eval.gathers_in_bounds(program, [(4,)], (1, 1), 4, 8) == {0}

@@ -79,6 +79,49 @@ def tile_bounds(program: ScalarProgram, externals: list, lead: tuple[int, int], 
     return box.lo.expand(grid).contiguous(), (~box.hi).expand(grid).contiguous()
 
 
+def gathers_in_bounds(program: ScalarProgram, shapes: list, lead: tuple[int, int], seq_q: int,
+                      seq_k: int) -> frozenset:
+    """The positions (in `program.ops`) of the closure reads whose indices stay inside their tensor
+    for every b < lead[0], h < lead[1], q_idx < seq_q and kv_idx < seq_k, from the indices'
+    intervals over that whole grid (a value read from a tensor is unbounded): those need no bounds
+    check when the mask is evaluated. `shapes`: each source's shape (None for a constant).
+
+    On a GPU each check is a synchronization: the host waits for every kernel queued before the
+    classification (a training step's previous backward) before it can go on. Runs on the host on
+    scalars, reading no tensor."""
+    import torch
+
+    if min(lead) < 1 or seq_q < 1 or seq_k < 1:
+        return frozenset()
+
+    def span(hi: int) -> _Box:
+        return _Box(torch.tensor(0), torch.tensor(hi - 1))
+
+    env = {"arg0": span(lead[0]), "arg1": span(lead[1]), "arg2": span(seq_q), "arg3": span(seq_k)}
+    for i, source in enumerate(program.sources):
+        if source[0] == "constant":
+            value = constant_value(source[1], source[2], "cpu")
+            env[f"ext{i}"] = _Box(value, value)
+        else:
+            env[f"ext{i}"] = tuple(shapes[i])
+    proven = set()
+    for i, op in enumerate(program.ops):
+        args = [env[k] for k in op.operands]
+        result = None
+        if op.name == "tensor.extract":
+            tensor, indices = args[0], args[1:]
+            if isinstance(tensor, tuple) and all(isinstance(x, _Box) for x in indices) and all(
+                    int(x.lo) >= 0 and int(x.hi) < size for x, size in zip(indices, tensor)):
+                proven.add(i)
+        elif all(isinstance(a, _Box) for a in args):
+            try:
+                result = _op(op, args, "cpu")
+            except _Unsupported:
+                pass
+        env[f"v{i}_0"] = result
+    return frozenset(proven)
+
+
 def _op(op: ScalarOp, args: list, device) -> _Box:
     import torch
 

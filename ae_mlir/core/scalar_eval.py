@@ -112,14 +112,14 @@ def _cmpf(pred: int, a, b, cmp):
     return (result | nan) if unordered_true else (result & ~nan)
 
 
-def _extract(args, index: int):
+def _extract(args, index: int, checked: bool = True):
     import torch
 
     tensor, idx = args[0], args[1:]
     if not idx:
         return tensor
     for axis, (i, size) in enumerate(zip(idx, tensor.shape)):
-        if bool(((i < 0) | (i >= size)).any()):
+        if checked and bool(((i < 0) | (i >= size)).any()):
             raise ScalarEvalError(f"index out of bounds on axis {axis} of a closure tensor of shape "
                                   f"{tuple(tensor.shape)}", index)
     grid = torch.broadcast_tensors(*[i.to(tensor.device) for i in idx])
@@ -133,8 +133,9 @@ def supported_ops() -> frozenset:
                                                    "tensor.extract"}
 
 
-def eval_op(op: ScalarOp, args: list, index: int = 0, device=None):
-    """Evaluate one op on broadcastable tensors (int64 / float64 / bool)."""
+def eval_op(op: ScalarOp, args: list, index: int = 0, device=None, checked: bool = True):
+    """Evaluate one op on broadcastable tensors (int64 / float64 / bool); a closure read checks
+    its indices against the tensor's bounds unless not `checked`."""
     import torch
 
     binary, unary, cmp = _tables()
@@ -152,22 +153,23 @@ def eval_op(op: ScalarOp, args: list, index: int = 0, device=None):
     if name == "arith.select":
         return torch.where(args[0], args[1], args[2])
     if name == "tensor.extract":
-        return _extract(args, index)
+        return _extract(args, index, checked)
     raise ScalarEvalError("is not supported inside mod regions", index)
 
 
-def _environment(program: ScalarProgram, args: list, externals: list, device) -> dict:
+def _environment(program: ScalarProgram, args: list, externals: list, device, in_bounds=frozenset()) -> dict:
     env = {f"arg{i}": a for i, a in enumerate(args)}
     env.update({f"ext{i}": e for i, e in enumerate(externals)})
     for i, op in enumerate(program.ops):
-        env[f"v{i}_0"] = eval_op(op, [env[k] for k in op.operands], i, device)
+        env[f"v{i}_0"] = eval_op(op, [env[k] for k in op.operands], i, device, i not in in_bounds)
     return env
 
 
-def evaluate(program: ScalarProgram, args: list, externals: list = (), device=None):
+def evaluate(program: ScalarProgram, args: list, externals: list = (), device=None, in_bounds=frozenset()):
     """The program's result on `args` (its block arguments) and `externals` (the tensors bound to
-    "ext<i>", see `bind_externals`); constants are created on `device`."""
-    return _environment(program, args, externals, device)[program.result]
+    "ext<i>", see `bind_externals`); constants are created on `device`. The closure reads at the
+    op positions `in_bounds` skip their bounds checks (`interval_eval.gathers_in_bounds`)."""
+    return _environment(program, args, externals, device, in_bounds)[program.result]
 
 
 def evaluate_all(program: ScalarProgram, args: list, externals: list = (), device=None) -> list:
