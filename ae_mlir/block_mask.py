@@ -21,8 +21,9 @@ from .core.scalar_eval import bind_externals, evaluate
 # The tiles whose flags (`core.block_tables.tile_flags`) a cached evaluation of the mask keeps: a
 # training step's three tile shapes (the forward's, the dQ kernel's, the dK/dV kernel's: 64x64,
 # 64x64 and 32x64 for a document mask on CUDA; 128x64, 128x64 and 64x128 for a causal-like one)
-# are all made of 32x32 tiles, so one evaluation serves the step. Three took a training step with
-# fresh document ids 5.2 ms on an H200, where its kernels took 1.3.
+# are all made of 32x32 tiles, so one evaluation serves the step. With three evaluations (and the
+# intervals on the GPU) a training step with new document ids took 23.8 ms on an H100 at L 2048,
+# with one 4.7, where the same step on unchanged ids took 1.1 (bench/RESULTS.md).
 FLAG_TILE = 32
 
 
