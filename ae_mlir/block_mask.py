@@ -28,8 +28,16 @@ FLAG_TILE = 32
 
 
 @functools.lru_cache(maxsize=64)
-def _program(program_json: str) -> ScalarProgram:
-    return ScalarProgram.from_json(program_json)
+def _program(program_json: str) -> tuple[ScalarProgram, str]:
+    """The program, and its text with each closure tensor named by its place among the tensors it
+    reads rather than by its kernel argument: the forward and backward kernels of a packed batch
+    take the same tensors at other positions, and the cache names the tensors themselves."""
+    from dataclasses import replace
+
+    program = ScalarProgram.from_json(program_json)
+    reads = iter(range(len(program.sources)))
+    sources = tuple(("operand", next(reads)) if s[0] == "operand" else s for s in program.sources)
+    return program, replace(program, sources=sources).to_json()
 
 
 def mask_flags(program: ScalarProgram, operands: list, seq_q: int, seq_k: int, block_m: int, block_n: int,
@@ -99,9 +107,9 @@ def call_time_tables(program_json: str, operands: list, seq_q: int, seq_k: int, 
 
     The mask is evaluated once for all tile shapes made of the same FLAG_TILE-sized tiles: the
     tables of the other shapes of the same closure tensors pool its flags."""
-    program = _program(program_json)
+    program, text = _program(program_json)
     reads = tuple(operands[s[1]] for s in program.sources if s[0] == "operand")
-    key = (program_json, tuple(operands[0].shape[:2]), batch, seq_q, seq_k, str(device),
+    key = (text, tuple(operands[0].shape[:2]), batch, seq_q, seq_k, str(device),
            tuple((str(t.device), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version) for t in reads))
     grain = (math.gcd(block_m, FLAG_TILE), math.gcd(block_n, FLAG_TILE))
 

@@ -470,11 +470,14 @@ class AttnTile(ModulePass):
         # that reads b or h keeps every tile partial and takes the KV splits or the packed heads,
         # which call-time tables (one row per program) rule out; a few query rows against a long
         # cache gain more from filling the GPU.
-        lengths = ir.BlockArgument(kernel.kv_len).arg_number if varlen else None
+        # Its queries too, as the backward's are (attn-tile-backward): both kernels then read the
+        # same mask program, which a training step evaluates once.
+        bounds = {"lengths": ir.BlockArgument(kernel.kv_len).arg_number,
+                  "query_offsets": ir.BlockArgument(kernel.q_seq[1]).arg_number} if varlen else {}
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
                                          self.call_time_tables and (kernel.kv_len is None or varlen),
                                          per_slice_ok=not (wants_packing or min(self.kv_splits, nn) > 1),
-                                         lengths=lengths)
+                                         **bounds)
         if wants_packing and not classification.at_call_time:
             pack(kernel)
             classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, kernel.rows,

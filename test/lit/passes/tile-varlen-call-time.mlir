@@ -3,15 +3,17 @@
 // sequence, the heads share them) and says over which grid the runtime classifies them
 // (attn.call_time_grid = [S, longest queries, longest keys]: the packed q's shape does not say).
 // Its mask program is the mask and kv_idx < kv_len[b], read from the sequences' key counts (the
-// function's argument 4, a source of the program), so the tables list no tile past a
-// sequence's keys and the loops take their counts as they are.
+// function's argument 4, a source of the program), and q_idx < cu[b + 1] - cu[b], read from the
+// queries' offsets (argument 5), so the tables list no tile past a sequence's keys, none that
+// reads another sequence's queries as full (the backward kernels' tables are bounded alike), and
+// the loops take their counts as they are.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-fuse-online-softmax,attn-tile{block-m=32 block-n=32 call-time-tables=true},cse)' --no-mlir-print-op-generic | FileCheck %s
 
 // CHECK-LABEL: func.func @attention(
 // CHECK-SAME: %[[CU:arg5]]: tensor<5xi32>, %{{.*}}: tensor<5xi32>, %[[PC:[a-z0-9]+]]: tensor<4x1x1xi32>, %[[PI:[a-z0-9]+]]: tensor<4x1x1x1xi32>, %{{.*}}: tensor<4x1x1xi32>, %{{.*}}: tensor<4x1x1x1xi32>
 // CHECK-SAME: attn.call_time_grid = array<i64: 4, 32, 32>
 // CHECK-SAME: \22operands\22:[\22ext1\22,\22arg0\22]
-// CHECK-SAME: \22sources\22:{{\[\[}}\22operand\22,3],{{\[}}\22operand\22,4]]
+// CHECK-SAME: \22sources\22:{{\[\[}}\22operand\22,3],{{\[}}\22operand\22,4],{{\[}}\22operand\22,5]]
 // CHECK: %[[S:.*]] = "attn.program_id"() {axis = 0 : i64}
 // CHECK: %[[COUNT:.*]] = tensor.extract %[[PC]][%[[S]], %c0, %{{.*}}] : tensor<4x1x1xi32>
 // CHECK: %[[N:.*]] = arith.index_cast %[[COUNT]]
