@@ -3,7 +3,10 @@ prefix-LM mask whose prefix is a closure tensor per sequence (fp32, four sequenc
 H 4, D 64), fresh random inputs per step, the median of 10 steps after a warm-up step (which
 compiles). Run it under two builds alternately to compare them:
 
-    for tree in OLD NEW; do PYTHONPATH=$tree python bench/packed_training_cpu.py 1024; done
+    for tree in OLD NEW; do PYTHONPATH=$tree python bench/packed_training_cpu.py 1024 [--fresh-offsets]; done
+
+`--fresh-offsets` gives every step a new offsets tensor (the same lengths), as a training loop's
+new batches have them: the tile tables are classified at every step.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ def main(argv=None) -> int:
     import ae_mlir as ae
 
     argv = sys.argv[1:] if argv is None else argv
+    fresh = "--fresh-offsets" in argv
+    argv = [a for a in argv if a != "--fresh-offsets"]
     length = int(argv[0]) if argv else 1024
     sequences, heads, dim = 4, 4, 64
     torch.manual_seed(0)
@@ -27,7 +32,8 @@ def main(argv=None) -> int:
 
     def step():
         q, k, v = (torch.randn(sequences * length, heads, dim, requires_grad=True) for _ in range(3))
-        out = attn(q, k, v, cu_seqlens_q=offsets, cu_seqlens_k=offsets, backend="cpu")
+        cu = offsets.clone() if fresh else offsets
+        out = attn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="cpu")
         out.backward(torch.randn_like(out))
 
     step()
@@ -36,7 +42,8 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    print(f"packed prefix-LM forward + backward, 4 x {length}: {statistics.median(times) * 1e3:.1f} ms")
+    print(f"packed prefix-LM forward + backward, 4 x {length}{', fresh offsets' if fresh else ''}: "
+          f"{statistics.median(times) * 1e3:.1f} ms")
     return 0
 
 
