@@ -465,17 +465,21 @@ class AttnTile(ModulePass):
         nn = -(-kernel.lk // self.block_n)
         wants_packing = self.pack_gqa and packable(kernel, self.block_m) and not varlen
         # The tile loops bound per-entry lengths with compile-time lists only, but for packed
-        # sequences, whose call-time tables the classifier bounds by each sequence's keys (b is a
-        # sequence there, classified over the kernel's CALL_TIME_GRID). Decoding shapes: a mask
-        # that reads b or h keeps every tile partial and takes the KV splits or the packed heads,
-        # which call-time tables (one row per program) rule out; a few query rows against a long
-        # cache gain more from filling the GPU.
-        # Its queries too, as the backward's are (attn-tile-backward): both kernels then read the
-        # same mask program, which a training step evaluates once.
-        bounds = {"lengths": ir.BlockArgument(kernel.kv_len).arg_number,
-                  "query_offsets": ir.BlockArgument(kernel.q_seq[1]).arg_number} if varlen else {}
+        # sequences, whose call-time tables the classifier bounds by each sequence's keys and
+        # queries, as the backward's are (b is a sequence there, classified over the kernel's
+        # CALL_TIME_GRID; both kernels then read one mask program, which a training step
+        # evaluates once). Lengths or offsets that are no function argument are reported where the
+        # kernel reads them (kernel_arg). Decoding shapes: a mask that reads b or h keeps every
+        # tile partial and takes the KV splits or the packed heads, which call-time tables (one
+        # row per program) rule out; a few query rows against a long cache gain more from filling
+        # the GPU.
+        bounds = {}
+        if varlen and kernel.kv_len is not None and all(
+                isinstance(value.owner, ir.Block) for value in (kernel.kv_len, kernel.q_seq[1])):
+            bounds = {"lengths": ir.BlockArgument(kernel.kv_len).arg_number,
+                      "query_offsets": ir.BlockArgument(kernel.q_seq[1]).arg_number}
         classification = classify_blocks(kernel.regions["mask"], kernel.lq, kernel.lk, self.block_m, self.block_n,
-                                         self.call_time_tables and (kernel.kv_len is None or varlen),
+                                         self.call_time_tables and (bool(bounds) if varlen else kernel.kv_len is None),
                                          per_slice_ok=not (wants_packing or min(self.kv_splits, nn) > 1),
                                          **bounds)
         if wants_packing and not classification.at_call_time:

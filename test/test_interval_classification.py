@@ -165,3 +165,40 @@ def test_reads_proven_inside_their_tensor_skip_the_bounds_check():
     nested = ScalarOp("tensor.extract", ("ext0", "v0_0"), (), ("i64",), ("tensor<4xi64>", "i64"))
     program = ScalarProgram(("index",) * 4, (read, nested, zero, cmp), "v3_0", "i1", sources=(("operand", 3),))
     assert interval_eval.gathers_in_bounds(program, [(4,)], (1, 1), 4, 8) == {0}
+
+
+def test_bool_indices_and_overflowing_conversions():
+    # A bool widened into an index reads 0 / 1 (as the exact evaluation does): the read is proven
+    # in bounds and the tables equal element by element's. A float converted to an integer that
+    # may overflow (exp of a position) has no interval: its read stays checked, and reports.
+    from ae_mlir.core.regions import ScalarOp, ScalarProgram
+    from ae_mlir.core.scalar_eval import ScalarEvalError
+
+    doc = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 3, 3])
+    attn = ae.attention(mask_mod=lambda b, h, q_idx, kv_idx: doc[(q_idx >= kv_idx).long() + q_idx // 2] == doc[kv_idx])
+    q = torch.randn(1, 1, 10, 16)
+    program = _mask_program(attn, q, q, q)
+    operands = [q, q, q, *attn._build(q, q, q)[1]]
+    shapes = [tuple(operands[s[1]].shape) if s[0] == "operand" else None for s in program.sources]
+    reads = {i for i, op in enumerate(program.ops) if op.name == "tensor.extract"}
+    assert interval_eval.gathers_in_bounds(program, shapes, (1, 1), 10, 10) == reads
+    exact, through, _ = _both(program, operands, 1, 1, 10, 10, 4, 4)
+    assert all(torch.equal(a, b) for a, b in zip(exact.tensors(), through.tensors()))
+
+    def op(name, operands, result, types, attributes=()):
+        return ScalarOp(name, operands, attributes, (result,), types)
+
+    ops = (op("arith.index_cast", ("arg2",), "i64", ("index",)), op("arith.sitofp", ("v0_0",), "f64", ("i64",)),
+           op("math.exp", ("v1_0",), "f64", ("f64",)), op("arith.fptosi", ("v2_0",), "i64", ("f64",)),
+           op("arith.constant", (), "i64", (), (("value", "3 : i64"),)),
+           op("arith.remsi", ("v3_0", "v4_0"), "i64", ("i64", "i64")),
+           op("arith.index_cast", ("v5_0",), "index", ("i64",)),
+           op("tensor.extract", ("ext0", "v6_0"), "i64", ("tensor<3xi64>", "index")),
+           op("arith.constant", (), "i64", (), (("value", "1 : i64"),)),
+           op("arith.cmpi", ("v7_0", "v8_0"), "i1", ("i64", "i64"), (("predicate", "0 : i64"),)))
+    overflowing = ScalarProgram(("index",) * 4, ops, "v9_0", "i1", sources=(("operand", 3),))
+    assert interval_eval.gathers_in_bounds(overflowing, [(3,)], (1, 1), 64, 1) == frozenset()
+    assert interval_eval.tile_bounds(overflowing, [torch.tensor([0, 1, 2])], (1, 1), 64, 1, 16, 1) is None
+    q = torch.zeros(1, 1, 64, 4)
+    with pytest.raises(ScalarEvalError, match="out of bounds"):
+        block_mask.classify_program(overflowing, [q, q, q, torch.tensor([0, 1, 2])], 64, 1, 16, 1, "cpu")

@@ -111,13 +111,14 @@ def gathers_in_bounds(program: ScalarProgram, shapes: list, lead: tuple[int, int
         if op.name == "tensor.extract":
             tensor, indices = args[0], args[1:]
             if isinstance(tensor, tuple) and all(isinstance(x, _Box) for x in indices) and all(
-                    int(x.lo) >= 0 and int(x.hi) < size for x, size in zip(indices, tensor)):
+                    0 <= int(x.lo) <= int(x.hi) < size for x, size in zip(indices, tensor)):
                 proven.add(i)
         elif all(isinstance(a, _Box) for a in args):
+            # Proving is a speed-up only: a value no box models leaves the reads of it checked.
             try:
                 result = _op(op, args, "cpu")
-            except _Unsupported:
-                pass
+            except Exception:  # noqa: BLE001
+                result = None
         env[f"v{i}_0"] = result
     return frozenset(proven)
 
@@ -152,9 +153,12 @@ def _op(op: ScalarOp, args: list, device) -> _Box:
     if name == "arith.remsi":
         return _remainder(args[0], args[1])
     if name in _CASTS:
-        return _Box(*(x.to(torch.float64) if op.result_types[0].startswith(("f", "bf")) else x
-                      for x in (args[0].lo, args[0].hi)))
+        # A bool widens to 0 / 1, as scalar_eval evaluates it.
+        return _Box(*(x.to(torch.float64) if op.result_types[0].startswith(("f", "bf")) else
+                      x.to(torch.int64) if x.dtype == torch.bool else x for x in (args[0].lo, args[0].hi)))
     if name == "arith.fptosi":
+        if bool((args[0].lo.abs() > 2.0 ** 62).any() | (args[0].hi.abs() > 2.0 ** 62).any()):
+            raise _Unsupported("a float to integer conversion that may overflow")
         return _Box(torch.trunc(args[0].lo).to(torch.int64), torch.trunc(args[0].hi).to(torch.int64))
     if name == "arith.negf":
         return _Box(-args[0].hi, -args[0].lo)
