@@ -1,6 +1,7 @@
 """The Triton backend: L0 -> Triton IR numerics (NumPy TTIR interpreter vs the float64 reference),
-triton.compile for cuda:90 and hip:gfx942 on this GPU-less machine, the runtime's import
-discipline, the bundle cache, and (marked `gpu`) launches on a real GPU.
+triton.compile for cuda:90 and hip:gfx942 on this GPU-less machine, and (marked `gpu`) launches
+on a real GPU; linear attention's kernels are in test_triton_linear.py, the runtime's import
+discipline and the bundle cache in test_triton_bundles.py.
 
 Kernels are built exactly as the backend builds them (`compile_bundle`), with block sizes small
 enough that every case spans several query blocks and KV tiles, and run with the arguments the
@@ -9,19 +10,16 @@ launch contract, not just the kernel body.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import ae_mlir as ae
-from ae_mlir import disk_cache, launch_defaults, runtime, triton_kernels
+from ae_mlir import launch_defaults, runtime, triton_kernels
 from ae_mlir.backends import triton as tb
 from inputs import qkv, rand
 from bundle_interp import interpret
@@ -277,136 +275,6 @@ def test_block_tables_become_arithmetic_or_pointer_arguments():
     check(band, q, k, v)
 
 
-@pytest.mark.parametrize("decay", [None, "head", "token", "token_dim"])
-def test_linear_attention_numerics(decay):
-    """The chunked recurrence of ae.linear_attention lowers through the same pass (destinations
-    stored inside the chunk loop, the state carried as a tile, contractions over the key dim)."""
-    b, h, l, d = 1, 2, 40, 16
-    q, k, v = (rand(b, h, l, d, seed=s) for s in (1, 2, 3))
-    g = {None: None, "head": (h,), "token": (b, h, l), "token_dim": (b, h, l, d)}[decay]
-    g = None if g is None else -0.3 * rand(*g, seed=4).abs()
-    s0 = rand(b, h, d, d, seed=5)
-    lin = ae.linear_attention(decay=decay, chunk_size=16, normalize=decay == "head")
-    inputs = [t for t in (g, s0) if t is not None]
-    bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), "cuda:90", SMALL)
-    (out, state), _ = interpret(bundle, q, k, v, *inputs)
-    ref_out, ref_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
-    torch.testing.assert_close(out, ref_out, **TOL[torch.float32])
-    torch.testing.assert_close(state, ref_state, **TOL[torch.float32])
-
-
-@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
-@pytest.mark.parametrize("decay", [None, "head", "token"])
-def test_linear_output_walks_value_blocks(decay, target):
-    """At the default config, Dk = Dv = 128 (two V blocks of 64): with G one value per row, the
-    output kernel is a program per chunk (the last of 70 tokens 6 rows) that builds the chunk's
-    scores once and walks both V blocks in a loop, scaling q @ S by exp(G) row by row."""
-    b, h, l, d = 1, 2, 70, 128
-    q, k, v = (rand(b, h, l, d, seed=s) for s in (1, 2, 3))
-    g = {None: None, "head": -0.2 * rand(h, seed=4).abs(), "token": -0.3 * rand(b, h, l, seed=4).abs()}[decay]
-    s0 = rand(b, h, d, d, seed=5)
-    lin = ae.linear_attention(decay=decay, chunk_size=64)
-    inputs = [t for t in (g, s0) if t is not None]
-    bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), target)
-    assert bundle.grid == [2, 2, 1]  # (chunks, heads, batch): no V-block axis
-    assert [s.name for s in bundle.stages][-1] == "linear_attention_states"
-    (out, state), _ = interpret(bundle, q, k, v, *inputs)
-    ref_out, ref_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
-    torch.testing.assert_close(out, ref_out, **TOL[torch.float32])
-    torch.testing.assert_close(state, ref_state, **TOL[torch.float32])
-
-
-@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
-@pytest.mark.parametrize("decay, dk, dv, dtype", [
-    ("head", 96, 80, torch.float32),      # Dk padded to 128 lanes; the second V block 16 of 64 wide
-    ("token", 80, 200, torch.bfloat16),   # four V blocks, the last 8 wide
-    (None, 128, 80, torch.bfloat16),
-])
-def test_linear_value_loop_ragged_blocks(target, decay, dk, dv, dtype):
-    """The output kernel's loop over V blocks at the default config where neither head dim is a
-    multiple of the blocks: the last V block's columns past Dv are neither read nor stored, and
-    q's padded columns add nothing to q @ S."""
-    b, h, l = 1, 2, 70
-    q, k = (rand(b, h, l, dk, seed=s).to(dtype) / dk ** 0.5 for s in (1, 2))
-    v = rand(b, h, l, dv, seed=3).to(dtype)
-    g = {None: None, "head": -0.2 * rand(h, seed=4).abs(), "token": -0.3 * rand(b, h, l, seed=4).abs()}[decay]
-    s0 = rand(b, h, dk, dv, seed=5)
-    lin = ae.linear_attention(decay=decay, chunk_size=64)
-    inputs = [t for t in (g, s0) if t is not None]
-    bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), target)
-    assert bundle.grid == [2, 2, 1]
-    (out, state), _ = interpret(bundle, q, k, v, *inputs)
-    wide = [t.double() for t in (q, k, v)] + [None if g is None else g.double()]
-    ref_out, ref_state = lin(*wide, initial_state=s0.double(), return_state=True, backend="reference")
-    for got, want in ((out, ref_out), (state, ref_state)):
-        # bf16 inputs: products of rounded operands, f32 sums; 1% of the largest value.
-        tol = dict(rtol=0, atol=1e-2 * want.abs().max().item()) if dtype == torch.bfloat16 else TOL[torch.float32]
-        torch.testing.assert_close(got.double(), want, **tol)
-
-
-@pytest.mark.parametrize("wide,dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16)])
-def test_linear_gla_scores_numerics(wide, dtype):
-    """The split recurrence's "token_dim" scores kernel: a program per chunk (the last chunk of
-    70 tokens is 6 rows), then the output kernel, all 128 V columns in one program a chunk. The
-    cumulative decays take 24 of G's columns a program. A chunk whose decay stays under the span
-    limit takes one product on tensor cores (chunk 1 always, chunk 0 without `wide`); with
-    `wide`, rows 20-35 decay by 6 a token in five dimensions, so chunk 0 (96 nats) takes its
-    blocks of 16 rows: block 1 (72 nats) computes its diagonal block in the exact 3-D form (over
-    Dk = 48 in two slices of 24 key columns, each padded to 32 lanes in Triton IR) and block 2
-    (24 nats) the factorized one across a strong decay."""
-    b, h, l, d = 1, 2, 70, 48
-    q, k = (rand(b, h, l, d, seed=s).to(dtype) for s in (1, 2))
-    v = rand(b, h, l, 128, seed=3).to(dtype)
-    g = -0.3 * rand(b, h, l, d, seed=4).abs()
-    if wide:
-        g[:, :, 20:36, :5] = -6.0
-    s0 = rand(b, h, d, 128, seed=5)
-    lin = ae.linear_attention(decay="token_dim", chunk_size=64)
-    bundle = tb.build_bundle(lin.mlir(q, k, v, g, s0), "cuda:90")
-    stages = [(s.name, s.grid) for s in bundle.stages]
-    # The cumulative decays: a program per 24 columns of G, walking both chunks; the chunk
-    # states in two blocks of 24 rows (2 programs of 64 rows would be too few, presets).
-    assert stages == [("linear_attention_decays", [2, 2, 1]), ("linear_attention_states", [2, 2, 1]),
-                      ("linear_attention_scores", [2, 2, 1])]  # (chunks, heads, batch)
-    assert bundle.grid == [2, 2, 1]
-    # Each kernel's own stage count (launch_defaults.linear_config).
-    assert [s.num_stages for s in bundle.stages] + [bundle.num_stages] == [1, 2, 3, 3]
-    (out, state), _ = interpret(bundle, q, k, v, g, s0)
-    if dtype == torch.bfloat16:
-        # bf16 operands, f32 accumulation: within a few roundings of the largest output.
-        ref_out, ref_state = lin(q.float(), k.float(), v.float(), g, initial_state=s0, return_state=True,
-                                 backend="reference")
-        assert (out.float() - ref_out).abs().max() <= 2e-2 * ref_out.abs().max()
-        assert (state - ref_state).abs().max() <= 2e-2 * ref_state.abs().max()
-        return
-    ref_out, ref_state = lin(q, k, v, g, initial_state=s0, return_state=True, backend="reference")
-    # With `wide`, G reaches -96 nats, and its f32 sums carry about 5e-5 of absolute error into
-    # the exponents (the exact path alone leaves 4e-5 here).
-    tol = dict(atol=2e-4, rtol=1e-3) if wide else TOL[torch.float32]
-    torch.testing.assert_close(out, ref_out, **tol)
-    torch.testing.assert_close(state, ref_state, **tol)
-
-
-def test_linear_gla_scores_in_column_passes():
-    """At Dk = 96 the scores' products take Dk in two passes of 48 columns (padded to 64 lanes),
-    the chunk's [64, 64] product and, past the span limit, a block's [16, 64] one; bf16 at the
-    default chunk. Six loops: the chunk's passes, its store (under the limit), the loop past it
-    and its blocks, a block's passes, and the loop of the block's exact diagonal."""
-    b, h, l, d = 1, 2, 100, 96
-    q, k, v = (rand(b, h, l, d, seed=s).bfloat16() for s in (1, 2, 3))
-    g = -0.5 * rand(b, h, l, d, seed=4).abs()
-    lin = ae.linear_attention(decay="token_dim")
-    bundle = tb.build_bundle(lin.mlir(q, k, v, g), "cuda:90")
-    scores = next(s for s in bundle.stages if s.name.endswith("_scores"))
-    ttir = scores.variants["generic"].ttir
-    assert ttir.count("scf.for") == 6
-    assert "(tensor<64x64xbf16>, tensor<64x64xbf16>, tensor<64x64xf32>) -> tensor<64x64xf32>" in ttir
-    assert "(tensor<16x64xbf16>, tensor<64x64xbf16>, tensor<16x64xf32>) -> tensor<16x64xf32>" in ttir
-    (out, _), _ = interpret(bundle, q, k, v, g)
-    ref = lin(q.float(), k.float(), v.float(), g, backend="reference")
-    assert (out.float() - ref).abs().max() <= 1e-2 * ref.abs().max()
-
-
 # --- Triton compiles the Triton IR for both GPU families on this GPU-less machine -----------------
 
 COMPILE_CASES = {
@@ -480,149 +348,6 @@ def test_ttir_structure_is_flash_attention():
     assert body.count('"tt.dot"') >= 2 and '"math.exp2"' in body and '"tt.reduce"' in body
     assert ttir.count('"tt.store"') == 2
     assert "tt.divisibility = 16" in ttir
-
-
-# --- the runtime loads without MLIR --------------------------------------------------------------
-
-
-def _python(code: str, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def test_runtime_imports_no_mlir():
-    result = _python("""
-        import sys
-        import ae_mlir.runtime
-        heavy = sorted({m.split(".")[0] for m in sys.modules} & {"mlir", "torch", "triton"})
-        print(heavy)
-    """)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
-
-
-def test_bundle_roundtrip_and_launch_contract_without_mlir(tmp_path):
-    q, k, v = qkv(h=4, hkv=2, lq=70, dk=16, dtype=torch.bfloat16)
-    attn = ae.attention(score_mod=alibi, mask_mod=causal)
-    bundle = tb.compile_bundle(attn, q, k, v, config=SMALL)
-    file_path = bundle.save(tmp_path / "b.json")
-    dir_path = bundle.save(tmp_path / "b.bundle")
-    assert (dir_path / "aligned.ttir").read_text() == bundle.variants["aligned"].ttir
-    for path in (file_path, dir_path):
-        loaded = runtime.Bundle.load(path)
-        assert loaded.to_dict() == bundle.to_dict()
-    # A process that cannot import mlir loads the bundle and binds arguments for a launch.
-    result = _python(f"""
-        import sys
-        sys.modules["mlir"] = None
-        import torch
-        from ae_mlir import runtime
-        b = runtime.Bundle.load({str(dir_path)!r})
-        q = torch.zeros(1, 4, 70, 16, dtype=torch.bfloat16)
-        kv = torch.zeros(1, 2, 70, 16, dtype=torch.bfloat16)
-        t = runtime.bind(b, q, kv, kv, *[torch.zeros(s.shape, dtype=runtime.torch_dtype(s.dtype)) for s in b.inputs[3:]])
-        v = runtime.choose_variant(b, t)
-        print(len(runtime.argument_values(v, t, runtime.device_tables(b, "cpu"))) == len(v.args), sorted(t))
-    """)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[0] == "True"
-
-
-# --- the bundle cache ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("AE_MLIR_CACHE_DIR", str(tmp_path))
-    runtime.CACHE.clear_memory()
-    yield tmp_path
-    runtime.CACHE.clear_memory()
-
-
-def _l0():
-    q, k, v = qkv(h=2, lq=33, dk=16, dtype=torch.float16)
-    return ae.attention(mask_mod=causal).mlir(q, k, v)
-
-
-def test_cache_hit_in_memory_and_on_disk(cache_dir):
-    text = _l0()
-    first = tb.get_bundle(text, "cuda:90")
-    files = list((cache_dir / "bundles").glob("*.json"))
-    assert len(files) == 1 and files[0].stem == first.key
-    assert tb.get_bundle(text, "cuda:90") is first
-    runtime.CACHE.clear_memory()
-    again = tb.get_bundle(text, "cuda:90")
-    assert again is not first and again.to_dict() == first.to_dict()
-    assert tb.get_bundle(text, "hip:gfx942").key != first.key
-
-
-def test_second_process_needs_no_mlir(cache_dir):
-    text = _l0()
-    tb.get_bundle(text, "cuda:90")
-    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache_dir))
-    result = _python(f"""
-        import sys
-        sys.modules["mlir"] = None
-        from ae_mlir.backends import triton as tb
-        b = tb.get_bundle({text!r}, "cuda:90")
-        print(b.name, sorted(b.variants))
-    """, env=env)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[0] == "attention"
-
-
-def test_two_processes_compiling_the_same_kernel_both_succeed(cache_dir):
-    # Both miss the cache, compile, and write the same entry at once; atomic renames mean each
-    # ends with a whole bundle and the entry on disk is one of theirs, intact.
-    text = _l0()
-    env = dict(os.environ, AE_MLIR_CACHE_DIR=str(cache_dir))
-    code = textwrap.dedent(f"""
-        from ae_mlir.backends import triton as tb
-        b = tb.get_bundle({text!r}, "cuda:90")
-        print(b.name)
-    """)
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
-    assert [out.split() for out, _ in outs] == [["attention"], ["attention"]]
-    assert tb.get_bundle(text, "cuda:90").name == "attention"
-
-
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "edit"])
-def test_corrupt_cache_entry_is_rebuilt(cache_dir, damage):
-    text = _l0()
-    bundle = tb.get_bundle(text, "cuda:90")
-    path = runtime.CACHE.path(bundle.key)
-    raw = path.read_text()
-    if damage == "truncate":
-        path.write_text(raw[: len(raw) // 2])
-    elif damage == "garbage":
-        path.write_bytes(b"\x00\xff not json")
-    else:
-        doc = json.loads(raw)
-        doc["bundle"]["grid"][0] += 1
-        path.write_text(json.dumps(doc))
-    with pytest.raises(runtime.BundleError):
-        runtime.Bundle.load(path)
-    runtime.CACHE.clear_memory()
-    rebuilt = tb.get_bundle(text, "cuda:90")
-    assert rebuilt.to_dict() == bundle.to_dict()
-    assert runtime.Bundle.load(path).to_dict() == bundle.to_dict()
-
-
-def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
-    path = tmp_path / "entry.json"
-    disk_cache.atomic_write(path, "old")
-
-    def fail(src, dst):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(disk_cache.os, "replace", fail)
-    with pytest.raises(OSError):
-        disk_cache.atomic_write(path, "new" * 1000)
-    assert path.read_text() == "old"
-    assert [p.name for p in tmp_path.iterdir()] == ["entry.json"]
 
 
 # --- on a GPU ------------------------------------------------------------------------------------
