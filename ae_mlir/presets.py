@@ -25,7 +25,8 @@ from typing import Literal
 from .core import abi
 from .core.context import CompileError
 from .launch_defaults import (CUT_TILES_AT, FAST_TANH, WHOLE_TILES, backward_config, backward_overrides, cpu_config,
-                              default_config, has_fast_tanh, has_tma, host_tma, linear_config, multiprocessors)
+                              default_config, has_fast_tanh, has_tma, host_tma, linear_config, multiprocessors,
+                              warp_specialized)
 
 PRESETS = ("cpu", "triton")
 TARGETS = {"cpu": "host", "triton": "cuda:90"}
@@ -64,6 +65,9 @@ class Problem:
     # A score_mod reads a closure tensor at an index that depends on the query or key position
     # (a relative-bias table): it keeps pointer tile loads (launch_defaults.host_tma).
     position_gathers: bool = False
+    # "none" or "causal": softmax with no score_mod, and no mask or exactly the causal one, in the
+    # types and shapes attn-lower-to-gluon takes; None otherwise.
+    simple_mask: str | None = None
 
     @property
     def linear(self) -> bool:
@@ -110,10 +114,14 @@ def read_problem(module) -> Problem | None:
             # Packed sequences take no call-time tables (attn-tile).
             program = None if packed else call_time_program(mask)
         masked = mask is not None or paged or packed
+        from .passes.lower_to_gluon import lowers
+
+        simple = ("causal" if mask is not None else "none") if lowers(func) else None
         return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
                        batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut,
                        program.to_json() if program is not None else None, masked,
-                       plain=kind == "softmax" and not (modded or masked or lengths), position_gathers=gathers)
+                       plain=kind == "softmax" and not (modded or masked or lengths), position_gathers=gathers,
+                       simple_mask=simple)
     return None
 
 
@@ -185,6 +193,9 @@ class PresetOptions:
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
     mirror_reads: bool = False     # attn-tile(-backward): reads stepping back along a row, mirrored (Triton)
     raw_row_max: bool = False      # attn-tile: the row max of the unscaled scores, scaled per row (Triton)
+    # The aligned variant is attn-lower-to-gluon's warp-specialized kernel (launch_defaults.warp_specialized).
+    warp_specialize: bool = False
+    pingpong: bool = False         # attn-lower-to-gluon
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
     states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
@@ -230,6 +241,10 @@ class PresetOptions:
             config["mirror_reads"] = False
         if not self.raw_row_max and self.target != "host" and not self.backward:  # and takes the raw row max
             config["raw_row_max"] = False
+        if self.warp_specialize:
+            config["warp_specialize"] = True
+            if self.pingpong:
+                config["pingpong"] = True
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
@@ -265,6 +280,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
                                and problem.dtype in ("bf16", "f16"))
         if not typed.get("backward") and takes_host_tma(problem, target):
             values.update(tensor_descriptors=True, host_descriptors=True)
+        values["warp_specialize"] = not typed.get("backward") and warp_specialized(target, problem.simple_mask,
+                                                                                    problem.lq, problem.dk)
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 
@@ -293,6 +310,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if values.get("tensor_descriptors") and not has_tma(target):
         raise CompileError(f"preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on "
                            f"(TMA), got '{target}'")
+    if values.get("warp_specialize") and target != "cuda:90":
+        raise CompileError(f"preset option 'warp-specialize' needs the NVIDIA sm90 target (wgmma), got '{target}'")
     if values.get("fast_tanh") and not has_fast_tanh(target):
         raise CompileError(f"preset option 'fast-tanh' needs an NVIDIA target from sm75 on (PTX tanh.approx), "
                            f"got '{target}'")
@@ -361,6 +380,11 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "
                                f"vector-bits={o.vector_bits} no-avx512-bf16={_flag(o.no_avx512_bf16)} "
                                f"narrow-isa={_flag(o.narrow_isa)}}}",))]
+    if o.warp_specialize and o.assume_aligned and not o.backward:
+        # attn-lower-to-gluon reads L0 itself; the general variant (assume-aligned=false) takes
+        # the stages below.
+        return [Stage("l1", ("attn-verify",)),
+                Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

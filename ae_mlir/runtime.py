@@ -37,8 +37,10 @@ from .triton_kernels import compile_ttir, current_target, launch_one, parse_targ
 # tiles; launch takes no tile tables. 3: where that mask reads b or h, its tables have a batch and
 # a head axis (core.block_tables.table_lead), which a runtime of format 2 would not give. 4: a
 # packed batch's tensors take any rows (-1 in their specs, "<role>.size2" kernel arguments, a
-# workspace's `rows` rule), which a runtime of format 3 would allocate wrongly.
-FORMAT_VERSION = 4
+# workspace's `rows` rule), which a runtime of format 3 would allocate wrongly. 5: a variant may
+# be Triton GPU IR with its own grid and register cap (KernelVariant.ir), which format 4 would
+# compile as Triton IR.
+FORMAT_VERSION = 5
 # Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables, and
 # for the (batch, query, key) grid it classifies where q's shape does not give it (abi.CALL_TIME_GRID).
 MASK_PROGRAM = "mask_program"
@@ -61,9 +63,12 @@ class TensorSpec:
 
 @dataclass
 class KernelVariant:
-    ttir: str
+    ttir: str  # the kernel's Triton IR, or its Triton GPU IR where `ir` is "ttgir"
     args: list[str]  # kernel argument labels: "q", "q.stride0", ..., "table0"
     aligned: bool
+    ir: str = "ttir"  # "ttgir": a kernel of attn-lower-to-gluon, past Triton's layout passes
+    grid: list[int] | None = None  # programs along x, y, z where they differ from the kernel's
+    max_registers: int = 0  # Triton's maxnreg where the kernel needs it (0: Triton's choice)
 
 
 @dataclass
@@ -141,14 +146,14 @@ class Bundle:
 
     def save(self, path) -> Path:
         """Write to `path`: one JSON file if it ends in .json, else a directory holding bundle.json
-        and each variant's Triton IR as <variant>.ttir (for reading; bundle.json is complete)."""
+        and each variant's Triton IR as <variant>.ttir or .ttgir (for reading; bundle.json is complete)."""
         path = Path(path)
         if path.suffix == ".json":
             atomic_write(path, self.to_json())
             return path
         path.mkdir(parents=True, exist_ok=True)
         for name, variant in self.variants.items():
-            atomic_write(path / f"{name}.ttir", variant.ttir)
+            atomic_write(path / f"{name}.{variant.ir}", variant.ttir)
         atomic_write(path / "bundle.json", self.to_json())
         return path
 

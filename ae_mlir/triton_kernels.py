@@ -46,25 +46,48 @@ _KERNELS: dict = {}
 _KERNELS_LOCK = threading.Lock()
 
 
-def compile_ttir(ttir: str, target: str, num_warps: int = 4, num_stages: int = 2):
-    """triton.compile the Triton IR text for `target`; compiled kernels are kept in memory here
-    and Triton's own cache keeps the binaries on disk."""
+def compile_ttir(ttir: str, target: str, num_warps: int = 4, num_stages: int = 2, ir: str = "ttir",
+                 max_registers: int = 0):
+    """triton.compile the Triton IR text (`ir` "ttir", or Triton GPU IR: "ttgir", whose warps
+    its module states) for `target`; compiled kernels are kept in memory here and Triton's own
+    cache keeps the binaries on disk."""
     import triton
 
     digest = hashlib.sha256(ttir.encode()).hexdigest()
-    key = (digest, target, num_warps, num_stages)
+    key = (digest, target, num_warps, num_stages, max_registers)
     with _KERNELS_LOCK:
         if key in _KERNELS:
             return _KERNELS[key]
-    path = cache_dir() / "ttir" / f"{digest}.ttir"
+    path = cache_dir() / "ttir" / f"{digest}.{ir}"
     if not path.exists():
         atomic_write(path, ttir)
-    kernel = triton.compile(str(path), target=parse_target(target),
-                            options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if max_registers:
+        options["maxnreg"] = max_registers
+    kernel = triton.compile(str(path), target=parse_target(target), options=options)
+    if ir == "ttgir":
+        _descriptor_metadata(kernel, path)
     _host_descriptor_signature(kernel)
     with _KERNELS_LOCK:
         _KERNELS[key] = kernel
     return kernel
+
+
+def _descriptor_metadata(kernel, path) -> None:
+    """Triton's launcher encodes a host descriptor from the swizzle and block its kernel's
+    metadata records, which the Triton GPU IR stage writes; a kernel compiled from Triton GPU IR
+    skips that stage, so read them from the source as that stage does."""
+    from collections import namedtuple
+
+    from triton._C.libtriton import ir as triton_ir
+    from triton.compiler.compiler import make_backend
+
+    context = triton_ir.context()
+    triton_ir.load_dialects(context)
+    make_backend(kernel.metadata.target).load_dialects(context)
+    fields = kernel.metadata._asdict()
+    fields["tensordesc_meta"] = triton_ir.parse_mlir_module(str(path), context).get_tensordesc_metadata()
+    kernel.metadata = namedtuple("KernelMetadata", sorted(fields))(**fields)
 
 
 def _host_descriptor_signature(kernel) -> None:
@@ -81,7 +104,8 @@ def _host_descriptor_signature(kernel) -> None:
         if skip:
             skip -= 1
             continue
-        m = re.fullmatch(r"!tt\.tensordesc<tensor<((?:\d+x)+)(\w+)>>", str(signature[i]))
+        # Triton GPU IR adds the shared-memory layout: tensor<1x1x64x128xbf16, #ttg.nvmma_shared<...>>.
+        m = re.fullmatch(r"!tt\.tensordesc<tensor<((?:\d+x)+)(\w+)(?:, .*)?>>", str(signature[i]))
         if m is None:
             collapsed[len(collapsed)] = signature[i]
             continue
@@ -101,8 +125,10 @@ def _fewer_stages(variant, target: str, launched, err):
     """The kernel recompiled with fewer pipeline stages: gathers from closure tensors add shared
     memory the fixed per-head-dim configuration did not plan for (found on an H200 with the T5
     bucketed bias: 256 KiB wanted, 227 KiB available)."""
+    if variant.ir != "ttir":  # Triton GPU IR has its pipelining done
+        raise err
     for stages in range(launched.num_stages - 1, 0, -1):
-        kernel = compile_ttir(variant.ttir, target, launched.num_warps, stages)
+        kernel = compile_ttir(variant.ttir, target, launched.num_warps, stages, variant.ir, variant.max_registers)
         try:
             kernel._init_handles()
         except _out_of_resources():
@@ -138,7 +164,8 @@ def launch_one(kernel, variant, target: str, args: list) -> None:
     # Hashing the Triton IR on every call would cost more than a short kernel runs.
     entry = _LAUNCHABLE.get((id(variant), target))
     if entry is None or entry[0] is not variant:
-        entry = (variant, compile_ttir(variant.ttir, target, kernel.num_warps, kernel.num_stages))
+        entry = (variant, compile_ttir(variant.ttir, target, kernel.num_warps, kernel.num_stages, variant.ir,
+                                       variant.max_registers))
         _LAUNCHABLE[id(variant), target] = entry
     compiled = entry[1]
     if getattr(compiled.metadata, "global_scratch_size", 0):
@@ -146,9 +173,10 @@ def launch_one(kernel, variant, target: str, args: list) -> None:
     positions = launcher_positions(variant)
     if positions is not None:
         args = [args[i] for i in positions]
+    grid = tuple(variant.grid or kernel.grid)
     try:
-        compiled[tuple(kernel.grid)](*args)
+        compiled[grid](*args)
     except _out_of_resources() as err:
         compiled = _fewer_stages(variant, target, kernel, err)
         _LAUNCHABLE[id(variant), target] = (variant, compiled)
-        compiled[tuple(kernel.grid)](*args)
+        compiled[grid](*args)

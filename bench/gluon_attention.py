@@ -313,22 +313,6 @@ def check() -> int:
     return 0
 
 
-def _graphed(fn):
-    """fn replayed from a CUDA graph: the kernel's own time, without the host's launch path (the
-    Gluon JIT's descriptor arguments cost more on the host than a short kernel takes)."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def run(bundles: str | None, out_dir: str, rounds: int, graphs: bool) -> int:
     import torch
     import torch.nn.functional as F
@@ -336,6 +320,9 @@ def run(bundles: str | None, out_dir: str, rounds: int, graphs: bool) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    sys.path.insert(0, os.path.dirname(__file__))
+    import harness
+
     runtime = None
     if bundles:
         from ae_mlir import runtime
@@ -371,7 +358,7 @@ def run(bundles: str | None, out_dir: str, rounds: int, graphs: bool) -> int:
                 engines["ae-mlir"] = lambda bundle=bundle: runtime.launch(bundle, q, k, v)
                 errors["ae-mlir"] = (ours.float() - ref).abs().max().item()
             if graphs:
-                engines.update({f"{name} graph": _graphed(fn) for name, fn in list(engines.items())})
+                engines.update({f"{name} graph": harness.graphed(fn) for name, fn in list(engines.items())})
             times = {name: [] for name in engines}
             for _ in range(rounds):
                 for name, fn in engines.items():

@@ -27,6 +27,50 @@ def bench_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def graphed(fn):
+    """fn replayed from a CUDA graph: the kernels' own time, without the host's launch path."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def host_profile(fn, calls: int = 200, top: int = 12) -> dict:
+    """The host's time a call of `fn` (issued back to back after a synchronization, microseconds)
+    and cProfile's top functions by own time over `calls` calls ([name, own us, cumulative us] a
+    call; the profiler's own cost inflates them, their ratios hold)."""
+    import cProfile
+    import pstats
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host_us = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(((f"{os.path.basename(k[0])}:{k[2]}", v[2] / calls * 1e6, v[3] / calls * 1e6) for k, v in stats.items()),
+                  key=lambda r: -r[1])
+    return {"host_us": host_us, "top": [[name, round(own, 1), round(cum, 1)] for name, own, cum in rows[:top]]}
+
+
 def kernel_times(fn, calls: int = 10) -> list:
     """Where `fn`'s GPU time goes: [kernel name, mean microseconds a call] for each kernel it
     launches, longest first, from torch.profiler over `calls` calls after one warm-up call."""

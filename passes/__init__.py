@@ -56,6 +56,7 @@ _REGISTRY: dict[str, str] = {
     "attn-cpu-no-avx512-bf16": "cpu_target_features:NoAvx512Bf16",
     "attn-cpu-narrow-isa": "cpu_target_features:NarrowIsa",
     "attn-lower-to-triton": "lower_to_triton:LowerToTriton",
+    "attn-lower-to-gluon": "lower_to_gluon:LowerToGluon",
 }
 
 def option(default: Any, help: str) -> Any:

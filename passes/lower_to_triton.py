@@ -88,6 +88,9 @@ def triton_text(module, kernel=None) -> str:
             single = ir.Module.create()
             kernel.clone(ip=ir.InsertionPoint(single.body))
         op = single.operation
+    if kernel is not None and "attn.ttgir" in kernel.attributes:
+        # attn-lower-to-gluon's stub: the kernel is Triton GPU IR, compiled by Triton's frontend.
+        return ir.StringAttr(kernel.attributes["attn.ttgir"]).value
     text = op.get_asm(print_generic_op_form=True)
     text = text.replace('"gpu.yield"() : () -> ()', '"tt.return"() : () -> ()')
     return text.replace('"gpu.yield"(', '"tt.reduce.return"(')

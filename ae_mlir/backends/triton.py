@@ -119,6 +119,23 @@ def _lower_l1(l1_text: str, options) -> list[tuple[runtime.KernelVariant, dict]]
     return lowered
 
 
+def _lower_gluon(l0_text: str, options, generic: list) -> list[tuple[runtime.KernelVariant, dict]]:
+    """The aligned variant from attn-lower-to-gluon: one Triton GPU IR kernel in place of the
+    general variant's one, with its own grid and register cap."""
+    from .. import presets
+    from ..passes.lower_to_gluon import MAX_REGISTERS
+    from ..passes.lower_to_triton import triton_text
+
+    if len(generic) != 1:
+        raise CompileError(f"attn-lower-to-gluon replaces one kernel, the general variant has {len(generic)}")
+    module = _parse_l0(l0_text)
+    _run(presets.pipeline_text("triton", options), module, "attn-lower-to-gluon failed")
+    (kernel,) = kernel_ops(module)
+    variant = runtime.KernelVariant(triton_text(module, kernel), abi.kernel_args(kernel), True, ir="ttgir",
+                                    grid=abi.grid(kernel), max_registers=abi.int_attr(kernel, MAX_REGISTERS))
+    return [(variant, generic[0][1])]
+
+
 def kernel_ops(module) -> list:
     """The tt.func kernels of a lowered module, in launch order."""
     kernels = [op.operation for op in module.body.operations if op.operation.name == "tt.func"]
@@ -146,12 +163,17 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
     with progress.Compile(f"for {target}", "L0 -> L1 -> Triton IR") as report:
         module = _parse_l0(l0_text)
         options = preset_options(module, target, config, input_precision)
+        general = dataclasses.replace(options, assume_aligned=False)
         report.stage("L0 -> L1: fuse, tile")
-        l1_text, inputs, outputs, workspace, call_time_tables = lower(module, options)
+        l1_text, inputs, outputs, workspace, call_time_tables = lower(module, general)
         report.stage("L1 -> Triton IR (aligned and general variants)")
-        variants = [_lower_l1(l1_text, dataclasses.replace(options, assume_aligned=aligned))
-                    for aligned in (True, False)]
-    kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
+        generic = _lower_l1(l1_text, general)
+        if options.warp_specialize:
+            report.stage("L0 -> Triton GPU IR (attn-lower-to-gluon, the aligned variant)")
+            aligned = _lower_gluon(l0_text, options, generic)
+        else:
+            aligned = _lower_l1(l1_text, options)
+    kernels = [(a, g, facts) for (a, _), (g, facts) in zip(aligned, generic)]
     meta = {"input_precision": input_precision, "config": options.launch_config()}
     if call_time_tables:
         meta[runtime.MASK_PROGRAM] = abi.mask_program(abi.functions(module)[-1])
@@ -355,6 +377,7 @@ def emit(kind: str, module, target: str | None, launch=None) -> str:
     them (between `// -----` lines, in launch order), or compiled to PTX (cuda) / AMDGCN (hip)
     for `target` with `launch(kernel name, chunk stage)` = (num_warps, num_stages): the preset's, as the
     runtime launches them, else Triton's defaults."""
+    from ..passes.lower_to_gluon import MAX_REGISTERS, TTGIR
     from ..passes.lower_to_triton import triton_text
 
     kernels = kernel_ops(module)
@@ -370,8 +393,9 @@ def emit(kind: str, module, target: str | None, launch=None) -> str:
     for kernel, text in zip(kernels, texts):
         name = kernel.attributes["sym_name"].value
         warps, stages = launch(name, abi.chunk_stage(kernel)) if launch else (_TRITON_WARPS, _TRITON_STAGES[family])
+        ir, registers = ("ttgir", abi.int_attr(kernel, MAX_REGISTERS)) if TTGIR in kernel.attributes else ("ttir", 0)
         try:
-            compiled = runtime.compile_ttir(text, target, warps, stages)
+            compiled = runtime.compile_ttir(text, target, warps, stages, ir, registers)
         except Exception as err:
             raise CompileError(f"triton.compile for {target} failed: {str(err).strip().splitlines()[-1]}") from None
         assembly.append(compiled.asm[kind])

@@ -1,0 +1,289 @@
+"""The Hopper forward kernel `attn-lower-to-gluon` instantiates, written in Gluon (Triton's
+tile-level dialect with explicit layouts, shared memory, barriers and warp specialization).
+
+Why Gluon and not Triton IR: Triton 3.6's pipeliner waits on each Q K^T product right after
+issuing it, so the softmax never overlaps a tensor-core product, and the Triton IR kernels stop
+at 0.8-0.9x cuDNN on plain attention. Gluon states the schedule FlashAttention-3 uses:
+
+- one loader warp issues TMA copies of the Q tile and of each K and V tile into a two-slot ring
+  (an mbarrier per slot says ready, another says empty);
+- two consumer warpgroups of 64 query rows each issue tile j's Q K^T before tile j-1's P V, so the
+  exponentials of tile j run while P V is on the tensor cores; the accumulator is rescaled once
+  that product lands.
+
+The descriptors are over the whole [B, H, L, D] tensors (any 16-byte aligned strides): TMA fills
+rows past a sequence's end with zeros, so ragged lengths read nothing of the next head; keys past
+the end are masked to -inf in the last tile. Queries of head h read keys of head h // GROUP.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+# Partition functions receive their arguments as IR values (a constexpr argument would arrive as
+# a tensor), so the tile sizes they need are module constants; the head dim and element type
+# come from the shared-memory buffers' types.
+HALF = 64      # query rows per consumer warpgroup; a program covers 2 * HALF rows
+BLOCK_N = 128  # keys per tile
+STAGES = 2     # K and V ring depth (2 x 2 x 32 KiB at D 128, plus 32 KiB of Q)
+HALF_M = gl.constexpr(HALF)
+TILE_N = gl.constexpr(BLOCK_N)
+NUM_STAGES = gl.constexpr(STAGES)
+BLOCK_M = 2 * HALF
+NUM_WARPS = 4
+# Registers per thread for the whole program; the warp_specialize call below rebalances them
+# (240 for each consumer warpgroup, 24 for the loader).
+MAX_REGISTERS = 168
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _at(desc, batch, head, flat_row, row):
+    # A 4-D descriptor is over [B, H, L, D]; a 2-D one over its rows flattened ([B * H * L, D]),
+    # where flat_row is the sequence's first row.
+    if len(desc.block_type.shape) == 4:
+        return [batch, head, row, 0]
+    else:
+        return [flat_row + row, 0]
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+            batch, head, kv_head, q_flat, kv_flat, q_first, n_tiles):
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, _at(q_desc, batch, head, q_flat, q_first), q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, _at(q_desc, batch, head, q_flat, q_first + HALF_M), q_bar,
+                                    q_smem.index(1))
+    for j in range(n_tiles):
+        slot = j % NUM_STAGES
+        phase = (j // NUM_STAGES) & 1
+        mbarrier.wait(k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, _at(k_desc, batch, kv_head, kv_flat, j * TILE_N),
+                                        k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, _at(v_desc, batch, kv_head, kv_flat, j * TILE_N),
+                                        v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _matrix(block):
+    # A [1, 1, rows, D] TMA block as the [rows, D] operand wgmma reads.
+    if len(block.shape) == 4:
+        return block.reshape([block.shape[2], block.shape[3]])
+    else:
+        return block
+
+
+@gluon.jit
+def _tile(ring, j):
+    return _matrix(ring.index(j % NUM_STAGES))
+
+
+@gluon.jit
+def _scores(q, k_smem, k_ready, j, s_layout: gl.constexpr):
+    mbarrier.wait(k_ready.index(j % NUM_STAGES), (j // NUM_STAGES) & 1)
+    zero = gl.zeros([HALF_M, TILE_N], gl.float32, s_layout)
+    return warpgroup_mma(q, _tile(k_smem, j).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, qk_scale, j, first_row, seq_k, DIAGONAL: gl.constexpr, BOUNDED: gl.constexpr,
+             s_layout: gl.constexpr):
+    # DIAGONAL: the causal mask; BOUNDED: keys past seq_k (TMA read them as zeros).
+    cols = j * TILE_N + gl.arange(0, TILE_N, layout=gl.SliceLayout(0, s_layout))
+    if DIAGONAL:
+        rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
+        s = gl.where(cols[None, :] <= rows[:, None], s, -float("inf"))
+    if BOUNDED:
+        s = gl.where(cols[None, :] < seq_k, s, -float("inf"))
+    # m_i is in log2 units of the scaled scores, so each exponential is one exp2.
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, me, pingpong, acc, p, m_i, l_i,
+          qk_scale, j, first_row, seq_k, DIAGONAL: gl.constexpr, BOUNDED: gl.constexpr,
+          s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    prev = j - 1
+    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    mbarrier.wait(v_ready.index(prev % NUM_STAGES), (prev // NUM_STAGES) & 1)
+    if pingpong:
+        # The warpgroups take turns issuing their products, so one's exponentials run while the
+        # other's products hold the tensor cores (FlashAttention-3's ping-pong schedule).
+        mbarrier.wait(turns.index(me), (j & 1) ^ (1 - me))
+    s_tok = _scores(q, k_smem, k_ready, j, s_layout)
+    acc_tok = warpgroup_mma(p_op, _tile(v_smem, prev), acc, is_async=True)
+    if pingpong:
+        mbarrier.arrive(turns.index(1 - me), count=1)
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, j, first_row, seq_k, DIAGONAL, BOUNDED, s_layout)
+    acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+    mbarrier.arrive(v_empty.index(prev % NUM_STAGES), count=1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return acc, p, m_i, l_i
+
+
+@gluon.jit
+def _consumer(HALF_INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              turns, o_ptr, lse_ptr, o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k,
+              qk_scale, causal, pingpong):
+    HEAD_DIM: gl.constexpr = v_smem.shape[len(v_smem.shape) - 1]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, TILE_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    first_row = q_first + HALF_INDEX * HALF_M
+    q = _matrix(q_smem.index(HALF_INDEX))
+    mbarrier.wait(q_bar, 0)
+
+    m_i = gl.full([HALF_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
+
+    s = warpgroup_mma_wait(0, deps=(_scores(q, k_smem, k_ready, 0, s_layout), ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    # Only the last tile is masked: causal's diagonal (which also holds the keys past seq_k, seen
+    # only by rows past it), or a ragged tile's keys past seq_k.
+    masked_last = causal or seq_k % TILE_N != 0
+    if n_tiles == 1 and causal:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, True, False, s_layout)
+    elif n_tiles == 1 and masked_last:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, False, True, s_layout)
+    else:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, False, False, s_layout)
+    whole = n_tiles - 1 if masked_last else n_tiles
+    for j in range(1, whole):
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, HALF_INDEX,
+                                 pingpong, acc, p, m_i, l_i, qk_scale, j, first_row, seq_k, False, False,
+                                 s_layout, o_layout, p_layout)
+    if n_tiles > 1 and causal:
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, HALF_INDEX,
+                                 pingpong, acc, p, m_i, l_i, qk_scale, n_tiles - 1, first_row, seq_k, True,
+                                 False, s_layout, o_layout, p_layout)
+    elif n_tiles > 1 and masked_last:
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, HALF_INDEX,
+                                 pingpong, acc, p, m_i, l_i, qk_scale, n_tiles - 1, first_row, seq_k, False,
+                                 True, s_layout, o_layout, p_layout)
+
+    last = n_tiles - 1
+    mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
+    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    acc = warpgroup_mma(p_op, _tile(v_smem, last), acc)
+    mbarrier.arrive(v_empty.index(last % NUM_STAGES), count=1)
+
+    acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_base = o_ptr + batch.to(gl.int64) * o_strides[0] + head.to(gl.int64) * o_strides[1]
+    offsets = rows.to(gl.int64)[:, None] * o_strides[2] + cols[None, :]
+    gl.store(o_base + offsets, acc.to(v_smem.dtype), mask=(rows < seq_q)[:, None])
+    # The natural-log logsumexp of the scaled scores, as the backward reads it.
+    lse = (m_i + gl.log2(l_i)) * LN2
+    stat_rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
+    lse_base = lse_ptr + batch.to(gl.int64) * lse_strides[0] + head.to(gl.int64) * lse_strides[1]
+    gl.store(lse_base + stat_rows, lse, mask=stat_rows < seq_q)
+
+
+@gluon.jit
+def _consumer_upper(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+                    o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal,
+                    pingpong):
+    _consumer(1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+              o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong)
+
+
+@gluon.jit
+def _consumer_lower(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+                    o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal,
+                    pingpong):
+    _consumer(0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+              o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong)
+
+
+@gluon.jit
+def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_stride2, lse_ptr, lse_stride0,
+                      lse_stride1, HEADS: gl.constexpr, GROUP: gl.constexpr, SEQ_Q: gl.constexpr,
+                      SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    # Axis 0 walks a head's query blocks, so the programs in flight share that head's K and V
+    # through L2; causal blocks start from the last (longest) one.
+    blocks = gl.num_programs(0)
+    if CAUSAL:
+        block_m = blocks - 1 - gl.program_id(0)
+    else:
+        block_m = gl.program_id(0)
+    batch = gl.program_id(1) // HEADS
+    head = gl.program_id(1) % HEADS
+    q_first = block_m * (2 * HALF_M)
+    if CAUSAL:
+        n_tiles = gl.cdiv(gl.minimum(q_first + 2 * HALF_M, SEQ_K), TILE_N)
+    else:
+        n_tiles = gl.cdiv(SEQ_K, TILE_N)
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(turns.index(0), count=1)
+    mbarrier.init(turns.index(1), count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+
+    shared = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty)
+    consumer_args = shared + (turns, o_ptr, lse_ptr, (o_stride0, o_stride1, o_stride2),
+                              (lse_stride0, lse_stride1), batch, head, q_first, n_tiles, SEQ_Q,
+                              SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
+    loader_args = (q_desc, k_desc, v_desc) + shared + (batch, head, head // GROUP, gl.program_id(1) * SEQ_Q,
+                                                      (batch * (HEADS // GROUP) + head // GROUP) * SEQ_K, q_first,
+                                                      n_tiles)
+    gl.warp_specialize([
+        (_consumer_lower, consumer_args),
+        (_consumer_upper, consumer_args),
+        (_loader, loader_args),
+    ], [4, 1], [240, 24])
+
+
+def compile_ttgir(element: str, dim: int, heads: int, group: int, seq_q: int, seq_k: int, scale: float,
+                  causal: bool, pingpong: bool) -> str:
+    """The kernel instantiated and compiled for sm90: its Triton GPU IR, which the runtime compiles
+    on the GPU. `element` is Triton's name of q's type (bf16, fp16)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[element]
+    signature = {}
+    for name, rows in (("q_desc", HALF), ("k_desc", BLOCK_N), ("v_desc", BLOCK_N)):
+        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, dim], dtype)
+        signature[name] = f"tensordesc<{element}[1, 1, {rows}, {dim}],{layout!r}>"
+    for name, elt, strides in (("o", element, 3), ("lse", "fp32", 2)):
+        signature[f"{name}_ptr"] = f"*{elt}"
+        signature.update({f"{name}_stride{d}": "i64" for d in range(strides)})
+    # The aligned layout (abi.aligned_assumption): 16-byte aligned pointers, strides multiples of
+    # 16 elements, unit last strides (not arguments), so stores are 16-byte vectors.
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(3, len(signature))}
+    constants = {"HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
+                 "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong}
+    signature.update({name: "constexpr" for name in constants})
+    kernel = triton.compile(GluonASTSource(attention_forward, signature, constants, attrs),
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": NUM_WARPS, "maxnreg": MAX_REGISTERS})
+    return kernel.asm["ttgir"]

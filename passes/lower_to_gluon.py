@@ -1,0 +1,173 @@
+"""`attn-lower-to-gluon`: softmax attention with no score_mod, and no mask or the causal one,
+becomes the warp-specialized Hopper kernel of `passes/gluon/attention_forward.py` (level L2, as
+Triton GPU IR).
+
+    L0: attn.score{scale} [-> attn.mask (q >= kv)] -> attn.normalize{softmax} -> attn.aggregate
+    L2: tt.func @name {attn.ttgir = "<the kernel's Triton GPU IR>", attn.kernel_args = [...], ...}
+
+The kernel is written in Gluon because the schedule it needs (a TMA loader warp, two consumer
+warpgroups overlapping each tile's exponentials with the previous tile's P V product) is one
+Triton's own pipeliner does not produce from Triton IR. The pass instantiates it for the module's
+shapes, element type, scale, GQA group and mask, and compiles it for sm90 with Triton's Gluon
+frontend (the text is Triton's; this pass writes none). The tt.func it leaves is a stub whose
+`attn.ttgir` attribute holds the kernel: `triton_text` prints that attribute, so `ae-opt
+--pipeline=triton` prints what the runtime compiles. The runtime passes host-made TMA descriptors
+over the whole q, k, v (`<role>.tma` labels) and out's and lse's strides but the last (the
+aligned variant's layout: unit last strides, 16-element multiples elsewhere).
+
+What it takes (anything else is a located error; the triton preset picks this pass only where
+`presets.read_problem` found `simple_mask`): bf16 or f16 q, k, v of one type; Dk = Dv in {64,
+128}; query heads a multiple of the KV heads; the causal mask with as many queries as keys.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..core import abi
+from ..core.context import CompileError
+from . import ModulePass, option
+from .l1_ops import fail
+
+# Kernel constants the stub records (the runtime reads nothing else of the kernel).
+TTGIR = "attn.ttgir"
+MAX_REGISTERS = "attn.max_registers"
+HEAD_DIMS = (64, 128)
+_ELEMENTS = {"bf16": "bf16", "f16": "fp16"}
+
+
+def causal_mask(region) -> bool:
+    """Whether an attn.mask region is exactly q_idx >= kv_idx (in either operand order)."""
+    from mlir import ir
+
+    block = region.blocks[0]
+    ops = [op.operation for op in block.operations]
+    if len(ops) != 2 or ops[0].name != "arith.cmpi" or ops[1].name != "gpu.yield":
+        return False
+    if list(ops[1].operands) != [ops[0].results[0]]:
+        return False
+    predicate = ir.IntegerAttr(ops[0].attributes["predicate"]).value
+    query, key = block.arguments[2], block.arguments[3]
+    # arith.cmpi predicates: 5 sge, 3 sle, 9 uge, 7 ule.
+    lhs, rhs = ops[0].operands
+    return ((predicate in (5, 9) and (lhs, rhs) == (query, key))
+            or (predicate in (3, 7) and (lhs, rhs) == (key, query)))
+
+
+@dataclass(frozen=True)
+class Match:
+    """What the kernel is instantiated from."""
+
+    func: object
+    scale: float
+    causal: bool
+
+
+def match(func) -> Match:
+    """The L0 function as the Gluon kernel takes it; a located CompileError where it cannot."""
+    from mlir import ir
+
+    scale, causal, seen = None, False, []
+    for op in func.regions[0].blocks[0].operations:
+        op = op.operation
+        seen.append(op.name)
+        if op.name == "attn.score":
+            scale = ir.FloatAttr(op.attributes["scale"]).value
+        elif op.name == "attn.mask":
+            if len(op.operands) or not causal_mask(op.regions[0]):
+                raise fail(op, "is not the causal mask (q_idx >= kv_idx), the only mask attn-lower-to-gluon "
+                               "lowers")
+            causal = True
+        elif op.name == "attn.normalize":
+            kind = ir.StringAttr(op.attributes["kind"]).value
+            if kind != "softmax" or any(len(r.blocks) for r in op.regions):
+                raise fail(op, f"is a {kind} normalizer; attn-lower-to-gluon lowers softmax")
+        elif op.name not in ("attn.aggregate", "func.return"):
+            raise fail(op, "is not lowered by attn-lower-to-gluon (softmax attention with no score_mod, "
+                           "and no mask or the causal one)")
+    if scale is None or "attn.aggregate" not in seen:
+        raise fail(func, "is not an attention function (attn.score ... attn.aggregate)")
+    return Match(func, scale, causal)
+
+
+def _check_types(m: Match) -> tuple:
+    q, k, v = abi.input_types(m.func)[:3]
+    elt = str(q.element_type)
+    if elt not in _ELEMENTS or str(k.element_type) != elt or str(v.element_type) != elt:
+        raise fail(m.func, f"has {q.element_type} inputs; attn-lower-to-gluon takes bf16 or f16 q, k, v of one type")
+    (batch, heads, seq_q, dk), (_, kv_heads, seq_k, _), dv = q.shape, k.shape, v.shape[3]
+    if dk != dv or dk not in HEAD_DIMS:
+        raise fail(m.func, f"has head dims {dk} (q, k) and {dv} (v); attn-lower-to-gluon takes equal ones "
+                           f"of {' or '.join(map(str, HEAD_DIMS))}")
+    if heads % kv_heads:
+        raise fail(m.func, f"has {heads} query heads over {kv_heads} KV heads, not a multiple")
+    if seq_k < 1 or seq_q < 1:
+        raise fail(m.func, "has no queries or no keys")
+    if m.causal and seq_q != seq_k:
+        raise fail(m.func, f"is causal with {seq_q} queries and {seq_k} keys; attn-lower-to-gluon takes "
+                           "equal lengths")
+    return _ELEMENTS[elt], batch, heads, heads // kv_heads, seq_q, seq_k, dk
+
+
+def lowers(func) -> bool:
+    """Whether this pass lowers the L0 function (presets.read_problem's `simple_mask`)."""
+    try:
+        _check_types(match(func))
+    except CompileError:
+        return False
+    return True
+
+
+def kernel_labels() -> list[str]:
+    """The tt.func's argument labels, in the Gluon kernel's order: each descriptor is followed by
+    the tensor's four sizes and four strides (abi.descriptor_label)."""
+    labels = []
+    for role in abi.INPUTS:
+        label = abi.descriptor_label(role)
+        labels += [label] + [f"{label}.size{d}" for d in range(4)] + [f"{label}.stride{d}" for d in range(4)]
+    return labels + ["out"] + [f"out.stride{d}" for d in range(3)] + ["lse"] + [f"lse.stride{d}" for d in range(2)]
+
+
+@dataclass(frozen=True)
+class LowerToGluon(ModulePass):
+    name: ClassVar[str] = "attn-lower-to-gluon"
+    summary: ClassVar[str] = ("Lower softmax attention (no score_mod; no mask or causal) to a warp-specialized "
+                              "Hopper kernel in Triton GPU IR, compiled from Gluon (sm90)")
+
+    pingpong: bool = option(False, "the two consumer warpgroups take turns issuing their tensor-core products "
+                                   "(FlashAttention-3's ping-pong schedule)")
+
+    def apply(self, module_op) -> None:
+        from mlir import ir
+
+        from .gluon.attention_forward import BLOCK_M, BLOCK_N, MAX_REGISTERS as REGISTERS, compile_ttgir
+
+        funcs = [op.operation for op in module_op.regions[0].blocks[0].operations
+                 if op.operation.name == "func.func"]
+        if len(funcs) != 1:
+            raise CompileError(f"attn-lower-to-gluon lowers a module with one function, found {len(funcs)}")
+        func = funcs[0]
+        m = match(func)
+        element, batch, heads, group, seq_q, seq_k, dim = _check_types(m)
+        ttgir = compile_ttgir(element, dim, heads, group, seq_q, seq_k, m.scale, m.causal, self.pingpong)
+        name = ir.StringAttr(func.attributes["sym_name"]).value
+        with module_op.context, func.location:
+            i64 = ir.IntegerType.get_signless(64)
+            attributes = {
+                "function_type": ir.TypeAttr.get(ir.FunctionType.get([], [])),
+                "sym_name": ir.StringAttr.get(name),
+                "sym_visibility": ir.StringAttr.get("public"),
+                "noinline": ir.IntegerAttr.get(ir.IntegerType.get_signless(1), 0),
+                abi.GRID: ir.DenseI64ArrayAttr.get([-(-seq_q // BLOCK_M), batch * heads, 1]),
+                abi.BLOCK_M: ir.IntegerAttr.get(i64, BLOCK_M),
+                abi.BLOCK_N: ir.IntegerAttr.get(i64, BLOCK_N),
+                abi.KERNEL_ARGS: ir.ArrayAttr.get([ir.StringAttr.get(s) for s in kernel_labels()]),
+                abi.TABLES: ir.ArrayAttr.get([]),
+                MAX_REGISTERS: ir.IntegerAttr.get(i64, REGISTERS),
+                TTGIR: ir.StringAttr.get(ttgir),
+            }
+            stub = ir.Operation.create("tt.func", attributes=attributes, regions=1, loc=func.location,
+                                       ip=ir.InsertionPoint(func))
+            block = stub.regions[0].blocks.append()
+            ir.Operation.create("gpu.yield", ip=ir.InsertionPoint(block))
+        func.erase()
