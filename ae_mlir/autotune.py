@@ -107,6 +107,13 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         # host_tma), so every candidate is tried the other way too.
         other = not default.get("tensor_descriptors", False)
         kept += [dict(c, tensor_descriptors=other) for c in kept]
+    if target == "cuda:90" and problem.simple_mask is not None:
+        # attn-lower-to-gluon's kernel takes none of those options: the Triton IR candidates are
+        # tried without it, and it is tried with and without ping-pong.
+        default_on = launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk)
+        kept = _unique([{}] + [dict(c, warp_specialize=False) for c in kept if c]
+                       + [{"warp_specialize": not default_on}]
+                       + [{"warp_specialize": True, "pingpong": True}])
     return kept
 
 

@@ -14,6 +14,8 @@ parsed IR (the function's types, the linear recurrence's attributes), and the ta
 because they read the L1 kernels between the two (argument specs, call-time tables), and the
 Triton backend runs the last stage twice, with assume-aligned true and false, for the bundle's two
 variants. `ae-opt` prints the aligned one, which the runtime launches on the usual layouts.
+Where `warp_specialize` is on, the aligned variant's stages are attn-verify and attn-lower-to-gluon
+on L0 (the kernel takes the module whole), the general one's those above.
 """
 from __future__ import annotations
 
@@ -212,6 +214,8 @@ class PresetOptions:
 
     def launch_text(self) -> str:
         """The launch options as `--dump-pass-pipeline` prints them."""
+        if self.warp_specialize and self.assume_aligned and not self.backward:
+            return "the warps its Triton GPU IR states (attn-lower-to-gluon)"
         text = f"num-warps={self.num_warps} num-stages={self.num_stages}"
         if self.backward:
             warps, stages = self.kernel_launch(abi.backward_kernel_name("", "dkdv"))

@@ -31,7 +31,7 @@ from .core import abi
 from .disk_cache import atomic_write, cache_dir, compiler_fingerprint
 from .kernel_args import KernelLaunch, aligned_ok, argument_values, launch_plan, pick_variant  # noqa: F401  (part of the runtime's API)
 from .kernel_args import HostDescriptor, mirrored_inputs, mirrored_roles  # noqa: F401  (part of the runtime's API)
-from .triton_kernels import compile_ttir, current_target, launch_one, parse_target  # noqa: F401  (part of the runtime's API)
+from .triton_kernels import compile_ttir, compile_variant, current_target, launch_one, parse_target  # noqa: F401  (part of the runtime's API)
 
 # 2: a mask that reads closure tensors travels as `meta["mask_program"]` and `bind` classifies its
 # tiles; launch takes no tile tables. 3: where that mask reads b or h, its tables have a batch and

@@ -73,6 +73,11 @@ def compile_ttir(ttir: str, target: str, num_warps: int = 4, num_stages: int = 2
     return kernel
 
 
+def compile_variant(variant, target: str, num_warps: int = 4, num_stages: int = 2):
+    """compile_ttir for a bundle's KernelVariant, at its IR level and register cap."""
+    return compile_ttir(variant.ttir, target, num_warps, num_stages, variant.ir, variant.max_registers)
+
+
 def _descriptor_metadata(kernel, path) -> None:
     """Triton's launcher encodes a host descriptor from the swizzle and block its kernel's
     metadata records, which the Triton GPU IR stage writes; a kernel compiled from Triton GPU IR
@@ -128,7 +133,7 @@ def _fewer_stages(variant, target: str, launched, err):
     if variant.ir != "ttir":  # Triton GPU IR has its pipelining done
         raise err
     for stages in range(launched.num_stages - 1, 0, -1):
-        kernel = compile_ttir(variant.ttir, target, launched.num_warps, stages, variant.ir, variant.max_registers)
+        kernel = compile_variant(variant, target, launched.num_warps, stages)
         try:
             kernel._init_handles()
         except _out_of_resources():
@@ -164,8 +169,7 @@ def launch_one(kernel, variant, target: str, args: list) -> None:
     # Hashing the Triton IR on every call would cost more than a short kernel runs.
     entry = _LAUNCHABLE.get((id(variant), target))
     if entry is None or entry[0] is not variant:
-        entry = (variant, compile_ttir(variant.ttir, target, kernel.num_warps, kernel.num_stages, variant.ir,
-                                       variant.max_registers))
+        entry = (variant, compile_variant(variant, target, kernel.num_warps, kernel.num_stages))
         _LAUNCHABLE[id(variant), target] = entry
     compiled = entry[1]
     if getattr(compiled.metadata, "global_scratch_size", 0):

@@ -118,7 +118,7 @@ def _compile(path: str, target: str) -> str:
     bundle = runtime.Bundle.load(path)
     try:
         for variant in bundle.variants.values():
-            runtime.compile_ttir(variant.ttir, target, bundle.num_warps, bundle.num_stages)
+            runtime.compile_variant(variant, target, bundle.num_warps, bundle.num_stages)
     except Exception as err:  # recorded again by the timing pass
         return f"{type(err).__name__}: {err}"
     return ""

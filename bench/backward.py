@@ -120,7 +120,7 @@ def _compile_bundle(path: str) -> str:
     bundle = runtime.Bundle.load(path)
     try:
         for kernel in [bundle] + list(bundle.stages):
-            runtime.compile_ttir(kernel.variants["aligned"].ttir, runtime.current_target(), kernel.num_warps,
+            runtime.compile_variant(kernel.variants["aligned"], runtime.current_target(), kernel.num_warps,
                                  kernel.num_stages)
     except Exception as err:
         return f"{type(err).__name__}: {err}"

@@ -60,7 +60,7 @@ class Gpu:
                 "num_stages": bundle.num_stages, "grid": bundle.grid,
                 "kernel_variant": "aligned" if variant.aligned else "generic"}
         if not self.dry:
-            kernel = runtime.compile_ttir(variant.ttir, runtime.current_target(), bundle.num_warps, bundle.num_stages)
+            kernel = runtime.compile_variant(variant, runtime.current_target(), bundle.num_warps, bundle.num_stages)
             info.update(registers=getattr(kernel, "n_regs", None), spills=getattr(kernel, "n_spills", None),
                         shared_bytes=kernel.metadata.shared)
         if bundle.stages:
@@ -70,7 +70,7 @@ class Gpu:
                 entry = {"name": stage.name, "grid": stage.grid, "num_warps": stage.num_warps,
                          "num_stages": stage.num_stages}
                 if not self.dry:
-                    kernel = runtime.compile_ttir(stage.variants[info["kernel_variant"]].ttir,
+                    kernel = runtime.compile_variant(stage.variants[info["kernel_variant"]],
                                                   runtime.current_target(), stage.num_warps, stage.num_stages)
                     entry.update(registers=getattr(kernel, "n_regs", None), spills=getattr(kernel, "n_spills", None),
                                  shared_bytes=kernel.metadata.shared)

@@ -34,7 +34,7 @@ def compile_ae(path: str, variant: str, target: str) -> str:
     from ae_mlir import runtime
 
     bundle = runtime.Bundle.load(path)
-    runtime.compile_ttir(bundle.variants[variant].ttir, target, bundle.num_warps, bundle.num_stages)
+    runtime.compile_variant(bundle.variants[variant], target, bundle.num_warps, bundle.num_stages)
     return os.path.basename(path)
 
 

@@ -79,6 +79,9 @@ def _run_kernels(launches: list[tuple], tensors: dict) -> dict:
     storage array by label (the kernels' results are written there)."""
     arrays = {}
     for kernel, picked, values in launches:
+        if picked.ir != "ttir":
+            raise NotImplementedError(f"kernel '{kernel.name}' is {picked.ir} (attn-lower-to-gluon), which only a GPU "
+                                      "runs; interpret the 'generic' variant or build with warp_specialize=False")
         args = []
         for label, value in zip(picked.args, values):
             if isinstance(value, runtime.HostDescriptor):

@@ -20,7 +20,9 @@ def causal(b, h, i, j):
 
 
 def _bundle(attn, q, k, v):
-    bundle = tb.compile_bundle(attn, q, k, v, target="cuda:90")
+    # The Triton IR kernel: at D = 128 plain and causal attention default to attn-lower-to-gluon's
+    # kernel (test_lower_to_gluon.py), which takes host descriptors too but no interpreter runs.
+    bundle = tb.compile_bundle(attn, q, k, v, target="cuda:90", config={"warp_specialize": False})
     ttir = bundle.variants["aligned"].ttir
     return bundle, ttir
 

@@ -40,6 +40,8 @@ def _modules() -> dict:
     return {
         "plain-f32": _softmax(ae.attention(), lq=37),
         "causal-bf16": _softmax(ae.attention(mask_mod=lambda b, h, q, k: q >= k), dk=64, dtype=torch.bfloat16),
+        # attn-lower-to-gluon's Triton GPU IR (the aligned variant on cuda:90).
+        "causal-bf16-d128": _softmax(ae.attention(mask_mod=lambda b, h, q, k: q >= k), dk=128, dtype=torch.bfloat16),
         "document-bf16": _softmax(ae.attention(mask_mod=lambda b, h, q, k: DOC[q] == DOC[k]),
                                   dtype=torch.bfloat16),
         "gqa-f32": _softmax(ae.attention(), h=4, hkv=2, lq=50, lk=70),
@@ -84,8 +86,11 @@ def test_ptx_uses_the_launch_options_of_the_bundle(tmp_path):
     """bf16 at D = 128: 128x64 tiles on 8 warps (256 threads) on cuda:90, 4 warps on gfx942."""
     text = _softmax(ae.attention(), lq=256, dk=128, dtype=torch.bfloat16)
     path = _write(tmp_path, text)
-    assert tb.build_bundle(text, "cuda:90").num_warps == 8
-    assert ".reqntid 256" in ae_opt(path, "--pipeline=triton", "--emit=ptx")
+    assert tb.build_bundle(text, "cuda:90", {"warp_specialize": False}).num_warps == 8
+    assert ".reqntid 256" in ae_opt(path, "--pipeline=triton{warp-specialize=false}", "--emit=ptx")
+    # attn-lower-to-gluon's kernel states its own: two consumer warpgroups and a loader warp (9
+    # warps, rounded up to whole warpgroups).
+    assert ".reqntid 384" in ae_opt(path, "--pipeline=triton", "--emit=ptx")
 
 
 def test_backward_kernels_launch_with_their_own_options(tmp_path):

@@ -2,6 +2,9 @@
 
     L0 --stage "l1" of the triton preset--> L1 --stage "ttir", assume-aligned=true|false--> Triton IR
 
+With the preset's `warp_specialize` (sm90, plain and causal 16-bit attention at D 128) the aligned
+variant is instead attn-lower-to-gluon's Triton GPU IR, made from L0 (`_lower_gluon`).
+
 The passes, their order and options, and the launch options are `ae_mlir.presets`' ("triton"), so
 `ae-opt --pipeline=triton` runs what this backend runs. Both Triton IR variants go into the bundle
 with the launch grid, argument labels, block tables and the compile options. `run` is what

@@ -1,0 +1,155 @@
+"""attn-lower-to-gluon: which L0 modules it lowers (and the located errors for the rest), where
+the triton preset takes it, the bundle it makes (a Triton GPU IR aligned variant beside the
+Triton IR general one), its Triton GPU IR compiled for sm90 here, and, on a GPU, its outputs and
+logsumexp against float64."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import presets, runtime
+from ae_mlir.backends import triton as tb
+from ae_mlir.core.context import CompileError, new_context, parse_module
+from ae_mlir.passes import create_pass
+from ae_mlir.passes.lower_to_gluon import kernel_labels
+
+
+def causal(b, h, i, j):
+    return i >= j
+
+
+def window(b, h, i, j):
+    return (i >= j) & (i - j < 64)
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _l0(attn, b=2, h=4, hkv=None, lq=256, lk=None, dk=128, dv=None, dtype=torch.bfloat16) -> str:
+    hkv, lk, dv = hkv or h, lk or lq, dv or dk
+    return attn.mlir(_meta(b, h, lq, dk, dtype=dtype), _meta(b, hkv, lk, dk, dtype=dtype),
+                     _meta(b, hkv, lk, dv, dtype=dtype))
+
+
+def _lower(text: str):
+    module = parse_module(text, new_context(), "l0.mlir")
+    create_pass("attn-lower-to-gluon").apply(module.operation)
+    return module
+
+
+@pytest.mark.parametrize("case, kwargs, message", [
+    ("score_mod", dict(attn=ae.attention(score_mod=lambda s, b, h, i, j: s * 0.5)), "'attn.score_mod' op is not lowered"),
+    ("window", dict(attn=ae.attention(mask_mod=window)), "'attn.mask' op is not the causal mask"),
+    ("sigmoid", dict(attn=ae.attention(normalize="sigmoid")), "is a sigmoid normalizer"),
+    ("f32", dict(attn=ae.attention(), dtype=torch.float32), "has f32 inputs"),
+    ("d80", dict(attn=ae.attention(), dk=80), "has head dims 80 (q, k) and 80 (v)"),
+    ("dv64", dict(attn=ae.attention(), dv=64), "has head dims 128 (q, k) and 64 (v)"),
+    ("causal_lq_lk", dict(attn=ae.attention(mask_mod=causal), lq=128, lk=256), "is causal with 128 queries and 256"),
+])
+def test_rejects_what_it_does_not_lower_with_a_location(case, kwargs, message):
+    text = _l0(**kwargs)
+    with pytest.raises(CompileError) as err:
+        _lower(text)
+    assert message in str(err.value)
+    assert re.search(r":\d+:\d+: error:", str(err.value)), str(err.value)
+
+
+@pytest.mark.parametrize("mask", [None, causal], ids=["full", "causal"])
+def test_stub_records_the_kernel(mask):
+    module = _lower(_l0(ae.attention(mask_mod=mask), b=2, h=8, hkv=2, lq=300))
+    (stub,) = [op.operation for op in module.body.operations]
+    assert stub.name == "tt.func"
+    ttgir = stub.attributes["attn.ttgir"].value
+    assert "ttg.warp_specialize" in ttgir and "ttng.warp_group_dot" in ttgir
+    assert [int(x) for x in stub.attributes["attn.grid"]] == [3, 16, 1]
+    # One label per parameter of the Triton GPU IR kernel, in its order.
+    params = re.search(r"tt\.func public @\w+\((.*?)\) attributes", ttgir, re.S).group(1)
+    assert len(re.findall(r"%\w+: ", params)) == len(kernel_labels())
+    assert ttgir.count("!tt.tensordesc<tensor<1x1x") >= 3
+
+
+def _options(text: str, target: str = "cuda:90", **overrides):
+    module = parse_module(text, new_context(), "l0.mlir")
+    return presets.options_for("triton", presets.read_problem(module), target, **overrides)
+
+
+@pytest.mark.parametrize("attn, kwargs, target, expected", [
+    (ae.attention(), {}, "cuda:90", True),
+    (ae.attention(mask_mod=causal), dict(h=8, hkv=2, dtype=torch.float16), "cuda:90", True),
+    (ae.attention(mask_mod=causal), dict(dk=64), "cuda:90", False),       # slower than Triton IR there
+    (ae.attention(mask_mod=causal), {}, "cuda:100", False),              # no wgmma
+    (ae.attention(mask_mod=causal), {}, "hip:gfx942", False),
+    (ae.attention(mask_mod=window), {}, "cuda:90", False),
+    (ae.attention(), dict(lq=8, lk=4096), "cuda:90", False),              # decoding splits KV
+])
+def test_the_triton_preset_takes_it_where_it_lowers_and_is_faster(attn, kwargs, target, expected):
+    assert _options(_l0(attn, **kwargs), target).warp_specialize is expected
+
+
+def test_forcing_it_off_a_sm90_target_is_an_error():
+    with pytest.raises(CompileError, match="needs the NVIDIA sm90 target"):
+        _options(_l0(ae.attention()), "hip:gfx942", warp_specialize=True)
+    assert _options(_l0(ae.attention()), warp_specialize=False).warp_specialize is False
+
+
+def test_bundle_has_a_gluon_aligned_variant_and_a_triton_ir_general_one():
+    attn = ae.attention(mask_mod=causal)
+    q, kv = _meta(2, 8, 1000, 128), _meta(2, 2, 1000, 128)
+    bundle = tb.compile_bundle(attn, q, kv, kv)
+    aligned, generic = bundle.variants["aligned"], bundle.variants["generic"]
+    assert (aligned.ir, aligned.grid, aligned.max_registers) == ("ttgir", [8, 16, 1], 168)
+    assert aligned.args == kernel_labels() and generic.ir == "ttir" and generic.grid is None
+    assert bundle.meta["config"]["warp_specialize"] is True
+    assert runtime.Bundle.from_json(bundle.to_json()).variants["aligned"] == aligned
+    off = tb.compile_bundle(attn, q, kv, kv, config={"warp_specialize": False})
+    assert off.variants["aligned"].ir == "ttir" and "warp_specialize" not in off.meta["config"]
+
+
+def test_triton_gpu_ir_compiles_for_sm90_with_descriptor_metadata():
+    """The runtime's compile of the aligned variant: wgmma in the PTX, no spills at the register
+    cap, and the descriptors' swizzle read back for Triton's launcher (a Triton GPU IR source
+    skips the stage that records it)."""
+    bundle = tb.compile_bundle(ae.attention(), _meta(1, 2, 512, 128), _meta(1, 2, 512, 128), _meta(1, 2, 512, 128))
+    variant = bundle.variants["aligned"]
+    compiled = runtime.compile_variant(variant, "cuda:90", bundle.num_warps, bundle.num_stages)
+    assert "wgmma.mma_async" in compiled.asm["ptx"] and ".maxnreg 168" in compiled.asm["ptx"]
+    # TMA boxes of 128-byte rows (64 bf16 columns, the swizzle's span): the copies of q's 64 rows
+    # and of K's and V's 128.
+    assert [m["block_size"] for m in compiled.metadata.tensordesc_meta] == [[1, 1, 64, 64], [1, 1, 128, 64],
+                                                                            [1, 1, 128, 64]]
+    assert all(m["swizzle"] == 3 for m in compiled.metadata.tensordesc_meta)
+    # The launcher takes one descriptor object for each descriptor and its sizes and strides.
+    assert list(compiled.src.signature.values())[:3] == ["tensordesc<bf16[1, 1, 64, 128]>",
+                                                          "tensordesc<bf16[1, 1, 128, 128]>",
+                                                          "tensordesc<bf16[1, 1, 128, 128]>"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, h, hkv, lq, lk, mask, dtype, layout", [
+    (2, 4, 4, 1000, 1000, causal, torch.bfloat16, "bhld"),
+    (2, 8, 2, 777, 777, None, torch.float16, "blhd"),
+    (1, 2, 2, 300, 1000, None, torch.bfloat16, "bhld"),
+    (1, 2, 2, 64, 64, causal, torch.bfloat16, "bhld"),
+])
+def test_on_the_gpu_matches_float64(b, h, hkv, lq, lk, mask, dtype, layout):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm90 GPU")
+    torch.manual_seed(lq)
+
+    def make(heads, length):
+        if layout == "blhd":
+            return torch.randn(b, length, heads, 128, device="cuda", dtype=dtype).transpose(1, 2)
+        return torch.randn(b, heads, length, 128, device="cuda", dtype=dtype)
+
+    q, k, v = make(h, lq), make(hkv, lk), make(hkv, lk)
+    attn = ae.attention(mask_mod=mask)
+    bundle = tb.compile_bundle(attn, q, k, v)
+    assert runtime.choose_variant(bundle, runtime.bind(bundle, q, k, v)).ir == "ttgir"
+    out, lse = runtime.launch(bundle, q, k, v)
+    want, want_lse = attn(q.double(), k.double(), v.double(), backend="reference", return_lse=True)
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-4)
