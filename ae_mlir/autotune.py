@@ -110,10 +110,10 @@ def candidates(problem: Problem, target: str) -> list[dict]:
     if target == "cuda:90" and problem.simple_mask is not None:
         # attn-lower-to-gluon's kernel takes none of those options: the Triton IR candidates are
         # tried without it, and it is tried with and without ping-pong.
-        default_on = launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk)
+        on = launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk)
+        turns = on and launch_defaults.pingpong(problem.simple_mask, problem.lk)
         kept = _unique([{}] + [dict(c, warp_specialize=False) for c in kept if c]
-                       + [{"warp_specialize": not default_on}]
-                       + [{"warp_specialize": True, "pingpong": True}])
+                       + [{"warp_specialize": not on}, {"warp_specialize": True, "pingpong": not turns}])
     return kept
 
 

@@ -6,13 +6,9 @@ time of the same kernels replayed from a CUDA graph, and a profile of the Python
 """
 from __future__ import annotations
 
-import cProfile
-import io
 import json
 import os
-import pstats
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -65,33 +61,13 @@ def run(bundles: str, out_dir: str) -> None:
         call()
         torch.cuda.synchronize()
         wall = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
-        n = 2000
-        start = time.perf_counter()
-        for _ in range(n):
-            call()
-        host_us = (time.perf_counter() - start) / n * 1e6
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            call()
-            stream.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                call()
-        gpu = triton.testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median")
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(n):
-            call()
-        profile.disable()
-        torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
-        rec = {"case": name, "wall_us": wall * 1e3, "host_loop_us": host_us, "graph_replay_us": gpu * 1e3,
-               "profile": text.getvalue()}
+        host = harness.host_profile(call, calls=2000, top=30)
+        gpu = triton.testing.do_bench(harness.graphed(call), warmup=50, rep=300, return_mode="median")
+        rec = {"case": name, "wall_us": wall * 1e3, "host_loop_us": host["host_us"], "graph_replay_us": gpu * 1e3,
+               "profile": host["top"]}
         results["cases"].append(rec)
         print(json.dumps({key: value for key, value in rec.items() if key != "profile"}), flush=True)
-        print(rec["profile"][:6000], flush=True)
+        print(json.dumps(rec["profile"]), flush=True)
     harness.save(results, out_dir, "launch_overhead.json")
 
 

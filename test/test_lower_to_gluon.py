@@ -90,6 +90,13 @@ def test_the_triton_preset_takes_it_where_it_lowers_and_is_faster(attn, kwargs, 
     assert _options(_l0(attn, **kwargs), target).warp_specialize is expected
 
 
+@pytest.mark.parametrize("mask, length, expected", [(None, 8192, True), (None, 2048, False), (causal, 8192, False)])
+def test_pingpong_is_the_default_for_long_full_attention(mask, length, expected):
+    options = _options(_l0(ae.attention(mask_mod=mask), b=1, h=2, lq=length))
+    assert options.warp_specialize and options.pingpong is expected
+    assert ("pingpong=true" in presets.pipeline_text("triton", options)) is expected
+
+
 def test_forcing_it_off_a_sm90_target_is_an_error():
     with pytest.raises(CompileError, match="needs the NVIDIA sm90 target"):
         _options(_l0(ae.attention()), "hip:gfx942", warp_specialize=True)

@@ -39,42 +39,28 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _at(desc, batch, head, flat_row, row):
-    # A 4-D descriptor is over [B, H, L, D]; a 2-D one over its rows flattened ([B * H * L, D]),
-    # where flat_row is the sequence's first row.
-    if len(desc.block_type.shape) == 4:
-        return [batch, head, row, 0]
-    else:
-        return [flat_row + row, 0]
-
-
-@gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-            batch, head, kv_head, q_flat, kv_flat, q_first, n_tiles):
+            batch, head, kv_head, q_first, n_tiles):
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, _at(q_desc, batch, head, q_flat, q_first), q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, _at(q_desc, batch, head, q_flat, q_first + HALF_M), q_bar,
-                                    q_smem.index(1))
+    tma.async_copy_global_to_shared(q_desc, [batch, head, q_first, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + HALF_M, 0], q_bar, q_smem.index(1))
     for j in range(n_tiles):
         slot = j % NUM_STAGES
         phase = (j // NUM_STAGES) & 1
         mbarrier.wait(k_empty.index(slot), phase ^ 1)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, _at(k_desc, batch, kv_head, kv_flat, j * TILE_N),
-                                        k_ready.index(slot), k_smem.index(slot))
+        tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * TILE_N, 0], k_ready.index(slot),
+                                        k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), phase ^ 1)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, _at(v_desc, batch, kv_head, kv_flat, j * TILE_N),
-                                        v_ready.index(slot), v_smem.index(slot))
+        tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * TILE_N, 0], v_ready.index(slot),
+                                        v_smem.index(slot))
 
 
 @gluon.jit
 def _matrix(block):
     # A [1, 1, rows, D] TMA block as the [rows, D] operand wgmma reads.
-    if len(block.shape) == 4:
-        return block.reshape([block.shape[2], block.shape[3]])
-    else:
-        return block
+    return block.reshape([block.shape[2], block.shape[3]])
 
 
 @gluon.jit
@@ -135,7 +121,7 @@ def _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, me, ping
 def _consumer(HALF_INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
               turns, o_ptr, lse_ptr, o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k,
               qk_scale, causal, pingpong):
-    HEAD_DIM: gl.constexpr = v_smem.shape[len(v_smem.shape) - 1]
+    HEAD_DIM: gl.constexpr = v_smem.shape[4]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, TILE_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -193,6 +179,7 @@ def _consumer(HALF_INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, 
     gl.store(lse_base + stat_rows, lse, mask=stat_rows < seq_q)
 
 
+# Partition functions take no constexpr arguments, so each warpgroup's half is its own function.
 @gluon.jit
 def _consumer_upper(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
                     o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal,
@@ -251,9 +238,7 @@ def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_str
     consumer_args = shared + (turns, o_ptr, lse_ptr, (o_stride0, o_stride1, o_stride2),
                               (lse_stride0, lse_stride1), batch, head, q_first, n_tiles, SEQ_Q,
                               SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
-    loader_args = (q_desc, k_desc, v_desc) + shared + (batch, head, head // GROUP, gl.program_id(1) * SEQ_Q,
-                                                      (batch * (HEADS // GROUP) + head // GROUP) * SEQ_K, q_first,
-                                                      n_tiles)
+    loader_args = (q_desc, k_desc, v_desc) + shared + (batch, head, head // GROUP, q_first, n_tiles)
     gl.warp_specialize([
         (_consumer_lower, consumer_args),
         (_consumer_upper, consumer_args),
