@@ -72,6 +72,17 @@ def test_stub_records_the_kernel(mask):
     assert ttgir.count("!tt.tensordesc<tensor<1x1x") >= 3
 
 
+def test_divisibility_hints_are_what_the_aligned_variant_checks():
+    """out's pointer and strides and lse's pointer are 16-element aligned on the aligned variant's
+    layouts (kernel_args.aligned_ok), so O's stores are vectors; lse's row strides are not
+    checked (L = 1000 gives 1000) and get no hint."""
+    module = _lower(_l0(ae.attention(), lq=1000))
+    ttgir = module.body.operations[0].operation.attributes["attn.ttgir"].value
+    params = re.search(r"tt\.func public @\w+\((.*?)\) attributes", ttgir, re.S).group(1)
+    hinted = {m.group(1) for m in re.finditer(r"%(\w+): [^ ]+ \{tt\.divisibility = 16", params)}
+    assert hinted == {"o_ptr", "o_stride0", "o_stride1", "o_stride2", "lse_ptr"}
+
+
 def _options(text: str, target: str = "cuda:90", **overrides):
     module = parse_module(text, new_context(), "l0.mlir")
     return presets.options_for("triton", presets.read_problem(module), target, **overrides)

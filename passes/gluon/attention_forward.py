@@ -262,9 +262,12 @@ def compile_ttgir(element: str, dim: int, heads: int, group: int, seq_q: int, se
     for name, elt, strides in (("o", element, 3), ("lse", "fp32", 2)):
         signature[f"{name}_ptr"] = f"*{elt}"
         signature.update({f"{name}_stride{d}": "i64" for d in range(strides)})
-    # The aligned layout (abi.aligned_assumption): 16-byte aligned pointers, strides multiples of
-    # 16 elements, unit last strides (not arguments), so stores are 16-byte vectors.
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(3, len(signature))}
+    # The aligned layout (abi.aligned_assumption, kernel_args.aligned_ok): 16-byte aligned
+    # pointers, out's strides multiples of 16 elements, unit last strides (not arguments), so O's
+    # stores are vectors. lse's row strides are any (a row statistic's: L = 1000 gives 1000).
+    names = list(signature)
+    divisible = ["o_ptr", "o_stride0", "o_stride1", "o_stride2", "lse_ptr"]
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
     constants = {"HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
                  "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong}
     signature.update({name: "constexpr" for name in constants})
