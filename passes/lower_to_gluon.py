@@ -17,7 +17,8 @@ aligned variant's layout: unit last strides, 16-element multiples elsewhere).
 
 What it takes (anything else is a located error; the triton preset picks this pass only where
 `presets.read_problem` found `simple_mask`): bf16 or f16 q, k, v of one type; Dk = Dv in {64,
-128}; query heads a multiple of the KV heads; the causal mask with as many queries as keys.
+128}; query heads a multiple of the KV heads; the causal mask with as many queries as keys; at
+most 65535 batch entries x heads (the grid's y axis).
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ TTGIR = "attn.ttgir"
 MAX_REGISTERS = "attn.max_registers"
 HEAD_DIMS = (64, 128)
 _ELEMENTS = {"bf16": "bf16", "f16": "fp16"}
+# CUDA's limit on a grid's y axis, where the kernel puts batch x heads.
+_MAX_GRID_Y = 65535
 
 
 def causal_mask(region) -> bool:
@@ -101,6 +104,9 @@ def _check_types(m: Match) -> tuple:
                            f"of {' or '.join(map(str, HEAD_DIMS))}")
     if heads % kv_heads:
         raise fail(m.func, f"has {heads} query heads over {kv_heads} KV heads, not a multiple")
+    if batch * heads > _MAX_GRID_Y:
+        raise fail(m.func, f"has {batch} x {heads} (batch x heads) programs per query block; the kernel's grid "
+                           f"takes at most {_MAX_GRID_Y} on its y axis")
     if seq_k < 1 or seq_q < 1:
         raise fail(m.func, "has no queries or no keys")
     if m.causal and seq_q != seq_k:

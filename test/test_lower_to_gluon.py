@@ -49,6 +49,7 @@ def _lower(text: str):
     ("d80", dict(attn=ae.attention(), dk=80), "has head dims 80 (q, k) and 80 (v)"),
     ("dv64", dict(attn=ae.attention(), dv=64), "has head dims 128 (q, k) and 64 (v)"),
     ("causal_lq_lk", dict(attn=ae.attention(mask_mod=causal), lq=128, lk=256), "is causal with 128 queries and 256"),
+    ("grid_y", dict(attn=ae.attention(), b=4097, h=16, lq=32), "has 4097 x 16 (batch x heads) programs"),
 ])
 def test_rejects_what_it_does_not_lower_with_a_location(case, kwargs, message):
     text = _l0(**kwargs)
