@@ -5,7 +5,8 @@ a transform script from inside a stage.
 from __future__ import annotations
 
 from ..core import abi
-from ..core.context import CompileError, Diagnostic, diagnostic_from_mlir, location_parts
+from ..core.context import CompileError, diagnostic_from_mlir
+from .l1_ops import fail  # noqa: F401  (the CPU passes' located errors, as the other passes make them)
 
 # An L1 kernel: a func.func that runs once per program of this grid.
 GRID_ATTR = abi.GRID
@@ -23,11 +24,6 @@ def rows_padded_in_memory(vector_type) -> bool:
     next power of two), so that viewing a dense buffer as it would overrun the buffer."""
     row = vector_type.shape[-1]
     return bool(row & (row - 1))
-
-
-def fail(op, message: str) -> CompileError:
-    filename, line, col = location_parts(op.location)
-    return CompileError(message, [Diagnostic("error", f"'{op.name}' op {message}", filename, line, col)])
 
 
 def ops(block) -> list:
