@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tt_interp import OutOfBoundsError, generic_from_pretty_ttir, run_ttir, ttir_from_triton
+from tt_interp import OutOfBoundsError, run_ttir
+from tt_pretty import generic_from_pretty_ttir, ttir_from_triton
 
 RNG = np.random.default_rng(0)
 
