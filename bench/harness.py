@@ -42,12 +42,9 @@ def graphed(fn):
     return graph.replay
 
 
-def host_profile(fn, calls: int = 200, top: int = 12) -> dict:
+def host_profile(fn, calls: int = 200) -> dict:
     """The host's time a call of `fn` (issued back to back after a synchronization, microseconds)
-    and cProfile's top functions by own time over `calls` calls ([name, own us, cumulative us] a
-    call; the profiler's own cost inflates them, their ratios hold)."""
-    import cProfile
-    import pstats
+    and `profile_calls` over `calls` calls."""
     import time
 
     import torch
@@ -59,16 +56,34 @@ def host_profile(fn, calls: int = 200, top: int = 12) -> dict:
         fn()
     host_us = (time.perf_counter() - start) / calls * 1e6
     torch.cuda.synchronize()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        fn()
-    profiler.disable()
+    return {"host_us": host_us, "top": profile_calls(fn, calls)}
+
+
+def profile_calls(call, steps: int = 100) -> list:
+    """cProfile's top functions of `steps` calls: (function, calls a step, own us, cumulative us),
+    the 30 of most own time and the 40 of most cumulative time (the profiler's own cost inflates
+    them, their ratios hold)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(steps):
+        call()
     torch.cuda.synchronize()
-    stats = pstats.Stats(profiler).stats
-    rows = sorted(((f"{os.path.basename(k[0])}:{k[2]}", v[2] / calls * 1e6, v[3] / calls * 1e6) for k, v in stats.items()),
-                  key=lambda r: -r[1])
-    return {"host_us": host_us, "top": [[name, round(own, 1), round(cum, 1)] for name, own, cum in rows[:top]]}
+    profile.disable()
+    stats = pstats.Stats(profile).stats
+    rows = [(f"{os.path.basename(f)}:{line}({name})", n / steps, own / steps * 1e6, cum / steps * 1e6)
+            for (f, line, name), (_, n, own, cum, _) in stats.items()]
+    top = sorted(rows, key=lambda r: -r[2])[:30] + sorted(rows, key=lambda r: -r[3])[:40]
+    seen, kept = set(), []
+    for row in top:
+        if row[0] not in seen:
+            seen.add(row[0])
+            kept.append([row[0], round(row[1], 2), round(row[2], 1), round(row[3], 1)])
+    return kept
 
 
 def kernel_times(fn, calls: int = 10) -> list:

@@ -131,31 +131,6 @@ def _identity():
     return Identity
 
 
-def _profile(call, steps: int = 100) -> list:
-    """cProfile's top functions of `steps` calls: (function, calls a step, own us, cumulative us)."""
-    import cProfile
-    import pstats
-
-    import torch
-
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(steps):
-        call()
-    torch.cuda.synchronize()
-    profile.disable()
-    stats = pstats.Stats(profile).stats
-    rows = [(f"{os.path.basename(f)}:{line}({name})", n / steps, own / steps * 1e6, cum / steps * 1e6)
-            for (f, line, name), (_, n, own, cum, _) in stats.items()]
-    top = sorted(rows, key=lambda r: -r[2])[:30] + sorted(rows, key=lambda r: -r[3])[:40]
-    seen, kept = set(), []
-    for row in top:
-        if row[0] not in seen:
-            seen.add(row[0])
-            kept.append([row[0], round(row[1], 2), round(row[2], 1), round(row[3], 1)])
-    return kept
-
-
 def _sdpa(q, k, v):
     import torch
 
@@ -192,7 +167,7 @@ def run(bundles: str, out_dir: str) -> None:
                 result.update({f"forward_{key}": value for key, value in _timings(forward).items()})
                 if label == "ae_mlir":
                     result.update(_pieces(attn, q, k, v, d_out))
-                    result["profile"] = _profile(step)
+                    result["profile"] = harness.profile_calls(step)
                 rec["results"][label] = result
             except Exception as exc:
                 rec["results"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}

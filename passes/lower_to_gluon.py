@@ -148,8 +148,7 @@ class LowerToGluon(ModulePass):
 
         from .gluon.attention_forward import BLOCK_M, BLOCK_N, MAX_REGISTERS as REGISTERS, compile_ttgir
 
-        funcs = [op.operation for op in module_op.regions[0].blocks[0].operations
-                 if op.operation.name == "func.func"]
+        funcs = abi.functions(module_op)
         if len(funcs) != 1:
             raise CompileError(f"attn-lower-to-gluon lowers a module with one function, found {len(funcs)}")
         func = funcs[0]

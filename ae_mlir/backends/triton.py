@@ -109,7 +109,6 @@ def _lower_l1(l1_text: str, options) -> list[tuple[runtime.KernelVariant, dict]]
     order, with the launch facts its tt.func records."""
     from .. import presets
     from ..core.context import new_context, parse_module
-    from ..passes.lower_to_triton import triton_text
 
     module = parse_module(l1_text, new_context(), "<l1>")
     _run(presets.pipeline_text("triton", options, "ttir"), module, "attn-lower-to-triton failed")
@@ -117,26 +116,34 @@ def _lower_l1(l1_text: str, options) -> list[tuple[runtime.KernelVariant, dict]]
     for kernel in kernel_ops(module):
         facts = {"name": abi.name(kernel), "grid": abi.grid(kernel), "tables": _tables(kernel),
                  "chunk_stage": abi.chunk_stage(kernel)}
-        variant = runtime.KernelVariant(triton_text(module, kernel), abi.kernel_args(kernel), options.assume_aligned)
-        lowered.append((variant, facts))
+        lowered.append((kernel_variant(module, kernel, options.assume_aligned), facts))
     return lowered
+
+
+def kernel_variant(module, kernel, aligned: bool) -> runtime.KernelVariant:
+    """A lowered tt.func as the runtime compiles it: Triton IR, or the Triton GPU IR that
+    attn-lower-to-gluon's stub carries, with that kernel's own grid and register cap."""
+    from ..passes.lower_to_gluon import MAX_REGISTERS, TTGIR
+    from ..passes.lower_to_triton import triton_text
+
+    text, args = triton_text(module, kernel), abi.kernel_args(kernel)
+    if TTGIR not in kernel.attributes:
+        return runtime.KernelVariant(text, args, aligned)
+    return runtime.KernelVariant(text, args, aligned, ir="ttgir", grid=abi.grid(kernel),
+                                 max_registers=abi.int_attr(kernel, MAX_REGISTERS))
 
 
 def _lower_gluon(l0_text: str, options, generic: list) -> list[tuple[runtime.KernelVariant, dict]]:
     """The aligned variant from attn-lower-to-gluon: one Triton GPU IR kernel in place of the
     general variant's one, with its own grid and register cap."""
     from .. import presets
-    from ..passes.lower_to_gluon import MAX_REGISTERS
-    from ..passes.lower_to_triton import triton_text
 
     if len(generic) != 1:
         raise CompileError(f"attn-lower-to-gluon replaces one kernel, the general variant has {len(generic)}")
     module = _parse_l0(l0_text)
     _run(presets.pipeline_text("triton", options), module, "attn-lower-to-gluon failed")
     (kernel,) = kernel_ops(module)
-    variant = runtime.KernelVariant(triton_text(module, kernel), abi.kernel_args(kernel), True, ir="ttgir",
-                                    grid=abi.grid(kernel), max_registers=abi.int_attr(kernel, MAX_REGISTERS))
-    return [(variant, generic[0][1])]
+    return [(kernel_variant(module, kernel, True), generic[0][1])]
 
 
 def kernel_ops(module) -> list:
@@ -380,25 +387,21 @@ def emit(kind: str, module, target: str | None, launch=None) -> str:
     them (between `// -----` lines, in launch order), or compiled to PTX (cuda) / AMDGCN (hip)
     for `target` with `launch(kernel name, chunk stage)` = (num_warps, num_stages): the preset's, as the
     runtime launches them, else Triton's defaults."""
-    from ..passes.lower_to_gluon import MAX_REGISTERS, TTGIR
-    from ..passes.lower_to_triton import triton_text
-
     kernels = kernel_ops(module)
-    texts = [triton_text(module, kernel) for kernel in kernels]
+    variants = [kernel_variant(module, kernel, True) for kernel in kernels]
     if kind == "ttir":
-        return "// -----\n".join(texts)
+        return "// -----\n".join(variant.ttir for variant in variants)
     default = {"ptx": "cuda:90", "amdgcn": "hip:gfx942"}[kind]
     target = target or default
     family = default.split(":")[0]
     if target.split(":")[0] != family:
         raise CompileError(f"--emit={kind} needs a {family} target, got --target={target}")
     assembly = []
-    for kernel, text in zip(kernels, texts):
+    for kernel, variant in zip(kernels, variants):
         name = kernel.attributes["sym_name"].value
         warps, stages = launch(name, abi.chunk_stage(kernel)) if launch else (_TRITON_WARPS, _TRITON_STAGES[family])
-        ir, registers = ("ttgir", abi.int_attr(kernel, MAX_REGISTERS)) if TTGIR in kernel.attributes else ("ttir", 0)
         try:
-            compiled = runtime.compile_ttir(text, target, warps, stages, ir, registers)
+            compiled = runtime.compile_variant(variant, target, warps, stages)
         except Exception as err:
             raise CompileError(f"triton.compile for {target} failed: {str(err).strip().splitlines()[-1]}") from None
         assembly.append(compiled.asm[kind])
