@@ -104,6 +104,10 @@ def aligned_ok(bundle, tensors: dict) -> bool:
                 continue
             if role not in abi.ROW_STATS and stride % 16:
                 return False
+            # A broadcast dimension (an expanded K or V): TMA descriptors' strides are not
+            # specified at 0, so such tensors take the general variant's pointers.
+            if stride == 0:
+                return False
             # Strides travel as i32; tile origins are computed in i64, so only offsets inside a
             # tile (rows along the sequence dimension) must stay below 2^31.
             limit = abs(stride) * reach if d == t.dim() - 2 else abs(stride)

@@ -115,6 +115,26 @@ def _check_types(m: Match) -> tuple:
     return _ELEMENTS[elt], batch, heads, heads // kv_heads, seq_q, seq_k, dk
 
 
+@dataclass(frozen=True)
+class Instance:
+    """The kernel as the pass instantiates it for one L0 function."""
+
+    element: str  # Triton's name of q's type
+    dim: int
+    constants: dict  # the kernel's constexprs (`kernel_constants`)
+    grid: tuple
+
+
+def instance(func, pingpong: bool) -> Instance:
+    """What the pass instantiates for the L0 function; a located CompileError where it cannot."""
+    from .gluon.attention_forward import BLOCK_M, kernel_constants
+
+    m = match(func)
+    element, batch, heads, group, seq_q, seq_k, dim = _check_types(m)
+    constants = kernel_constants(heads, group, seq_q, seq_k, m.scale, m.causal, pingpong)
+    return Instance(element, dim, constants, (-(-seq_q // BLOCK_M), batch * heads, 1))
+
+
 def lowers(func) -> bool:
     """Whether this pass lowers the L0 function (presets.read_problem's `simple_mask`)."""
     try:
@@ -152,9 +172,8 @@ class LowerToGluon(ModulePass):
         if len(funcs) != 1:
             raise CompileError(f"attn-lower-to-gluon lowers a module with one function, found {len(funcs)}")
         func = funcs[0]
-        m = match(func)
-        element, batch, heads, group, seq_q, seq_k, dim = _check_types(m)
-        ttgir = compile_ttgir(element, dim, heads, group, seq_q, seq_k, m.scale, m.causal, self.pingpong)
+        kernel = instance(func, self.pingpong)
+        ttgir = compile_ttgir(kernel.element, kernel.dim, kernel.constants)
         name = ir.StringAttr(func.attributes["sym_name"]).value
         with module_op.context, func.location:
             i64 = ir.IntegerType.get_signless(64)
@@ -163,7 +182,7 @@ class LowerToGluon(ModulePass):
                 "sym_name": ir.StringAttr.get(name),
                 "sym_visibility": ir.StringAttr.get("public"),
                 "noinline": ir.IntegerAttr.get(ir.IntegerType.get_signless(1), 0),
-                abi.GRID: ir.DenseI64ArrayAttr.get([-(-seq_q // BLOCK_M), batch * heads, 1]),
+                abi.GRID: ir.DenseI64ArrayAttr.get(list(kernel.grid)),
                 abi.BLOCK_M: ir.IntegerAttr.get(i64, BLOCK_M),
                 abi.BLOCK_N: ir.IntegerAttr.get(i64, BLOCK_N),
                 abi.KERNEL_ARGS: ir.ArrayAttr.get([ir.StringAttr.get(s) for s in kernel_labels()]),

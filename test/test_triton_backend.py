@@ -206,6 +206,16 @@ def test_both_variants_agree_on_a_transposed_layout():
     torch.testing.assert_close(a, g, atol=0, rtol=0)
 
 
+def test_broadcast_keys_take_the_general_variant():
+    """K and V expanded over the heads (stride 0) match the reference through the general
+    variant: the aligned one's descriptors take no zero stride."""
+    q = rand(1, 2, 40, 64, seed=7)
+    k, v = (rand(1, 1, 40, 64, seed=s).expand(1, 2, 40, 64) for s in (8, 9))
+    bundle = tb.compile_bundle(ae.attention(mask_mod=causal), q, k, v, config=SMALL)
+    assert not runtime.aligned_ok(bundle, runtime.bind(bundle, q, k, v))
+    check(ae.attention(mask_mod=causal), q, k, v, expect_variant="generic")
+
+
 def test_closure_layouts_and_the_aligned_variant():
     """A closure tensor of rows of 16 elements or more is specialized like q, k and v (its tile
     loads vectorize); any other keeps its strides and only needs a unit last one, so a bias

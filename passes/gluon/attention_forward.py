@@ -246,10 +246,22 @@ def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_str
     ], [4, 1], [240, 24])
 
 
-def compile_ttgir(element: str, dim: int, heads: int, group: int, seq_q: int, seq_k: int, scale: float,
-                  causal: bool, pingpong: bool) -> str:
-    """The kernel instantiated and compiled for sm90: its Triton GPU IR, which the runtime compiles
-    on the GPU. `element` is Triton's name of q's type (bf16, fp16)."""
+def descriptor_blocks(dim: int) -> list:
+    """The TMA block shapes of the q, k and v descriptors, in the kernel's argument order."""
+    return [[1, 1, HALF, dim], [1, 1, BLOCK_N, dim], [1, 1, BLOCK_N, dim]]
+
+
+def kernel_constants(heads: int, group: int, seq_q: int, seq_k: int, scale: float, causal: bool,
+                     pingpong: bool) -> dict:
+    """The kernel's constexpr arguments for one instantiation."""
+    return {"HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
+            "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong}
+
+
+def compile_ttgir(element: str, dim: int, constants: dict) -> str:
+    """The kernel instantiated with `constants` (`kernel_constants`) and compiled for sm90: its
+    Triton GPU IR, which the runtime compiles on the GPU. `element` is Triton's name of q's type
+    (bf16, fp16)."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
@@ -257,9 +269,9 @@ def compile_ttgir(element: str, dim: int, heads: int, group: int, seq_q: int, se
 
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[element]
     signature = {}
-    for name, rows in (("q_desc", HALF), ("k_desc", BLOCK_N), ("v_desc", BLOCK_N)):
-        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, dim], dtype)
-        signature[name] = f"tensordesc<{element}[1, 1, {rows}, {dim}],{layout!r}>"
+    for name, block in zip(("q_desc", "k_desc", "v_desc"), descriptor_blocks(dim)):
+        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+        signature[name] = f"tensordesc<{element}{block},{layout!r}>"
     for name, elt, strides in (("o", element, 3), ("lse", "fp32", 2)):
         signature[f"{name}_ptr"] = f"*{elt}"
         signature.update({f"{name}_stride{d}": "i64" for d in range(strides)})
@@ -269,8 +281,6 @@ def compile_ttgir(element: str, dim: int, heads: int, group: int, seq_q: int, se
     names = list(signature)
     divisible = ["o_ptr", "o_stride0", "o_stride1", "o_stride2", "lse_ptr"]
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
-    constants = {"HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
-                 "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong}
     signature.update({name: "constexpr" for name in constants})
     # triton.compile would go on to LLVM, PTX and a cubin (ptxas, ~2 s) that nothing here uses:
     # Triton's stages up to the one that writes Triton GPU IR give the same text in a tenth of it.

@@ -1,0 +1,86 @@
+"""The Gluon kernel `attn-lower-to-gluon` instantiates, run by the emulator (test/gluon_emu.py) on
+CPU tensors against float64: the bundle's aligned variant's grid and arguments as the runtime
+makes them (host descriptors over the whole tensors, out's and lse's strides), the pass's own
+constexprs. What the GPU adds (layouts, timing) is left to the GPU-marked test in
+test_lower_to_gluon.py; what this checks is the kernel's arithmetic, indexing, masking, GQA, ragged
+tiles and its barrier protocol (a deadlock or an over-arrival fails)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import runtime
+from ae_mlir.backends import triton as tb
+from ae_mlir.core import abi
+from ae_mlir.core.context import new_context, parse_module
+from ae_mlir.kernel_args import argument_values, launcher_positions
+from ae_mlir.passes.gluon import attention_forward
+from ae_mlir.passes.lower_to_gluon import instance
+
+from gluon_emu import EmulationError, launch
+
+
+def causal(b, h, i, j):
+    return i >= j
+
+
+def _meta(t):
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def emulate(attn, q, k, v, pingpong=False):
+    """The bundle's Gluon variant on CPU tensors; returns (out, lse)."""
+    config = {"warp_specialize": True, "pingpong": pingpong}
+    bundle = tb.compile_bundle(attn, _meta(q), _meta(k), _meta(v), config=config)
+    tensors = runtime.bind(bundle, q, k, v)
+    variant = runtime.choose_variant(bundle, tensors)
+    assert variant.ir == "ttgir"
+    module = parse_module(attn.mlir(q, k, v), new_context(), "l0.mlir")
+    kernel = instance(abi.functions(module)[0], pingpong)
+    assert list(kernel.grid) == list(variant.grid)
+    args = argument_values(variant, tensors, [])
+    args = [args[i] for i in launcher_positions(variant)]
+    launch(attention_forward.attention_forward, variant.grid, args, attention_forward.descriptor_blocks(kernel.dim),
+           kernel.constants)
+    return tensors["out"], tensors["lse"]
+
+
+@pytest.mark.parametrize("b, h, hkv, lq, lk, d, mask, dtype, layout, pingpong", [
+    (1, 2, 2, 256, 256, 128, causal, torch.bfloat16, "bhld", False),
+    (1, 2, 2, 300, 300, 128, causal, torch.bfloat16, "bhld", True),
+    (2, 4, 2, 200, 200, 64, None, torch.float16, "blhd", False),
+    (1, 2, 2, 100, 390, 128, None, torch.bfloat16, "bhld", True),
+    (1, 1, 1, 64, 64, 64, causal, torch.float16, "bhld", False),
+    (1, 2, 1, 130, 130, 128, causal, torch.bfloat16, "blhd", False),
+])
+def test_emulated_kernel_matches_float64(b, h, hkv, lq, lk, d, mask, dtype, layout, pingpong):
+    torch.manual_seed(lq + lk + d)
+
+    def make(heads, length):
+        if layout == "blhd":
+            return torch.randn(b, length, heads, d, dtype=dtype).transpose(1, 2)
+        return torch.randn(b, heads, length, d, dtype=dtype)
+
+    q, k, v = make(h, lq), make(hkv, lk), make(hkv, lk)
+    attn = ae.attention(mask_mod=mask)
+    out, lse = emulate(attn, q, k, v, pingpong)
+    want, want_lse = attn(q.double(), k.double(), v.double(), backend="reference", return_lse=True)
+    # The 16-bit rounding of P and of the output: SDPA's own error in these types.
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-4)
+
+
+def test_emulator_reports_a_deadlock(monkeypatch):
+    """A kernel whose consumer waits on a phase nobody completes fails instead of hanging."""
+    import gluon_emu
+
+    monkeypatch.setattr(gluon_emu, "TIMEOUT", 0.3)
+    barrier = gluon_emu.Barrier()
+    barrier.init(1)
+    with pytest.raises(EmulationError, match="deadlock"):
+        barrier.wait(0)
+    barrier.arrive(1)
+    barrier.wait(0)
+    with pytest.raises(EmulationError, match="2 arrivals"):
+        barrier.arrive(2)
