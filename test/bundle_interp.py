@@ -1,5 +1,6 @@
 """Run a Triton bundle in the NumPy TTIR interpreter exactly as `ae_mlir.runtime.launch` would
-run it on a GPU (same argument binding, same kernel variant choice)."""
+run it on a GPU (same argument binding, same kernel variant choice); a Triton GPU IR variant
+(attn-lower-to-gluon's) runs in the Gluon emulator."""
 from __future__ import annotations
 
 import numpy as np
@@ -79,9 +80,11 @@ def _run_kernels(launches: list[tuple], tensors: dict) -> dict:
     storage array by label (the kernels' results are written there)."""
     arrays = {}
     for kernel, picked, values in launches:
-        if picked.ir != "ttir":
-            raise NotImplementedError(f"kernel '{kernel.name}' is {picked.ir} (attn-lower-to-gluon), which only a GPU "
-                                      "runs; interpret the 'generic' variant or build with warp_specialize=False")
+        if picked.ir == "ttgir":
+            _emulate_gluon(kernel, picked, values)
+            arrays.update((label, _storage(value)) for label, value in zip(picked.args, values)
+                          if isinstance(value, torch.Tensor))
+            continue
         args = []
         for label, value in zip(picked.args, values):
             if isinstance(value, runtime.HostDescriptor):
@@ -96,3 +99,23 @@ def _run_kernels(launches: list[tuple], tensors: dict) -> dict:
             args.append(value)
         run_ttir(picked.ttir, kernel.name, args, kernel.grid)
     return arrays
+
+
+def _emulate_gluon(bundle: runtime.Bundle, variant, values: list) -> None:
+    """attn-lower-to-gluon's kernel, instantiated again from the bundle's L0 module and config as
+    the pass did, run by the Gluon emulator with the arguments Triton's launcher gets; it writes
+    into the tensors themselves."""
+    from gluon_emu import launch
+
+    from ae_mlir.core.context import new_context, parse_module
+    from ae_mlir.kernel_args import launcher_positions
+    from ae_mlir.passes.gluon import attention_forward
+    from ae_mlir.passes.lower_to_gluon import instance
+
+    module = parse_module(bundle.meta["l0"], new_context(), "l0.mlir")
+    kernel = instance(abi.functions(module)[0], bundle.meta["config"].get("pingpong", False))
+    if list(kernel.grid) != list(variant.grid):
+        raise AssertionError(f"the bundle's grid {variant.grid} is not the pass's {list(kernel.grid)}")
+    args = [values[i] for i in launcher_positions(variant)]
+    launch(attention_forward.attention_forward, variant.grid, args, attention_forward.descriptor_blocks(kernel.dim),
+           kernel.constants)

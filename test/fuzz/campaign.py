@@ -31,7 +31,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from hypothesis import given, seed, settings  # noqa: E402
 from linear_programs import linear_programs  # noqa: E402
-from programs import programs  # noqa: E402
+from programs import gluon_programs, programs  # noqa: E402
 from test_differential import (FUZZ, TARGETS, check_backward, check_packed, check_packed_backward,  # noqa: E402
                                check_triton)
 from test_linear_differential import check_triton_linear  # noqa: E402
@@ -68,14 +68,17 @@ def main(argv=None):
     parser.add_argument("--tma", action="store_true",
                         help="attention programs for cuda:90 only, with TMA tile loads (tensor_descriptors, "
                              "an autotuning choice there) over the default config")
+    parser.add_argument("--gluon", action="store_true",
+                        help="attention programs for cuda:90 only, those attn-lower-to-gluon takes (plain or causal, "
+                             "16-bit, D 64/128), its kernel run in the Gluon emulator (warp_specialize on)")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds or set(kinds) - set(KINDS):
         parser.error(f"--kinds takes {', '.join(KINDS)}, got {args.kinds!r}")
     cells = [cell for cell in CELLS if cell[0] in kinds]
-    if args.tma:
+    if args.tma or args.gluon:
         cells = [("attention", "cuda:90")]
-    config = {"tensor_descriptors": True} if args.tma else None
+    config = {"tensor_descriptors": True} if args.tma else {"warp_specialize": True} if args.gluon else None
     date = datetime.date.today().isoformat()
     out = args.out or HERE.parent.parent / "bench" / "results" / f"fuzz-defaults-{date}.json"
     warnings.filterwarnings("ignore")
@@ -100,11 +103,11 @@ def main(argv=None):
 
         @seed(args.seed * 1_000_003 + number)
         @settings(FUZZ, max_examples=count)
-        @given(linear_programs() if kind == "linear" else programs(max_seq=200))
+        @given(linear_programs() if kind == "linear" else gluon_programs() if args.gluon else programs(max_seq=200))
         def run(program):
             try:
                 if kind == "attention":
-                    check_triton(program, target, config)
+                    check_triton(program, target, config, "ttgir" if args.gluon else None)
                 elif kind == "backward":
                     check_backward(program, target)
                 elif kind == "packed":

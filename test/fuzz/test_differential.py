@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 import ae_mlir as ae
 from ae_mlir import variants
-from programs import Program, programs
+from programs import Program, gluon_programs, programs
 
 EXAMPLES = int(os.environ.get("AE_FUZZ_EXAMPLES", "100"))
 SEED = int(os.environ.get("AE_FUZZ_SEED", "20261130"))
@@ -82,9 +82,9 @@ def _reference(p: Program, attn, q, k, v):
     return attn(q, k, v, backend="reference")
 
 
-def triton_interpreted(attn, q, k, v, target: str = "cuda:90", config: dict | None = SMALL):
+def triton_interpreted(attn, q, k, v, target: str = "cuda:90", config: dict | None = SMALL, expect_ir: str | None = None):
     """The attention compiled to Triton IR exactly as for a GPU (`config` None: the target's
-    default), run in the NumPy interpreter."""
+    default), run in the NumPy interpreter; `expect_ir` checks the kind of kernel the call ran."""
     from bundle_interp import interpret
 
     from ae_mlir.backends import triton as tb
@@ -92,10 +92,9 @@ def triton_interpreted(attn, q, k, v, target: str = "cuda:90", config: dict | No
     bundle = tb.compile_bundle(attn, q, k, v, target=target, config=config)
     _, captures = attn._build(q, k, v)
     # attn-lower-to-gluon's aligned variant (cuda:90's default for plain and causal 16-bit
-    # attention at D = 128) has no interpreter: its Triton IR general variant runs here, the Gluon
-    # kernel on a GPU (bench/warp_specialized.py, test_lower_to_gluon.py).
-    gluon = bundle.variants["aligned"].ir != "ttir"
-    (out, *_), _ = interpret(bundle, q, k, v, *captures, variant="generic" if gluon else None)
+    # attention at D = 128) runs in the Gluon emulator.
+    (out, *_), variant = interpret(bundle, q, k, v, *captures)
+    assert expect_ir in (None, variant.ir), f"the call ran a {variant.ir} kernel, not {expect_ir}"
     return out
 
 
@@ -103,10 +102,10 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False, databas
                 suppress_health_check=list(HealthCheck), print_blob=True)
 
 
-def check_triton(p: Program, target: str, config: dict | None):
+def check_triton(p: Program, target: str, config: dict | None, expect_ir: str | None = None):
     attn = _attention(p)
     q, k, v = p.inputs()
-    got = triton_interpreted(attn, q, k, v, target, config)
+    got = triton_interpreted(attn, q, k, v, target, config, expect_ir)
     _assert_close(p, got, _reference(p, attn, q, k, v), f"Triton IR for {target} (interpreted)")
 
 
@@ -133,6 +132,18 @@ def test_decoding_programs_at_default_configs(target):
     @given(programs(max_seq=16, seq_k_range=(600, 3000), groups=(1, 2, 4)))
     def run(p: Program):
         check_triton(p, target, None)
+
+    run()
+
+
+def test_gluon_programs_on_sm90():
+    # What attn-lower-to-gluon takes (plain or causal, 16-bit, D 64/128, GQA, ragged, transposed),
+    # its kernel run in the Gluon emulator (test/gluon_emu.py).
+    @seed(SEED + 5)
+    @settings(FUZZ, max_examples=max(5, EXAMPLES // 5))
+    @given(gluon_programs())
+    def run(p: Program):
+        check_triton(p, "cuda:90", {"warp_specialize": True}, expect_ir="ttgir")
 
     run()
 
