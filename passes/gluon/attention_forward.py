@@ -262,37 +262,15 @@ def compile_ttgir(element: str, dim: int, constants: dict) -> str:
     """The kernel instantiated with `constants` (`kernel_constants`) and compiled for sm90: its
     Triton GPU IR, which the runtime compiles on the GPU. `element` is Triton's name of q's type
     (bf16, fp16)."""
-    from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from .compile import descriptor_type, gluon_ttgir
 
-    dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[element]
-    signature = {}
-    for name, block in zip(("q_desc", "k_desc", "v_desc"), descriptor_blocks(dim)):
-        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-        signature[name] = f"tensordesc<{element}{block},{layout!r}>"
+    signature = {name: descriptor_type(element, block)
+                 for name, block in zip(("q_desc", "k_desc", "v_desc"), descriptor_blocks(dim))}
     for name, elt, strides in (("o", element, 3), ("lse", "fp32", 2)):
         signature[f"{name}_ptr"] = f"*{elt}"
         signature.update({f"{name}_stride{d}": "i64" for d in range(strides)})
     # The aligned layout (abi.aligned_assumption, kernel_args.aligned_ok): 16-byte aligned
     # pointers, out's strides multiples of 16 elements, unit last strides (not arguments), so O's
     # stores are vectors. lse's row strides are any (a row statistic's: L = 1000 gives 1000).
-    names = list(signature)
     divisible = ["o_ptr", "o_stride0", "o_stride1", "o_stride2", "lse_ptr"]
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
-    signature.update({name: "constexpr" for name in constants})
-    # triton.compile would go on to LLVM, PTX and a cubin (ptxas, ~2 s) that nothing here uses:
-    # Triton's stages up to the one that writes Triton GPU IR give the same text in a tenth of it.
-    source = GluonASTSource(attention_forward, signature, constants, attrs)
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    options = backend.parse_options({"num_warps": NUM_WARPS, "maxnreg": MAX_REGISTERS, **source.parse_options()})
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    module = source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
-                            context)
-    stages = {}
-    backend.add_stages(stages, options, source.language)
-    return str(stages["ttgir"](module, {}))
+    return gluon_ttgir(attention_forward, signature, constants, divisible, NUM_WARPS, MAX_REGISTERS)

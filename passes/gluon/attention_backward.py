@@ -1,0 +1,224 @@
+"""The Hopper dK/dV kernel of softmax attention's backward (no score_mod; no mask or the causal
+one), written in Gluon like the forward (`attention_forward.py`), in FlashAttention-3's form.
+
+A program owns 128 rows of K and V of one KV head (two consumer warpgroups of 64 rows each keep
+their dK and dV accumulators in registers) and walks the query blocks of the heads that read that
+KV head (the GQA group, so dK and dV are summed over it in registers, deterministically):
+
+- one loader warp copies the K and V rows once, then each query block's Q and dO tiles into a
+  two-slot ring (TMA; mbarriers say ready and empty);
+- per query block each consumer computes S^T = K Q^T and dP^T = V dO^T on the tensor cores,
+  P^T = exp2(S^T scale - lse), dS^T = P^T (dP^T - delta) in registers, and adds P^T dO into dV
+  and dS^T Q into dK; P^T and dS^T enter those products from registers, so nothing is written
+  to shared memory but what the loader brings.
+
+lse is the forward's natural-log logsumexp of the scaled scores and delta the row sums of
+dO * O less the logsumexp's own gradient (what the Triton IR dQ kernel writes before this kernel
+runs). dK comes out scaled by the softmax scale (the scores' derivative wrt K). Causal: a KV block
+starts its walk at the first query block that sees it; rows past the sequence ends are zeros from
+TMA and masked.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+HALF = 64      # K/V rows per consumer warpgroup; a program covers 2 * HALF rows
+BLOCK_M_ = 64  # query rows per step
+STAGES = 2     # Q and dO ring depth
+HALF_N = gl.constexpr(HALF)
+TILE_M = gl.constexpr(BLOCK_M_)
+NUM_STAGES = gl.constexpr(STAGES)
+BLOCK_N = 2 * HALF
+BLOCK_M = BLOCK_M_
+NUM_WARPS = 4
+MAX_REGISTERS = 168
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty,
+            do_empty, batch, kv_head, kv_first, first_block, n_blocks, group):
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        tma.async_copy_global_to_shared(k_desc, [batch, kv_head, kv_first + half * HALF_N, 0], kv_bar,
+                                        k_smem.index(half))
+        tma.async_copy_global_to_shared(v_desc, [batch, kv_head, kv_first + half * HALF_N, 0], kv_bar,
+                                        v_smem.index(half))
+    for t in range(group * n_blocks):
+        head = kv_head * group + t // n_blocks
+        row = (first_block + t % n_blocks) * TILE_M
+        slot = t % NUM_STAGES
+        phase = (t // NUM_STAGES) & 1
+        mbarrier.wait(q_empty.index(slot), phase ^ 1)
+        mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], q_ready.index(slot), q_smem.index(slot))
+        mbarrier.wait(do_empty.index(slot), phase ^ 1)
+        mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [batch, head, row, 0], do_ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _matrix(block):
+    # A [1, 1, rows, D] TMA block as the [rows, D] operand wgmma reads.
+    return block.reshape([block.shape[2], block.shape[3]])
+
+
+@gluon.jit
+def _row_stat(ptr, strides, batch, head, rows, seq_q):
+    return gl.load(ptr + batch.to(gl.int64) * strides[0] + head.to(gl.int64) * strides[1] + rows,
+                   mask=rows < seq_q, other=0.0)
+
+
+@gluon.jit
+def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty,
+              do_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head,
+              kv_first, first_block, n_blocks, group, seq_q, seq_k, qk_scale, sm_scale, causal):
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    dtype: gl.constexpr = k_smem.dtype
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, TILE_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    k_rows = kv_first + HALF_INDEX * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, st_layout))
+    k_tile = _matrix(k_smem.index(HALF_INDEX))
+    v_tile = _matrix(v_smem.index(HALF_INDEX))
+    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
+    zero = gl.zeros([HALF_N, TILE_M], gl.float32, st_layout)
+    mbarrier.wait(kv_bar, 0)
+    for t in range(group * n_blocks):
+        head = kv_head * group + t // n_blocks
+        q_first = (first_block + t % n_blocks) * TILE_M
+        slot = t % NUM_STAGES
+        phase = (t // NUM_STAGES) & 1
+        q_tile = _matrix(q_smem.index(slot))
+        do_tile = _matrix(do_smem.index(slot))
+        mbarrier.wait(q_ready.index(slot), phase)
+        st_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(slot), phase)
+        dpt_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+        # The query rows' statistics load while the products run.
+        q_rows = q_first + gl.arange(0, TILE_M, layout=gl.SliceLayout(0, st_layout))
+        lse = _row_stat(lse_ptr, lse_strides, batch, head, q_rows, seq_q) * LOG2E
+        delta = _row_stat(delta_ptr, delta_strides, batch, head, q_rows, seq_q)
+        st = warpgroup_mma_wait(1, deps=(st_tok, ))
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+        visible = (q_rows < seq_q)[None, :] & (k_rows < seq_k)[:, None]
+        if causal:
+            visible = visible & (q_rows[None, :] >= k_rows[:, None])
+        pt = gl.where(visible, pt, 0.0)
+        dpt = warpgroup_mma_wait(0, deps=(dpt_tok, ))
+        dst = pt * (dpt - delta[None, :])
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dv_tok = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+        dk_tok = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+        dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, pt_op, dst_op))
+        mbarrier.arrive(q_empty.index(slot), count=1)
+        mbarrier.arrive(do_empty.index(slot), count=1)
+
+    rows = kv_first + HALF_INDEX * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    keep = (rows < seq_k)[:, None]
+    dk_base = dk_ptr + batch.to(gl.int64) * dk_strides[0] + kv_head.to(gl.int64) * dk_strides[1]
+    gl.store(dk_base + rows.to(gl.int64)[:, None] * dk_strides[2] + cols[None, :], (dk * sm_scale).to(dtype),
+             mask=keep)
+    dv_base = dv_ptr + batch.to(gl.int64) * dv_strides[0] + kv_head.to(gl.int64) * dv_strides[1]
+    gl.store(dv_base + rows.to(gl.int64)[:, None] * dv_strides[2] + cols[None, :], dv.to(dtype), mask=keep)
+
+
+# Partition functions take no constexpr arguments, so each warpgroup's half is its own function.
+@gluon.jit
+def _consumer_lower(k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr,
+                    delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first,
+                    first_block, n_blocks, group, seq_q, seq_k, qk_scale, sm_scale, causal):
+    _consumer(0, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
+              dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks,
+              group, seq_q, seq_k, qk_scale, sm_scale, causal)
+
+
+@gluon.jit
+def _consumer_upper(k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr,
+                    delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first,
+                    first_block, n_blocks, group, seq_q, seq_k, qk_scale, sm_scale, causal):
+    _consumer(1, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
+              dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks,
+              group, seq_q, seq_k, qk_scale, sm_scale, causal)
+
+
+@gluon.jit
+def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride0, lse_stride1, delta_ptr,
+                            delta_stride0, delta_stride1, dk_ptr, dk_stride0, dk_stride1, dk_stride2, dv_ptr,
+                            dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
+                            SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
+                            SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
+    # Axis 0 walks a KV head's blocks, so the programs in flight share its queries through L2.
+    kv_first = gl.program_id(0) * (2 * HALF_N)
+    batch = gl.program_id(1) // KV_HEADS
+    kv_head = gl.program_id(1) % KV_HEADS
+    blocks = gl.cdiv(SEQ_Q, TILE_M)
+    if CAUSAL:
+        first_block = kv_first // TILE_M
+    else:
+        first_block = 0
+    n_blocks = blocks - first_block
+
+    dtype: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+        mbarrier.init(do_empty.index(i), count=2)
+
+    shared = (k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty)
+    consumer_args = shared + (lse_ptr, delta_ptr, dk_ptr, dv_ptr, (lse_stride0, lse_stride1), (delta_stride0, delta_stride1),
+                              (dk_stride0, dk_stride1, dk_stride2), (dv_stride0, dv_stride1, dv_stride2), batch,
+                              kv_head, kv_first, first_block, n_blocks, GROUP, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE,
+                              CAUSAL)
+    loader_args = (q_desc, k_desc, v_desc, do_desc) + shared + (batch, kv_head, kv_first, first_block, n_blocks,
+                                                                GROUP)
+    gl.warp_specialize([
+        (_consumer_lower, consumer_args),
+        (_consumer_upper, consumer_args),
+        (_loader, loader_args),
+    ], [4, 1], [240, 24])
+
+
+def descriptor_blocks(dim: int) -> list:
+    """The TMA block shapes of the q, k, v and do descriptors, in the kernel's argument order."""
+    return [[1, 1, BLOCK_M, dim], [1, 1, HALF, dim], [1, 1, HALF, dim], [1, 1, BLOCK_M, dim]]
+
+
+def kernel_constants(kv_heads: int, group: int, seq_q: int, seq_k: int, scale: float, causal: bool) -> dict:
+    """The kernel's constexpr arguments for one instantiation."""
+    return {"KV_HEADS": kv_heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
+            "QK_SCALE": scale * 1.4426950408889634, "SM_SCALE": scale, "CAUSAL": causal}
+
+
+def compile_ttgir(element: str, dim: int, constants: dict) -> str:
+    """The kernel instantiated with `constants` and compiled for sm90: its Triton GPU IR."""
+    from .compile import descriptor_type, gluon_ttgir
+
+    signature = {name: descriptor_type(element, block)
+                 for name, block in zip(("q_desc", "k_desc", "v_desc", "do_desc"), descriptor_blocks(dim))}
+    for name, elt, strides in (("lse", "fp32", 2), ("delta", "fp32", 2), ("dk", element, 3), ("dv", element, 3)):
+        signature[f"{name}_ptr"] = f"*{elt}"
+        signature.update({f"{name}_stride{d}": "i64" for d in range(strides)})
+    # The aligned layout (kernel_args.aligned_ok): dK's and dV's pointers and strides in 16-element
+    # multiples, so their stores are vectors; the row statistics' row strides are any.
+    divisible = ["lse_ptr", "delta_ptr"] + [f"{t}_{part}" for t in ("dk", "dv")
+                                            for part in ("ptr", "stride0", "stride1", "stride2")]
+    return gluon_ttgir(attention_backward_dkdv, signature, constants, divisible, NUM_WARPS, MAX_REGISTERS)
