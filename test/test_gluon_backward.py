@@ -1,6 +1,7 @@
-"""The Gluon dK/dV kernel (passes/gluon/attention_backward.py), run by the emulator on CPU tensors
-against float64 autograd: plain and causal, GQA (dK and dV summed over the group), ragged
-lengths, Lq != Lk, D 64 and 128, transposed layouts; and its Triton GPU IR compiled for sm90."""
+"""The Gluon backward kernels (passes/gluon/attention_backward.py: dQ, which writes delta, then
+dK/dV), run by the emulator on CPU tensors against float64 autograd (with a logsumexp gradient):
+plain and causal, GQA (dK and dV summed over the group), ragged lengths, Lq != Lk, D 64 and 128,
+transposed layouts; and their Triton GPU IR compiled for sm90."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,9 @@ from ae_mlir.passes.gluon import attention_backward as ab
 from gluon_emu import launch
 
 
-def reference(q, k, v, do, causal, scale):
-    """dK, dV in float64, and the forward's lse and delta = rowsum(dO * O) as the kernel reads them."""
+def reference(q, k, v, do, dlse, causal, scale):
+    """dQ, dK, dV of sum(out * dO) + sum(lse * dlse) in float64, and the forward's out and lse as
+    the kernels read them."""
     group = q.shape[1] // k.shape[1]
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     s = torch.einsum("bhqd,bhkd->bhqk", q64, k64.repeat_interleave(group, 1)) * scale
@@ -21,23 +23,26 @@ def reference(q, k, v, do, causal, scale):
         s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
     lse = torch.logsumexp(s, -1)
     out = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, -1), v64.repeat_interleave(group, 1))
-    out.backward(do.double())
-    delta = (do.double() * out.detach()).sum(-1)
-    return k64.grad, v64.grad, lse.detach().float(), delta.float()
+    ((out * do.double()).sum() + (lse * dlse.double()).sum()).backward()
+    return q64.grad, k64.grad, v64.grad, out.detach().to(q.dtype), lse.detach().float()
 
 
-def run_kernel(q, k, v, do, lse, delta, causal, scale):
+def run_kernels(q, k, v, do, out, lse, dlse, causal, scale):
+    """The dQ kernel (which writes delta), then the dK/dV kernel, as the backward bundle runs them."""
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    dk = torch.full(k.shape, float("nan"), dtype=k.dtype)
-    dv = torch.full(v.shape, float("nan"), dtype=v.dtype)
-    args = [host_descriptor(t) for t in (q, k, v, do)]
-    for t, n in ((lse, 2), (delta, 2), (dk, 3), (dv, 3)):
-        args += [t] + [t.stride(i) for i in range(n)]
-    grid = (-(-lk // ab.BLOCK_N), b * hkv, 1)
-    launch(ab.attention_backward_dkdv, grid, args, ab.descriptor_blocks(d),
-           ab.kernel_constants(hkv, h // hkv, lq, lk, scale, causal))
-    return dk, dv
+    tensors = {"q": q, "k": k, "v": v, "do": do, "out": out, "lse": lse, "dlse": dlse,
+               "dq": torch.full(q.shape, float("nan"), dtype=q.dtype),
+               "dk": torch.full(k.shape, float("nan"), dtype=k.dtype),
+               "dv": torch.full(v.shape, float("nan"), dtype=v.dtype),
+               "delta": torch.full(lse.shape, float("nan"))}
+    for kernel in ab.KERNELS:
+        args = [host_descriptor(tensors[role]) for role in ab.DESCRIPTORS]
+        for role, strides in ab.pointer_args(kernel):
+            args += [tensors[role]] + [tensors[role].stride(i) for i in range(strides)]
+        launch(ab.kernel_function(kernel), ab.grid(kernel, b, h, hkv, lq, lk), args, ab.descriptor_blocks(kernel, d),
+               ab.kernel_constants(kernel, h, hkv, lq, lk, scale, causal))
+    return tensors["dq"], tensors["dk"], tensors["dv"]
 
 
 @pytest.mark.parametrize("b, h, hkv, lq, lk, d, causal, dtype, transposed", [
@@ -46,8 +51,9 @@ def run_kernel(q, k, v, do, lse, delta, causal, scale):
     (2, 4, 2, 190, 190, 64, True, torch.float16, True),
     (1, 2, 1, 100, 300, 128, False, torch.bfloat16, False),
     (1, 1, 1, 64, 64, 64, True, torch.bfloat16, False),
+    (1, 2, 2, 300, 90, 64, False, torch.float16, False),
 ])
-def test_emulated_dkdv_matches_float64(b, h, hkv, lq, lk, d, causal, dtype, transposed):
+def test_emulated_backward_matches_float64(b, h, hkv, lq, lk, d, causal, dtype, transposed):
     torch.manual_seed(lq + lk + d)
 
     def make(heads, length):
@@ -56,14 +62,14 @@ def test_emulated_dkdv_matches_float64(b, h, hkv, lq, lk, d, causal, dtype, tran
         return torch.randn(b, heads, length, d, dtype=dtype)
 
     q, k, v, do = make(h, lq), make(hkv, lk), make(hkv, lk), make(h, lq)
+    dlse = torch.randn(b, h, lq)
     scale = d ** -0.5
-    want_dk, want_dv, lse, delta = reference(q, k, v, do, causal, scale)
-    dk, dv = run_kernel(q, k, v, do, lse, delta, causal, scale)
-    # 16-bit P^T and dS^T enter the products, as in every flash backward: errors of a few 1e-3
-    # relative to the gradients' size.
-    for got, want in ((dk, want_dk), (dv, want_dv)):
-        bound = 2e-2 * (1 + want.abs().max().item())
-        assert (got.double() - want).abs().max().item() <= bound
+    want_dq, want_dk, want_dv, out, lse = reference(q, k, v, do, dlse, causal, scale)
+    got = run_kernels(q, k, v, do, out, lse, dlse, causal, scale)
+    # 16-bit P and dS enter the products, as in every flash backward.
+    for name, g, want in zip(("dq", "dk", "dv"), got, (want_dq, want_dk, want_dv)):
+        error = (g.double() - want).abs().max().item()
+        assert error <= 2e-2 * (1 + want.abs().max().item()), (name, error)
 
 
 def test_triton_gpu_ir_compiles_for_sm90_without_spills():
@@ -73,12 +79,15 @@ def test_triton_gpu_ir_compiles_for_sm90_without_spills():
     import triton
     from triton.backends.compiler import GPUTarget
 
-    ttgir = ab.compile_ttgir("bf16", 128, ab.kernel_constants(2, 2, 1000, 1000, 0.088, True))
-    with tempfile.NamedTemporaryFile("w", suffix=".ttgir") as f:
-        f.write(ttgir)
-        f.flush()
-        compiled = triton.compile(f.name, target=GPUTarget("cuda", 90, 32), options={"maxnreg": ab.MAX_REGISTERS})
-    ptx = compiled.asm["ptx"]
-    # Four tensor-core products per step in each consumer warpgroup, K/V and Q/dO by TMA.
-    assert ptx.count("wgmma.mma_async") >= 8 and "cp.async.bulk.tensor" in ptx
-    assert re.search(r"\.maxnreg 168", ptx) and "ld.local" not in ptx
+    for kernel in ab.KERNELS:
+        ttgir = ab.compile_ttgir(kernel, "bf16", 128, ab.kernel_constants(kernel, 4, 2, 1000, 1000, 0.088, True))
+        with tempfile.NamedTemporaryFile("w", suffix=".ttgir") as f:
+            f.write(ttgir)
+            f.flush()
+            compiled = triton.compile(f.name, target=GPUTarget("cuda", 90, 32),
+                                      options={"maxnreg": ab.MAX_REGISTERS})
+        ptx = compiled.asm["ptx"]
+        # Three (dQ) or four (dK/dV) tensor-core products per step in each consumer warpgroup,
+        # the tiles by TMA, no spills at the register cap.
+        assert ptx.count("wgmma.mma_async") >= 6 and "cp.async.bulk.tensor" in ptx
+        assert re.search(r"\.maxnreg 168", ptx) and "ld.local" not in ptx, kernel

@@ -197,28 +197,219 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
     ], [4, 1], [240, 24])
 
 
-def descriptor_blocks(dim: int) -> list:
+
+# The dQ kernel: a program owns 128 query rows of one head (two consumer warpgroups of 64) and
+# walks the KV tiles of 64 keys that its rows see, after writing delta = rowsum(dO * O) - dlse,
+# the row statistic the dK/dV kernel reads.
+DQ_TILE_N = gl.constexpr(64)
+DQ_BLOCK_N = 64
+
+
+@gluon.jit
+def _dq_loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+               v_empty, batch, head, kv_head, q_first, n_tiles):
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + half * HALF_N, 0], q_bar, q_smem.index(half))
+        tma.async_copy_global_to_shared(do_desc, [batch, head, q_first + half * HALF_N, 0], q_bar,
+                                        do_smem.index(half))
+    for j in range(n_tiles):
+        slot = j % NUM_STAGES
+        phase = (j // NUM_STAGES) & 1
+        mbarrier.wait(k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * DQ_TILE_N, 0], k_ready.index(slot),
+                                        k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * DQ_TILE_N, 0], v_ready.index(slot),
+                                        v_smem.index(slot))
+
+
+@gluon.jit
+def _dq_consumer(HALF_INDEX: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                 v_empty, o_ptr, lse_ptr, dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides,
+                 dq_strides, delta_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale,
+                 causal):
+    HEAD_DIM: gl.constexpr = q_smem.shape[4]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, DQ_TILE_N, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    first_row = q_first + HALF_INDEX * HALF_N
+    q_tile = _matrix(q_smem.index(HALF_INDEX))
+    do_tile = _matrix(do_smem.index(HALF_INDEX))
+    mbarrier.wait(q_bar, 0)
+
+    # delta = rowsum(dO * O) - dlse (FlashAttention's preprocess), from dO in shared memory.
+    rows = first_row + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    o_base = o_ptr + batch.to(gl.int64) * o_strides[0] + head.to(gl.int64) * o_strides[1]
+    o = gl.load(o_base + rows.to(gl.int64)[:, None] * o_strides[2] + cols[None, :], mask=(rows < seq_q)[:, None],
+                other=0.0)
+    d_o = do_tile.load(acc_layout)
+    delta = gl.sum(d_o.to(gl.float32) * o.to(gl.float32), axis=1) - _row_stat(dlse_ptr, dlse_strides, batch, head,
+                                                                             rows, seq_q)
+    delta_base = delta_ptr + batch.to(gl.int64) * delta_strides[0] + head.to(gl.int64) * delta_strides[1]
+    gl.store(delta_base + rows, delta, mask=rows < seq_q)
+
+    s_rows = first_row + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+    lse = _row_stat(lse_ptr, lse_strides, batch, head, s_rows, seq_q) * LOG2E
+    delta = gl.convert_layout(delta, gl.SliceLayout(1, s_layout))
+    dq = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
+    zero = gl.zeros([HALF_N, DQ_TILE_N], gl.float32, s_layout)
+    for j in range(n_tiles):
+        slot = j % NUM_STAGES
+        phase = (j // NUM_STAGES) & 1
+        k_tile = _matrix(k_smem.index(slot))
+        v_tile = _matrix(v_smem.index(slot))
+        mbarrier.wait(k_ready.index(slot), phase)
+        s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(slot), phase)
+        dp_tok = warpgroup_mma(do_tile, v_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        p = gl.exp2(s * qk_scale - lse[:, None])
+        k_cols = j * DQ_TILE_N + gl.arange(0, DQ_TILE_N, layout=gl.SliceLayout(0, s_layout))
+        visible = (k_cols < seq_k)[None, :] & (s_rows < seq_q)[:, None]
+        if causal:
+            visible = visible & (s_rows[:, None] >= k_cols[None, :])
+        p = gl.where(visible, p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
+        mbarrier.arrive(v_empty.index(slot), count=1)
+        ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), op_layout)
+        dq_tok = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
+        dq, ds_op = warpgroup_mma_wait(0, deps=(dq_tok, ds_op))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+
+    dq_base = dq_ptr + batch.to(gl.int64) * dq_strides[0] + head.to(gl.int64) * dq_strides[1]
+    gl.store(dq_base + rows.to(gl.int64)[:, None] * dq_strides[2] + cols[None, :], (dq * sm_scale).to(dtype),
+             mask=(rows < seq_q)[:, None])
+
+
+@gluon.jit
+def _dq_consumer_lower(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
+                       dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides,
+                       batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale, causal):
+    _dq_consumer(0, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
+                 dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides, batch,
+                 head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale, causal)
+
+
+@gluon.jit
+def _dq_consumer_upper(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
+                       dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides,
+                       batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale, causal):
+    _dq_consumer(1, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
+                 dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides, batch,
+                 head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale, causal)
+
+
+@gluon.jit
+def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_stride1, o_stride2, lse_ptr,
+                          lse_stride0, lse_stride1, dlse_ptr, dlse_stride0, dlse_stride1, dq_ptr, dq_stride0,
+                          dq_stride1, dq_stride2, delta_ptr, delta_stride0, delta_stride1, HEADS: gl.constexpr,
+                          GROUP: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
+                          SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
+    # Causal blocks start from the last (longest) one, as the forward's do.
+    blocks = gl.num_programs(0)
+    if CAUSAL:
+        block_m = blocks - 1 - gl.program_id(0)
+    else:
+        block_m = gl.program_id(0)
+    batch = gl.program_id(1) // HEADS
+    head = gl.program_id(1) % HEADS
+    q_first = block_m * (2 * HALF_N)
+    if CAUSAL:
+        n_tiles = gl.cdiv(gl.minimum(q_first + 2 * HALF_N, SEQ_K), DQ_TILE_N)
+    else:
+        n_tiles = gl.cdiv(SEQ_K, DQ_TILE_N)
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [2] + do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+
+    shared = (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty)
+    consumer_args = shared + (o_ptr, lse_ptr, dlse_ptr, dq_ptr, delta_ptr, (o_stride0, o_stride1, o_stride2),
+                              (lse_stride0, lse_stride1), (dlse_stride0, dlse_stride1),
+                              (dq_stride0, dq_stride1, dq_stride2), (delta_stride0, delta_stride1), batch, head,
+                              q_first, n_tiles, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL)
+    loader_args = (q_desc, k_desc, v_desc, do_desc) + shared + (batch, head, head // GROUP, q_first, n_tiles)
+    gl.warp_specialize([
+        (_dq_consumer_lower, consumer_args),
+        (_dq_consumer_upper, consumer_args),
+        (_dq_loader, loader_args),
+    ], [4, 1], [240, 24])
+
+
+# Each kernel's arguments after its four descriptors (q, k, v, do): (role, strides) pointers; the
+# row statistics are float32, the rest of q's type.
+_POINTERS = {"dq": (("out", 3), ("lse", 2), ("dlse", 2), ("dq", 3), ("delta", 2)),
+             "dkdv": (("lse", 2), ("delta", 2), ("dk", 3), ("dv", 3))}
+_ROW_STATS = ("lse", "dlse", "delta")
+DESCRIPTORS = ("q", "k", "v", "do")
+KERNELS = ("dq", "dkdv")
+
+
+def kernel_function(kernel: str):
+    return {"dq": attention_backward_dq, "dkdv": attention_backward_dkdv}[kernel]
+
+
+def pointer_args(kernel: str) -> tuple:
+    """(role, number of strides) of the kernel's pointer arguments, in order."""
+    return _POINTERS[kernel]
+
+
+def descriptor_blocks(kernel: str, dim: int) -> list:
     """The TMA block shapes of the q, k, v and do descriptors, in the kernel's argument order."""
+    if kernel == "dq":
+        return [[1, 1, HALF, dim], [1, 1, DQ_BLOCK_N, dim], [1, 1, DQ_BLOCK_N, dim], [1, 1, HALF, dim]]
     return [[1, 1, BLOCK_M, dim], [1, 1, HALF, dim], [1, 1, HALF, dim], [1, 1, BLOCK_M, dim]]
 
 
-def kernel_constants(kv_heads: int, group: int, seq_q: int, seq_k: int, scale: float, causal: bool) -> dict:
+def grid(kernel: str, batch: int, heads: int, kv_heads: int, seq_q: int, seq_k: int) -> tuple:
+    """Programs: 128 query rows of a head (dQ) or 128 key rows of a KV head (dK/dV)."""
+    if kernel == "dq":
+        return (-(-seq_q // (2 * HALF)), batch * heads, 1)
+    return (-(-seq_k // BLOCK_N), batch * kv_heads, 1)
+
+
+def kernel_constants(kernel: str, heads: int, kv_heads: int, seq_q: int, seq_k: int, scale: float,
+                     causal: bool) -> dict:
     """The kernel's constexpr arguments for one instantiation."""
-    return {"KV_HEADS": kv_heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
+    return {"HEADS" if kernel == "dq" else "KV_HEADS": heads if kernel == "dq" else kv_heads,
+            "GROUP": heads // kv_heads, "SEQ_Q": seq_q, "SEQ_K": seq_k,
             "QK_SCALE": scale * 1.4426950408889634, "SM_SCALE": scale, "CAUSAL": causal}
 
 
-def compile_ttgir(element: str, dim: int, constants: dict) -> str:
-    """The kernel instantiated with `constants` and compiled for sm90: its Triton GPU IR."""
+def compile_ttgir(kernel: str, element: str, dim: int, constants: dict) -> str:
+    """The kernel ("dq" or "dkdv") instantiated with `constants` and compiled for sm90: its Triton
+    GPU IR. `element` is Triton's name of q's type (bf16, fp16)."""
     from .compile import descriptor_type, gluon_ttgir
 
-    signature = {name: descriptor_type(element, block)
-                 for name, block in zip(("q_desc", "k_desc", "v_desc", "do_desc"), descriptor_blocks(dim))}
-    for name, elt, strides in (("lse", "fp32", 2), ("delta", "fp32", 2), ("dk", element, 3), ("dv", element, 3)):
-        signature[f"{name}_ptr"] = f"*{elt}"
+    signature = {f"{role}_desc": descriptor_type(element, block)
+                 for role, block in zip(DESCRIPTORS, descriptor_blocks(kernel, dim))}
+    # The aligned layout (kernel_args.aligned_ok): every pointer 16-byte aligned, and the strides
+    # of all but the row statistics in 16-element multiples, so those loads and stores are
+    # vectors; the row statistics' row strides are any (L = 1000 gives 1000).
+    divisible = []
+    for role, strides in _POINTERS[kernel]:
+        name = "o" if role == "out" else role
+        signature[f"{name}_ptr"] = "*fp32" if role in _ROW_STATS else f"*{element}"
         signature.update({f"{name}_stride{d}": "i64" for d in range(strides)})
-    # The aligned layout (kernel_args.aligned_ok): dK's and dV's pointers and strides in 16-element
-    # multiples, so their stores are vectors; the row statistics' row strides are any.
-    divisible = ["lse_ptr", "delta_ptr"] + [f"{t}_{part}" for t in ("dk", "dv")
-                                            for part in ("ptr", "stride0", "stride1", "stride2")]
-    return gluon_ttgir(attention_backward_dkdv, signature, constants, divisible, NUM_WARPS, MAX_REGISTERS)
+        divisible += [f"{name}_ptr"] + ([] if role in _ROW_STATS else [f"{name}_stride{d}" for d in range(strides)])
+    return gluon_ttgir(kernel_function(kernel), signature, constants, divisible, NUM_WARPS, MAX_REGISTERS)
