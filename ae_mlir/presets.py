@@ -15,7 +15,8 @@ because they read the L1 kernels between the two (argument specs, call-time tabl
 Triton backend runs the last stage twice, with assume-aligned true and false, for the bundle's two
 variants. `ae-opt` prints the aligned one, which the runtime launches on the usual layouts.
 Where `warp_specialize` is on, the aligned variant's stages are attn-verify and attn-lower-to-gluon
-on L0 (the kernel takes the module whole), the general one's those above.
+on L0 (the kernel takes the module whole; with `backward`, its two backward kernels), the general
+one's those above.
 """
 from __future__ import annotations
 
@@ -214,7 +215,7 @@ class PresetOptions:
 
     def launch_text(self) -> str:
         """The launch options as `--dump-pass-pipeline` prints them."""
-        if self.warp_specialize and self.assume_aligned and not self.backward:
+        if self.warp_specialize and self.assume_aligned:
             return "the warps its Triton GPU IR states (attn-lower-to-gluon)"
         text = f"num-warps={self.num_warps} num-stages={self.num_stages}"
         if self.backward:
@@ -315,6 +316,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if values.get("tensor_descriptors") and not has_tma(target):
         raise CompileError(f"preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on "
                            f"(TMA), got '{target}'")
+    if values.get("pingpong") and values.get("backward"):
+        raise CompileError("preset option 'pingpong' is a schedule of the forward kernel; the backward has none")
     if values.get("warp_specialize") and target != "cuda:90":
         raise CompileError(f"preset option 'warp-specialize' needs the NVIDIA sm90 target (wgmma), got '{target}'")
     if values.get("fast_tanh") and not has_fast_tanh(target):
@@ -385,11 +388,11 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "
                                f"vector-bits={o.vector_bits} no-avx512-bf16={_flag(o.no_avx512_bf16)} "
                                f"narrow-isa={_flag(o.narrow_isa)}}}",))]
-    if o.warp_specialize and o.assume_aligned and not o.backward:
-        # attn-lower-to-gluon reads L0 itself; the general variant (assume-aligned=false) takes
-        # the stages below.
+    if o.warp_specialize and o.assume_aligned:
+        # attn-lower-to-gluon reads L0 itself (the backward's kernels too); the general variant
+        # (assume-aligned=false) takes the stages below.
         return [Stage("l1", ("attn-verify",)),
-                Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)}}}",))]
+                Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)} backward={_flag(o.backward)}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

@@ -135,6 +135,20 @@ def instance(func, pingpong: bool) -> Instance:
     return Instance(element, dim, constants, (-(-seq_q // BLOCK_M), batch * heads, 1))
 
 
+def backward_instances(func) -> list[tuple[str, Instance]]:
+    """The backward's kernels ("dq", then "dkdv") as the pass instantiates them for the L0
+    function; a located CompileError where it cannot."""
+    from .gluon import attention_backward as bwd
+
+    m = match(func)
+    element, batch, heads, group, seq_q, seq_k, dim = _check_types(m)
+    kv_heads = heads // group
+    return [(kernel, Instance(element, dim,
+                              bwd.kernel_constants(kernel, heads, kv_heads, seq_q, seq_k, m.scale, m.causal),
+                              bwd.grid(kernel, batch, heads, kv_heads, seq_q, seq_k)))
+            for kernel in bwd.KERNELS]
+
+
 def lowers(func) -> bool:
     """Whether this pass lowers the L0 function (presets.read_problem's `simple_mask`)."""
     try:
@@ -154,44 +168,80 @@ def kernel_labels() -> list[str]:
     return labels + ["out"] + [f"out.stride{d}" for d in range(3)] + ["lse"] + [f"lse.stride{d}" for d in range(2)]
 
 
+def backward_labels(kernel: str) -> list[str]:
+    """A backward kernel's argument labels: the q, k, v and do descriptors, each followed by the
+    tensor's four sizes and four strides, then its pointers with their strides."""
+    from .gluon.attention_backward import DESCRIPTORS, pointer_args
+
+    labels = []
+    for role in DESCRIPTORS:
+        label = abi.descriptor_label(role)
+        labels += [label] + [f"{label}.size{d}" for d in range(4)] + [f"{label}.stride{d}" for d in range(4)]
+    for role, strides in pointer_args(kernel):
+        labels += [role] + [f"{role}.stride{d}" for d in range(strides)]
+    return labels
+
+
+def _stub(func, name: str, grid, block_m: int, block_n: int, labels: list, registers: int, ttgir: str) -> None:
+    """A tt.func before `func` that stands for a Gluon kernel: its launch facts and its Triton GPU IR."""
+    from mlir import ir
+
+    with func.context, func.location:
+        i64 = ir.IntegerType.get_signless(64)
+        attributes = {
+            "function_type": ir.TypeAttr.get(ir.FunctionType.get([], [])),
+            "sym_name": ir.StringAttr.get(name),
+            "sym_visibility": ir.StringAttr.get("public"),
+            "noinline": ir.IntegerAttr.get(ir.IntegerType.get_signless(1), 0),
+            abi.GRID: ir.DenseI64ArrayAttr.get(list(grid)),
+            abi.BLOCK_M: ir.IntegerAttr.get(i64, block_m),
+            abi.BLOCK_N: ir.IntegerAttr.get(i64, block_n),
+            abi.KERNEL_ARGS: ir.ArrayAttr.get([ir.StringAttr.get(s) for s in labels]),
+            abi.TABLES: ir.ArrayAttr.get([]),
+            MAX_REGISTERS: ir.IntegerAttr.get(i64, registers),
+            TTGIR: ir.StringAttr.get(ttgir),
+        }
+        stub = ir.Operation.create("tt.func", attributes=attributes, regions=1, loc=func.location,
+                                   ip=ir.InsertionPoint(func))
+        block = stub.regions[0].blocks.append()
+        ir.Operation.create("gpu.yield", ip=ir.InsertionPoint(block))
+
+
 @dataclass(frozen=True)
 class LowerToGluon(ModulePass):
     name: ClassVar[str] = "attn-lower-to-gluon"
-    summary: ClassVar[str] = ("Lower softmax attention (no score_mod; no mask or causal) to a warp-specialized "
-                              "Hopper kernel in Triton GPU IR, compiled from Gluon (sm90)")
+    summary: ClassVar[str] = ("Lower softmax attention (no score_mod; no mask or causal), or its backward, to "
+                              "warp-specialized Hopper kernels in Triton GPU IR, compiled from Gluon (sm90)")
 
-    pingpong: bool = option(False, "the two consumer warpgroups take turns issuing their tensor-core products "
-                                   "(FlashAttention-3's ping-pong schedule)")
+    pingpong: bool = option(False, "the forward's two consumer warpgroups take turns issuing their tensor-core "
+                                   "products (FlashAttention-3's ping-pong schedule)")
+    backward: bool = option(False, "the backward's kernels instead of the forward's: dQ (which writes delta) and "
+                                   "dK/dV, in launch order")
 
     def apply(self, module_op) -> None:
         from mlir import ir
-
-        from .gluon.attention_forward import BLOCK_M, BLOCK_N, MAX_REGISTERS as REGISTERS, compile_ttgir
 
         funcs = abi.functions(module_op)
         if len(funcs) != 1:
             raise CompileError(f"attn-lower-to-gluon lowers a module with one function, found {len(funcs)}")
         func = funcs[0]
-        kernel = instance(func, self.pingpong)
-        ttgir = compile_ttgir(kernel.element, kernel.dim, kernel.constants)
         name = ir.StringAttr(func.attributes["sym_name"]).value
-        with module_op.context, func.location:
-            i64 = ir.IntegerType.get_signless(64)
-            attributes = {
-                "function_type": ir.TypeAttr.get(ir.FunctionType.get([], [])),
-                "sym_name": ir.StringAttr.get(name),
-                "sym_visibility": ir.StringAttr.get("public"),
-                "noinline": ir.IntegerAttr.get(ir.IntegerType.get_signless(1), 0),
-                abi.GRID: ir.DenseI64ArrayAttr.get(list(kernel.grid)),
-                abi.BLOCK_M: ir.IntegerAttr.get(i64, BLOCK_M),
-                abi.BLOCK_N: ir.IntegerAttr.get(i64, BLOCK_N),
-                abi.KERNEL_ARGS: ir.ArrayAttr.get([ir.StringAttr.get(s) for s in kernel_labels()]),
-                abi.TABLES: ir.ArrayAttr.get([]),
-                MAX_REGISTERS: ir.IntegerAttr.get(i64, REGISTERS),
-                TTGIR: ir.StringAttr.get(ttgir),
-            }
-            stub = ir.Operation.create("tt.func", attributes=attributes, regions=1, loc=func.location,
-                                       ip=ir.InsertionPoint(func))
-            block = stub.regions[0].blocks.append()
-            ir.Operation.create("gpu.yield", ip=ir.InsertionPoint(block))
+        if self.backward:
+            self._backward(func, name)
+        else:
+            from .gluon import attention_forward as fwd
+
+            kernel = instance(func, self.pingpong)
+            _stub(func, name, kernel.grid, fwd.BLOCK_M, fwd.BLOCK_N, kernel_labels(), fwd.MAX_REGISTERS,
+                  fwd.compile_ttgir(kernel.element, kernel.dim, kernel.constants))
         func.erase()
+
+    def _backward(self, func, name: str) -> None:
+        from .gluon import attention_backward as bwd
+
+        if self.pingpong:
+            raise fail(func, "asks for the backward with ping-pong, a schedule of the forward kernel only")
+        for kernel, inst in backward_instances(func):
+            block_m, block_n = (2 * bwd.HALF, bwd.DQ_BLOCK_N) if kernel == "dq" else (bwd.BLOCK_M, bwd.BLOCK_N)
+            _stub(func, abi.backward_kernel_name(name, kernel), inst.grid, block_m, block_n, backward_labels(kernel),
+                  bwd.MAX_REGISTERS, bwd.compile_ttgir(kernel, inst.element, inst.dim, inst.constants))

@@ -31,7 +31,7 @@ def interpret(bundle: runtime.Bundle, q, k, v, *captures, variant: str | None = 
         if role in tensors:
             tensors[role].fill_(float("nan"))
     launches = _launches(bundle, tensors, variant)
-    arrays = _run_kernels(launches, tensors)
+    arrays = _run_kernels(launches, tensors, bundle)
     chosen = launches[-1][1]
     results = []
     for spec in bundle.outputs:
@@ -51,7 +51,7 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
         fill = 0.0 if abi.is_closure_grad(spec.role) else float("nan")
         shape = abi.sized_shape(spec.role, spec.shape, given["q"].shape[2], given["k"].shape[2], spec.rows)
         tensors[spec.role] = torch.full(shape, fill, dtype=runtime.torch_dtype(spec.dtype))
-    arrays = _run_kernels(_launches(bundle, tensors, variant), tensors)
+    arrays = _run_kernels(_launches(bundle, tensors, variant), tensors, bundle)
     results = {}
     for spec in bundle.outputs:
         t = tensors[spec.role]
@@ -75,13 +75,13 @@ def _launches(bundle: runtime.Bundle, tensors: dict, variant: str | None) -> lis
     return launches
 
 
-def _run_kernels(launches: list[tuple], tensors: dict) -> dict:
+def _run_kernels(launches: list[tuple], tensors: dict, bundle: runtime.Bundle) -> dict:
     """Run the kernels in the interpreter on the tensors bound by role; returns each tensor's
     storage array by label (the kernels' results are written there)."""
     arrays = {}
     for kernel, picked, values in launches:
         if picked.ir == "ttgir":
-            _emulate_gluon(kernel, picked, values)
+            _emulate_gluon(bundle, kernel.name, picked, values)
             arrays.update((label, _storage(value)) for label, value in zip(picked.args, values)
                           if isinstance(value, torch.Tensor))
             continue
@@ -101,21 +101,26 @@ def _run_kernels(launches: list[tuple], tensors: dict) -> dict:
     return arrays
 
 
-def _emulate_gluon(bundle: runtime.Bundle, variant, values: list) -> None:
-    """attn-lower-to-gluon's kernel, instantiated again from the bundle's L0 module and config as
-    the pass did, run by the Gluon emulator with the arguments Triton's launcher gets; it writes
-    into the tensors themselves."""
+def _emulate_gluon(bundle: runtime.Bundle, name: str, variant, values: list) -> None:
+    """attn-lower-to-gluon's kernel `name` (the forward's, or one of the backward's), instantiated
+    again from the bundle's L0 module and config as the pass did, run by the Gluon emulator with
+    the arguments Triton's launcher gets; it writes into the tensors themselves."""
     from gluon_emu import launch
 
     from ae_mlir.core.context import new_context, parse_module
     from ae_mlir.kernel_args import launcher_positions
-    from ae_mlir.passes.gluon import attention_forward
-    from ae_mlir.passes.lower_to_gluon import instance
+    from ae_mlir.passes.gluon import attention_backward, attention_forward
+    from ae_mlir.passes.lower_to_gluon import backward_instances, instance
 
     module = parse_module(bundle.meta["l0"], new_context(), "l0.mlir")
-    kernel = instance(abi.functions(module)[0], bundle.meta["config"].get("pingpong", False))
+    func = abi.functions(module)[0]
+    if bundle.meta.get("backward"):
+        part = abi.backward_part(name)
+        kernel = dict(backward_instances(func))[part]
+        fn, blocks = attention_backward.kernel_function(part), attention_backward.descriptor_blocks(part, kernel.dim)
+    else:
+        kernel = instance(func, bundle.meta["config"].get("pingpong", False))
+        fn, blocks = attention_forward.attention_forward, attention_forward.descriptor_blocks(kernel.dim)
     if list(kernel.grid) != list(variant.grid):
         raise AssertionError(f"the bundle's grid {variant.grid} is not the pass's {list(kernel.grid)}")
-    args = [values[i] for i in launcher_positions(variant)]
-    launch(attention_forward.attention_forward, variant.grid, args, attention_forward.descriptor_blocks(kernel.dim),
-           kernel.constants)
+    launch(fn, variant.grid, [values[i] for i in launcher_positions(variant)], blocks, kernel.constants)

@@ -7,9 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+import ae_mlir as ae
+from ae_mlir import presets
+from ae_mlir.backends import triton as tb
+from ae_mlir.core.context import CompileError, new_context, parse_module
 from ae_mlir.kernel_args import host_descriptor
 from ae_mlir.passes.gluon import attention_backward as ab
 
+from bundle_interp import interpret_roles
 from gluon_emu import launch
 
 
@@ -70,6 +75,45 @@ def test_emulated_backward_matches_float64(b, h, hkv, lq, lk, d, causal, dtype, 
     for name, g, want in zip(("dq", "dk", "dv"), got, (want_dq, want_dk, want_dv)):
         error = (g.double() - want).abs().max().item()
         assert error <= 2e-2 * (1 + want.abs().max().item()), (name, error)
+
+
+def causal(b, h, i, j):
+    return i >= j
+
+
+@pytest.mark.parametrize("mask, b, h, hkv, length, dtype", [
+    (causal, 2, 4, 2, 150, torch.bfloat16),
+    (None, 1, 2, 2, 140, torch.float16),
+])
+def test_backward_bundle_runs_the_gluon_kernels_where_asked(mask, b, h, hkv, length, dtype):
+    """build_backward_bundle with warp_specialize: both aligned variants are the Gluon kernels
+    (the general ones stay Triton IR), and run as the runtime binds them (the emulator for the
+    Gluon ones) they give float64 autograd's gradients, a logsumexp gradient included."""
+    torch.manual_seed(length)
+    q, do = (torch.randn(b, length, h, 128, dtype=dtype).transpose(1, 2) for _ in range(2))
+    k, v = (torch.randn(b, hkv, length, 128, dtype=dtype) for _ in range(2))
+    dlse = torch.randn(b, h, length)
+    attn = ae.attention(mask_mod=mask)
+    bundle = tb.build_backward_bundle(attn.mlir(q, k, v), "cuda:90", {"warp_specialize": True})
+    kernels = bundle.stages + [bundle]
+    assert [k.variants["aligned"].ir for k in kernels] == ["ttgir", "ttgir"]
+    assert [k.variants["generic"].ir for k in kernels] == ["ttir", "ttir"]
+    want_dq, want_dk, want_dv, out, lse = reference(q, k, v, do, dlse, mask is not None, 128 ** -0.5)
+    got = interpret_roles(bundle, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "do": do, "dlse": dlse})
+    for role, want in (("dq", want_dq), ("dk", want_dk), ("dv", want_dv)):
+        error = (got[role].double() - want).abs().max().item()
+        assert error <= 2e-2 * (1 + want.abs().max().item()), (role, error)
+
+
+def test_the_backward_keeps_triton_ir_unless_asked():
+    """Not measured on a GPU yet, the Gluon backward is not a default; ping-pong is the forward's."""
+    text = ae.attention(mask_mod=causal).mlir(*(torch.empty(8, 16, 2048, 128, dtype=torch.bfloat16, device="meta")
+                                                for _ in range(3)))
+    problem = presets.read_problem(parse_module(text, new_context(), "l0.mlir"))
+    assert presets.options_for("triton", problem, "cuda:90").warp_specialize is True
+    assert presets.options_for("triton", problem, "cuda:90", backward=True).warp_specialize is False
+    with pytest.raises(CompileError, match="'pingpong' is a schedule of the forward kernel"):
+        presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=True, pingpong=True)
 
 
 def test_triton_gpu_ir_compiles_for_sm90_without_spills():

@@ -76,6 +76,17 @@ def test_triton_cli_prints_the_bundles_triton_ir(name, tmp_path):
     assert got.rstrip("\n") == expected.rstrip("\n")
 
 
+def test_triton_cli_prints_the_gluon_backward_the_bundle_runs(tmp_path):
+    """With warp-specialize on, the backward's aligned variants are attn-lower-to-gluon's Triton
+    GPU IR kernels, and `ae-opt` prints them."""
+    text = MODULES["causal-bf16-d128"]
+    bundle = tb.build_backward_bundle(text, "cuda:90", {"warp_specialize": True})
+    expected = "// -----\n".join(k.variants["aligned"].ttir for k in bundle.stages + [bundle])
+    got = ae_opt(_write(tmp_path, text), "--pipeline=triton{backward=true warp-specialize=true}", "--emit=ttir")
+    assert got.rstrip("\n") == expected.rstrip("\n")
+    assert expected.count("ttg.warp_specialize") == 2
+
+
 @pytest.mark.parametrize("name", list(MODULES))
 def test_cpu_cli_prints_what_the_cpu_backend_compiles(name, tmp_path):
     got = ae_opt(_write(tmp_path, MODULES[name]), "--pipeline=cpu")

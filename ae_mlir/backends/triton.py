@@ -134,16 +134,18 @@ def kernel_variant(module, kernel, aligned: bool) -> runtime.KernelVariant:
 
 
 def _lower_gluon(l0_text: str, options, generic: list) -> list[tuple[runtime.KernelVariant, dict]]:
-    """The aligned variant from attn-lower-to-gluon: one Triton GPU IR kernel in place of the
-    general variant's one, with its own grid and register cap."""
+    """The aligned variants from attn-lower-to-gluon: Triton GPU IR kernels in place of the general
+    variant's (the forward's one, the backward's two), each with its own grid and register cap."""
     from .. import presets
 
-    if len(generic) != 1:
-        raise CompileError(f"attn-lower-to-gluon replaces one kernel, the general variant has {len(generic)}")
     module = _parse_l0(l0_text)
     _run(presets.pipeline_text("triton", options), module, "attn-lower-to-gluon failed")
-    (kernel,) = kernel_ops(module)
-    return [(kernel_variant(module, kernel, True), generic[0][1])]
+    kernels = kernel_ops(module)
+    names = [facts["name"] for _, facts in generic]
+    if [abi.name(kernel) for kernel in kernels] != names:
+        raise CompileError(f"attn-lower-to-gluon made kernels {[abi.name(k) for k in kernels]}, the general "
+                           f"variant has {names}")
+    return [(kernel_variant(module, kernel, True), facts) for kernel, (_, facts) in zip(kernels, generic)]
 
 
 def kernel_ops(module) -> list:
@@ -184,7 +186,8 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
         else:
             aligned = _lower_l1(l1_text, options)
     kernels = [(a, g, facts) for (a, _), (g, facts) in zip(aligned, generic)]
-    meta = {"input_precision": input_precision, "config": options.launch_config()}
+    # The L0 module itself: what the bundle compiled (ae-opt reproduces any kernel from it).
+    meta = {"input_precision": input_precision, "config": options.launch_config(), "l0": l0_text}
     if call_time_tables:
         meta[runtime.MASK_PROGRAM] = abi.mask_program(abi.functions(module)[-1])
         grid = abi.call_time_grid(abi.functions(module)[-1])
@@ -213,7 +216,8 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         module = _parse_l0(l0_text)
         options = preset_options(module, target, dict(config or {}, backward=True), input_precision)
         report.stage("L0 -> L1: differentiate, tile the backward")
-        _run(presets.pipeline_text("triton", options, "l1"), module, "the Triton backward pipeline failed")
+        general = dataclasses.replace(options, assume_aligned=False)
+        _run(presets.pipeline_text("triton", general, "l1"), module, "the Triton backward pipeline failed")
         first = abi.kernels(module)[0]
         n_results = len(abi.result_types(first))
         roles = abi.arg_roles(first)
@@ -234,15 +238,20 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         workspace = [spec for spec, out in zip(written, returned) if not out]
         l1_text = module.operation.get_asm(enable_debug_info=True)
         report.stage("L1 -> Triton IR (aligned and general variants)")
-        variants = [_lower_l1(l1_text, dataclasses.replace(options, assume_aligned=aligned))
-                    for aligned in (True, False)]
+        generic = _lower_l1(l1_text, general)
+        if options.warp_specialize:
+            report.stage("L0 -> Triton GPU IR (attn-lower-to-gluon, the aligned variant)")
+            aligned = _lower_gluon(l0_text, options, generic)
+        else:
+            aligned = _lower_l1(l1_text, options)
+        variants = [aligned, generic]
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
     stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
                             *options.kernel_launch(facts["name"], facts["chunk_stage"]), facts["tables"])
               for aligned, generic, facts in kernels[:-1]]
     aligned, generic, facts = kernels[-1]
     warps, n_stages = options.kernel_launch(facts["name"], facts["chunk_stage"])
-    meta = {"input_precision": input_precision, "config": options.launch_config(), "backward": True}
+    meta = {"input_precision": input_precision, "config": options.launch_config(), "backward": True, "l0": l0_text}
     if program is not None:
         meta[runtime.MASK_PROGRAM] = program
         grid = abi.call_time_grid(first)
@@ -272,7 +281,6 @@ def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | Non
     text = attn.mlir(q, k, v, kv_len=kv_len, block_table=block_table, **sequences)
     bundle = build_bundle(text, target, config, input_precision)
     bundle.key = _key(text, target, config, input_precision)
-    bundle.meta["l0"] = text
     return bundle
 
 

@@ -69,15 +69,18 @@ def main(argv=None):
                         help="attention programs for cuda:90 only, with TMA tile loads (tensor_descriptors, "
                              "an autotuning choice there) over the default config")
     parser.add_argument("--gluon", action="store_true",
-                        help="attention programs for cuda:90 only, those attn-lower-to-gluon takes (plain or causal, "
-                             "16-bit, D 64/128), its kernel run in the Gluon emulator (warp_specialize on)")
+                        help="attention (and backward, with --kinds) programs for cuda:90 only, those "
+                             "attn-lower-to-gluon takes (plain or causal, 16-bit, D 64/128), its kernels run in the "
+                             "Gluon emulator (warp_specialize on)")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds or set(kinds) - set(KINDS):
         parser.error(f"--kinds takes {', '.join(KINDS)}, got {args.kinds!r}")
     cells = [cell for cell in CELLS if cell[0] in kinds]
-    if args.tma or args.gluon:
+    if args.tma:
         cells = [("attention", "cuda:90")]
+    if args.gluon:
+        cells = [(kind, "cuda:90") for kind in kinds if kind in ("attention", "backward")]
     config = {"tensor_descriptors": True} if args.tma else {"warp_specialize": True} if args.gluon else None
     date = datetime.date.today().isoformat()
     out = args.out or HERE.parent.parent / "bench" / "results" / f"fuzz-defaults-{date}.json"
@@ -109,7 +112,7 @@ def main(argv=None):
                 if kind == "attention":
                     check_triton(program, target, config, "ttgir" if args.gluon else None)
                 elif kind == "backward":
-                    check_backward(program, target)
+                    check_backward(program, target, config if args.gluon else None)
                 elif kind == "packed":
                     check_packed(program, target)
                 elif kind == "packed_backward":

@@ -148,6 +148,17 @@ def test_gluon_programs_on_sm90():
     run()
 
 
+def test_gluon_backward_programs_on_sm90():
+    # The same programs' backward through attn-lower-to-gluon{backward=true} (not a default yet).
+    @seed(SEED + 6)
+    @settings(FUZZ, max_examples=max(5, EXAMPLES // 10))
+    @given(gluon_programs())
+    def run(p: Program):
+        check_backward(p, "cuda:90", {"warp_specialize": True})
+
+    run()
+
+
 def _paged(k, v, page: int, gen):
     """k, v [B, Hkv, L, D] as shuffled page pools (L padded to whole pages with NaN) and the table."""
     b, hkv, length, _ = k.shape
@@ -281,7 +292,7 @@ def test_generator_covers_the_space():
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def _backward_case(p: Program, target: str):
+def _backward_case(p: Program, target: str, config: dict | None = None):
     """(got, want, names): the backward bundle's gradients at the target's default config, in the
     interpreter, and float64 autograd's on the reference backend, of q, k, v and the float closure
     tensors the score_mod reads (bias [H], table [H, 7]), all learnable."""
@@ -315,7 +326,7 @@ def _backward_case(p: Program, target: str):
         tensors.update(out=out.detach().to(q.dtype), lse=lse.detach().float(),
                        dlse=torch.zeros_like(lse, dtype=torch.float32))
     tensors.update({abi.capture(i): c for i, c in enumerate(captures)})
-    got = interpret_roles(tb.build_backward_bundle(text, target), tensors)
+    got = interpret_roles(tb.build_backward_bundle(text, target, config), tensors)
     positions = {id(c): i for i, c in enumerate(captures)}
     # A tensor the score_mod does not read, or reads only through a 0-d element taken in Python
     # (the closure tensor is then that element), is no closure tensor of the module: unchecked.
@@ -387,14 +398,14 @@ def _compare_gradients(p: Program, got, want, names, kinks, what: str):
         _assert_close(p, g, w, f"{name} of the backward for {what}")
 
 
-def check_backward(p: Program, target: str):
+def check_backward(p: Program, target: str, config: dict | None = None):
     """The backward kernels at the target's default config (interpreted) against float64 autograd:
     dq, dk, dv and, for float32 programs, the gradients of the float closure tensors the score_mod
     reads. A closure tensor's gradient sums dS over many scores whose row sums cancel (softmax's
     rows of dS sum to zero), so the 16-bit output the kernels read (delta = rowsum(dO * O)) leaves
     it an error that no bound relative to the small result can hold; its 16-bit checks are
     test_backward_closures'."""
-    got, want, names = _backward_case(p, target)
+    got, want, names = _backward_case(p, target, config)
     q, k, _ = p.inputs()
     _compare_gradients(p, got, want, names, _rows_at_kinks(p, q, k), f"{target} (interpreted)")
 

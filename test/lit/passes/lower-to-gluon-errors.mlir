@@ -1,6 +1,8 @@
 // What attn-lower-to-gluon does not lower gets a located diagnostic: another mask, a score_mod,
 // f32 inputs, a causal mask over unequal lengths.
 // RUN: ae-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(attn-lower-to-gluon)'
+// The backward's kernels take what the forward's does, with the same diagnostics.
+// RUN: ae-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(attn-lower-to-gluon{backward=true})'
 
 func.func @window(%q: tensor<1x1x256x128xbf16>, %k: tensor<1x1x256x128xbf16>, %v: tensor<1x1x256x128xbf16>) -> (tensor<1x1x256x128xbf16>, tensor<1x1x256xf32>) {
   %s = "attn.score"(%q, %k) {scale = 0.0883883461 : f32} : (tensor<1x1x256x128xbf16>, tensor<1x1x256x128xbf16>) -> tensor<1x1x256x256xf32>
