@@ -16,6 +16,8 @@ from ae_mlir.core.context import CompileError, new_context, parse_module
 from ae_mlir.passes import create_pass
 from ae_mlir.passes.lower_to_gluon import kernel_labels
 
+from ptxas_report import ptxas_spill_bytes
+
 
 def causal(b, h, i, j):
     return i >= j
@@ -136,6 +138,7 @@ def test_triton_gpu_ir_compiles_for_sm90_with_descriptor_metadata():
     variant = bundle.variants["aligned"]
     compiled = runtime.compile_variant(variant, "cuda:90", bundle.num_warps, bundle.num_stages)
     assert "wgmma.mma_async" in compiled.asm["ptx"] and ".maxnreg 168" in compiled.asm["ptx"]
+    assert ptxas_spill_bytes(compiled.asm["ptx"]) == 0
     # TMA boxes of 128-byte rows (64 bf16 columns, the swizzle's span): the copies of q's 64 rows
     # and of K's and V's 128.
     assert [m["block_size"] for m in compiled.metadata.tensordesc_meta] == [[1, 1, 64, 64], [1, 1, 128, 64],

@@ -72,9 +72,45 @@ def _row_stat(ptr, strides, batch, head, rows, seq_q):
 
 
 @gluon.jit
+def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
+               lse_strides, delta_strides, batch, head, q_first, t, k_rows, dk, dv, seq_q, qk_scale,
+               DIAGONAL: gl.constexpr, st_layout: gl.constexpr, op_layout: gl.constexpr):
+    # One query block's share of dK and dV. Rows past a sequence's end need no mask: TMA reads
+    # their Q and dO as zeros, so their products add nothing to dK and dV, and dK/dV rows past
+    # the keys' end are not stored; only the causal diagonal is masked (DIAGONAL).
+    slot = t % NUM_STAGES
+    phase = (t // NUM_STAGES) & 1
+    q_tile = _matrix(q_smem.index(slot))
+    do_tile = _matrix(do_smem.index(slot))
+    zero = gl.zeros([HALF_N, TILE_M], gl.float32, st_layout)
+    mbarrier.wait(q_ready.index(slot), phase)
+    st_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(slot), phase)
+    dpt_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    # The query rows' statistics load while the products run.
+    q_rows = q_first + gl.arange(0, TILE_M, layout=gl.SliceLayout(0, st_layout))
+    lse = _row_stat(lse_ptr, lse_strides, batch, head, q_rows, seq_q) * LOG2E
+    delta = _row_stat(delta_ptr, delta_strides, batch, head, q_rows, seq_q)
+    st = warpgroup_mma_wait(1, deps=(st_tok, ))
+    pt = gl.exp2(st * qk_scale - lse[None, :])
+    if DIAGONAL:
+        pt = gl.where(q_rows[None, :] >= k_rows[:, None], pt, 0.0)
+    dpt = warpgroup_mma_wait(0, deps=(dpt_tok, ))
+    dst = pt * (dpt - delta[None, :])
+    pt_op = gl.convert_layout(pt.to(do_tile.dtype), op_layout)
+    dst_op = gl.convert_layout(dst.to(do_tile.dtype), op_layout)
+    dv_tok = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+    dk_tok = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+    dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, pt_op, dst_op))
+    mbarrier.arrive(q_empty.index(slot), count=1)
+    mbarrier.arrive(do_empty.index(slot), count=1)
+    return dk, dv
+
+
+@gluon.jit
 def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty,
-              do_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head,
-              kv_first, first_block, n_blocks, group, seq_q, seq_k, qk_scale, sm_scale, causal):
+              do_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch,
+              kv_head, kv_first, first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale):
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     dtype: gl.constexpr = k_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -87,38 +123,17 @@ def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar,
     v_tile = _matrix(v_smem.index(HALF_INDEX))
     dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
-    zero = gl.zeros([HALF_N, TILE_M], gl.float32, st_layout)
     mbarrier.wait(kv_bar, 0)
-    for t in range(group * n_blocks):
-        head = kv_head * group + t // n_blocks
-        q_first = (first_block + t % n_blocks) * TILE_M
-        slot = t % NUM_STAGES
-        phase = (t // NUM_STAGES) & 1
-        q_tile = _matrix(q_smem.index(slot))
-        do_tile = _matrix(do_smem.index(slot))
-        mbarrier.wait(q_ready.index(slot), phase)
-        st_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-        mbarrier.wait(do_ready.index(slot), phase)
-        dpt_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-        # The query rows' statistics load while the products run.
-        q_rows = q_first + gl.arange(0, TILE_M, layout=gl.SliceLayout(0, st_layout))
-        lse = _row_stat(lse_ptr, lse_strides, batch, head, q_rows, seq_q) * LOG2E
-        delta = _row_stat(delta_ptr, delta_strides, batch, head, q_rows, seq_q)
-        st = warpgroup_mma_wait(1, deps=(st_tok, ))
-        pt = gl.exp2(st * qk_scale - lse[None, :])
-        visible = (q_rows < seq_q)[None, :] & (k_rows < seq_k)[:, None]
-        if causal:
-            visible = visible & (q_rows[None, :] >= k_rows[:, None])
-        pt = gl.where(visible, pt, 0.0)
-        dpt = warpgroup_mma_wait(0, deps=(dpt_tok, ))
-        dst = pt * (dpt - delta[None, :])
-        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
-        dv_tok = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
-        dk_tok = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
-        dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, pt_op, dst_op))
-        mbarrier.arrive(q_empty.index(slot), count=1)
-        mbarrier.arrive(do_empty.index(slot), count=1)
+    for g in range(group):
+        head = kv_head * group + g
+        for i in range(diagonal):
+            dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
+                                delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, qk_scale, True, st_layout, op_layout)
+        for i in range(diagonal, n_blocks):
+            dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
+                                delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, qk_scale, False, st_layout, op_layout)
 
     rows = kv_first + HALF_INDEX * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
@@ -134,19 +149,19 @@ def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar,
 @gluon.jit
 def _consumer_lower(k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                     delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first,
-                    first_block, n_blocks, group, seq_q, seq_k, qk_scale, sm_scale, causal):
+                    first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale):
     _consumer(0, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
               dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks,
-              group, seq_q, seq_k, qk_scale, sm_scale, causal)
+              diagonal, group, seq_q, seq_k, qk_scale, sm_scale)
 
 
 @gluon.jit
 def _consumer_upper(k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                     delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first,
-                    first_block, n_blocks, group, seq_q, seq_k, qk_scale, sm_scale, causal):
+                    first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale):
     _consumer(1, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
               dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks,
-              group, seq_q, seq_k, qk_scale, sm_scale, causal)
+              diagonal, group, seq_q, seq_k, qk_scale, sm_scale)
 
 
 @gluon.jit
@@ -162,9 +177,13 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
     blocks = gl.cdiv(SEQ_Q, TILE_M)
     if CAUSAL:
         first_block = kv_first // TILE_M
+        n_blocks = blocks - first_block
+        # The first two query blocks of a head's walk cross the program's 128 keys' diagonal.
+        diagonal = gl.minimum(n_blocks, 2 * HALF_N // TILE_M)
     else:
         first_block = 0
-    n_blocks = blocks - first_block
+        n_blocks = blocks
+        diagonal = 0
 
     dtype: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
@@ -186,8 +205,8 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
     shared = (k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty)
     consumer_args = shared + (lse_ptr, delta_ptr, dk_ptr, dv_ptr, (lse_stride0, lse_stride1), (delta_stride0, delta_stride1),
                               (dk_stride0, dk_stride1, dk_stride2), (dv_stride0, dv_stride1, dv_stride2), batch,
-                              kv_head, kv_first, first_block, n_blocks, GROUP, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE,
-                              CAUSAL)
+                              kv_head, kv_first, first_block, n_blocks, diagonal, GROUP, SEQ_Q, SEQ_K, QK_SCALE,
+                              SM_SCALE)
     loader_args = (q_desc, k_desc, v_desc, do_desc) + shared + (batch, kv_head, kv_first, first_block, n_blocks,
                                                                 GROUP)
     gl.warp_specialize([
@@ -227,9 +246,39 @@ def _dq_loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
 
 
 @gluon.jit
+def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, s_rows, lse, delta, dq, seq_k,
+             qk_scale, causal, MASKED: gl.constexpr, s_layout: gl.constexpr, op_layout: gl.constexpr):
+    # One KV tile's share of dQ. Only the causal diagonal's tiles and a ragged last tile are
+    # masked (MASKED): a key past the end is read as zeros, so its dP is 0, but P there would be
+    # exp2(-lse), which overflows where the row's scores are all far below zero.
+    slot = j % NUM_STAGES
+    phase = (j // NUM_STAGES) & 1
+    k_tile = _matrix(k_smem.index(slot))
+    v_tile = _matrix(v_smem.index(slot))
+    zero = gl.zeros([HALF_N, DQ_TILE_N], gl.float32, s_layout)
+    mbarrier.wait(k_ready.index(slot), phase)
+    s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(slot), phase)
+    dp_tok = warpgroup_mma(do_tile, v_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    p = gl.exp2(s * qk_scale - lse[:, None])
+    if MASKED:
+        k_cols = j * DQ_TILE_N + gl.arange(0, DQ_TILE_N, layout=gl.SliceLayout(0, s_layout))
+        visible = (k_cols < seq_k)[None, :] & ((s_rows[:, None] >= k_cols[None, :]) | (causal == 0))
+        p = gl.where(visible, p, 0.0)
+    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
+    mbarrier.arrive(v_empty.index(slot), count=1)
+    ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
+    dq_tok = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
+    dq, ds_op = warpgroup_mma_wait(0, deps=(dq_tok, ds_op))
+    mbarrier.arrive(k_empty.index(slot), count=1)
+    return dq
+
+
+@gluon.jit
 def _dq_consumer(HALF_INDEX: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                  v_empty, o_ptr, lse_ptr, dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides,
-                 dq_strides, delta_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale,
+                 dq_strides, delta_strides, batch, head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale,
                  causal):
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
     dtype: gl.constexpr = q_smem.dtype
@@ -259,29 +308,12 @@ def _dq_consumer(HALF_INDEX: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ba
     lse = _row_stat(lse_ptr, lse_strides, batch, head, s_rows, seq_q) * LOG2E
     delta = gl.convert_layout(delta, gl.SliceLayout(1, s_layout))
     dq = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
-    zero = gl.zeros([HALF_N, DQ_TILE_N], gl.float32, s_layout)
-    for j in range(n_tiles):
-        slot = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
-        k_tile = _matrix(k_smem.index(slot))
-        v_tile = _matrix(v_smem.index(slot))
-        mbarrier.wait(k_ready.index(slot), phase)
-        s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(slot), phase)
-        dp_tok = warpgroup_mma(do_tile, v_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
-        p = gl.exp2(s * qk_scale - lse[:, None])
-        k_cols = j * DQ_TILE_N + gl.arange(0, DQ_TILE_N, layout=gl.SliceLayout(0, s_layout))
-        visible = (k_cols < seq_k)[None, :] & (s_rows < seq_q)[:, None]
-        if causal:
-            visible = visible & (s_rows[:, None] >= k_cols[None, :])
-        p = gl.where(visible, p, 0.0)
-        dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
-        mbarrier.arrive(v_empty.index(slot), count=1)
-        ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), op_layout)
-        dq_tok = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
-        dq, ds_op = warpgroup_mma_wait(0, deps=(dq_tok, ds_op))
-        mbarrier.arrive(k_empty.index(slot), count=1)
+    for j in range(n_plain):
+        dq = _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, s_rows, lse, delta, dq,
+                      seq_k, qk_scale, causal, False, s_layout, op_layout)
+    for j in range(n_plain, n_tiles):
+        dq = _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, s_rows, lse, delta, dq,
+                      seq_k, qk_scale, causal, True, s_layout, op_layout)
 
     dq_base = dq_ptr + batch.to(gl.int64) * dq_strides[0] + head.to(gl.int64) * dq_strides[1]
     gl.store(dq_base + rows.to(gl.int64)[:, None] * dq_strides[2] + cols[None, :], (dq * sm_scale).to(dtype),
@@ -291,19 +323,19 @@ def _dq_consumer(HALF_INDEX: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ba
 @gluon.jit
 def _dq_consumer_lower(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                        dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides,
-                       batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale, causal):
+                       batch, head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal):
     _dq_consumer(0, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                  dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides, batch,
-                 head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale, causal)
+                 head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal)
 
 
 @gluon.jit
 def _dq_consumer_upper(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                        dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides,
-                       batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale, causal):
+                       batch, head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal):
     _dq_consumer(1, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                  dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides, batch,
-                 head, q_first, n_tiles, seq_q, seq_k, qk_scale, sm_scale, causal)
+                 head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal)
 
 
 @gluon.jit
@@ -321,10 +353,13 @@ def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_s
     batch = gl.program_id(1) // HEADS
     head = gl.program_id(1) % HEADS
     q_first = block_m * (2 * HALF_N)
+    # The tiles before n_plain need no mask: with causal, the keys before the block's first row.
     if CAUSAL:
         n_tiles = gl.cdiv(gl.minimum(q_first + 2 * HALF_N, SEQ_K), DQ_TILE_N)
+        n_plain = q_first // DQ_TILE_N
     else:
         n_tiles = gl.cdiv(SEQ_K, DQ_TILE_N)
+        n_plain = SEQ_K // DQ_TILE_N
 
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
@@ -347,7 +382,7 @@ def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_s
     consumer_args = shared + (o_ptr, lse_ptr, dlse_ptr, dq_ptr, delta_ptr, (o_stride0, o_stride1, o_stride2),
                               (lse_stride0, lse_stride1), (dlse_stride0, dlse_stride1),
                               (dq_stride0, dq_stride1, dq_stride2), (delta_stride0, delta_stride1), batch, head,
-                              q_first, n_tiles, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL)
+                              q_first, n_tiles, n_plain, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL)
     loader_args = (q_desc, k_desc, v_desc, do_desc) + shared + (batch, head, head // GROUP, q_first, n_tiles)
     gl.warp_specialize([
         (_dq_consumer_lower, consumer_args),
@@ -410,6 +445,8 @@ def compile_ttgir(kernel: str, element: str, dim: int, constants: dict) -> str:
     for role, strides in _POINTERS[kernel]:
         name = "o" if role == "out" else role
         signature[f"{name}_ptr"] = "*fp32" if role in _ROW_STATS else f"*{element}"
-        signature.update({f"{name}_stride{d}": "i64" for d in range(strides)})
+        # i32 strides (kernel_args.aligned_ok checks that they fit): half the registers of i64
+        # ones, which the dK/dV kernel's consumers, holding four tile accumulators, are short of.
+        signature.update({f"{name}_stride{d}": "i32" for d in range(strides)})
         divisible += [f"{name}_ptr"] + ([] if role in _ROW_STATS else [f"{name}_stride{d}" for d in range(strides)])
     return gluon_ttgir(kernel_function(kernel), signature, constants, divisible, NUM_WARPS, MAX_REGISTERS)
