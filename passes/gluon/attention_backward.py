@@ -1,22 +1,25 @@
-"""The Hopper dK/dV kernel of softmax attention's backward (no score_mod; no mask or the causal
-one), written in Gluon like the forward (`attention_forward.py`), in FlashAttention-3's form.
+"""The Hopper backward of softmax attention (no score_mod; no mask or the causal one): two
+kernels written in Gluon like the forward (`attention_forward.py`), FlashAttention-3's dK/dV
+kernel with dQ in a kernel of its own instead of its atomics, launched in that order.
 
-A program owns 128 rows of K and V of one KV head (two consumer warpgroups of 64 rows each keep
-their dK and dV accumulators in registers) and walks the query blocks of the heads that read that
-KV head (the GQA group, so dK and dV are summed over it in registers, deterministically):
+dQ: a program owns 128 query rows of one head (two consumer warpgroups of 64). A loader warp
+copies their Q and dO once, then each KV tile of 64 keys into a two-slot ring (TMA; mbarriers say
+ready and empty). Each consumer first writes delta = rowsum(dO * O) - dlse for its rows (what
+the dK/dV kernel reads), then per tile computes S = Q K^T and dP = dO V^T on the tensor cores,
+P = exp2(S scale - lse) and dS = P (dP - delta) in registers, and adds dS K into dQ.
 
-- one loader warp copies the K and V rows once, then each query block's Q and dO tiles into a
-  two-slot ring (TMA; mbarriers say ready and empty);
-- per query block each consumer computes S^T = K Q^T and dP^T = V dO^T on the tensor cores,
-  P^T = exp2(S^T scale - lse), dS^T = P^T (dP^T - delta) in registers, and adds P^T dO into dV
-  and dS^T Q into dK; P^T and dS^T enter those products from registers, so nothing is written
-  to shared memory but what the loader brings.
+dK/dV: a program owns 128 keys of one KV head (two consumer warpgroups of 64, dK and dV in
+registers) and walks the query blocks of 64 rows of the heads that read that KV head (the GQA
+group, summed in registers: no atomics, the same bits on every run). The loader copies the K and
+V rows once, then each block's Q and dO into the ring; per block each consumer computes
+S^T = K Q^T and dP^T = V dO^T, P^T and dS^T = P^T (dP^T - delta), and adds P^T dO into dV and
+dS^T Q into dK, P^T and dS^T entering those products from registers.
 
-lse is the forward's natural-log logsumexp of the scaled scores and delta the row sums of
-dO * O less the logsumexp's own gradient (what the Triton IR dQ kernel writes before this kernel
-runs). dK comes out scaled by the softmax scale (the scores' derivative wrt K). Causal: a KV block
-starts its walk at the first query block that sees it; rows past the sequence ends are zeros from
-TMA and masked.
+lse is the forward's natural-log logsumexp of the scaled scores; dQ and dK come out scaled by the
+softmax scale. Rows and keys past the sequence ends are read as zeros by TMA: they add nothing
+and are not stored, so only the causal diagonal's blocks are masked, and dQ's ragged last tile
+(P would be exp2(-lse) there, which overflows for rows whose scores all sit far below zero).
+Causal: a dK/dV program starts its walk at the first query block that sees its keys.
 """
 from __future__ import annotations
 
@@ -217,11 +220,8 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
 
 
 
-# The dQ kernel: a program owns 128 query rows of one head (two consumer warpgroups of 64) and
-# walks the KV tiles of 64 keys that its rows see, after writing delta = rowsum(dO * O) - dlse,
-# the row statistic the dK/dV kernel reads.
-DQ_TILE_N = gl.constexpr(64)
-DQ_BLOCK_N = 64
+DQ_BLOCK_N = 64  # keys per dQ tile: S and dP of 64 x 64 beside dQ's 64 x D accumulator
+DQ_TILE_N = gl.constexpr(DQ_BLOCK_N)
 
 
 @gluon.jit
