@@ -44,6 +44,7 @@ _REGISTRY: dict[str, str] = {
     "attn-lower-to-cpu": "lower_to_cpu:LowerToCpu",
     "attn-cpu-grid-loops": "cpu_grid_loops:GridLoops",
     "attn-cpu-split-empty-tensors": "cpu_split_empty_tensors:SplitEmptyTensors",
+    "attn-cpu-widen-matmul-operands": "cpu_widen_matmul_operands:WidenMatmulOperands",
     "attn-cpu-lower-scatter": "cpu_lower_scatter:LowerScatter",
     "attn-cpu-vectorize": "cpu_vectorize:Vectorize",
     "attn-cpu-carry-state-in-place": "cpu_carry_state:CarryStateInPlace",

@@ -158,6 +158,13 @@ def for_loop(count, carried: list, step) -> list:
     return list(loop.results)
 
 
+def identity_maps(rank: int, count: int):
+    """The indexing maps of an element-wise op over `count` operands of rank `rank`."""
+    from mlir import ir
+
+    return ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank))] * count)
+
+
 def _map(rank: int, dims: tuple[int, ...]):
     from mlir import ir
 

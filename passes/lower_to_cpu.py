@@ -6,7 +6,8 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
 
 1. `attn-cpu-lower-scatter` (the scatter-adds of closure gradients to element loops), then
    `attn-cpu-grid-loops`: one loop over a range of each kernel's programs (two index arguments),
-   carrying the destination tensors; then `canonicalize,cse` and `attn-cpu-split-empty-tensors`.
+   carrying the destination tensors; then `canonicalize,cse`, `attn-cpu-widen-matmul-operands`
+   (16-bit tile products take f32 operands converted once) and `attn-cpu-split-empty-tensors`.
 2. `attn-cpu-vectorize`: matmuls to register tiles, elementwise ops and row reductions to row
    blocks, then every linalg op to vector ops; a tile load becomes a masked transfer.
 3. `attn-cpu-carry-state-in-place`, then `attn-cpu-bufferize`: one-shot bufferization with fully
@@ -28,7 +29,8 @@ Hand-written, because no upstream pass or transform op does it (each says why): 
 `mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers` and `store_padded_rows`
 (cpu_lower_vectors), `lower_scatter` (cpu_lower_scatter), `align_vector_views`, `expand_erf`,
 `expand_expm1`, `expand_exponentials` and `flatten_math_vectors` (cpu_legalize_for_llvm),
-`define_bf16_truncation`, `attn-cpu-no-avx512-bf16` and `attn-cpu-claim-programs`.
+`define_bf16_truncation`, `attn-cpu-no-avx512-bf16`, `attn-cpu-claim-programs` and
+`attn-cpu-widen-matmul-operands`.
 """
 from __future__ import annotations
 
@@ -108,6 +110,7 @@ class LowerToCpu(PassPipeline):
             "attn-cpu-lower-scatter",
             "attn-cpu-grid-loops",
             *TENSOR_PIPELINE,
+            "attn-cpu-widen-matmul-operands",
             "attn-cpu-split-empty-tensors",
             f"attn-cpu-vectorize{{vector-bits={self.vector_bits}}}",
             "attn-cpu-carry-state-in-place",

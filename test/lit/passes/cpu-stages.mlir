@@ -61,6 +61,7 @@
 // ORDER-NEXT: IR Dump After GridLoops (attn-cpu-grid-loops)
 // ORDER-NEXT: IR Dump After Canonicalizer (canonicalize)
 // ORDER-NEXT: IR Dump After CSE (cse)
+// ORDER-NEXT: IR Dump After WidenMatmulOperands (attn-cpu-widen-matmul-operands)
 // ORDER-NEXT: IR Dump After SplitEmptyTensors (attn-cpu-split-empty-tensors)
 // ORDER-NEXT: IR Dump After Vectorize (attn-cpu-vectorize)
 // ORDER-NEXT: IR Dump After CarryStateInPlace (attn-cpu-carry-state-in-place)
