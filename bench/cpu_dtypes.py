@@ -1,0 +1,82 @@
+"""ae-mlir's CPU forward against torch SDPA on the same cores, per input type, head dim, length and
+mask, on this machine: fp32, bf16 and fp16, B=1 H=4, D in {64, 128}, L in {512, 1024}, full and
+causal.
+
+    python bench/cpu_dtypes.py [--rounds 9] [--out DIR]
+
+Each case compiles once (a warm call), then ae-mlir and SDPA are called in turn `--rounds` times
+on fresh random inputs drawn once (never zeros); printed and written (with `--out`): the medians
+and the median of the per-round ratios (SDPA's time over ae-mlir's). `OMP_WAIT_POLICY=PASSIVE`
+unless the environment sets it (see examples/causal_demo.py).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+
+import ae_mlir as ae  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from causal_demo import _seconds, causal  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def measure(dtype, dim: int, seq: int, masked: bool, rounds: int) -> dict:
+    gen = torch.Generator().manual_seed(dim + seq)
+    q, k, v = (torch.randn(1, 4, seq, dim, generator=gen).to(dtype) for _ in range(3))
+    attn = ae.attention(mask_mod=causal if masked else None)
+
+    def ours():
+        attn(q, k, v)
+
+    def sdpa():
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=masked)
+
+    ours()
+    sdpa()
+    times = [(_seconds(ours), _seconds(sdpa)) for _ in range(rounds)]
+    return {"ae_ms": statistics.median(a for a, _ in times) * 1e3,
+            "sdpa_ms": statistics.median(s for _, s in times) * 1e3,
+            "speed_vs_sdpa": statistics.median(s / a for a, s in times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--dtypes", default="float32,bfloat16,float16")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    doc = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+           "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+           "commit": commit, "rounds": args.rounds, "method": __doc__, "cases": []}
+    for name in args.dtypes.split(","):
+        for dim in (64, 128):
+            for seq in (512, 1024):
+                for masked in (False, True):
+                    rec = dict(dtype=name, D=dim, L=seq, mask="causal" if masked else "full",
+                               **measure(DTYPES[name], dim, seq, masked, args.rounds))
+                    doc["cases"].append(rec)
+                    print(f"{name:9s} D{dim:<4d} L{seq:<5d} {rec['mask']:7s} ae-mlir {rec['ae_ms']:7.2f} ms  "
+                          f"SDPA {rec['sdpa_ms']:7.2f} ms  {rec['speed_vs_sdpa']:.2f}x", flush=True)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "cpu-dtypes.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
