@@ -10,7 +10,7 @@ once, before the product, instead of converting each element inside it.
 Why: the L1 kernels keep the inputs' 16-bit type on the products (the GPUs' tensor cores take
 them so), and the CPU computes in f32. Vectorized as it stands, the product converts both
 operands at every multiply-add, each element once per row or column of the other operand: bf16
-attention ran at 0.57-0.60x torch SDPA's speed on a 2-core AVX-512 host against about 1.0x for
+attention ran at 0.58-0.61x torch SDPA's speed on a 2-core AVX-512 host against about 1.0x for
 the same kernel on f32 inputs. Converted once, each element costs one conversion per tile. A
 conversion whose operand comes from an element-wise linalg.generic used only here (K's
 transposed copy, P truncated to bf16) is folded into that generic, so the tile is not walked

@@ -15,6 +15,11 @@ frontend (the text is Triton's; this pass writes none). The tt.func it leaves is
 over the whole q, k, v (`<role>.tma` labels) and out's and lse's strides but the last (the
 aligned variant's layout: unit last strides, 16-element multiples elsewhere).
 
+With `backward=true` it writes the backward instead, as two stubs in launch order
+(`passes/gluon/attention_backward.py`): `<name>_bwd_dq`, which also writes delta, and
+`<name>_bwd_dkdv`, each taking host descriptors over q, k, v and do, then its pointers and their
+strides (`backward_labels`); the backward preset takes it only when `warp_specialize` is asked for.
+
 What it takes (anything else is a located error; the triton preset picks this pass only where
 `presets.read_problem` found `simple_mask`): bf16 or f16 q, k, v of one type; Dk = Dv in {64,
 128}; query heads a multiple of the KV heads; the causal mask with as many queries as keys; at
