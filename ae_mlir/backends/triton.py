@@ -148,6 +148,17 @@ def _lower_gluon(l0_text: str, options, generic: list) -> list[tuple[runtime.Ker
     return [(kernel_variant(module, kernel, True), facts) for kernel, (_, facts) in zip(kernels, generic)]
 
 
+def _variants(l0_text: str, l1_text: str, options, general, report) -> tuple[list, list]:
+    """The bundle's aligned and general variants of each kernel: the general from L1; the aligned
+    from L1 too, or from L0 through attn-lower-to-gluon where `warp_specialize` is on."""
+    report.stage("L1 -> Triton IR (aligned and general variants)")
+    generic = _lower_l1(l1_text, general)
+    if not options.warp_specialize:
+        return _lower_l1(l1_text, options), generic
+    report.stage("L0 -> Triton GPU IR (attn-lower-to-gluon, the aligned variant)")
+    return _lower_gluon(l0_text, options, generic), generic
+
+
 def kernel_ops(module) -> list:
     """The tt.func kernels of a lowered module, in launch order."""
     kernels = [op.operation for op in module.body.operations if op.operation.name == "tt.func"]
@@ -178,13 +189,7 @@ def build_bundle(l0_text: str, target: str, config: dict | None = None,
         general = dataclasses.replace(options, assume_aligned=False)
         report.stage("L0 -> L1: fuse, tile")
         l1_text, inputs, outputs, workspace, call_time_tables = lower(module, general)
-        report.stage("L1 -> Triton IR (aligned and general variants)")
-        generic = _lower_l1(l1_text, general)
-        if options.warp_specialize:
-            report.stage("L0 -> Triton GPU IR (attn-lower-to-gluon, the aligned variant)")
-            aligned = _lower_gluon(l0_text, options, generic)
-        else:
-            aligned = _lower_l1(l1_text, options)
+        aligned, generic = _variants(l0_text, l1_text, options, general, report)
     kernels = [(a, g, facts) for (a, _), (g, facts) in zip(aligned, generic)]
     # The L0 module itself: what the bundle compiled (ae-opt reproduces any kernel from it).
     meta = {"input_precision": input_precision, "config": options.launch_config(), "l0": l0_text}
@@ -237,14 +242,7 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         outputs = [spec for spec, out in zip(written, returned) if out]
         workspace = [spec for spec, out in zip(written, returned) if not out]
         l1_text = module.operation.get_asm(enable_debug_info=True)
-        report.stage("L1 -> Triton IR (aligned and general variants)")
-        generic = _lower_l1(l1_text, general)
-        if options.warp_specialize:
-            report.stage("L0 -> Triton GPU IR (attn-lower-to-gluon, the aligned variant)")
-            aligned = _lower_gluon(l0_text, options, generic)
-        else:
-            aligned = _lower_l1(l1_text, options)
-        variants = [aligned, generic]
+        variants = _variants(l0_text, l1_text, options, general, report)
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
     stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
                             *options.kernel_launch(facts["name"], facts["chunk_stage"]), facts["tables"])

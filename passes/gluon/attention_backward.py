@@ -27,12 +27,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .pipeline import NUM_STAGES, load_kv_ring, matrix
+
 HALF = 64      # K/V rows per consumer warpgroup; a program covers 2 * HALF rows
 BLOCK_M_ = 64  # query rows per step
-STAGES = 2     # Q and dO ring depth
 HALF_N = gl.constexpr(HALF)
 TILE_M = gl.constexpr(BLOCK_M_)
-NUM_STAGES = gl.constexpr(STAGES)
 BLOCK_N = 2 * HALF
 BLOCK_M = BLOCK_M_
 NUM_WARPS = 4
@@ -63,12 +63,6 @@ def _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv
 
 
 @gluon.jit
-def _matrix(block):
-    # A [1, 1, rows, D] TMA block as the [rows, D] operand wgmma reads.
-    return block.reshape([block.shape[2], block.shape[3]])
-
-
-@gluon.jit
 def _row_stat(ptr, strides, batch, head, rows, seq_q):
     return gl.load(ptr + batch.to(gl.int64) * strides[0] + head.to(gl.int64) * strides[1] + rows,
                    mask=rows < seq_q, other=0.0)
@@ -83,8 +77,8 @@ def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_e
     # the keys' end are not stored; only the causal diagonal is masked (DIAGONAL).
     slot = t % NUM_STAGES
     phase = (t // NUM_STAGES) & 1
-    q_tile = _matrix(q_smem.index(slot))
-    do_tile = _matrix(do_smem.index(slot))
+    q_tile = matrix(q_smem.index(slot))
+    do_tile = matrix(do_smem.index(slot))
     zero = gl.zeros([HALF_N, TILE_M], gl.float32, st_layout)
     mbarrier.wait(q_ready.index(slot), phase)
     st_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -122,8 +116,8 @@ def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar,
                                                          instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     k_rows = kv_first + HALF_INDEX * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, st_layout))
-    k_tile = _matrix(k_smem.index(HALF_INDEX))
-    v_tile = _matrix(v_smem.index(HALF_INDEX))
+    k_tile = matrix(k_smem.index(HALF_INDEX))
+    v_tile = matrix(v_smem.index(HALF_INDEX))
     dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_bar, 0)
@@ -232,17 +226,7 @@ def _dq_loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
         tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + half * HALF_N, 0], q_bar, q_smem.index(half))
         tma.async_copy_global_to_shared(do_desc, [batch, head, q_first + half * HALF_N, 0], q_bar,
                                         do_smem.index(half))
-    for j in range(n_tiles):
-        slot = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
-        mbarrier.wait(k_empty.index(slot), phase ^ 1)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * DQ_TILE_N, 0], k_ready.index(slot),
-                                        k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), phase ^ 1)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * DQ_TILE_N, 0], v_ready.index(slot),
-                                        v_smem.index(slot))
+    load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, kv_head, n_tiles)
 
 
 @gluon.jit
@@ -253,8 +237,8 @@ def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
     # exp2(-lse), which overflows where the row's scores are all far below zero.
     slot = j % NUM_STAGES
     phase = (j // NUM_STAGES) & 1
-    k_tile = _matrix(k_smem.index(slot))
-    v_tile = _matrix(v_smem.index(slot))
+    k_tile = matrix(k_smem.index(slot))
+    v_tile = matrix(v_smem.index(slot))
     zero = gl.zeros([HALF_N, DQ_TILE_N], gl.float32, s_layout)
     mbarrier.wait(k_ready.index(slot), phase)
     s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -288,8 +272,8 @@ def _dq_consumer(HALF_INDEX: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ba
                                                          instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     first_row = q_first + HALF_INDEX * HALF_N
-    q_tile = _matrix(q_smem.index(HALF_INDEX))
-    do_tile = _matrix(do_smem.index(HALF_INDEX))
+    q_tile = matrix(q_smem.index(HALF_INDEX))
+    do_tile = matrix(do_smem.index(HALF_INDEX))
     mbarrier.wait(q_bar, 0)
 
     # delta = rowsum(dO * O) - dlse (FlashAttention's preprocess), from dO in shared memory.

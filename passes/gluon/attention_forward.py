@@ -21,15 +21,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .pipeline import NUM_STAGES, load_kv_ring, matrix
+
 # Partition functions receive their arguments as IR values (a constexpr argument would arrive as
 # a tensor), so the tile sizes they need are module constants; the head dim and element type
 # come from the shared-memory buffers' types.
 HALF = 64      # query rows per consumer warpgroup; a program covers 2 * HALF rows
 BLOCK_N = 128  # keys per tile
-STAGES = 2     # K and V ring depth (2 x 2 x 32 KiB at D 128, plus 32 KiB of Q)
 HALF_M = gl.constexpr(HALF)
 TILE_N = gl.constexpr(BLOCK_N)
-NUM_STAGES = gl.constexpr(STAGES)
 BLOCK_M = 2 * HALF
 NUM_WARPS = 4
 # Registers per thread for the whole program; the warp_specialize call below rebalances them
@@ -44,28 +44,12 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_re
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [batch, head, q_first, 0], q_bar, q_smem.index(0))
     tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + HALF_M, 0], q_bar, q_smem.index(1))
-    for j in range(n_tiles):
-        slot = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
-        mbarrier.wait(k_empty.index(slot), phase ^ 1)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * TILE_N, 0], k_ready.index(slot),
-                                        k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), phase ^ 1)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * TILE_N, 0], v_ready.index(slot),
-                                        v_smem.index(slot))
-
-
-@gluon.jit
-def _matrix(block):
-    # A [1, 1, rows, D] TMA block as the [rows, D] operand wgmma reads.
-    return block.reshape([block.shape[2], block.shape[3]])
+    load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, kv_head, n_tiles)
 
 
 @gluon.jit
 def _tile(ring, j):
-    return _matrix(ring.index(j % NUM_STAGES))
+    return matrix(ring.index(j % NUM_STAGES))
 
 
 @gluon.jit
@@ -128,7 +112,7 @@ def _consumer(HALF_INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, 
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     first_row = q_first + HALF_INDEX * HALF_M
-    q = _matrix(q_smem.index(HALF_INDEX))
+    q = matrix(q_smem.index(HALF_INDEX))
     mbarrier.wait(q_bar, 0)
 
     m_i = gl.full([HALF_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))

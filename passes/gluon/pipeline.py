@@ -1,0 +1,32 @@
+"""Gluon helpers the kernels of this package share: a TMA block as a wgmma operand, and the loader
+warp's two-slot K/V ring."""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+STAGES = 2     # ring depth (the forward at D 128: 2 x 2 x 32 KiB of K and V beside 32 KiB of Q)
+NUM_STAGES = gl.constexpr(STAGES)
+
+
+@gluon.jit
+def matrix(block):
+    # A [1, 1, rows, D] TMA block as the [rows, D] operand wgmma reads.
+    return block.reshape([block.shape[2], block.shape[3]])
+
+
+@gluon.jit
+def load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, kv_head, n_tiles):
+    # K and V tiles 0..n_tiles-1 of a KV head, each into its ring slot once the consumers have
+    # released it (an empty barrier's phase), each slot's ready barrier expecting its bytes.
+    rows: gl.constexpr = k_desc.block_type.shape[2]
+    for j in range(n_tiles):
+        slot = j % NUM_STAGES
+        phase = (j // NUM_STAGES) & 1
+        mbarrier.wait(k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * rows, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * rows, 0], v_ready.index(slot), v_smem.index(slot))
