@@ -196,8 +196,12 @@ class _Hopper:
         return results[0] if len(results) == 1 else tuple(results)
 
 
+class _MBarrierLayout(_Layout):
+    pass
+
+
 class _MBarrier:
-    MBarrierLayout = _Layout
+    MBarrierLayout = _MBarrierLayout
 
     @staticmethod
     def init(bar, count):
@@ -287,7 +291,7 @@ def _load(ptr, mask=None, other=0):
 
 
 def _allocate_shared_memory(dtype, shape, layout, value=None):
-    if isinstance(layout, _Layout) and dtype == torch.int64 and type(layout) is _MBarrierLayout:
+    if isinstance(layout, _MBarrierLayout):
         cells = np.empty(int(np.prod(shape)), dtype=object)
         for i in range(cells.size):
             cells[i] = Barrier()
@@ -296,13 +300,6 @@ def _allocate_shared_memory(dtype, shape, layout, value=None):
     if value is not None:
         buffer.store(value)
     return buffer
-
-
-class _MBarrierLayout(_Layout):
-    pass
-
-
-_MBarrier.MBarrierLayout = _MBarrierLayout
 
 
 def _warp_specialize(functions_and_args, worker_num_warps, worker_num_regs):
