@@ -150,7 +150,7 @@ def _cpu_candidates(problem: Problem) -> tuple[list[dict], dict]:
     # recurrence has no launch configuration to tune there.
     if problem.linear:
         return [], {}
-    default = launch_defaults.cpu_config(problem.lq, problem.lk, not problem.masked)
+    default = launch_defaults.cpu_config(problem.lq, problem.lk, not problem.masked, problem.dtype)
 
     lq, lk = launch_defaults.next_pow2(problem.lq), launch_defaults.next_pow2(problem.lk)
     return [{"block_m": min(m, lq), "block_n": min(n, lk)} for m in _CPU_BLOCKS for n in _CPU_BLOCKS], default

@@ -295,7 +295,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         values["no_avx512_bf16"] = host_has_avx512_bf16()
         values["narrow_isa"] = narrows_isa(values["vector_bits"])
     if problem is not None and preset == "cpu":
-        values.update(cpu_config(problem.lq, problem.lk, not problem.masked and not typed.get("backward")))
+        values.update(cpu_config(problem.lq, problem.lk, not problem.masked and not typed.get("backward"),
+                                 problem.dtype))
     elif problem is not None and problem.linear:
         values.update(linear_config(problem, target), linear=True)
     elif problem is not None:

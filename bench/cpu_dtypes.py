@@ -3,11 +3,14 @@ mask, on this machine: fp32, bf16 and fp16, B=1 H=4, D in {64, 128}, L in {512, 
 causal.
 
     python bench/cpu_dtypes.py [--rounds 9] [--out DIR]
+    python bench/cpu_dtypes.py --block-m 64,128 [--dtypes bfloat16,float16]   # tiles A/B
 
 Each case compiles once (a warm call), then ae-mlir and SDPA are called in turn `--rounds` times
 on fresh random inputs drawn once (never zeros); printed and written (with `--out`): the medians
-and the median of the per-round ratios (SDPA's time over ae-mlir's). `OMP_WAIT_POLICY=PASSIVE`
-unless the environment sets it (see examples/causal_demo.py).
+and the median of the per-round ratios (SDPA's time over ae-mlir's). With `--block-m A,B` the
+compiled kernel at A and at B query rows a program (the preset's KV tiles) are timed in turn
+instead, and the ratio is A's time over B's. `OMP_WAIT_POLICY=PASSIVE` unless the environment sets
+it (see examples/causal_demo.py).
 """
 from __future__ import annotations
 
@@ -52,12 +55,31 @@ def measure(dtype, dim: int, seq: int, masked: bool, rounds: int) -> dict:
             "speed_vs_sdpa": statistics.median(s / a for a, s in times)}
 
 
+def compare_block_m(dtype, dim: int, seq: int, masked: bool, rounds: int, rows: tuple) -> dict:
+    from ae_mlir import launch_defaults
+    from ae_mlir.backends import cpu
+
+    gen = torch.Generator().manual_seed(dim + seq)
+    q, k, v = (torch.randn(1, 4, seq, dim, generator=gen).to(dtype) for _ in range(3))
+    text = ae.attention(mask_mod=causal if masked else None).mlir(q, k, v)
+    keys = launch_defaults.cpu_config(seq, seq, not masked)["block_n"]
+    kernels = [cpu.compile_module(text, block_m=m, block_n=keys) for m in rows]
+    calls = [lambda kernel=kernel: kernel([q, k, v]) for kernel in kernels]
+    for call in calls:
+        call()
+    times = [tuple(_seconds(call) for call in calls) for _ in range(rounds)]
+    return {f"block_m{m}_ms": statistics.median(t[i] for t in times) * 1e3 for i, m in enumerate(rows)} | {
+        "ratio": statistics.median(t[0] / t[1] for t in times)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--dtypes", default="float32,bfloat16,float16")
+    parser.add_argument("--block-m", default="", help="A,B: time the kernel at A and B query rows a program")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    rows = tuple(int(m) for m in args.block_m.split(",")) if args.block_m else ()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     doc = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
@@ -67,14 +89,20 @@ def main() -> None:
         for dim in (64, 128):
             for seq in (512, 1024):
                 for masked in (False, True):
-                    rec = dict(dtype=name, D=dim, L=seq, mask="causal" if masked else "full",
-                               **measure(DTYPES[name], dim, seq, masked, args.rounds))
+                    rec = dict(dtype=name, D=dim, L=seq, mask="causal" if masked else "full")
+                    if rows:
+                        rec.update(compare_block_m(DTYPES[name], dim, seq, masked, args.rounds, rows))
+                        doc["cases"].append(rec)
+                        print(name, dim, seq, rec["mask"], {k: round(v, 3) for k, v in rec.items() if k[0] in "br"},
+                              flush=True)
+                        continue
+                    rec.update(measure(DTYPES[name], dim, seq, masked, args.rounds))
                     doc["cases"].append(rec)
                     print(f"{name:9s} D{dim:<4d} L{seq:<5d} {rec['mask']:7s} ae-mlir {rec['ae_ms']:7.2f} ms  "
                           f"SDPA {rec['sdpa_ms']:7.2f} ms  {rec['speed_vs_sdpa']:.2f}x", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "cpu-dtypes.json"), "w") as f:
+        with open(os.path.join(args.out, "cpu-block-m.json" if rows else "cpu-dtypes.json"), "w") as f:
             json.dump(doc, f, indent=1)
 
 
