@@ -27,7 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .pipeline import NUM_STAGES, load_kv_ring, matrix
+from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_program
 
 HALF = 64      # K/V rows per consumer warpgroup; a program covers 2 * HALF rows
 BLOCK_M_ = 64  # query rows per step
@@ -328,14 +328,7 @@ def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_s
                           dq_stride1, dq_stride2, delta_ptr, delta_stride0, delta_stride1, HEADS: gl.constexpr,
                           GROUP: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                           SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
-    # Causal blocks start from the last (longest) one, as the forward's do.
-    blocks = gl.num_programs(0)
-    if CAUSAL:
-        block_m = blocks - 1 - gl.program_id(0)
-    else:
-        block_m = gl.program_id(0)
-    batch = gl.program_id(1) // HEADS
-    head = gl.program_id(1) % HEADS
+    block_m, batch, head = query_program(HEADS, CAUSAL)
     q_first = block_m * (2 * HALF_N)
     # The tiles before n_plain need no mask: with causal, the keys before the block's first row.
     if CAUSAL:

@@ -21,7 +21,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .pipeline import NUM_STAGES, load_kv_ring, matrix
+from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_program
 
 # Partition functions receive their arguments as IR values (a constexpr argument would arrive as
 # a tensor), so the tile sizes they need are module constants; the head dim and element type
@@ -184,15 +184,7 @@ def _consumer_lower(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_
 def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_stride2, lse_ptr, lse_stride0,
                       lse_stride1, HEADS: gl.constexpr, GROUP: gl.constexpr, SEQ_Q: gl.constexpr,
                       SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    # Axis 0 walks a head's query blocks, so the programs in flight share that head's K and V
-    # through L2; causal blocks start from the last (longest) one.
-    blocks = gl.num_programs(0)
-    if CAUSAL:
-        block_m = blocks - 1 - gl.program_id(0)
-    else:
-        block_m = gl.program_id(0)
-    batch = gl.program_id(1) // HEADS
-    head = gl.program_id(1) % HEADS
+    block_m, batch, head = query_program(HEADS, CAUSAL)
     q_first = block_m * (2 * HALF_M)
     if CAUSAL:
         n_tiles = gl.cdiv(gl.minimum(q_first + 2 * HALF_M, SEQ_K), TILE_N)

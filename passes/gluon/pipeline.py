@@ -30,3 +30,15 @@ def load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
         mbarrier.wait(v_empty.index(slot), phase ^ 1)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * rows, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def query_program(HEADS: gl.constexpr, CAUSAL: gl.constexpr):
+    # (query block, batch, head) of a program whose grid is (query blocks, batch x heads). Axis 0
+    # walks a head's query blocks, so the programs in flight share that head's K and V through
+    # L2; causal blocks start from the last (longest) one.
+    if CAUSAL:
+        block = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        block = gl.program_id(0)
+    return block, gl.program_id(1) // HEADS, gl.program_id(1) % HEADS
