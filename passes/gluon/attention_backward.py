@@ -27,14 +27,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_program
+from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_program, rings
 
 HALF = 64      # K/V rows per consumer warpgroup; a program covers 2 * HALF rows
-BLOCK_M_ = 64  # query rows per step
+BLOCK_M = 64   # query rows per step
 HALF_N = gl.constexpr(HALF)
-TILE_M = gl.constexpr(BLOCK_M_)
+TILE_M = gl.constexpr(BLOCK_M)
 BLOCK_N = 2 * HALF
-BLOCK_M = BLOCK_M_
 NUM_WARPS = 4
 MAX_REGISTERS = 168
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -182,22 +181,11 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
         n_blocks = blocks
         diagonal = 0
 
-    dtype: gl.constexpr = q_desc.dtype
-    k_smem = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+    q_smem, do_smem, q_ready, do_ready, q_empty, do_empty = rings(q_desc, do_desc)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)
-        mbarrier.init(do_empty.index(i), count=2)
 
     shared = (k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty)
     consumer_args = shared + (lse_ptr, delta_ptr, dk_ptr, dv_ptr, (lse_stride0, lse_stride1), (delta_stride0, delta_stride1),
@@ -338,22 +326,11 @@ def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_s
         n_tiles = gl.cdiv(SEQ_K, DQ_TILE_N)
         n_plain = SEQ_K // DQ_TILE_N
 
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [2] + do_desc.block_type.shape, do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = rings(k_desc, v_desc)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
 
     shared = (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty)
     consumer_args = shared + (o_ptr, lse_ptr, dlse_ptr, dq_ptr, delta_ptr, (o_stride0, o_stride1, o_stride2),
