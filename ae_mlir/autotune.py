@@ -109,11 +109,13 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         kept += [dict(c, tensor_descriptors=other) for c in kept]
     if target == "cuda:90" and problem.simple_mask is not None:
         # attn-lower-to-gluon's kernel takes none of those options: the Triton IR candidates are
-        # tried without it, and it is tried with and without ping-pong.
+        # tried without it, and it is tried with and without ping-pong (at D = 128, the kernel
+        # with the two consumer warpgroups that schedule takes).
         on = launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk)
-        turns = on and launch_defaults.pingpong(problem.simple_mask, problem.lk)
+        turns = on and launch_defaults.pingpong(problem.simple_mask, problem.lk, problem.dk)
+        pingpong = [{"warp_specialize": True, "pingpong": not turns}] if problem.dk == 128 else []
         kept = _unique([{}] + [dict(c, warp_specialize=False) for c in kept if c]
-                       + [{"warp_specialize": not on}, {"warp_specialize": True, "pingpong": not turns}])
+                       + [{"warp_specialize": not on}] + pingpong)
     return kept
 
 

@@ -119,13 +119,14 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int) -> 
     return target == "cuda:90" and simple_mask is not None and lq > _SPLIT_MAX_LQ and dk == 128
 
 
-def pingpong(simple_mask: str | None, lk: int) -> bool:
+def pingpong(simple_mask: str | None, lk: int, dk: int) -> bool:
     """Whether attn-lower-to-gluon's consumer warpgroups take turns on the tensor cores: for full
-    attention over 8192 keys or more. On an H100 (bf16 D 128, B*L 16k; three runs,
+    attention over 8192 keys or more at D = 128 (at D = 64 the kernel has three consumer
+    warpgroups, which the schedule does not take). On an H100 (bf16 D 128, B*L 16k; three runs,
     bench/results/h100-warp-specialized-2026-12-05*.json) it ran full attention at L 8192 612 / 617
     / 612 TFLOP/s against 593 / 593 / 570 without, at L 2048 539 / 534 / 544 against 551 / 550 /
     556, and causal no faster at either length."""
-    return simple_mask == "none" and lk >= 8192
+    return simple_mask == "none" and lk >= 8192 and dk == 128
 
 
 # Queries at most this long (decoding) with GQA pack a KV head's query heads into one tile.

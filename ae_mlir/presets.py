@@ -287,7 +287,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             values.update(tensor_descriptors=True, host_descriptors=True)
         values["warp_specialize"] = not typed.get("backward") and warp_specialized(target, problem.simple_mask,
                                                                                     problem.lq, problem.dk)
-        values["pingpong"] = values["warp_specialize"] and pingpong(problem.simple_mask, problem.lk)
+        values["pingpong"] = values["warp_specialize"] and pingpong(problem.simple_mask, problem.lk, problem.dk)
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 

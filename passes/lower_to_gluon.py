@@ -132,12 +132,15 @@ class Instance:
 
 def instance(func, pingpong: bool) -> Instance:
     """What the pass instantiates for the L0 function; a located CompileError where it cannot."""
-    from .gluon.attention_forward import BLOCK_M, kernel_constants
+    from .gluon.attention_forward import block_m, kernel_constants, warpgroups
 
     m = match(func)
     element, batch, heads, group, seq_q, seq_k, dim = _check_types(m)
-    constants = kernel_constants(heads, group, seq_q, seq_k, m.scale, m.causal, pingpong)
-    return Instance(element, dim, constants, (-(-seq_q // BLOCK_M), batch * heads, 1))
+    if pingpong and warpgroups(dim) != 2:
+        raise fail(func, f"asks for ping-pong at head dim {dim}, whose kernel has {warpgroups(dim)} consumer "
+                         "warpgroups; the ping-pong schedule takes two (head dim 128)")
+    constants = kernel_constants(heads, group, seq_q, seq_k, dim, m.scale, m.causal, pingpong)
+    return Instance(element, dim, constants, (-(-seq_q // block_m(dim)), batch * heads, 1))
 
 
 def backward_instances(func) -> list[tuple[str, Instance]]:
@@ -237,7 +240,8 @@ class LowerToGluon(ModulePass):
             from .gluon import attention_forward as fwd
 
             kernel = instance(func, self.pingpong)
-            _stub(func, name, kernel.grid, fwd.BLOCK_M, fwd.BLOCK_N, kernel_labels(), fwd.MAX_REGISTERS,
+            _stub(func, name, kernel.grid, fwd.block_m(kernel.dim), fwd.BLOCK_N, kernel_labels(),
+                  fwd.MAX_REGISTERS[fwd.warpgroups(kernel.dim)],
                   fwd.compile_ttgir(kernel.element, kernel.dim, kernel.constants))
         func.erase()
 

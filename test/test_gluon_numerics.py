@@ -41,6 +41,9 @@ def emulate(attn, q, k, v, pingpong=False):
     (1, 2, 2, 100, 390, 128, None, torch.bfloat16, "bhld", True),
     (1, 1, 1, 64, 64, 64, causal, torch.float16, "bhld", False),
     (1, 2, 1, 130, 130, 128, causal, torch.bfloat16, "blhd", False),
+    # D 64's three warpgroups: 192-row programs whose rows span two key tiles.
+    (1, 2, 2, 600, 600, 64, causal, torch.bfloat16, "bhld", False),
+    (1, 2, 1, 450, 333, 64, None, torch.bfloat16, "bhld", False),
 ])
 def test_emulated_kernel_matches_float64(b, h, hkv, lq, lk, d, mask, dtype, layout, pingpong):
     torch.manual_seed(lq + lk + d)

@@ -130,14 +130,23 @@ def test_bundle_has_a_gluon_aligned_variant_and_a_triton_ir_general_one():
     assert off.variants["aligned"].ir == "ttir" and "warp_specialize" not in off.meta["config"]
 
 
-def test_triton_gpu_ir_compiles_for_sm90_with_descriptor_metadata():
+@pytest.mark.parametrize("dim, warps, registers, mask", [(128, 12, 168, None), (128, 12, 168, causal),
+                                                          (64, 16, 128, None), (64, 16, 128, causal)])
+def test_triton_gpu_ir_compiles_for_sm90_with_descriptor_metadata(dim, warps, registers, mask):
     """The runtime's compile of the aligned variant: wgmma in the PTX, no spills at the register
-    cap, and the descriptors' swizzle read back for Triton's launcher (a Triton GPU IR source
-    skips the stage that records it)."""
-    bundle = tb.compile_bundle(ae.attention(), _meta(1, 2, 512, 128), _meta(1, 2, 512, 128), _meta(1, 2, 512, 128))
+    cap, the whole register file at most (the loader warp is padded to a warpgroup: 3 warpgroups
+    at D 128, 4 at D 64, where three consume), and the descriptors' swizzle read back for
+    Triton's launcher (a Triton GPU IR source skips the stage that records it)."""
+    q = _meta(1, 2, 512, dim)
+    bundle = tb.compile_bundle(ae.attention(mask_mod=mask), q, q, q)
     variant = bundle.variants["aligned"]
+    if dim == 64:
+        assert variant.ir == "ttir"
+        bundle = tb.compile_bundle(ae.attention(mask_mod=mask), q, q, q, config={"warp_specialize": True})
+        variant = bundle.variants["aligned"]
     compiled = runtime.compile_variant(variant, "cuda:90", bundle.num_warps, bundle.num_stages)
-    assert "wgmma.mma_async" in compiled.asm["ptx"] and ".maxnreg 168" in compiled.asm["ptx"]
+    assert "wgmma.mma_async" in compiled.asm["ptx"] and f".maxnreg {registers}" in compiled.asm["ptx"]
+    assert compiled.metadata.num_warps == warps and registers * warps * 32 <= 65536
     assert ptxas_spill_bytes(compiled.asm["ptx"]) == 0
     # TMA boxes of 128-byte rows (64 bf16 columns, the swizzle's span): the copies of q's 64 rows
     # and of K's and V's 128.
@@ -145,9 +154,9 @@ def test_triton_gpu_ir_compiles_for_sm90_with_descriptor_metadata():
                                                                             [1, 1, 128, 64]]
     assert all(m["swizzle"] == 3 for m in compiled.metadata.tensordesc_meta)
     # The launcher takes one descriptor object for each descriptor and its sizes and strides.
-    assert list(compiled.src.signature.values())[:3] == ["tensordesc<bf16[1, 1, 64, 128]>",
-                                                          "tensordesc<bf16[1, 1, 128, 128]>",
-                                                          "tensordesc<bf16[1, 1, 128, 128]>"]
+    assert list(compiled.src.signature.values())[:3] == [f"tensordesc<bf16[1, 1, 64, {dim}]>",
+                                                          f"tensordesc<bf16[1, 1, 128, {dim}]>",
+                                                          f"tensordesc<bf16[1, 1, 128, {dim}]>"]
 
 
 @pytest.mark.gpu

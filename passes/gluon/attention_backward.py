@@ -183,7 +183,7 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
-    q_smem, do_smem, q_ready, do_ready, q_empty, do_empty = rings(q_desc, do_desc)
+    q_smem, do_smem, q_ready, do_ready, q_empty, do_empty = rings(q_desc, do_desc, 2)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
 
@@ -328,7 +328,7 @@ def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_s
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
-    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = rings(k_desc, v_desc)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = rings(k_desc, v_desc, 2)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
 

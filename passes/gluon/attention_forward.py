@@ -7,9 +7,10 @@ at 0.8-0.9x cuDNN on plain attention. Gluon states the schedule FlashAttention-3
 
 - one loader warp issues TMA copies of the Q tile and of each K and V tile into a two-slot ring
   (an mbarrier per slot says ready, another says empty);
-- two consumer warpgroups of 64 query rows each issue tile j's Q K^T before tile j-1's P V, so the
-  exponentials of tile j run while P V is on the tensor cores; the accumulator is rescaled once
-  that product lands.
+- two consumer warpgroups of 64 query rows each (three at D = 64, whose products take half the
+  time, as FlashAttention-3's 192-row tiles there) issue tile j's Q K^T before tile j-1's P V, so
+  the exponentials of tile j run while P V is on the tensor cores; the accumulator is rescaled
+  once that product lands.
 
 The descriptors are over the whole [B, H, L, D] tensors (any 16-byte aligned strides): TMA fills
 rows past a sequence's end with zeros, so ragged lengths read nothing of the next head; keys past
@@ -26,24 +27,24 @@ from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_program, rings
 # Partition functions receive their arguments as IR values (a constexpr argument would arrive as
 # a tensor), so the tile sizes they need are module constants; the head dim and element type
 # come from the shared-memory buffers' types.
-HALF = 64      # query rows per consumer warpgroup; a program covers 2 * HALF rows
+HALF = 64      # query rows per consumer warpgroup; a program covers warpgroups(D) * HALF rows
 BLOCK_N = 128  # keys per tile
 HALF_M = gl.constexpr(HALF)
 TILE_N = gl.constexpr(BLOCK_N)
-BLOCK_M = 2 * HALF
 NUM_WARPS = 4
-# Registers per thread for the whole program; the warp_specialize call below rebalances them
-# (240 for each consumer warpgroup, 24 for the loader).
-MAX_REGISTERS = 168
+# Registers per thread for the whole program, by consumer warpgroups; the warp_specialize calls
+# below rebalance them (for each consumer warpgroup 240 of two, 160 of three; 24 for the loader).
+MAX_REGISTERS = {2: 168, 3: 128}
 LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
             batch, head, kv_head, q_first, n_tiles):
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [batch, head, q_first, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + HALF_M, 0], q_bar, q_smem.index(1))
+    WARPGROUPS: gl.constexpr = q_smem.shape[0]
+    mbarrier.expect(q_bar, WARPGROUPS * q_desc.block_type.nbytes)
+    for i in gl.static_range(WARPGROUPS):
+        tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + i * HALF_M, 0], q_bar, q_smem.index(i))
     load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, kv_head, n_tiles)
 
 
@@ -80,29 +81,41 @@ def _softmax(s, m_i, l_i, qk_scale, j, first_row, seq_k, DIAGONAL: gl.constexpr,
 @gluon.jit
 def _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, me, pingpong, acc, p, m_i, l_i,
           qk_scale, j, first_row, seq_k, DIAGONAL: gl.constexpr, BOUNDED: gl.constexpr,
-          s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+          s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, OVERLAP: gl.constexpr):
+    # Tile j's scores and softmax, and tile j-1's P V. With two warpgroups Q K^T of tile j is
+    # issued before P V of tile j-1, so tile j's exponentials run while P V is on the tensor
+    # cores. Three warpgroups (D = 64) take the products in order: holding P of tile j-1 through
+    # tile j's softmax spilled at their 160 registers, and the other warpgroups' products fill
+    # the tensor cores while one computes exponentials.
     prev = j - 1
     p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
     mbarrier.wait(v_ready.index(prev % NUM_STAGES), (prev // NUM_STAGES) & 1)
-    if pingpong:
-        # The warpgroups take turns issuing their products, so one's exponentials run while the
-        # other's products hold the tensor cores (FlashAttention-3's ping-pong schedule).
-        mbarrier.wait(turns.index(me), (j & 1) ^ (1 - me))
-    s_tok = _scores(q, k_smem, k_ready, j, s_layout)
-    acc_tok = warpgroup_mma(p_op, _tile(v_smem, prev), acc, is_async=True)
-    if pingpong:
-        mbarrier.arrive(turns.index(1 - me), count=1)
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
-    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, j, first_row, seq_k, DIAGONAL, BOUNDED, s_layout)
-    acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-    mbarrier.arrive(v_empty.index(prev % NUM_STAGES), count=1)
+    if OVERLAP:
+        if pingpong:
+            # The warpgroups take turns issuing their products, so one's exponentials run while
+            # the other's products hold the tensor cores (FlashAttention-3's ping-pong schedule).
+            mbarrier.wait(turns.index(me), (j & 1) ^ (1 - me))
+        s_tok = _scores(q, k_smem, k_ready, j, s_layout)
+        acc_tok = warpgroup_mma(p_op, _tile(v_smem, prev), acc, is_async=True)
+        if pingpong:
+            mbarrier.arrive(turns.index(1 - me), count=1)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, j, first_row, seq_k, DIAGONAL, BOUNDED, s_layout)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+        mbarrier.arrive(v_empty.index(prev % NUM_STAGES), count=1)
+    else:
+        acc = warpgroup_mma(p_op, _tile(v_smem, prev), acc)
+        mbarrier.arrive(v_empty.index(prev % NUM_STAGES), count=1)
+        s = warpgroup_mma_wait(0, deps=(_scores(q, k_smem, k_ready, j, s_layout), ))
+        mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, j, first_row, seq_k, DIAGONAL, BOUNDED, s_layout)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     return acc, p, m_i, l_i
 
 
 @gluon.jit
-def _consumer(HALF_INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
               turns, o_ptr, lse_ptr, o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k,
               qk_scale, causal, pingpong):
     HEAD_DIM: gl.constexpr = v_smem.shape[4]
@@ -111,8 +124,9 @@ def _consumer(HALF_INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, 
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    first_row = q_first + HALF_INDEX * HALF_M
-    q = matrix(q_smem.index(HALF_INDEX))
+    WARPGROUPS: gl.constexpr = q_smem.shape[0]
+    first_row = q_first + INDEX * HALF_M
+    q = matrix(q_smem.index(INDEX))
     mbarrier.wait(q_bar, 0)
 
     m_i = gl.full([HALF_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -121,28 +135,41 @@ def _consumer(HALF_INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, 
 
     s = warpgroup_mma_wait(0, deps=(_scores(q, k_smem, k_ready, 0, s_layout), ))
     mbarrier.arrive(k_empty.index(0), count=1)
-    # Only the last tile is masked: causal's diagonal (which also holds the keys past seq_k, seen
-    # only by rows past it), or a ragged tile's keys past seq_k.
-    masked_last = causal or seq_k % TILE_N != 0
-    if n_tiles == 1 and causal:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, True, False, s_layout)
-    elif n_tiles == 1 and masked_last:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, False, True, s_layout)
+    # Tiles before `plain` take no mask. Causal masks the rest: the warpgroup's diagonal tile
+    # (whose keys past seq_k only rows past it see) and, with three warpgroups (192 rows over
+    # 128-key tiles), at most one more, wholly past this warpgroup's rows. Else only a ragged last
+    # tile is masked, to its keys before seq_k. The masked tiles are steps of their own, not a
+    # loop, which kept the two-warpgroup kernel free of spills.
+    if causal:
+        plain = first_row // TILE_N
+    elif seq_k % TILE_N != 0:
+        plain = n_tiles - 1
     else:
+        plain = n_tiles
+    if plain > 0:
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, False, False, s_layout)
-    whole = n_tiles - 1 if masked_last else n_tiles
-    for j in range(1, whole):
-        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, HALF_INDEX,
+    elif causal:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, True, False, s_layout)
+    else:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, False, True, s_layout)
+    for j in range(1, plain):
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX,
                                  pingpong, acc, p, m_i, l_i, qk_scale, j, first_row, seq_k, False, False,
-                                 s_layout, o_layout, p_layout)
-    if n_tiles > 1 and causal:
-        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, HALF_INDEX,
-                                 pingpong, acc, p, m_i, l_i, qk_scale, n_tiles - 1, first_row, seq_k, True,
-                                 False, s_layout, o_layout, p_layout)
-    elif n_tiles > 1 and masked_last:
-        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, HALF_INDEX,
-                                 pingpong, acc, p, m_i, l_i, qk_scale, n_tiles - 1, first_row, seq_k, False,
-                                 True, s_layout, o_layout, p_layout)
+                                 s_layout, o_layout, p_layout, WARPGROUPS == 2)
+    masked = gl.maximum(plain, 1)
+    if masked < n_tiles and causal:
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX,
+                                 pingpong, acc, p, m_i, l_i, qk_scale, masked, first_row, seq_k, True,
+                                 False, s_layout, o_layout, p_layout, WARPGROUPS == 2)
+    elif masked < n_tiles:
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX,
+                                 pingpong, acc, p, m_i, l_i, qk_scale, masked, first_row, seq_k, False,
+                                 True, s_layout, o_layout, p_layout, WARPGROUPS == 2)
+    if WARPGROUPS == 3:
+        if masked + 1 < n_tiles:
+            acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX,
+                                     pingpong, acc, p, m_i, l_i, qk_scale, masked + 1, first_row, seq_k, True,
+                                     False, s_layout, o_layout, p_layout, WARPGROUPS == 2)
 
     last = n_tiles - 1
     mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
@@ -163,36 +190,42 @@ def _consumer(HALF_INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, 
     gl.store(lse_base + stat_rows, lse, mask=stat_rows < seq_q)
 
 
-# Partition functions take no constexpr arguments, so each warpgroup's half is its own function.
+# Partition functions take no constexpr arguments, so each warpgroup's rows are its own function.
 @gluon.jit
-def _consumer_upper(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                    o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal,
-                    pingpong):
+def _consumer_0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+                o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong):
+    _consumer(0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+              o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong)
+
+
+@gluon.jit
+def _consumer_1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+                o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong):
     _consumer(1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
               o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong)
 
 
 @gluon.jit
-def _consumer_lower(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                    o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal,
-                    pingpong):
-    _consumer(0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+def _consumer_2(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+                o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong):
+    _consumer(2, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
               o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong)
 
 
 @gluon.jit
 def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_stride2, lse_ptr, lse_stride0,
                       lse_stride1, HEADS: gl.constexpr, GROUP: gl.constexpr, SEQ_Q: gl.constexpr,
-                      SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+                      SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                      WARPGROUPS: gl.constexpr):
     block_m, batch, head = query_program(HEADS, CAUSAL)
-    q_first = block_m * (2 * HALF_M)
+    q_first = block_m * (WARPGROUPS * HALF_M)
     if CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(q_first + 2 * HALF_M, SEQ_K), TILE_N)
+        n_tiles = gl.cdiv(gl.minimum(q_first + WARPGROUPS * HALF_M, SEQ_K), TILE_N)
     else:
         n_tiles = gl.cdiv(SEQ_K, TILE_N)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = rings(k_desc, v_desc)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [WARPGROUPS] + q_desc.block_type.shape, q_desc.layout)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = rings(k_desc, v_desc, WARPGROUPS)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
@@ -204,11 +237,29 @@ def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_str
                               (lse_stride0, lse_stride1), batch, head, q_first, n_tiles, SEQ_Q,
                               SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
     loader_args = (q_desc, k_desc, v_desc) + shared + (batch, head, head // GROUP, q_first, n_tiles)
-    gl.warp_specialize([
-        (_consumer_lower, consumer_args),
-        (_consumer_upper, consumer_args),
-        (_loader, loader_args),
-    ], [4, 1], [240, 24])
+    if WARPGROUPS == 3:
+        gl.warp_specialize([
+            (_consumer_0, consumer_args),
+            (_consumer_1, consumer_args),
+            (_consumer_2, consumer_args),
+            (_loader, loader_args),
+        ], [4, 4, 1], [160, 160, 24])
+    else:
+        gl.warp_specialize([
+            (_consumer_0, consumer_args),
+            (_consumer_1, consumer_args),
+            (_loader, loader_args),
+        ], [4, 1], [240, 24])
+
+
+def warpgroups(dim: int) -> int:
+    """Consumer warpgroups (of HALF query rows each) per program at head dim `dim`."""
+    return 3 if dim == 64 else 2
+
+
+def block_m(dim: int) -> int:
+    """Query rows per program at head dim `dim`."""
+    return HALF * warpgroups(dim)
 
 
 def descriptor_blocks(dim: int) -> list:
@@ -216,11 +267,12 @@ def descriptor_blocks(dim: int) -> list:
     return [[1, 1, HALF, dim], [1, 1, BLOCK_N, dim], [1, 1, BLOCK_N, dim]]
 
 
-def kernel_constants(heads: int, group: int, seq_q: int, seq_k: int, scale: float, causal: bool,
+def kernel_constants(heads: int, group: int, seq_q: int, seq_k: int, dim: int, scale: float, causal: bool,
                      pingpong: bool) -> dict:
     """The kernel's constexpr arguments for one instantiation."""
     return {"HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
-            "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong}
+            "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong,
+            "WARPGROUPS": warpgroups(dim)}
 
 
 def compile_ttgir(element: str, dim: int, constants: dict) -> str:
@@ -238,4 +290,5 @@ def compile_ttgir(element: str, dim: int, constants: dict) -> str:
     # pointers, out's strides multiples of 16 elements, unit last strides (not arguments), so O's
     # stores are vectors. lse's row strides are any (a row statistic's: L = 1000 gives 1000).
     divisible = ["o_ptr", "o_stride0", "o_stride1", "o_stride2", "lse_ptr"]
-    return gluon_ttgir(attention_forward, signature, constants, divisible, NUM_WARPS, MAX_REGISTERS)
+    return gluon_ttgir(attention_forward, signature, constants, divisible, NUM_WARPS,
+                       MAX_REGISTERS[constants["WARPGROUPS"]])

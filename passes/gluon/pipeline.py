@@ -1,5 +1,5 @@
 """Gluon helpers the kernels of this package share: a TMA block as a wgmma operand, the two-slot
-rings a loader warp fills for two consumer warpgroups, and the query-block programs' decode."""
+rings a loader warp fills for the consumer warpgroups, and the query-block programs' decode."""
 from __future__ import annotations
 
 from triton.experimental import gluon
@@ -17,10 +17,10 @@ def matrix(block):
 
 
 @gluon.jit
-def rings(a_desc, b_desc):
+def rings(a_desc, b_desc, CONSUMERS: gl.constexpr):
     # Two NUM_STAGES-slot rings of a's and b's blocks in shared memory; each slot has a ready
-    # mbarrier (one arrival: the loader's, with the bytes it expects) and an empty one (the two
-    # consumer warpgroups' arrivals).
+    # mbarrier (one arrival: the loader's, with the bytes it expects) and an empty one (each
+    # consumer warpgroup's arrival).
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     a_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -30,8 +30,8 @@ def rings(a_desc, b_desc):
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(a_ready.index(i), count=1)
         mbarrier.init(b_ready.index(i), count=1)
-        mbarrier.init(a_empty.index(i), count=2)
-        mbarrier.init(b_empty.index(i), count=2)
+        mbarrier.init(a_empty.index(i), count=CONSUMERS)
+        mbarrier.init(b_empty.index(i), count=CONSUMERS)
     return a_smem, b_smem, a_ready, b_ready, a_empty, b_empty
 
 
