@@ -199,6 +199,7 @@ class PresetOptions:
     # The aligned variant is attn-lower-to-gluon's warp-specialized kernel (launch_defaults.warp_specialized).
     warp_specialize: bool = False
     pingpong: bool = False         # attn-lower-to-gluon (launch_defaults.pingpong)
+    persistent: bool = False       # attn-lower-to-gluon: wave_programs programs loop over query blocks
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
     states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
@@ -250,6 +251,8 @@ class PresetOptions:
             config["warp_specialize"] = True
             if self.pingpong:
                 config["pingpong"] = True
+            if self.persistent:
+                config["persistent"] = True
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
@@ -317,8 +320,14 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if values.get("tensor_descriptors") and not has_tma(target):
         raise CompileError(f"preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on "
                            f"(TMA), got '{target}'")
-    if values.get("pingpong") and values.get("backward"):
-        raise CompileError("preset option 'pingpong' is a schedule of the forward kernel; the backward has none")
+    for schedule in ("pingpong", "persistent"):
+        if values.get(schedule) and values.get("backward"):
+            raise CompileError(f"preset option '{schedule}' is a schedule of the forward kernel; the backward has none")
+        if values.get(schedule) and not values.get("warp_specialize"):
+            if schedule in typed:
+                raise CompileError(f"preset option '{schedule}' is a schedule of attn-lower-to-gluon's kernel; it "
+                                   "needs 'warp-specialize'")
+            values[schedule] = False  # a default of the kernel the overrides turned off
     if values.get("warp_specialize") and target != "cuda:90":
         raise CompileError(f"preset option 'warp-specialize' needs the NVIDIA sm90 target (wgmma), got '{target}'")
     if values.get("fast_tanh") and not has_fast_tanh(target):
@@ -393,7 +402,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         # attn-lower-to-gluon reads L0 itself (the backward's kernels too); the general variant
         # (assume-aligned=false) takes the stages below.
         return [Stage("l1", ("attn-verify",)),
-                Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)} backward={_flag(o.backward)}}}",))]
+                Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)} backward={_flag(o.backward)} "
+                               f"programs={o.wave_programs if o.persistent else 0}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

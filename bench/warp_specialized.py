@@ -6,11 +6,12 @@ against float32 SDPA.
     python bench/warp_specialized.py build --out bench/bundles/ws          # here (no GPU)
     python3 bench/warp_specialized.py run --bundles bench/bundles/ws --out DIR   # on the GPU
 
-Timed: bf16, B*L = 16384, H = 16, D in {64, 128}, L in {2048, 8192}, full and causal; three
+Timed: bf16, B*L = 16384, H = 16, D in {64, 128}, L in {2048, 8192}, full and causal; four
 builds of each (`gluon`: warp_specialize=true pingpong=false, the default at D = 128 but for full
 attention at L 8192; `pingpong`: with pingpong=true, the default there, built at D = 128 only
-(the D = 64 kernel's three consumer warpgroups do not take it); `ttir`: warp_specialize=false,
-the default at D = 64)
+(the D = 64 kernel's three consumer warpgroups do not take it); `persistent`: `gluon` with a
+program per multiprocessor looping over query blocks; `ttir`: warp_specialize=false, the default
+at D = 64)
 and the peers, in five alternating rounds, medians of triton.testing.do_bench; FLOPs 4 B H L^2 D
 (half for causal).
 """
@@ -29,7 +30,9 @@ import harness  # noqa: E402
 
 TOKENS, HEADS, ROUNDS = 16384, 16, 5
 BUILDS = {"gluon": {"warp_specialize": True, "pingpong": False}, "pingpong": {"warp_specialize": True, "pingpong": True},
+          "persistent": {"warp_specialize": True, "pingpong": False, "persistent": True},
           "ttir": {"warp_specialize": False}}
+CHECKED = ("gluon", "persistent")  # the builds whose outputs are checked at CHECKS' shapes
 # (name, batch, heads, kv heads, Lq, Lk, D, causal, dtype, layout): "bhld" contiguous, "blhd" a
 # transposed view of [B, L, H, D] memory.
 CHECKS = [
@@ -79,8 +82,9 @@ def build(out: str) -> None:
     for name, batch, heads, kv_heads, lq, lk, dim, causal, dtype, _ in CHECKS:
         q = torch.empty(batch, heads, lq, dim, dtype=getattr(torch, dtype), device="meta")
         kv = torch.empty(batch, kv_heads, lk, dim, dtype=getattr(torch, dtype), device="meta")
-        tb.compile_bundle(_attention(causal), q, kv, kv, config=BUILDS["gluon"]).save(
-            os.path.join(out, f"check_{name}.json"))
+        for label in CHECKED:
+            tb.compile_bundle(_attention(causal), q, kv, kv, config=BUILDS[label]).save(
+                os.path.join(out, f"check_{name}.{label}.json"))
         print("built", name, flush=True)
 
 
@@ -104,26 +108,27 @@ def _check(bundles: str, doc: dict) -> None:
     from ae_mlir import runtime
 
     for i, (name, batch, heads, kv_heads, lq, lk, dim, causal, dtype, layout) in enumerate(CHECKS):
-        bundle = runtime.Bundle.load(os.path.join(bundles, f"check_{name}.json"))
-        q, k, v = _inputs(batch, heads, kv_heads, lq, lk, dim, getattr(torch, dtype), layout, 100 + i)
-        tensors = runtime.bind(bundle, q, k, v)
-        variant = runtime.choose_variant(bundle, tensors)
-        out, lse = runtime.launch(bundle, q, k, v)
-        torch.cuda.synchronize()
-        group = heads // kv_heads
-        kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
-        scores = (q.float() @ kf.transpose(-1, -2)) / math.sqrt(dim)
-        if causal:
-            scores = scores.masked_fill(torch.ones(lq, lk, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
-        want = torch.softmax(scores, dim=-1) @ vf
-        rec = {"name": name, "B": batch, "H": heads, "Hkv": kv_heads, "Lq": lq, "Lk": lk, "D": dim, "causal": causal,
-               "dtype": dtype, "layout": layout, "variant": variant.ir,
-               "max_abs_err": float((out.float() - want).abs().max()),
-               "lse_max_abs_err": float((lse - torch.logsumexp(scores, dim=-1)).abs().max()),
-               "sdpa_bf16_err": float((F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
-                                       .float() - want).abs().max())}
-        doc["checks"].append(rec)
-        print("check", rec, flush=True)
+        for label in CHECKED:
+            bundle = runtime.Bundle.load(os.path.join(bundles, f"check_{name}.{label}.json"))
+            q, k, v = _inputs(batch, heads, kv_heads, lq, lk, dim, getattr(torch, dtype), layout, 100 + i)
+            tensors = runtime.bind(bundle, q, k, v)
+            variant = runtime.choose_variant(bundle, tensors)
+            out, lse = runtime.launch(bundle, q, k, v)
+            torch.cuda.synchronize()
+            group = heads // kv_heads
+            kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+            scores = (q.float() @ kf.transpose(-1, -2)) / math.sqrt(dim)
+            if causal:
+                scores = scores.masked_fill(torch.ones(lq, lk, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+            want = torch.softmax(scores, dim=-1) @ vf
+            rec = {"name": name, "B": batch, "H": heads, "Hkv": kv_heads, "Lq": lq, "Lk": lk, "D": dim, "causal": causal,
+                   "dtype": dtype, "layout": layout, "build": label, "variant": variant.ir,
+                   "max_abs_err": float((out.float() - want).abs().max()),
+                   "lse_max_abs_err": float((lse - torch.logsumexp(scores, dim=-1)).abs().max()),
+                   "sdpa_bf16_err": float((F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
+                                           .float() - want).abs().max())}
+            doc["checks"].append(rec)
+            print("check", rec, flush=True)
 
 
 def run(bundles: str, out_dir: str) -> None:

@@ -130,8 +130,9 @@ class Instance:
     grid: tuple
 
 
-def instance(func, pingpong: bool) -> Instance:
-    """What the pass instantiates for the L0 function; a located CompileError where it cannot."""
+def instance(func, pingpong: bool, programs: int = 0) -> Instance:
+    """What the pass instantiates for the L0 function, with `programs` persistent programs (0: a
+    program per query block); a located CompileError where it cannot."""
     from .gluon.attention_forward import block_m, kernel_constants, warpgroups
 
     m = match(func)
@@ -139,8 +140,9 @@ def instance(func, pingpong: bool) -> Instance:
     if pingpong and warpgroups(dim) != 2:
         raise fail(func, f"asks for ping-pong at head dim {dim}, whose kernel has {warpgroups(dim)} consumer "
                          "warpgroups; the ping-pong schedule takes two (head dim 128)")
-    constants = kernel_constants(heads, group, seq_q, seq_k, dim, m.scale, m.causal, pingpong)
-    return Instance(element, dim, constants, (-(-seq_q // block_m(dim)), batch * heads, 1))
+    constants = kernel_constants(batch, heads, group, seq_q, seq_k, dim, m.scale, m.causal, pingpong)
+    items = -(-seq_q // block_m(dim)) * batch * heads
+    return Instance(element, dim, constants, (min(items, programs) if programs else items, 1, 1))
 
 
 def backward_instances(func) -> list[tuple[str, Instance]]:
@@ -225,6 +227,8 @@ class LowerToGluon(ModulePass):
                                    "products (FlashAttention-3's ping-pong schedule)")
     backward: bool = option(False, "the backward's kernels instead of the forward's: dQ (which writes delta) and "
                                    "dK/dV, in launch order")
+    programs: int = option(0, "the forward's grid: 0 for a program per query block of a batch entry and head, "
+                              "N for at most N persistent programs, each taking blocks a grid's width apart")
 
     def apply(self, module_op) -> None:
         from mlir import ir
@@ -239,7 +243,7 @@ class LowerToGluon(ModulePass):
         else:
             from .gluon import attention_forward as fwd
 
-            kernel = instance(func, self.pingpong)
+            kernel = instance(func, self.pingpong, self.programs)
             _stub(func, name, kernel.grid, fwd.block_m(kernel.dim), fwd.BLOCK_N, kernel_labels(),
                   fwd.MAX_REGISTERS[fwd.warpgroups(kernel.dim)],
                   fwd.compile_ttgir(kernel.element, kernel.dim, kernel.constants))
@@ -248,8 +252,9 @@ class LowerToGluon(ModulePass):
     def _backward(self, func, name: str) -> None:
         from .gluon import attention_backward as bwd
 
-        if self.pingpong:
-            raise fail(func, "asks for the backward with ping-pong, a schedule of the forward kernel only")
+        if self.pingpong or self.programs:
+            raise fail(func, "asks for the backward with ping-pong or persistent programs, schedules of the forward "
+                             "kernel only")
         for kernel, inst in backward_instances(func):
             block_m, block_n = (2 * bwd.HALF, bwd.DQ_BLOCK_N) if kernel == "dq" else (bwd.BLOCK_M, bwd.BLOCK_N)
             _stub(func, abi.backward_kernel_name(name, kernel), inst.grid, block_m, block_n, backward_labels(kernel),

@@ -109,6 +109,7 @@ def _emulate_gluon(bundle: runtime.Bundle, name: str, variant, values: list) -> 
 
     from ae_mlir.core.context import new_context, parse_module
     from ae_mlir.kernel_args import launcher_positions
+    from ae_mlir.launch_defaults import multiprocessors
     from ae_mlir.passes.gluon import attention_backward, attention_forward
     from ae_mlir.passes.lower_to_gluon import backward_instances, instance
 
@@ -119,7 +120,9 @@ def _emulate_gluon(bundle: runtime.Bundle, name: str, variant, values: list) -> 
         kernel = dict(backward_instances(func))[part]
         fn, blocks = attention_backward.kernel_function(part), attention_backward.descriptor_blocks(part, kernel.dim)
     else:
-        kernel = instance(func, bundle.meta["config"].get("pingpong", False))
+        config = bundle.meta["config"]
+        kernel = instance(func, config.get("pingpong", False),
+                          config.get("wave_programs", multiprocessors("cuda:90")) if config.get("persistent") else 0)
         fn, blocks = attention_forward.attention_forward, attention_forward.descriptor_blocks(kernel.dim)
     if list(kernel.grid) != list(variant.grid):
         raise AssertionError(f"the bundle's grid {variant.grid} is not the pass's {list(kernel.grid)}")

@@ -358,6 +358,12 @@ _MOCKS = {id(real_gl): _gl(), id(real_mbarrier): _MBarrier, id(real_tma): _TMA,
 _EMULATED: dict = {}
 
 
+def _loop_range(*bounds):
+    # A Gluon loop's induction variable is an i32 scalar tensor, not a Python int.
+    for i in range(*(int(b) for b in bounds)):
+        yield torch.tensor(i, dtype=torch.int32)
+
+
 def emulated(jit_fn):
     """The jit function's Python code with the Gluon names it reads bound to the emulator's."""
     if id(jit_fn) in _EMULATED:
@@ -366,6 +372,7 @@ def emulated(jit_fn):
     scope = dict(fn.__globals__)
     fn_copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     _EMULATED[id(jit_fn)] = fn_copy
+    scope["range"] = _loop_range
     for name, value in fn.__globals__.items():
         if id(value) in _MOCKS:
             scope[name] = _MOCKS[id(value)]

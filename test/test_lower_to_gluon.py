@@ -37,9 +37,9 @@ def _l0(attn, b=2, h=4, hkv=None, lq=256, lk=None, dk=128, dv=None, dtype=torch.
                      _meta(b, hkv, lk, dv, dtype=dtype))
 
 
-def _lower(text: str):
+def _lower(text: str, **options):
     module = parse_module(text, new_context(), "l0.mlir")
-    create_pass("attn-lower-to-gluon").apply(module.operation)
+    create_pass("attn-lower-to-gluon", options).apply(module.operation)
     return module
 
 
@@ -68,7 +68,7 @@ def test_stub_records_the_kernel(mask):
     assert stub.name == "tt.func"
     ttgir = stub.attributes["attn.ttgir"].value
     assert "ttg.warp_specialize" in ttgir and "ttng.warp_group_dot" in ttgir
-    assert [int(x) for x in stub.attributes["attn.grid"]] == [3, 16, 1]
+    assert [int(x) for x in stub.attributes["attn.grid"]] == [3 * 16, 1, 1]
     # One label per parameter of the Triton GPU IR kernel, in its order.
     params = re.search(r"tt\.func public @\w+\((.*?)\) attributes", ttgir, re.S).group(1)
     assert len(re.findall(r"%\w+: ", params)) == len(kernel_labels())
@@ -111,6 +111,28 @@ def test_pingpong_is_the_default_for_long_full_attention(mask, length, expected)
     assert ("pingpong=true" in presets.pipeline_text("triton", options)) is expected
 
 
+@pytest.mark.parametrize("dk, options, message", [
+    (64, dict(pingpong=True), "asks for ping-pong at head dim 64, whose kernel has 3 consumer warpgroups"),
+    (128, dict(backward=True, programs=132), "asks for the backward with ping-pong or persistent programs"),
+])
+def test_schedules_the_kernel_does_not_take_are_located_errors(dk, options, message):
+    with pytest.raises(CompileError, match=message) as err:
+        _lower(_l0(ae.attention(mask_mod=causal), dk=dk), **options)
+    assert re.search(r":\d+:\d+: error:", str(err.value))
+
+
+def test_persistent_grid_is_the_preset_wave_and_needs_warp_specialization():
+    text = _l0(ae.attention(mask_mod=causal), b=8, h=16, lq=2048)
+    options = _options(text, persistent=True)
+    assert "programs=132" in presets.pipeline_text("triton", options)
+    assert options.launch_config()["persistent"] is True
+    assert "programs=0" in presets.pipeline_text("triton", _options(text))
+    with pytest.raises(CompileError, match="'persistent' is a schedule of attn-lower-to-gluon's kernel"):
+        _options(text, persistent=True, warp_specialize=False)
+    # The defaults' ping-pong goes with the kernel when an override turns it off.
+    assert _options(_l0(ae.attention(), b=1, h=2, lq=8192), warp_specialize=False).pingpong is False
+
+
 def test_forcing_it_off_a_sm90_target_is_an_error():
     with pytest.raises(CompileError, match="needs the NVIDIA sm90 target"):
         _options(_l0(ae.attention()), "hip:gfx942", warp_specialize=True)
@@ -122,7 +144,7 @@ def test_bundle_has_a_gluon_aligned_variant_and_a_triton_ir_general_one():
     q, kv = _meta(2, 8, 1000, 128), _meta(2, 2, 1000, 128)
     bundle = tb.compile_bundle(attn, q, kv, kv)
     aligned, generic = bundle.variants["aligned"], bundle.variants["generic"]
-    assert (aligned.ir, aligned.grid, aligned.max_registers) == ("ttgir", [8, 16, 1], 168)
+    assert (aligned.ir, aligned.grid, aligned.max_registers) == ("ttgir", [8 * 16, 1, 1], 168)
     assert aligned.args == kernel_labels() and generic.ir == "ttir" and generic.grid is None
     assert bundle.meta["config"]["warp_specialize"] is True
     assert runtime.Bundle.from_json(bundle.to_json()).variants["aligned"] == aligned

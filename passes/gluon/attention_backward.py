@@ -214,7 +214,7 @@ def _dq_loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
         tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + half * HALF_N, 0], q_bar, q_smem.index(half))
         tma.async_copy_global_to_shared(do_desc, [batch, head, q_first + half * HALF_N, 0], q_bar,
                                         do_smem.index(half))
-    load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, kv_head, n_tiles)
+    load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, kv_head, n_tiles, 0)
 
 
 @gluon.jit

@@ -22,7 +22,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_program, rings
+from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_item, rings
 
 # Partition functions receive their arguments as IR values (a constexpr argument would arrive as
 # a tensor), so the tile sizes they need are module constants; the head dim and element type
@@ -39,13 +39,35 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-            batch, head, kv_head, q_first, n_tiles):
+def _kv_tiles(q_first, WARPGROUPS: gl.constexpr, seq_k, causal):
+    # Key tiles a query block reads: causal's stop at its last row's diagonal.
+    n_tiles = gl.cdiv(seq_k, TILE_N)
+    if causal:
+        n_tiles = gl.cdiv(gl.minimum(q_first + WARPGROUPS * HALF_M, seq_k), TILE_N)
+    return n_tiles
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+            items, n_blocks, heads, group, seq_k, causal):
+    # Each of the program's work items: its Q rows once the consumers are done with the last
+    # item's, then its K and V tiles through the ring, whose position runs on across items.
     WARPGROUPS: gl.constexpr = q_smem.shape[0]
-    mbarrier.expect(q_bar, WARPGROUPS * q_desc.block_type.nbytes)
-    for i in gl.static_range(WARPGROUPS):
-        tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + i * HALF_M, 0], q_bar, q_smem.index(i))
-    load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, kv_head, n_tiles)
+    ring = 0
+    count = 0
+    for item in range(gl.program_id(0), items, gl.num_programs(0)):
+        block, batch, head = query_item(item, n_blocks, heads, causal)
+        q_first = block * (WARPGROUPS * HALF_M)
+        n_tiles = _kv_tiles(q_first, WARPGROUPS, seq_k, causal)
+        mbarrier.wait(q_empty, (count & 1) ^ 1)
+        mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
+        for i in gl.static_range(WARPGROUPS):
+            tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + i * HALF_M, 0], q_ready,
+                                            q_smem.index(i))
+        load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head // group,
+                     n_tiles, ring)
+        ring += n_tiles
+        count += 1
 
 
 @gluon.jit
@@ -54,10 +76,11 @@ def _tile(ring, j):
 
 
 @gluon.jit
-def _scores(q, k_smem, k_ready, j, s_layout: gl.constexpr):
-    mbarrier.wait(k_ready.index(j % NUM_STAGES), (j // NUM_STAGES) & 1)
+def _scores(q, k_smem, k_ready, r, s_layout: gl.constexpr):
+    # Q K^T of the K tile at ring position r.
+    mbarrier.wait(k_ready.index(r % NUM_STAGES), (r // NUM_STAGES) & 1)
     zero = gl.zeros([HALF_M, TILE_N], gl.float32, s_layout)
-    return warpgroup_mma(q, _tile(k_smem, j).permute((1, 0)), zero, use_acc=False, is_async=True)
+    return warpgroup_mma(q, _tile(k_smem, r).permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -80,61 +103,57 @@ def _softmax(s, m_i, l_i, qk_scale, j, first_row, seq_k, DIAGONAL: gl.constexpr,
 
 @gluon.jit
 def _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, me, pingpong, acc, p, m_i, l_i,
-          qk_scale, j, first_row, seq_k, DIAGONAL: gl.constexpr, BOUNDED: gl.constexpr,
+          qk_scale, j, r, turn, first_row, seq_k, DIAGONAL: gl.constexpr, BOUNDED: gl.constexpr,
           s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, OVERLAP: gl.constexpr):
-    # Tile j's scores and softmax, and tile j-1's P V. With two warpgroups Q K^T of tile j is
-    # issued before P V of tile j-1, so tile j's exponentials run while P V is on the tensor
-    # cores. Three warpgroups (D = 64) take the products in order: holding P of tile j-1 through
-    # tile j's softmax spilled at their 160 registers, and the other warpgroups' products fill
-    # the tensor cores while one computes exponentials.
-    prev = j - 1
+    # Tile j's scores and softmax (its K at ring position r), and tile j-1's P V (its V at r - 1).
+    # With two warpgroups Q K^T of tile j is issued before P V of tile j-1, so tile j's
+    # exponentials run while P V is on the tensor cores. Three warpgroups (D = 64) take the
+    # products in order: holding P of tile j-1 through tile j's softmax spilled at their 160
+    # registers, and the other warpgroups' products fill the tensor cores while one computes
+    # exponentials. `turn` counts the program's steps, for the ping-pong's turns.
+    prev = r - 1
     p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
     mbarrier.wait(v_ready.index(prev % NUM_STAGES), (prev // NUM_STAGES) & 1)
     if OVERLAP:
         if pingpong:
             # The warpgroups take turns issuing their products, so one's exponentials run while
             # the other's products hold the tensor cores (FlashAttention-3's ping-pong schedule).
-            mbarrier.wait(turns.index(me), (j & 1) ^ (1 - me))
-        s_tok = _scores(q, k_smem, k_ready, j, s_layout)
+            mbarrier.wait(turns.index(me), (turn & 1) ^ (1 - me))
+        s_tok = _scores(q, k_smem, k_ready, r, s_layout)
         acc_tok = warpgroup_mma(p_op, _tile(v_smem, prev), acc, is_async=True)
         if pingpong:
             mbarrier.arrive(turns.index(1 - me), count=1)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
-        mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
+        mbarrier.arrive(k_empty.index(r % NUM_STAGES), count=1)
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, j, first_row, seq_k, DIAGONAL, BOUNDED, s_layout)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
         mbarrier.arrive(v_empty.index(prev % NUM_STAGES), count=1)
     else:
         acc = warpgroup_mma(p_op, _tile(v_smem, prev), acc)
         mbarrier.arrive(v_empty.index(prev % NUM_STAGES), count=1)
-        s = warpgroup_mma_wait(0, deps=(_scores(q, k_smem, k_ready, j, s_layout), ))
-        mbarrier.arrive(k_empty.index(j % NUM_STAGES), count=1)
+        s = warpgroup_mma_wait(0, deps=(_scores(q, k_smem, k_ready, r, s_layout), ))
+        mbarrier.arrive(k_empty.index(r % NUM_STAGES), count=1)
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, j, first_row, seq_k, DIAGONAL, BOUNDED, s_layout)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     return acc, p, m_i, l_i
 
 
 @gluon.jit
-def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              turns, o_ptr, lse_ptr, o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k,
-              qk_scale, causal, pingpong):
+def _query_block(INDEX: gl.constexpr, WARPGROUPS: gl.constexpr, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+                 v_empty, q_empty, turns, q_first, n_tiles, ring, turn, seq_k, qk_scale, causal, pingpong,
+                 s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    # This warpgroup's rows of one query block, whose K and V tiles sit in the ring from position
+    # `ring` on: the unnormalized output, the row max and the row sum. Q is released to the
+    # loader once the last Q K^T has landed, so the next block's copy overlaps this one's end.
     HEAD_DIM: gl.constexpr = v_smem.shape[4]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, TILE_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    WARPGROUPS: gl.constexpr = q_smem.shape[0]
     first_row = q_first + INDEX * HALF_M
-    q = matrix(q_smem.index(INDEX))
-    mbarrier.wait(q_bar, 0)
-
     m_i = gl.full([HALF_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
+    OVERLAP: gl.constexpr = WARPGROUPS == 2
 
-    s = warpgroup_mma_wait(0, deps=(_scores(q, k_smem, k_ready, 0, s_layout), ))
-    mbarrier.arrive(k_empty.index(0), count=1)
+    s = warpgroup_mma_wait(0, deps=(_scores(q, k_smem, k_ready, ring, s_layout), ))
+    mbarrier.arrive(k_empty.index(ring % NUM_STAGES), count=1)
     # Tiles before `plain` take no mask. Causal masks the rest: the warpgroup's diagonal tile
     # (whose keys past seq_k only rows past it see) and, with three warpgroups (192 rows over
     # 128-key tiles), at most one more, wholly past this warpgroup's rows. Else only a ragged last
@@ -153,90 +172,119 @@ def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_rea
     else:
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, False, True, s_layout)
     for j in range(1, plain):
-        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX,
-                                 pingpong, acc, p, m_i, l_i, qk_scale, j, first_row, seq_k, False, False,
-                                 s_layout, o_layout, p_layout, WARPGROUPS == 2)
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX, pingpong,
+                                 acc, p, m_i, l_i, qk_scale, j, ring + j, turn + j, first_row, seq_k, False,
+                                 False, s_layout, o_layout, p_layout, OVERLAP)
     masked = gl.maximum(plain, 1)
     if masked < n_tiles and causal:
-        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX,
-                                 pingpong, acc, p, m_i, l_i, qk_scale, masked, first_row, seq_k, True,
-                                 False, s_layout, o_layout, p_layout, WARPGROUPS == 2)
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX, pingpong,
+                                 acc, p, m_i, l_i, qk_scale, masked, ring + masked, turn + masked, first_row,
+                                 seq_k, True, False, s_layout, o_layout, p_layout, OVERLAP)
     elif masked < n_tiles:
-        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX,
-                                 pingpong, acc, p, m_i, l_i, qk_scale, masked, first_row, seq_k, False,
-                                 True, s_layout, o_layout, p_layout, WARPGROUPS == 2)
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX, pingpong,
+                                 acc, p, m_i, l_i, qk_scale, masked, ring + masked, turn + masked, first_row,
+                                 seq_k, False, True, s_layout, o_layout, p_layout, OVERLAP)
     if WARPGROUPS == 3:
         if masked + 1 < n_tiles:
             acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX,
-                                     pingpong, acc, p, m_i, l_i, qk_scale, masked + 1, first_row, seq_k, True,
-                                     False, s_layout, o_layout, p_layout, WARPGROUPS == 2)
+                                     pingpong, acc, p, m_i, l_i, qk_scale, masked + 1, ring + masked + 1,
+                                     turn + masked + 1, first_row, seq_k, True, False, s_layout, o_layout,
+                                     p_layout, OVERLAP)
+    mbarrier.arrive(q_empty, count=1)
 
-    last = n_tiles - 1
+    last = ring + n_tiles - 1
     mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
     p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
     acc = warpgroup_mma(p_op, _tile(v_smem, last), acc)
     mbarrier.arrive(v_empty.index(last % NUM_STAGES), count=1)
+    return acc, m_i, l_i
 
-    acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-    rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_base = o_ptr + batch.to(gl.int64) * o_strides[0] + head.to(gl.int64) * o_strides[1]
-    offsets = rows.to(gl.int64)[:, None] * o_strides[2] + cols[None, :]
-    gl.store(o_base + offsets, acc.to(v_smem.dtype), mask=(rows < seq_q)[:, None])
-    # The natural-log logsumexp of the scaled scores, as the backward reads it.
-    lse = (m_i + gl.log2(l_i)) * LN2
-    stat_rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
-    lse_base = lse_ptr + batch.to(gl.int64) * lse_strides[0] + head.to(gl.int64) * lse_strides[1]
-    gl.store(lse_base + stat_rows, lse, mask=stat_rows < seq_q)
+
+@gluon.jit
+def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+              turns, o_ptr, lse_ptr, o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale,
+              causal, pingpong):
+    HEAD_DIM: gl.constexpr = v_smem.shape[4]
+    WARPGROUPS: gl.constexpr = q_smem.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, TILE_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q = matrix(q_smem.index(INDEX))
+    ring = 0
+    count = 0
+    for item in range(gl.program_id(0), items, gl.num_programs(0)):
+        block, batch, head = query_item(item, n_blocks, heads, causal)
+        q_first = block * (WARPGROUPS * HALF_M)
+        n_tiles = _kv_tiles(q_first, WARPGROUPS, seq_k, causal)
+        mbarrier.wait(q_ready, count & 1)
+        # Steps before this block: one per K tile but each block's first (the ping-pong's turns).
+        acc, m_i, l_i = _query_block(INDEX, WARPGROUPS, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                     q_empty, turns, q_first, n_tiles, ring, ring - count, seq_k, qk_scale,
+                                     causal, pingpong, s_layout, o_layout, p_layout)
+        ring += n_tiles
+        count += 1
+
+        first_row = q_first + INDEX * HALF_M
+        acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+        rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_base = o_ptr + batch.to(gl.int64) * o_strides[0] + head.to(gl.int64) * o_strides[1]
+        offsets = rows.to(gl.int64)[:, None] * o_strides[2] + cols[None, :]
+        gl.store(o_base + offsets, acc.to(v_smem.dtype), mask=(rows < seq_q)[:, None])
+        # The natural-log logsumexp of the scaled scores, as the backward reads it.
+        lse = (m_i + gl.log2(l_i)) * LN2
+        stat_rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
+        lse_base = lse_ptr + batch.to(gl.int64) * lse_strides[0] + head.to(gl.int64) * lse_strides[1]
+        gl.store(lse_base + stat_rows, lse, mask=stat_rows < seq_q)
 
 
 # Partition functions take no constexpr arguments, so each warpgroup's rows are its own function.
 @gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong):
-    _consumer(0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-              o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong)
+def _consumer_0(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+                o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong):
+    _consumer(0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr,
+              lse_ptr, o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong)
 
 
 @gluon.jit
-def _consumer_1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong):
-    _consumer(1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-              o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong)
+def _consumer_1(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+                o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong):
+    _consumer(1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr,
+              lse_ptr, o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong)
 
 
 @gluon.jit
-def _consumer_2(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong):
-    _consumer(2, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-              o_strides, lse_strides, batch, head, q_first, n_tiles, seq_q, seq_k, qk_scale, causal, pingpong)
+def _consumer_2(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
+                o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong):
+    _consumer(2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr,
+              lse_ptr, o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong)
 
 
 @gluon.jit
 def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_stride2, lse_ptr, lse_stride0,
-                      lse_stride1, HEADS: gl.constexpr, GROUP: gl.constexpr, SEQ_Q: gl.constexpr,
-                      SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                      WARPGROUPS: gl.constexpr):
-    block_m, batch, head = query_program(HEADS, CAUSAL)
-    q_first = block_m * (WARPGROUPS * HALF_M)
-    if CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(q_first + WARPGROUPS * HALF_M, SEQ_K), TILE_N)
-    else:
-        n_tiles = gl.cdiv(SEQ_K, TILE_N)
-
+                      lse_stride1, BATCH: gl.constexpr, HEADS: gl.constexpr, GROUP: gl.constexpr,
+                      SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr, CAUSAL: gl.constexpr,
+                      PINGPONG: gl.constexpr, WARPGROUPS: gl.constexpr):
+    # A program takes work items (query blocks of a batch entry and head) from its id on, a grid's
+    # width apart: one each in a grid of every item, several in a persistent grid.
+    n_blocks = gl.cdiv(SEQ_Q, WARPGROUPS * HALF_M)
+    items = n_blocks * BATCH * HEADS
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [WARPGROUPS] + q_desc.block_type.shape, q_desc.layout)
     k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = rings(k_desc, v_desc, WARPGROUPS)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=WARPGROUPS)
     mbarrier.init(turns.index(0), count=1)
     mbarrier.init(turns.index(1), count=1)
 
-    shared = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty)
-    consumer_args = shared + (turns, o_ptr, lse_ptr, (o_stride0, o_stride1, o_stride2),
-                              (lse_stride0, lse_stride1), batch, head, q_first, n_tiles, SEQ_Q,
-                              SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
-    loader_args = (q_desc, k_desc, v_desc) + shared + (batch, head, head // GROUP, q_first, n_tiles)
+    shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
+    consumer_args = shared + (turns, o_ptr, lse_ptr, (o_stride0, o_stride1, o_stride2), (lse_stride0, lse_stride1),
+                              items, n_blocks, HEADS, SEQ_Q, SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
+    loader_args = (q_desc, k_desc, v_desc) + shared + (items, n_blocks, HEADS, GROUP, SEQ_K, CAUSAL)
     if WARPGROUPS == 3:
         gl.warp_specialize([
             (_consumer_0, consumer_args),
@@ -267,10 +315,10 @@ def descriptor_blocks(dim: int) -> list:
     return [[1, 1, HALF, dim], [1, 1, BLOCK_N, dim], [1, 1, BLOCK_N, dim]]
 
 
-def kernel_constants(heads: int, group: int, seq_q: int, seq_k: int, dim: int, scale: float, causal: bool,
-                     pingpong: bool) -> dict:
+def kernel_constants(batch: int, heads: int, group: int, seq_q: int, seq_k: int, dim: int, scale: float,
+                     causal: bool, pingpong: bool) -> dict:
     """The kernel's constexpr arguments for one instantiation."""
-    return {"HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
+    return {"BATCH": batch, "HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
             "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong,
             "WARPGROUPS": warpgroups(dim)}
 

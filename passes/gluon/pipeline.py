@@ -36,13 +36,15 @@ def rings(a_desc, b_desc, CONSUMERS: gl.constexpr):
 
 
 @gluon.jit
-def load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, kv_head, n_tiles):
-    # K and V tiles 0..n_tiles-1 of a KV head, each into its ring slot once the consumers have
-    # released it (an empty barrier's phase), each slot's ready barrier expecting its bytes.
+def load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, kv_head, n_tiles, first):
+    # K and V tiles 0..n_tiles-1 of a KV head into the ring from position `first` on, each into
+    # its slot once the consumers have released it (an empty barrier's phase), each slot's ready
+    # barrier expecting its bytes.
     rows: gl.constexpr = k_desc.block_type.shape[2]
     for j in range(n_tiles):
-        slot = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
+        r = first + j
+        slot = r % NUM_STAGES
+        phase = (r // NUM_STAGES) & 1
         mbarrier.wait(k_empty.index(slot), phase ^ 1)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * rows, 0], k_ready.index(slot), k_smem.index(slot))
@@ -52,12 +54,17 @@ def load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
 
 
 @gluon.jit
+def query_item(item, n_blocks, heads, causal):
+    # (query block, batch, head) of work item `item`: a head's query blocks are adjacent, so the
+    # items in flight share that head's K and V through L2; causal walks each head's blocks from
+    # the last (longest) one.
+    block = item % n_blocks
+    if causal:
+        block = n_blocks - 1 - block
+    return block, item // n_blocks // heads, item // n_blocks % heads
+
+
+@gluon.jit
 def query_program(HEADS: gl.constexpr, CAUSAL: gl.constexpr):
-    # (query block, batch, head) of a program whose grid is (query blocks, batch x heads). Axis 0
-    # walks a head's query blocks, so the programs in flight share that head's K and V through
-    # L2; causal blocks start from the last (longest) one.
-    if CAUSAL:
-        block = gl.num_programs(0) - 1 - gl.program_id(0)
-    else:
-        block = gl.program_id(0)
-    return block, gl.program_id(1) // HEADS, gl.program_id(1) % HEADS
+    # (query block, batch, head) of a program whose grid is (query blocks, batch x heads).
+    return query_item(gl.program_id(1) * gl.num_programs(0) + gl.program_id(0), gl.num_programs(0), HEADS, CAUSAL)

@@ -1,5 +1,6 @@
 // attn-lower-to-gluon: causal softmax (bf16, D 128, two query heads per KV head) becomes a stub
-// tt.func (the launch grid: query blocks of 128 rows by B * H; the argument labels: each host
+// tt.func (the launch grid: a program per query block of 128 rows of each batch entry and head,
+// B * H * 3 here; the argument labels: each host
 // descriptor followed by its sizes and strides, then out's and lse's strides but the last) whose
 // attn.ttgir attribute is the warp-specialized kernel; --emit=ttir prints that Triton GPU IR:
 // two consumer warpgroups (the default region and partition0) issuing wgmma products, their
@@ -10,7 +11,7 @@
 
 // CHECK: "tt.func"()
 // CHECK-NEXT: "gpu.yield"()
-// CHECK-NEXT: attn.block_m = 128 : i64, attn.block_n = 128 : i64, attn.grid = array<i64: 3, 4, 1>
+// CHECK-NEXT: attn.block_m = 128 : i64, attn.block_n = 128 : i64, attn.grid = array<i64: 12, 1, 1>
 // CHECK-SAME: attn.kernel_args = ["q.tma", "q.tma.size0", "q.tma.size1", "q.tma.size2", "q.tma.size3", "q.tma.stride0", "q.tma.stride1", "q.tma.stride2", "q.tma.stride3", "k.tma"
 // CHECK-SAME: "out", "out.stride0", "out.stride1", "out.stride2", "lse", "lse.stride0", "lse.stride1"]
 // CHECK-SAME: attn.max_registers = 168 : i64
