@@ -140,7 +140,7 @@ def instance(func, pingpong: bool, programs: int = 0) -> Instance:
     if pingpong and warpgroups(dim) != 2:
         raise fail(func, f"asks for ping-pong at head dim {dim}, whose kernel has {warpgroups(dim)} consumer "
                          "warpgroups; the ping-pong schedule takes two (head dim 128)")
-    constants = kernel_constants(batch, heads, group, seq_q, seq_k, dim, m.scale, m.causal, pingpong)
+    constants = kernel_constants(batch, heads, group, seq_q, seq_k, dim, m.scale, m.causal, pingpong, programs > 0)
     items = -(-seq_q // block_m(dim)) * batch * heads
     return Instance(element, dim, constants, (min(items, programs) if programs else items, 1, 1))
 

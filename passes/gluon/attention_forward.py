@@ -39,6 +39,32 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
+def _rounds(items, persistent):
+    # How many work items this program takes: one a round, rounds of a grid's width (the last
+    # may be partial), in `_round_item`'s order; one in a grid of every item.
+    rounds = 1
+    if persistent:
+        me = gl.program_id(0)
+        programs = gl.num_programs(0)
+        full = items // programs
+        last = me + (full % 2) * (programs - 1 - 2 * me)
+        rounds = full + (last < items % programs).to(gl.int32)
+    return rounds
+
+
+@gluon.jit
+def _round_item(k):
+    # The program's item in round k. The rounds alternate direction (program p takes the p-th
+    # item of even rounds and the p-th from the end of odd ones), so a program that took one of
+    # a round's longer causal blocks takes a shorter one next: on an H100's 132 programs this
+    # evens their loads, where taking the p-th of every round left some 17% over the mean
+    # (items in order of a head's blocks, longest first, lengths repeating every 4 rounds).
+    me = gl.program_id(0)
+    programs = gl.num_programs(0)
+    return k * programs + me + (k % 2) * (programs - 1 - 2 * me)
+
+
+@gluon.jit
 def _kv_tiles(q_first, WARPGROUPS: gl.constexpr, seq_k, causal):
     # Key tiles a query block reads: causal's stop at its last row's diagonal.
     n_tiles = gl.cdiv(seq_k, TILE_N)
@@ -49,14 +75,14 @@ def _kv_tiles(q_first, WARPGROUPS: gl.constexpr, seq_k, causal):
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-            items, n_blocks, heads, group, seq_k, causal):
+            items, persistent, n_blocks, heads, group, seq_k, causal):
     # Each of the program's work items: its Q rows once the consumers are done with the last
     # item's, then its K and V tiles through the ring, whose position runs on across items.
     WARPGROUPS: gl.constexpr = q_smem.shape[0]
     ring = 0
     count = 0
-    for item in range(gl.program_id(0), items, gl.num_programs(0)):
-        block, batch, head = query_item(item, n_blocks, heads, causal)
+    for k in range(_rounds(items, persistent)):
+        block, batch, head = query_item(_round_item(k), n_blocks, heads, causal)
         q_first = block * (WARPGROUPS * HALF_M)
         n_tiles = _kv_tiles(q_first, WARPGROUPS, seq_k, causal)
         mbarrier.wait(q_empty, (count & 1) ^ 1)
@@ -202,7 +228,8 @@ def _query_block(INDEX: gl.constexpr, WARPGROUPS: gl.constexpr, q, k_smem, v_sme
 
 @gluon.jit
 def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-              turns, o_ptr, lse_ptr, o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale,
+              turns, o_ptr, lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k,
+              qk_scale,
               causal, pingpong):
     HEAD_DIM: gl.constexpr = v_smem.shape[4]
     WARPGROUPS: gl.constexpr = q_smem.shape[0]
@@ -214,8 +241,8 @@ def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_r
     q = matrix(q_smem.index(INDEX))
     ring = 0
     count = 0
-    for item in range(gl.program_id(0), items, gl.num_programs(0)):
-        block, batch, head = query_item(item, n_blocks, heads, causal)
+    for k in range(_rounds(items, persistent)):
+        block, batch, head = query_item(_round_item(k), n_blocks, heads, causal)
         q_first = block * (WARPGROUPS * HALF_M)
         n_tiles = _kv_tiles(q_first, WARPGROUPS, seq_k, causal)
         mbarrier.wait(q_ready, count & 1)
@@ -243,32 +270,38 @@ def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_r
 # Partition functions take no constexpr arguments, so each warpgroup's rows are its own function.
 @gluon.jit
 def _consumer_0(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong):
+                o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
+                pingpong):
     _consumer(0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr,
-              lse_ptr, o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong)
+              lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
+              pingpong)
 
 
 @gluon.jit
 def _consumer_1(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong):
+                o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
+                pingpong):
     _consumer(1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr,
-              lse_ptr, o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong)
+              lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
+              pingpong)
 
 
 @gluon.jit
 def _consumer_2(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong):
+                o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
+                pingpong):
     _consumer(2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr,
-              lse_ptr, o_strides, lse_strides, items, n_blocks, heads, seq_q, seq_k, qk_scale, causal, pingpong)
+              lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
+              pingpong)
 
 
 @gluon.jit
 def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_stride2, lse_ptr, lse_stride0,
                       lse_stride1, BATCH: gl.constexpr, HEADS: gl.constexpr, GROUP: gl.constexpr,
                       SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr, CAUSAL: gl.constexpr,
-                      PINGPONG: gl.constexpr, WARPGROUPS: gl.constexpr):
-    # A program takes work items (query blocks of a batch entry and head) from its id on, a grid's
-    # width apart: one each in a grid of every item, several in a persistent grid.
+                      PINGPONG: gl.constexpr, WARPGROUPS: gl.constexpr, PERSISTENT: gl.constexpr):
+    # A program takes work items (query blocks of a batch entry and head), one a round of a grid's
+    # width: one each in a grid of every item, several in a persistent grid.
     n_blocks = gl.cdiv(SEQ_Q, WARPGROUPS * HALF_M)
     items = n_blocks * BATCH * HEADS
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [WARPGROUPS] + q_desc.block_type.shape, q_desc.layout)
@@ -283,8 +316,8 @@ def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_str
 
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
     consumer_args = shared + (turns, o_ptr, lse_ptr, (o_stride0, o_stride1, o_stride2), (lse_stride0, lse_stride1),
-                              items, n_blocks, HEADS, SEQ_Q, SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
-    loader_args = (q_desc, k_desc, v_desc) + shared + (items, n_blocks, HEADS, GROUP, SEQ_K, CAUSAL)
+                              items, PERSISTENT, n_blocks, HEADS, SEQ_Q, SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
+    loader_args = (q_desc, k_desc, v_desc) + shared + (items, PERSISTENT, n_blocks, HEADS, GROUP, SEQ_K, CAUSAL)
     if WARPGROUPS == 3:
         gl.warp_specialize([
             (_consumer_0, consumer_args),
@@ -316,11 +349,11 @@ def descriptor_blocks(dim: int) -> list:
 
 
 def kernel_constants(batch: int, heads: int, group: int, seq_q: int, seq_k: int, dim: int, scale: float,
-                     causal: bool, pingpong: bool) -> dict:
+                     causal: bool, pingpong: bool, persistent: bool) -> dict:
     """The kernel's constexpr arguments for one instantiation."""
     return {"BATCH": batch, "HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
             "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong,
-            "WARPGROUPS": warpgroups(dim)}
+            "WARPGROUPS": warpgroups(dim), "PERSISTENT": persistent}
 
 
 def compile_ttgir(element: str, dim: int, constants: dict) -> str:

@@ -72,7 +72,12 @@ def main(argv=None):
                         help="attention (and backward, with --kinds) programs for cuda:90 only, those "
                              "attn-lower-to-gluon takes (plain or causal, 16-bit, D 64/128), its kernels run in the "
                              "Gluon emulator (warp_specialize on)")
+    parser.add_argument("--persistent", type=int, default=0, metavar="N",
+                        help="with --gluon --kinds attention: the forward kernel's persistent grid of N programs, "
+                             "each taking several query blocks")
     args = parser.parse_args(argv)
+    if args.persistent and (not args.gluon or args.persistent < 1 or set(args.kinds.split(",")) != {"attention"}):
+        parser.error("--persistent takes a positive count, with --gluon --kinds attention")
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds or set(kinds) - set(KINDS):
         parser.error(f"--kinds takes {', '.join(KINDS)}, got {args.kinds!r}")
@@ -82,6 +87,8 @@ def main(argv=None):
     if args.gluon:
         cells = [(kind, "cuda:90") for kind in kinds if kind in ("attention", "backward")]
     config = {"tensor_descriptors": True} if args.tma else {"warp_specialize": True} if args.gluon else None
+    if args.persistent:
+        config.update(persistent=True, wave_programs=args.persistent)
     date = datetime.date.today().isoformat()
     out = args.out or HERE.parent.parent / "bench" / "results" / f"fuzz-defaults-{date}.json"
     warnings.filterwarnings("ignore")
