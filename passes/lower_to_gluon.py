@@ -5,11 +5,11 @@ Triton GPU IR).
     L0: attn.score{scale} [-> attn.mask (q >= kv)] -> attn.normalize{softmax} -> attn.aggregate
     L2: tt.func @name {attn.ttgir = "<the kernel's Triton GPU IR>", attn.kernel_args = [...], ...}
 
-The kernel is written in Gluon because the schedule it needs (a TMA loader warp, two consumer
-warpgroups overlapping each tile's exponentials with the previous tile's P V product) is one
-Triton's own pipeliner does not produce from Triton IR. The pass instantiates it for the module's
-shapes, element type, scale, GQA group and mask, and compiles it for sm90 with Triton's Gluon
-frontend (the text is Triton's; this pass writes none). The tt.func it leaves is a stub whose
+The kernel is written in Gluon because the schedule it needs (a TMA loader warp, consumer
+warpgroups overlapping exponentials with tensor-core products) is one Triton's own pipeliner does
+not produce from Triton IR. The pass instantiates it for the module's shapes, element type, scale,
+GQA group and mask (and, with `programs=N`, a persistent grid of at most N programs looping over
+query blocks), and compiles it for sm90 with Triton's Gluon frontend (the text is Triton's; this pass writes none). The tt.func it leaves is a stub whose
 `attn.ttgir` attribute holds the kernel: `triton_text` prints that attribute, so `ae-opt
 --pipeline=triton` prints what the runtime compiles. The runtime passes host-made TMA descriptors
 over the whole q, k, v (`<role>.tma` labels) and out's and lse's strides but the last (the
@@ -23,7 +23,8 @@ strides (`backward_labels`); the backward preset takes it only when `warp_specia
 What it takes (anything else is a located error; the triton preset picks this pass only where
 `presets.read_problem` found `simple_mask`): bf16 or f16 q, k, v of one type; Dk = Dv in {64,
 128}; query heads a multiple of the KV heads; the causal mask with as many queries as keys; at
-most 65535 batch entries x heads (the grid's y axis).
+most 65535 batch entries x heads (the backward's dQ grid's y axis; the forward's grid is 1-D but
+keeps the same limit, so both directions lower the same modules).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ TTGIR = "attn.ttgir"
 MAX_REGISTERS = "attn.max_registers"
 HEAD_DIMS = (64, 128)
 _ELEMENTS = {"bf16": "bf16", "f16": "fp16"}
-# CUDA's limit on a grid's y axis, where the kernel puts batch x heads.
+# CUDA's limit on a grid's y axis, where the backward's dQ kernel puts batch x heads.
 _MAX_GRID_Y = 65535
 
 
