@@ -165,14 +165,14 @@ def _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, me, ping
 
 
 @gluon.jit
-def _query_block(INDEX: gl.constexpr, WARPGROUPS: gl.constexpr, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+def _query_block(index, WARPGROUPS: gl.constexpr, q, k_smem, v_smem, k_ready, v_ready, k_empty,
                  v_empty, q_empty, turns, q_first, n_tiles, ring, turn, seq_k, qk_scale, causal, pingpong,
                  s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
     # This warpgroup's rows of one query block, whose K and V tiles sit in the ring from position
     # `ring` on: the unnormalized output, the row max and the row sum. Q is released to the
     # loader once the last Q K^T has landed, so the next block's copy overlaps this one's end.
     HEAD_DIM: gl.constexpr = v_smem.shape[4]
-    first_row = q_first + INDEX * HALF_M
+    first_row = q_first + index * HALF_M
     m_i = gl.full([HALF_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
@@ -198,21 +198,21 @@ def _query_block(INDEX: gl.constexpr, WARPGROUPS: gl.constexpr, q, k_smem, v_sme
     else:
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, 0, first_row, seq_k, False, True, s_layout)
     for j in range(1, plain):
-        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX, pingpong,
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, index, pingpong,
                                  acc, p, m_i, l_i, qk_scale, j, ring + j, turn + j, first_row, seq_k, False,
                                  False, s_layout, o_layout, p_layout, OVERLAP)
     masked = gl.maximum(plain, 1)
     if masked < n_tiles and causal:
-        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX, pingpong,
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, index, pingpong,
                                  acc, p, m_i, l_i, qk_scale, masked, ring + masked, turn + masked, first_row,
                                  seq_k, True, False, s_layout, o_layout, p_layout, OVERLAP)
     elif masked < n_tiles:
-        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX, pingpong,
+        acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, index, pingpong,
                                  acc, p, m_i, l_i, qk_scale, masked, ring + masked, turn + masked, first_row,
                                  seq_k, False, True, s_layout, o_layout, p_layout, OVERLAP)
     if WARPGROUPS == 3:
         if masked + 1 < n_tiles:
-            acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, INDEX,
+            acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, index,
                                      pingpong, acc, p, m_i, l_i, qk_scale, masked + 1, ring + masked + 1,
                                      turn + masked + 1, first_row, seq_k, True, False, s_layout, o_layout,
                                      p_layout, OVERLAP)
@@ -227,7 +227,7 @@ def _query_block(INDEX: gl.constexpr, WARPGROUPS: gl.constexpr, q, k_smem, v_sme
 
 
 @gluon.jit
-def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+def _consumer(index, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
               turns, o_ptr, lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k,
               qk_scale,
               causal, pingpong):
@@ -238,7 +238,7 @@ def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_r
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    q = matrix(q_smem.index(INDEX))
+    q = matrix(q_smem.index(index))
     ring = 0
     count = 0
     for k in range(_rounds(items, persistent)):
@@ -247,13 +247,13 @@ def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_r
         n_tiles = _kv_tiles(q_first, WARPGROUPS, seq_k, causal)
         mbarrier.wait(q_ready, count & 1)
         # Steps before this block: one per K tile but each block's first (the ping-pong's turns).
-        acc, m_i, l_i = _query_block(INDEX, WARPGROUPS, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+        acc, m_i, l_i = _query_block(index, WARPGROUPS, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                                      q_empty, turns, q_first, n_tiles, ring, ring - count, seq_k, qk_scale,
                                      causal, pingpong, s_layout, o_layout, p_layout)
         ring += n_tiles
         count += 1
 
-        first_row = q_first + INDEX * HALF_M
+        first_row = q_first + index * HALF_M
         acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
@@ -265,34 +265,6 @@ def _consumer(INDEX: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_r
         stat_rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
         lse_base = lse_ptr + batch.to(gl.int64) * lse_strides[0] + head.to(gl.int64) * lse_strides[1]
         gl.store(lse_base + stat_rows, lse, mask=stat_rows < seq_q)
-
-
-# Partition functions take no constexpr arguments, so each warpgroup's rows are its own function.
-@gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
-                pingpong):
-    _consumer(0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr,
-              lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
-              pingpong)
-
-
-@gluon.jit
-def _consumer_1(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
-                pingpong):
-    _consumer(1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr,
-              lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
-              pingpong)
-
-
-@gluon.jit
-def _consumer_2(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr, lse_ptr,
-                o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
-                pingpong):
-    _consumer(2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, o_ptr,
-              lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k, qk_scale, causal,
-              pingpong)
 
 
 @gluon.jit
@@ -318,19 +290,14 @@ def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_str
     consumer_args = shared + (turns, o_ptr, lse_ptr, (o_stride0, o_stride1, o_stride2), (lse_stride0, lse_stride1),
                               items, PERSISTENT, n_blocks, HEADS, SEQ_Q, SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
     loader_args = (q_desc, k_desc, v_desc) + shared + (items, PERSISTENT, n_blocks, HEADS, GROUP, SEQ_K, CAUSAL)
+    # Each consumer warpgroup is told its rows by an argument: partition functions take no
+    # constexprs, and the constant index reaches each partition as one.
     if WARPGROUPS == 3:
-        gl.warp_specialize([
-            (_consumer_0, consumer_args),
-            (_consumer_1, consumer_args),
-            (_consumer_2, consumer_args),
-            (_loader, loader_args),
-        ], [4, 4, 1], [160, 160, 24])
+        gl.warp_specialize([(_consumer, (0, ) + consumer_args), (_consumer, (1, ) + consumer_args),
+                            (_consumer, (2, ) + consumer_args), (_loader, loader_args)], [4, 4, 1], [160, 160, 24])
     else:
-        gl.warp_specialize([
-            (_consumer_0, consumer_args),
-            (_consumer_1, consumer_args),
-            (_loader, loader_args),
-        ], [4, 1], [240, 24])
+        gl.warp_specialize([(_consumer, (0, ) + consumer_args), (_consumer, (1, ) + consumer_args),
+                            (_loader, loader_args)], [4, 1], [240, 24])
 
 
 def warpgroups(dim: int) -> int:
