@@ -65,12 +65,15 @@ def _round_item(k):
 
 
 @gluon.jit
-def _kv_tiles(q_first, WARPGROUPS: gl.constexpr, seq_k, causal):
-    # Key tiles a query block reads: causal's stop at its last row's diagonal.
+def _work_item(k, WARPGROUPS: gl.constexpr, n_blocks, heads, seq_k, causal):
+    # Round k's item: its batch entry, head, first query row and key tiles (causal's stop at its
+    # last row's diagonal).
+    block, batch, head = query_item(_round_item(k), n_blocks, heads, causal)
+    q_first = block * (WARPGROUPS * HALF_M)
     n_tiles = gl.cdiv(seq_k, TILE_N)
     if causal:
         n_tiles = gl.cdiv(gl.minimum(q_first + WARPGROUPS * HALF_M, seq_k), TILE_N)
-    return n_tiles
+    return batch, head, q_first, n_tiles
 
 
 @gluon.jit
@@ -82,9 +85,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
     ring = 0
     count = 0
     for k in range(_rounds(items, persistent)):
-        block, batch, head = query_item(_round_item(k), n_blocks, heads, causal)
-        q_first = block * (WARPGROUPS * HALF_M)
-        n_tiles = _kv_tiles(q_first, WARPGROUPS, seq_k, causal)
+        batch, head, q_first, n_tiles = _work_item(k, WARPGROUPS, n_blocks, heads, seq_k, causal)
         mbarrier.wait(q_empty, (count & 1) ^ 1)
         mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
         for i in gl.static_range(WARPGROUPS):
@@ -242,9 +243,7 @@ def _consumer(index, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
     ring = 0
     count = 0
     for k in range(_rounds(items, persistent)):
-        block, batch, head = query_item(_round_item(k), n_blocks, heads, causal)
-        q_first = block * (WARPGROUPS * HALF_M)
-        n_tiles = _kv_tiles(q_first, WARPGROUPS, seq_k, causal)
+        batch, head, q_first, n_tiles = _work_item(k, WARPGROUPS, n_blocks, heads, seq_k, causal)
         mbarrier.wait(q_ready, count & 1)
         # Steps before this block: one per K tile but each block's first (the ping-pong's turns).
         acc, m_i, l_i = _query_block(index, WARPGROUPS, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
