@@ -114,8 +114,9 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int) -> 
     """Whether a forward's aligned variant is attn-lower-to-gluon's warp-specialized kernel: on
     sm90 (its products are wgmma, which later NVIDIA GPUs lack), for the problems that pass takes
     (presets.Problem.simple_mask), longer than decoding (one program per 128 queries and no KV
-    split), at D = 128: at D = 64 it ran 0.76-0.95x the Triton IR kernel on an H100
-    (bench/results/h100-warp-specialized-2026-12-05.json)."""
+    split), at D = 128: at D = 64 its two-warpgroup form ran 0.76-0.95x the Triton IR kernel on an
+    H100 (bench/results/h100-warp-specialized-2026-12-05.json); the three-warpgroup form that
+    replaced it has not been timed."""
     return target == "cuda:90" and simple_mask is not None and lq > _SPLIT_MAX_LQ and dk == 128
 
 

@@ -214,6 +214,12 @@ class PresetOptions:
             return self.num_warps, getattr(self, _OWN_STAGES[chunk_stage]) or self.num_stages
         return self.num_warps, self.num_stages
 
+    @property
+    def gluon_programs(self) -> int:
+        """attn-lower-to-gluon's `programs`: the target's multiprocessors for a persistent grid,
+        else 0 (a program per query block)."""
+        return self.wave_programs if self.persistent else 0
+
     def launch_text(self) -> str:
         """The launch options as `--dump-pass-pipeline` prints them."""
         if self.warp_specialize and self.assume_aligned:
@@ -403,7 +409,7 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         # (assume-aligned=false) takes the stages below.
         return [Stage("l1", ("attn-verify",)),
                 Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)} backward={_flag(o.backward)} "
-                               f"programs={o.wave_programs if o.persistent else 0}}}",))]
+                               f"programs={o.gluon_programs}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

@@ -9,11 +9,12 @@ The kernel is written in Gluon because the schedule it needs (a TMA loader warp,
 warpgroups overlapping exponentials with tensor-core products) is one Triton's own pipeliner does
 not produce from Triton IR. The pass instantiates it for the module's shapes, element type, scale,
 GQA group and mask (and, with `programs=N`, a persistent grid of at most N programs looping over
-query blocks), and compiles it for sm90 with Triton's Gluon frontend (the text is Triton's; this pass writes none). The tt.func it leaves is a stub whose
-`attn.ttgir` attribute holds the kernel: `triton_text` prints that attribute, so `ae-opt
---pipeline=triton` prints what the runtime compiles. The runtime passes host-made TMA descriptors
-over the whole q, k, v (`<role>.tma` labels) and out's and lse's strides but the last (the
-aligned variant's layout: unit last strides, 16-element multiples elsewhere).
+query blocks), and compiles it for sm90 with Triton's Gluon frontend (the text is Triton's; this
+pass writes none). The tt.func it leaves is a stub whose `attn.ttgir` attribute holds the kernel:
+`triton_text` prints that attribute, so `ae-opt --pipeline=triton` prints what the runtime
+compiles. The runtime passes host-made TMA descriptors over the whole q, k, v (`<role>.tma`
+labels) and out's and lse's strides but the last (the aligned variant's layout: unit last strides,
+16-element multiples elsewhere).
 
 With `backward=true` it writes the backward instead, as two stubs in launch order
 (`passes/gluon/attention_backward.py`): `<name>_bwd_dq`, which also writes delta, and
@@ -229,7 +230,7 @@ class LowerToGluon(ModulePass):
     backward: bool = option(False, "the backward's kernels instead of the forward's: dQ (which writes delta) and "
                                    "dK/dV, in launch order")
     programs: int = option(0, "the forward's grid: 0 for a program per query block of a batch entry and head, "
-                              "N for at most N persistent programs, each taking blocks a grid's width apart")
+                              "N for at most N persistent programs, each taking one block a round")
 
     def apply(self, module_op) -> None:
         from mlir import ir

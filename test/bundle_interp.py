@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ae_mlir import runtime
+from ae_mlir import presets, runtime
 from ae_mlir.core import abi
 from tt_interp import run_ttir
 
@@ -109,7 +109,6 @@ def _emulate_gluon(bundle: runtime.Bundle, name: str, variant, values: list) -> 
 
     from ae_mlir.core.context import new_context, parse_module
     from ae_mlir.kernel_args import launcher_positions
-    from ae_mlir.launch_defaults import multiprocessors
     from ae_mlir.passes.gluon import attention_backward, attention_forward
     from ae_mlir.passes.lower_to_gluon import backward_instances, instance
 
@@ -120,9 +119,8 @@ def _emulate_gluon(bundle: runtime.Bundle, name: str, variant, values: list) -> 
         kernel = dict(backward_instances(func))[part]
         fn, blocks = attention_backward.kernel_function(part), attention_backward.descriptor_blocks(part, kernel.dim)
     else:
-        config = bundle.meta["config"]
-        kernel = instance(func, config.get("pingpong", False),
-                          config.get("wave_programs", multiprocessors("cuda:90")) if config.get("persistent") else 0)
+        options = presets.options_for("triton", presets.read_problem(module), "cuda:90", **bundle.meta["config"])
+        kernel = instance(func, options.pingpong, options.gluon_programs)
         fn, blocks = attention_forward.attention_forward, attention_forward.descriptor_blocks(kernel.dim)
     if list(kernel.grid) != list(variant.grid):
         raise AssertionError(f"the bundle's grid {variant.grid} is not the pass's {list(kernel.grid)}")

@@ -83,10 +83,9 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
     # item's, then its K and V tiles through the ring, whose position runs on across items.
     WARPGROUPS: gl.constexpr = q_smem.shape[0]
     ring = 0
-    count = 0
     for k in range(_rounds(items, persistent)):
         batch, head, q_first, n_tiles = _work_item(k, WARPGROUPS, n_blocks, heads, seq_k, causal)
-        mbarrier.wait(q_empty, (count & 1) ^ 1)
+        mbarrier.wait(q_empty, (k & 1) ^ 1)
         mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
         for i in gl.static_range(WARPGROUPS):
             tma.async_copy_global_to_shared(q_desc, [batch, head, q_first + i * HALF_M, 0], q_ready,
@@ -94,7 +93,6 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
         load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head // group,
                      n_tiles, ring)
         ring += n_tiles
-        count += 1
 
 
 @gluon.jit
@@ -167,13 +165,13 @@ def _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, me, ping
 
 @gluon.jit
 def _query_block(index, WARPGROUPS: gl.constexpr, q, k_smem, v_smem, k_ready, v_ready, k_empty,
-                 v_empty, q_empty, turns, q_first, n_tiles, ring, turn, seq_k, qk_scale, causal, pingpong,
+                 v_empty, q_empty, turns, first_row, n_tiles, ring, turn, seq_k, qk_scale, causal, pingpong,
                  s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
-    # This warpgroup's rows of one query block, whose K and V tiles sit in the ring from position
-    # `ring` on: the unnormalized output, the row max and the row sum. Q is released to the
-    # loader once the last Q K^T has landed, so the next block's copy overlaps this one's end.
+    # This warpgroup's rows (from first_row) of one query block, whose K and V tiles sit in the
+    # ring from position `ring` on: the unnormalized output, the row max and the row sum. Q is
+    # released to the loader once the last Q K^T has landed, so the next block's copy overlaps
+    # this one's end.
     HEAD_DIM: gl.constexpr = v_smem.shape[4]
-    first_row = q_first + index * HALF_M
     m_i = gl.full([HALF_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
@@ -230,8 +228,7 @@ def _query_block(index, WARPGROUPS: gl.constexpr, q, k_smem, v_smem, k_ready, v_
 @gluon.jit
 def _consumer(index, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
               turns, o_ptr, lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k,
-              qk_scale,
-              causal, pingpong):
+              qk_scale, causal, pingpong):
     HEAD_DIM: gl.constexpr = v_smem.shape[4]
     WARPGROUPS: gl.constexpr = q_smem.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -241,18 +238,16 @@ def _consumer(index, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q = matrix(q_smem.index(index))
     ring = 0
-    count = 0
     for k in range(_rounds(items, persistent)):
         batch, head, q_first, n_tiles = _work_item(k, WARPGROUPS, n_blocks, heads, seq_k, causal)
-        mbarrier.wait(q_ready, count & 1)
+        first_row = q_first + index * HALF_M
+        mbarrier.wait(q_ready, k & 1)
         # Steps before this block: one per K tile but each block's first (the ping-pong's turns).
         acc, m_i, l_i = _query_block(index, WARPGROUPS, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                                     q_empty, turns, q_first, n_tiles, ring, ring - count, seq_k, qk_scale,
+                                     q_empty, turns, first_row, n_tiles, ring, ring - k, seq_k, qk_scale,
                                      causal, pingpong, s_layout, o_layout, p_layout)
         ring += n_tiles
-        count += 1
 
-        first_row = q_first + index * HALF_M
         acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
