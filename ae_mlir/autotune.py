@@ -109,19 +109,21 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         kept += [dict(c, tensor_descriptors=other) for c in kept]
     if target == "cuda:90" and problem.simple_mask is not None:
         # attn-lower-to-gluon's kernel takes none of those options: the Triton IR candidates are
-        # tried without it, and it is tried with and without ping-pong (at D = 128, the kernel
-        # with the two consumer warpgroups that schedule takes).
+        # tried without it, and it is tried with a program per query block and (at D = 128, the
+        # kernel with the two consumer warpgroups that schedule takes) with ping-pong.
         on = launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk)
-        turns = on and launch_defaults.pingpong(problem.simple_mask, problem.lk, problem.dk)
-        pingpong = [{"warp_specialize": True, "pingpong": not turns}] if problem.dk == 128 else []
+        schedules = [{"warp_specialize": True, "persistent": False}]
+        if problem.dk == 128:
+            schedules.append({"warp_specialize": True, "persistent": False, "pingpong": True})
         kept = _unique([{}] + [dict(c, warp_specialize=False) for c in kept if c]
-                       + [{"warp_specialize": not on}] + pingpong)
+                       + [{"warp_specialize": not on}] + schedules)
     return kept
 
 
 def backward_candidates(problem: Problem, target: str, default: dict) -> list[list[dict]]:
-    """The backward kernels' configurations a tuned call tries on a GPU target, as two groups
-    searched in turn (`choose_in_turn`): the dQ kernel's, then the dK/dV kernel's, each as
+    """The backward kernels' configurations a tuned call tries on a GPU target, as groups searched
+    in turn (`choose_in_turn`): the warp-specialized kernels or not where they are the default,
+    then the Triton IR dQ kernel's, then its dK/dV kernel's, each as
     overrides of `default` (the backward config the call launches untuned) that keep the other
     kernel's options, {} (keep what is chosen) first."""
     if problem.lq < _MIN_TUNED_LQ or problem.linear:
@@ -144,6 +146,11 @@ def backward_candidates(problem: Problem, target: str, default: dict) -> list[li
         group = [dict(c, **keep) if not prefix else c for c in group
                  if any(default.get(k) != v for k, v in c.items())]
         groups.append(_unique([{}] + group))
+    if launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk, backward=True):
+        # The default is attn-lower-to-gluon's backward, which takes none of those options: it is
+        # tried against the Triton IR kernels first, whose tiles are then searched without it.
+        groups = [[{}, {"warp_specialize": False}]] + [[{}] + [dict(c, warp_specialize=False) for c in group[1:]]
+                                                       for group in groups]
     return groups
 
 

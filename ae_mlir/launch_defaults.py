@@ -110,24 +110,32 @@ def kv_splits(programs: int, kv_tiles: int, target: str, uneven_keys: bool = Fal
     return max(1, min(wanted, kv_tiles // _MIN_TILES_PER_SPLIT, _MAX_SPLITS))
 
 
-def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int) -> bool:
-    """Whether a forward's aligned variant is attn-lower-to-gluon's warp-specialized kernel: on
-    sm90 (its products are wgmma, which later NVIDIA GPUs lack), for the problems that pass takes
-    (presets.Problem.simple_mask), longer than decoding (one program per 128 queries and no KV
-    split), at D = 128: at D = 64 its two-warpgroup form ran 0.76-0.95x the Triton IR kernel on an
-    H100 (bench/results/h100-warp-specialized-2026-12-05.json); the three-warpgroup form that
-    replaced it has not been timed."""
-    return target == "cuda:90" and simple_mask is not None and lq > _SPLIT_MAX_LQ and dk == 128
+def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, backward: bool = False) -> bool:
+    """Whether attn-lower-to-gluon's warp-specialized kernels replace the Triton IR ones: on sm90
+    (their products are wgmma, which later NVIDIA GPUs lack), for the problems that pass takes
+    (presets.Problem.simple_mask), longer than decoding (one program per query block and no KV
+    split). On an H100 (bf16, B*L = 16384, H 16, L 2048 / 8192, five alternating rounds, peers in
+    the same process; bench/results/warp-specialized-2026-12-06-h100.json and
+    gluon-backward-2026-12-06-h100.json):
+    - forward, D = 128, with its persistent grid (GLUON_SCHEDULE): full 553 / 605 TFLOP/s, causal
+      468 / 572, against the Triton IR kernel's 485 / 522 and 385 / 473 (cuDNN 566 / 605, 477 / 531);
+    - forward, D = 64 (three consumer warpgroups, persistent): full 439 / 473 against 416 / 446, but
+      causal 258 / 367 (one program per query block: 303 / 435) against 357 / 431, so causal keeps
+      the Triton IR kernel there;
+    - backward, D = 128: 397 / 451 full, 334 / 419 causal against 364 / 409 and 315 / 386; at D = 64
+      it trailed (0.90-0.96x), so the Triton IR kernels keep it."""
+    if target != "cuda:90" or simple_mask is None or lq <= _SPLIT_MAX_LQ:
+        return False
+    return dk == 128 or (not backward and dk == 64 and simple_mask == "none")
 
 
-def pingpong(simple_mask: str | None, lk: int, dk: int) -> bool:
-    """Whether attn-lower-to-gluon's consumer warpgroups take turns on the tensor cores: for full
-    attention over 8192 keys or more at D = 128 (at D = 64 the kernel has three consumer
-    warpgroups, which the schedule does not take). On an H100 (bf16 D 128, B*L 16k; three runs,
-    bench/results/h100-warp-specialized-2026-12-05*.json) it ran full attention at L 8192 612 / 617
-    / 612 TFLOP/s against 593 / 593 / 570 without, at L 2048 539 / 534 / 544 against 551 / 550 /
-    556, and causal no faster at either length."""
-    return simple_mask == "none" and lk >= 8192 and dk == 128
+# The warp-specialized forward's schedule (attn-lower-to-gluon `programs`, `pingpong`): a program
+# per multiprocessor looping over work items, consumer warpgroups not taking turns. In the runs
+# warp_specialized names, the persistent grid ran ahead of a program per query block everywhere
+# at D = 128 (full 553 / 605 against 537 / 592 at L 2048 / 8192, causal 468 / 572 against 424 /
+# 544) and of ping-pong too (541 / 599 full; earlier H100 runs had ping-pong ahead of a program
+# per block only for full attention at L 8192: bench/results/h100-warp-specialized-2026-12-05*).
+GLUON_SCHEDULE = {"persistent": True, "pingpong": False}
 
 
 # Queries at most this long (decoding) with GQA pack a KV head's query heads into one tile.

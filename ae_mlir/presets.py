@@ -27,9 +27,9 @@ from typing import Literal
 
 from .core import abi
 from .core.context import CompileError
-from .launch_defaults import (CUT_TILES_AT, FAST_TANH, WHOLE_TILES, backward_config, backward_overrides, cpu_config,
-                              default_config, has_fast_tanh, has_tma, host_tma, linear_config, multiprocessors,
-                              pingpong, warp_specialized)
+from .launch_defaults import (CUT_TILES_AT, FAST_TANH, GLUON_SCHEDULE, WHOLE_TILES, backward_config,
+                              backward_overrides, cpu_config, default_config, has_fast_tanh, has_tma, host_tma,
+                              linear_config, multiprocessors, warp_specialized)
 
 PRESETS = ("cpu", "triton")
 TARGETS = {"cpu": "host", "triton": "cuda:90"}
@@ -198,7 +198,7 @@ class PresetOptions:
     raw_row_max: bool = False      # attn-tile: the row max of the unscaled scores, scaled per row (Triton)
     # The aligned variant is attn-lower-to-gluon's warp-specialized kernel (launch_defaults.warp_specialized).
     warp_specialize: bool = False
-    pingpong: bool = False         # attn-lower-to-gluon (launch_defaults.pingpong)
+    pingpong: bool = False         # attn-lower-to-gluon (launch_defaults.GLUON_SCHEDULE)
     persistent: bool = False       # attn-lower-to-gluon: wave_programs programs loop over query blocks
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
@@ -294,9 +294,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
                                and problem.dtype in ("bf16", "f16"))
         if not typed.get("backward") and takes_host_tma(problem, target):
             values.update(tensor_descriptors=True, host_descriptors=True)
-        values["warp_specialize"] = not typed.get("backward") and warp_specialized(target, problem.simple_mask,
-                                                                                    problem.lq, problem.dk)
-        values["pingpong"] = values["warp_specialize"] and pingpong(problem.simple_mask, problem.lk, problem.dk)
+        values["warp_specialize"] = warp_specialized(target, problem.simple_mask, problem.lq, problem.dk,
+                                                     backward=bool(typed.get("backward")))
+        if values["warp_specialize"] and not typed.get("backward"):
+            values.update(GLUON_SCHEDULE)
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 

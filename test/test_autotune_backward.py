@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import ae_mlir as ae
@@ -68,6 +69,21 @@ def test_candidates_come_in_two_groups_each_keeping_the_other_kernels_options():
     hip = autotune.backward_candidates(problem, "hip:gfx942", launch_defaults.backward_config(
         2048, 2048, 128, 128, "bf16", "hip:gfx942"))
     assert all(c["num_stages"] == 1 for c in hip[0][1:]) and all(c["dkdv_num_stages"] == 1 for c in hip[1][1:])
+
+
+@pytest.mark.parametrize("dk", [128, 64])
+def test_where_the_gluon_backward_is_the_default_it_is_tried_against_the_triton_ir_kernels_first(dk):
+    problem = presets.Problem(lq=2048, lk=2048, dk=dk, dv=dk, dtype="bf16", simple_mask="causal")
+    default = launch_defaults.backward_config(2048, 2048, dk, dk, "bf16", "cuda:90")
+    groups = autotune.backward_candidates(problem, "cuda:90", default)
+    if dk == 64:  # the Triton IR kernels are the default there: no such group
+        assert len(groups) == 2 and not any("warp_specialize" in c for g in groups for c in g)
+        return
+    first, dq, dkdv = groups
+    assert first == [{}, {"warp_specialize": False}]
+    # The Triton IR tiles are searched without the Gluon kernel, which takes none of them.
+    assert dq[0] == {} and dkdv[0] == {} and len(dq) > 1 and len(dkdv) > 1
+    assert all(c["warp_specialize"] is False for c in dq[1:] + dkdv[1:])
 
 
 def test_the_kernels_are_searched_in_turn_once_and_the_choice_kept_on_disk(tuning_cache, monkeypatch):
