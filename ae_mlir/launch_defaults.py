@@ -115,8 +115,8 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
     (their products are wgmma, which later NVIDIA GPUs lack), for the problems that pass takes
     (presets.Problem.simple_mask), longer than decoding (one program per query block and no KV
     split). On an H100 (bf16, B*L = 16384, H 16, L 2048 / 8192, five alternating rounds, peers in
-    the same process; bench/results/warp-specialized-2026-12-06-h100.json and
-    gluon-backward-2026-12-06-h100.json):
+    the same process; bench/results/h100-warp-specialized-2026-12-06.json and
+    h100-gluon-backward-2026-12-06.json):
     - forward, D = 128, with its persistent grid (GLUON_SCHEDULE): full 553 / 605 TFLOP/s, causal
       468 / 572, against the Triton IR kernel's 485 / 522 and 385 / 473 (cuDNN 566 / 605, 477 / 531);
     - forward, D = 64 (three consumer warpgroups, persistent): full 439 / 473 against 416 / 446, but

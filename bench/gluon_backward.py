@@ -1,7 +1,8 @@
 """attn-lower-to-gluon's backward kernels (dQ, then dK/dV: `warp_specialize` on in the backward
-preset, not a default until measured here) against the Triton IR backward kernels (the
-default), cuDNN's and SDPA flash's backward, in one process; and their gradients at ragged, GQA,
-fp16, Lq != Lk and strided shapes against float32 autograd.
+preset, the default at D = 128, launch_defaults.warp_specialized) against the Triton IR backward
+kernels (`warp_specialize` off, the default at D = 64), cuDNN's and SDPA flash's backward, in one
+process; and their gradients at ragged, GQA, fp16, Lq != Lk and strided shapes against float32
+autograd.
 
     python bench/gluon_backward.py build --out bench/bundles/gluon-bwd          # here (no GPU)
     python3 bench/gluon_backward.py run --bundles bench/bundles/gluon-bwd --out DIR   # on the GPU
@@ -27,7 +28,7 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 from warp_specialized import CHECKS, HEADS, ROUNDS, _attention, _inputs, _timed_cases  # noqa: E402
 
-BUILDS = {"gluon": {"warp_specialize": True}, "ttir": {}}
+BUILDS = {"gluon": {"warp_specialize": True}, "ttir": {"warp_specialize": False}}
 
 
 def build(out: str) -> None:

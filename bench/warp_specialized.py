@@ -6,14 +6,13 @@ against float32 SDPA.
     python bench/warp_specialized.py build --out bench/bundles/ws          # here (no GPU)
     python3 bench/warp_specialized.py run --bundles bench/bundles/ws --out DIR   # on the GPU
 
-Timed: bf16, B*L = 16384, H = 16, D in {64, 128}, L in {2048, 8192}, full and causal; four
-builds of each (`gluon`: warp_specialize=true pingpong=false, the default at D = 128 but for full
-attention at L 8192; `pingpong`: with pingpong=true, the default there, built at D = 128 only
-(the D = 64 kernel's three consumer warpgroups do not take it); `persistent`: `gluon` with a
-program per multiprocessor looping over query blocks; `ttir`: warp_specialize=false, the default
-at D = 64)
-and the peers, in five alternating rounds, medians of triton.testing.do_bench; FLOPs 4 B H L^2 D
-(half for causal).
+Timed: bf16, B*L = 16384, H = 16, D in {64, 128}, L in {2048, 8192}, full and causal; the
+builds of each: `default` (the preset's choice, launch_defaults.warp_specialized and
+GLUON_SCHEDULE), `gluon` (warp_specialize=true, one program per query block), `pingpong` (with
+pingpong=true; at D = 128 only: the D = 64 kernel's three consumer warpgroups do not take it),
+`persistent` (a program per multiprocessor looping over query blocks), `pingpong_persistent`
+(both, D = 128) and `ttir` (warp_specialize=false), and the peers, in five alternating rounds,
+medians of triton.testing.do_bench; FLOPs 4 B H L^2 D (half for causal).
 """
 from __future__ import annotations
 
@@ -29,10 +28,13 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 
 TOKENS, HEADS, ROUNDS = 16384, 16, 5
-BUILDS = {"gluon": {"warp_specialize": True, "pingpong": False}, "pingpong": {"warp_specialize": True, "pingpong": True},
+BUILDS = {"default": {},
+          "gluon": {"warp_specialize": True, "pingpong": False, "persistent": False},
+          "pingpong": {"warp_specialize": True, "pingpong": True, "persistent": False},
           "persistent": {"warp_specialize": True, "pingpong": False, "persistent": True},
+          "pingpong_persistent": {"warp_specialize": True, "pingpong": True, "persistent": True},
           "ttir": {"warp_specialize": False}}
-CHECKED = ("gluon", "persistent")  # the builds whose outputs are checked at CHECKS' shapes
+CHECKED = ("gluon", "persistent", "pingpong_persistent")  # the builds whose outputs are checked at CHECKS' shapes
 # (name, batch, heads, kv heads, Lq, Lk, D, causal, dtype, layout): "bhld" contiguous, "blhd" a
 # transposed view of [B, L, H, D] memory.
 CHECKS = [
@@ -64,8 +66,8 @@ def _timed_cases():
                 yield f"{'causal' if causal else 'full'}_d{dim}_{length}", TOKENS // length, length, dim, causal
 
 
-def _builds(dim: int) -> dict:
-    return {label: config for label, config in BUILDS.items() if dim == 128 or not config.get("pingpong")}
+def _builds(dim: int, labels=tuple(BUILDS)) -> dict:
+    return {label: BUILDS[label] for label in labels if dim == 128 or not BUILDS[label].get("pingpong")}
 
 
 def build(out: str) -> None:
@@ -82,8 +84,8 @@ def build(out: str) -> None:
     for name, batch, heads, kv_heads, lq, lk, dim, causal, dtype, _ in CHECKS:
         q = torch.empty(batch, heads, lq, dim, dtype=getattr(torch, dtype), device="meta")
         kv = torch.empty(batch, kv_heads, lk, dim, dtype=getattr(torch, dtype), device="meta")
-        for label in CHECKED:
-            tb.compile_bundle(_attention(causal), q, kv, kv, config=BUILDS[label]).save(
+        for label, config in _builds(dim, CHECKED).items():
+            tb.compile_bundle(_attention(causal), q, kv, kv, config=config).save(
                 os.path.join(out, f"check_{name}.{label}.json"))
         print("built", name, flush=True)
 
@@ -108,7 +110,7 @@ def _check(bundles: str, doc: dict) -> None:
     from ae_mlir import runtime
 
     for i, (name, batch, heads, kv_heads, lq, lk, dim, causal, dtype, layout) in enumerate(CHECKS):
-        for label in CHECKED:
+        for label in _builds(dim, CHECKED):
             bundle = runtime.Bundle.load(os.path.join(bundles, f"check_{name}.{label}.json"))
             q, k, v = _inputs(batch, heads, kv_heads, lq, lk, dim, getattr(torch, dtype), layout, 100 + i)
             tensors = runtime.bind(bundle, q, k, v)
@@ -157,7 +159,7 @@ def run(bundles: str, out_dir: str) -> None:
                     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             errors[label] = float((call().float() - want).abs().max())
             engines[label] = call
-        host = {label: harness.host_profile(engines[label]) for label in ("gluon", "ttir")}
+        host = {label: harness.host_profile(engines[label]) for label in ("default", "ttir")}
         engines.update({f"{label} graph": harness.graphed(fn) for label, fn in list(engines.items())})
         times = {label: [] for label in engines}
         for _ in range(ROUNDS):
@@ -167,15 +169,15 @@ def run(bundles: str, out_dir: str) -> None:
         ms = {label: statistics.median(t) for label, t in times.items()}
         rec = {"case": name, "B": batch, "L": length, "D": dim, "causal": causal, "max_abs_err": errors, "ms": ms,
                "tflops": {label: flops / m * 1e-9 for label, m in ms.items()}, "rounds_ms": times,
-               "gluon_over_cudnn": ms["cudnn"] / ms["gluon"], "gluon_over_ttir": ms["ttir"] / ms["gluon"],
-               "graph_gluon_over_cudnn": ms["cudnn graph"] / ms["gluon graph"], "host": host}
+               "default_over_cudnn": ms["cudnn"] / ms["default"], "default_over_ttir": ms["ttir"] / ms["default"],
+               "graph_default_over_cudnn": ms["cudnn graph"] / ms["default graph"], "host": host}
         doc["cases"].append(rec)
         print(name, " ".join(f"{label} {tf:.0f}" for label, tf in rec["tflops"].items()),
-              f"x cudnn {rec['gluon_over_cudnn']:.3f} (graphs {rec['graph_gluon_over_cudnn']:.3f}) "
-              f"x ttir {rec['gluon_over_ttir']:.3f}", "host us", {k: round(v["host_us"]) for k, v in host.items()},
+              f"default x cudnn {rec['default_over_cudnn']:.3f} (graphs {rec['graph_default_over_cudnn']:.3f}) "
+              f"x ttir {rec['default_over_ttir']:.3f}", "host us", {k: round(v["host_us"]) for k, v in host.items()},
               flush=True)
         if length == 2048:
-            print(host["gluon"]["top"], flush=True)
+            print(host["default"]["top"], flush=True)
         harness.save(doc, out_dir, "warp-specialized.json")
 
 
