@@ -162,9 +162,10 @@ def test_bundle_has_a_gluon_aligned_variant_and_a_triton_ir_general_one():
 
 
 # ptxas's spill bytes of the default build (a persistent grid): the full D = 128 kernel spills 92
-# bytes, and still ran ahead of the spill-free grid of one program per query block on an H100
-# (553 / 605 TFLOP/s against 537 / 592, launch_defaults.warp_specialized); the bound keeps it
-# from growing unseen.
+# bytes, in the SASS a consumer's loop invariants (64-bit addresses and strides) stored before its
+# first work item and reloaded once per item, not in the KV loop; it ran ahead of the spill-free
+# grid of one program per query block on an H100 (553 / 605 TFLOP/s against 537 / 592,
+# launch_defaults.warp_specialized). The bound keeps it from growing unseen.
 @pytest.mark.parametrize("dim, warps, registers, mask, spill", [(128, 12, 168, None, 96), (128, 12, 168, causal, 0),
                                                                 (64, 16, 128, None, 0), (64, 16, 128, causal, 0)])
 def test_triton_gpu_ir_compiles_for_sm90_with_descriptor_metadata(dim, warps, registers, mask, spill):
