@@ -296,8 +296,6 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             values.update(tensor_descriptors=True, host_descriptors=True)
         values["warp_specialize"] = warp_specialized(target, problem.simple_mask, problem.lq, problem.dk,
                                                      backward=bool(typed.get("backward")))
-        if values["warp_specialize"] and not typed.get("backward"):
-            values.update(GLUON_SCHEDULE)
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 
@@ -327,6 +325,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if values.get("tensor_descriptors") and not has_tma(target):
         raise CompileError(f"preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on "
                            f"(TMA), got '{target}'")
+    if values.get("warp_specialize") and not values.get("backward"):
+        # The Gluon forward's schedule, whether the preset or the overrides chose that kernel.
+        for schedule, on in GLUON_SCHEDULE.items():
+            values.setdefault(schedule, on)
     for schedule in ("pingpong", "persistent"):
         if values.get(schedule) and values.get("backward"):
             raise CompileError(f"preset option '{schedule}' is a schedule of the forward kernel; the backward has none")

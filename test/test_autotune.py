@@ -87,11 +87,14 @@ def test_the_gluon_kernel_is_tried_with_each_schedule_and_against_triton_ir():
     assert found[0] == {} and {"warp_specialize": True, "persistent": False} in found
     assert {"warp_specialize": True, "persistent": False, "pingpong": True} in found
     assert {"warp_specialize": False} in found and all(c.get("warp_specialize") is not None for c in found[1:])
-    # At D = 64 causal the Triton IR kernel is the default: the Gluon one is a candidate, without
-    # ping-pong (its three consumer warpgroups do not take turns).
+    # At D = 64 causal the Triton IR kernel is the default: the Gluon one is a candidate on both
+    # grids (asked for, it takes the default schedule), without ping-pong (its three consumer
+    # warpgroups do not take turns).
     causal64 = presets.Problem(lq=2048, lk=2048, dk=64, dv=64, dtype="bf16", batch_heads=128, simple_mask="causal")
     found = autotune.candidates(causal64, "cuda:90")
-    assert {"warp_specialize": True} in found and not any(c.get("pingpong") for c in found)
+    assert {"warp_specialize": True} in found and {"warp_specialize": True, "persistent": False} in found
+    assert not any(c.get("pingpong") for c in found)
+    assert presets.options_for("triton", causal64, "cuda:90", warp_specialize=True).persistent
 
 
 def test_decoding_shapes_keep_the_default_and_linear_attention_tunes_its_blocks():
