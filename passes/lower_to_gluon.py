@@ -23,9 +23,9 @@ strides (`backward_labels`); the backward preset takes it only when `warp_specia
 
 What it takes (anything else is a located error; the triton preset picks this pass only where
 `presets.read_problem` found `simple_mask`): bf16 or f16 q, k, v of one type; Dk = Dv in {64,
-128}; query heads a multiple of the KV heads; the causal mask with as many queries as keys; at
-most 65535 batch entries x heads (the backward's dQ grid's y axis; the forward's grid is 1-D but
-keeps the same limit, so both directions lower the same modules).
+128}; query heads a multiple of the KV heads; the causal mask with as many queries as keys. Every
+kernel's grid is 1-D (work items of a query or key block, batch entry and head), so batch x heads
+has no grid-axis limit.
 """
 from __future__ import annotations
 
@@ -42,8 +42,6 @@ TTGIR = "attn.ttgir"
 MAX_REGISTERS = "attn.max_registers"
 HEAD_DIMS = (64, 128)
 _ELEMENTS = {"bf16": "bf16", "f16": "fp16"}
-# CUDA's limit on a grid's y axis, where the backward's dQ kernel puts batch x heads.
-_MAX_GRID_Y = 65535
 
 
 def causal_mask(region) -> bool:
@@ -111,9 +109,6 @@ def _check_types(m: Match) -> tuple:
                            f"of {' or '.join(map(str, HEAD_DIMS))}")
     if heads % kv_heads:
         raise fail(m.func, f"has {heads} query heads over {kv_heads} KV heads, not a multiple")
-    if batch * heads > _MAX_GRID_Y:
-        raise fail(m.func, f"has {batch} x {heads} (batch x heads) programs per query block; the kernel's grid "
-                           f"takes at most {_MAX_GRID_Y} on its y axis")
     if seq_k < 1 or seq_q < 1:
         raise fail(m.func, "has no queries or no keys")
     if m.causal and seq_q != seq_k:

@@ -27,7 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_program, rings
+from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_item, rings
 
 HALF = 64      # K/V rows per consumer warpgroup; a program covers 2 * HALF rows
 BLOCK_M = 64   # query rows per step
@@ -166,10 +166,12 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
                             dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
                             SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                             SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
-    # Axis 0 walks a KV head's blocks, so the programs in flight share its queries through L2.
-    kv_first = gl.program_id(0) * (2 * HALF_N)
-    batch = gl.program_id(1) // KV_HEADS
-    kv_head = gl.program_id(1) % KV_HEADS
+    # A 1-D grid whose programs walk a KV head's blocks in turn, so the programs in flight share
+    # its queries through L2.
+    kv_blocks = gl.cdiv(SEQ_K, 2 * HALF_N)
+    kv_first = gl.program_id(0) % kv_blocks * (2 * HALF_N)
+    batch = gl.program_id(0) // kv_blocks // KV_HEADS
+    kv_head = gl.program_id(0) // kv_blocks % KV_HEADS
     blocks = gl.cdiv(SEQ_Q, TILE_M)
     if CAUSAL:
         first_block = kv_first // TILE_M
@@ -316,7 +318,8 @@ def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_s
                           dq_stride1, dq_stride2, delta_ptr, delta_stride0, delta_stride1, HEADS: gl.constexpr,
                           GROUP: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                           SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
-    block_m, batch, head = query_program(HEADS, CAUSAL)
+    # A 1-D grid of (query block, batch entry, head) items, a head's blocks adjacent.
+    block_m, batch, head = query_item(gl.program_id(0), gl.cdiv(SEQ_Q, 2 * HALF_N), HEADS, CAUSAL)
     q_first = block_m * (2 * HALF_N)
     # The tiles before n_plain need no mask: with causal, the keys before the block's first row.
     if CAUSAL:
@@ -371,10 +374,10 @@ def descriptor_blocks(kernel: str, dim: int) -> list:
 
 
 def grid(kernel: str, batch: int, heads: int, kv_heads: int, seq_q: int, seq_k: int) -> tuple:
-    """Programs: 128 query rows of a head (dQ) or 128 key rows of a KV head (dK/dV)."""
+    """Programs, on one axis: 128 query rows of a head (dQ) or 128 key rows of a KV head (dK/dV)."""
     if kernel == "dq":
-        return (-(-seq_q // (2 * HALF)), batch * heads, 1)
-    return (-(-seq_k // BLOCK_N), batch * kv_heads, 1)
+        return (-(-seq_q // (2 * HALF)) * batch * heads, 1, 1)
+    return (-(-seq_k // BLOCK_N) * batch * kv_heads, 1, 1)
 
 
 def kernel_constants(kernel: str, heads: int, kv_heads: int, seq_q: int, seq_k: int, scale: float,

@@ -62,9 +62,3 @@ def query_item(item, n_blocks, heads, causal):
     if causal:
         block = n_blocks - 1 - block
     return block, item // n_blocks // heads, item // n_blocks % heads
-
-
-@gluon.jit
-def query_program(HEADS: gl.constexpr, CAUSAL: gl.constexpr):
-    # (query block, batch, head) of a program whose grid is (query blocks, batch x heads).
-    return query_item(gl.program_id(1) * gl.num_programs(0) + gl.program_id(0), gl.num_programs(0), HEADS, CAUSAL)
