@@ -2,8 +2,9 @@
 // per KV head) becomes two stub tt.funcs in launch order: the dQ kernel (a 1-D grid of programs of
 // 128 query rows of each batch entry and head, 3 x 4; it writes delta for the next) and the dK/dV
 // kernel (128 key rows of each batch entry and KV head, 3 x 2, the GQA group summed inside). Each
-// takes the q, k, v and do host descriptors with their sizes and strides, then its pointers; --emit=ttir prints their Triton GPU IR: two consumer
-// warpgroups issuing wgmma products and one loader warp issuing TMA copies.
+// takes the q, k, v and do host descriptors with their sizes and strides, then its pointers;
+// --emit=ttir prints their Triton GPU IR: two consumer warpgroups issuing wgmma products and one
+// loader warp issuing TMA copies.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-gluon{backward=true})' | FileCheck %s
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-gluon{backward=true})' --emit=ttir | FileCheck %s --check-prefix=TTGIR
 
