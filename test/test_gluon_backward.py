@@ -123,14 +123,17 @@ def test_backward_bundle_runs_the_gluon_kernels_where_asked(mask, b, h, hkv, len
         assert error <= 2e-2 * (1 + want.abs().max().item()), (role, error)
 
 
-@pytest.mark.parametrize("dim, expected", [(128, True), (64, False)])
-def test_the_backward_takes_it_at_head_dim_128(dim, expected):
+@pytest.mark.parametrize("dim, mask, expected", [(128, None, True), (128, causal, True), (64, None, False),
+                                                  (64, causal, False)])
+def test_the_backward_takes_it_at_head_dim_128(dim, mask, expected):
     """The Gluon backward is the default where it ran ahead of the Triton IR kernels on an H100
     (launch_defaults.warp_specialized); ping-pong and the persistent grid are the forward's."""
-    text = ae.attention(mask_mod=causal).mlir(*(torch.empty(8, 16, 2048, dim, dtype=torch.bfloat16, device="meta")
-                                                for _ in range(3)))
+    text = ae.attention(mask_mod=mask).mlir(*(torch.empty(8, 16, 2048, dim, dtype=torch.bfloat16, device="meta")
+                                              for _ in range(3)))
     problem = presets.read_problem(parse_module(text, new_context(), "l0.mlir"))
-    assert presets.options_for("triton", problem, "cuda:90", backward=True).warp_specialize is expected
+    options = presets.options_for("triton", problem, "cuda:90", backward=True)
+    assert options.warp_specialize is expected
+    assert not options.persistent and not options.pingpong
     assert presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=False).warp_specialize is False
     with pytest.raises(CompileError, match="'pingpong' is a schedule of the forward kernel"):
         presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=True, pingpong=True)

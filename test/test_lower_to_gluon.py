@@ -114,14 +114,6 @@ def test_the_triton_preset_takes_it_where_it_lowers_and_is_faster(attn, kwargs, 
     assert _options(_l0(attn, **kwargs), target).warp_specialize is expected
 
 
-@pytest.mark.parametrize("dk, mask, expected", [(128, None, True), (128, causal, True), (64, None, False),
-                                                 (64, causal, False)])
-def test_the_backward_takes_it_at_head_dim_128(dk, mask, expected):
-    options = _options(_l0(ae.attention(mask_mod=mask), dk=dk), backward=True)
-    assert options.warp_specialize is expected
-    assert not options.persistent and not options.pingpong
-
-
 @pytest.mark.parametrize("mask, length", [(None, 8192), (None, 2048), (causal, 2048)])
 def test_the_forward_kernel_takes_a_persistent_grid_by_default(mask, length):
     options = _options(_l0(ae.attention(mask_mod=mask), b=1, h=2, lq=length))

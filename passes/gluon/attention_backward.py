@@ -166,12 +166,10 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
                             dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
                             SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                             SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
-    # A 1-D grid whose programs walk a KV head's blocks in turn, so the programs in flight share
-    # its queries through L2.
-    kv_blocks = gl.cdiv(SEQ_K, 2 * HALF_N)
-    kv_first = gl.program_id(0) % kv_blocks * (2 * HALF_N)
-    batch = gl.program_id(0) // kv_blocks // KV_HEADS
-    kv_head = gl.program_id(0) // kv_blocks % KV_HEADS
+    # A 1-D grid whose programs walk a KV head's blocks in turn (in order: the first keys, which
+    # the most causal queries see, first), so the programs in flight share its queries through L2.
+    kv_block, batch, kv_head = query_item(gl.program_id(0), gl.cdiv(SEQ_K, 2 * HALF_N), KV_HEADS, False)
+    kv_first = kv_block * (2 * HALF_N)
     blocks = gl.cdiv(SEQ_Q, TILE_M)
     if CAUSAL:
         first_block = kv_first // TILE_M
