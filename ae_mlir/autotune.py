@@ -109,10 +109,14 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         kept += [dict(c, tensor_descriptors=other) for c in kept]
     if target == "cuda:90" and problem.simple_mask is not None:
         # attn-lower-to-gluon's kernel takes none of those options: the Triton IR candidates are
-        # tried without it, and it is tried with a program per query block and (at D = 128, the
-        # kernel with the two consumer warpgroups that schedule takes) with ping-pong.
-        on = launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk)
-        schedules = [{"warp_specialize": True, "persistent": False}]
+        # tried without it, and it is tried on the grid its default schedule does not take and
+        # (at D = 128, the kernel with the two consumer warpgroups that schedule takes) with
+        # ping-pong on a program per query block.
+        on = launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk,
+                                              batch_heads=problem.batch_heads)
+        persistent = launch_defaults.gluon_schedule(target, problem.simple_mask == "causal", problem.lq, problem.dk,
+                                                    problem.batch_heads)["persistent"]
+        schedules = [{"warp_specialize": True, "persistent": not persistent}]
         if problem.dk == 128:
             schedules.append({"warp_specialize": True, "persistent": False, "pingpong": True})
         kept = _unique([{}] + [dict(c, warp_specialize=False) for c in kept if c]

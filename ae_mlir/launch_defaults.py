@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typing
 
+from .core import grid_schedule
 from .core import abi
 
 if typing.TYPE_CHECKING:
@@ -110,7 +111,8 @@ def kv_splits(programs: int, kv_tiles: int, target: str, uneven_keys: bool = Fal
     return max(1, min(wanted, kv_tiles // _MIN_TILES_PER_SPLIT, _MAX_SPLITS))
 
 
-def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, backward: bool = False) -> bool:
+def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, backward: bool = False,
+                     batch_heads: int = 0) -> bool:
     """Whether attn-lower-to-gluon's warp-specialized kernels replace the Triton IR ones: on sm90
     (their products are wgmma, which later NVIDIA GPUs lack), for the problems that pass takes
     (presets.Problem.simple_mask), longer than decoding (one program per query block and no KV
@@ -123,19 +125,59 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
       causal 258 / 367 (one program per query block: 303 / 435) against 357 / 431, so causal keeps
       the Triton IR kernel there;
     - backward, D = 128: 397 / 451 full, 334 / 419 causal against 364 / 409 and 315 / 386; at D = 64
-      it trailed (0.90-0.96x), so the Triton IR kernels keep it."""
+      it trailed (0.90-0.96x), so the Triton IR kernels keep it.
+    Full attention at D = 64 takes the Gluon kernel only where its 192-row programs fill their
+    waves nearly as well as the Triton IR kernel's 128-row ones (`batch_heads`, B * H, given): over
+    ten batch x heads x length shapes (bench/results/h100-gluon-shapes-2026-12-06.json) it ran
+    1.06-1.09x the Triton IR kernel at a last wave 0.98 full, and 0.71-0.95x where its waves were
+    0.67-0.89 full against the Triton IR kernel's 0.97."""
     if target != "cuda:90" or simple_mask is None or lq <= _SPLIT_MAX_LQ:
         return False
-    return dk == 128 or (not backward and dk == 64 and simple_mask == "none")
+    if dk == 128:
+        return True
+    if backward or dk != 64 or simple_mask != "none":
+        return False
+    if not batch_heads:
+        return True
+    slots = multiprocessors(target)
+    gluon = grid_schedule.wave_fill(-(-lq // _GLUON_ROWS[dk]) * batch_heads, slots)
+    triton = grid_schedule.wave_fill(-(-lq // _TRITON_PLAIN_ROWS) * batch_heads, slots)
+    return gluon * _GLUON_FULL_D64_GAIN >= triton
 
 
-# The warp-specialized forward's schedule (attn-lower-to-gluon `programs`, `pingpong`): a program
-# per multiprocessor looping over work items, consumer warpgroups not taking turns. In the runs
-# warp_specialized names, the persistent grid ran ahead of a program per query block everywhere
-# at D = 128 (full 553 / 605 against 537 / 592 at L 2048 / 8192, causal 468 / 572 against 424 /
-# 544) and of ping-pong too (541 / 599 full; earlier H100 runs had ping-pong ahead of a program
-# per block only for full attention at L 8192: bench/results/h100-warp-specialized-2026-12-05*).
+# attn-lower-to-gluon's forward rows per program (passes/gluon/attention_forward.block_m), the
+# Triton IR kernel's for plain attention (_CUDA_16BIT, _PLAIN_LONG), and how much faster the
+# former ran at D = 64 where both grids filled their waves alike (1.06x at B*L = 16384, H 16).
+_GLUON_ROWS = {64: 192, 128: 128}
+_TRITON_PLAIN_ROWS = 128
+_GLUON_FULL_D64_GAIN = 1.05
+
+
+# The warp-specialized forward's default schedule (gluon_schedule).
 GLUON_SCHEDULE = {"persistent": True, "pingpong": False}
+# The persistent grid ran 2-10% faster than a program per block where both loaded the GPU evenly
+# (gluon_schedule), so it may model that much longer and still win.
+PERSISTENT_SLACK = 1.10
+
+
+def gluon_schedule(target: str, causal: bool, lq: int, dk: int, batch_heads: int) -> dict:
+    """The warp-specialized forward's schedule (attn-lower-to-gluon `programs`, `pingpong`): a
+    program per multiprocessor looping over work items (persistent), consumer warpgroups not
+    taking turns. In the runs warp_specialized names, the persistent grid ran ahead of a program
+    per query block at D = 128 (full 553 / 605 against 537 / 592 at L 2048 / 8192, causal 468 / 572
+    against 424 / 544) and of ping-pong too (541 / 599 full). Its programs take fixed items, though,
+    and over fewer heads the causal blocks' unequal lengths load them unequally: at B*H = 16, L
+    8192, D 128 the persistent grid ran 458 against a program per block's 551
+    (h100-gluon-shapes-2026-12-06.json). So a causal grid is persistent only where
+    grid_schedule's model puts its longest program within PERSISTENT_SLACK of the per-block
+    grid's longest multiprocessor."""
+    if not causal:
+        return dict(GLUON_SCHEDULE)
+    slots = multiprocessors(target)
+    blocks = -(-lq // _GLUON_ROWS.get(dk, 128))
+    persistent = (grid_schedule.persistent_makespan(batch_heads, blocks, slots)
+                  <= PERSISTENT_SLACK * grid_schedule.per_block_makespan(batch_heads, blocks, slots))
+    return dict(GLUON_SCHEDULE, persistent=persistent)
 
 
 # Queries at most this long (decoding) with GQA pack a KV head's query heads into one tile.

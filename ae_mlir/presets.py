@@ -28,8 +28,8 @@ from typing import Literal
 from .core import abi
 from .core.context import CompileError
 from .launch_defaults import (CUT_TILES_AT, FAST_TANH, GLUON_SCHEDULE, WHOLE_TILES, backward_config,
-                              backward_overrides, cpu_config, default_config, has_fast_tanh, has_tma, host_tma,
-                              linear_config, multiprocessors, warp_specialized)
+                              backward_overrides, cpu_config, default_config, gluon_schedule, has_fast_tanh, has_tma,
+                              host_tma, linear_config, multiprocessors, warp_specialized)
 
 PRESETS = ("cpu", "triton")
 TARGETS = {"cpu": "host", "triton": "cuda:90"}
@@ -198,7 +198,7 @@ class PresetOptions:
     raw_row_max: bool = False      # attn-tile: the row max of the unscaled scores, scaled per row (Triton)
     # The aligned variant is attn-lower-to-gluon's warp-specialized kernel (launch_defaults.warp_specialized).
     warp_specialize: bool = False
-    pingpong: bool = False         # attn-lower-to-gluon (launch_defaults.GLUON_SCHEDULE)
+    pingpong: bool = False         # attn-lower-to-gluon (launch_defaults.gluon_schedule)
     persistent: bool = False       # attn-lower-to-gluon: wave_programs programs loop over query blocks
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
@@ -254,11 +254,8 @@ class PresetOptions:
         if not self.raw_row_max and self.target != "host" and not self.backward:  # and takes the raw row max
             config["raw_row_max"] = False
         if self.warp_specialize:
-            config["warp_specialize"] = True
-            if self.pingpong:
-                config["pingpong"] = True
-            if self.persistent:
-                config["persistent"] = True
+            # Both schedules recorded: the default depends on the shape (gluon_schedule).
+            config.update(warp_specialize=True, pingpong=self.pingpong, persistent=self.persistent)
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
@@ -295,7 +292,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         if not typed.get("backward") and takes_host_tma(problem, target):
             values.update(tensor_descriptors=True, host_descriptors=True)
         values["warp_specialize"] = warp_specialized(target, problem.simple_mask, problem.lq, problem.dk,
-                                                     backward=bool(typed.get("backward")))
+                                                     backward=bool(typed.get("backward")),
+                                                     batch_heads=problem.batch_heads)
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 
@@ -327,7 +325,9 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
                            f"(TMA), got '{target}'")
     if values.get("warp_specialize") and not values.get("backward"):
         # The Gluon forward's schedule, whether the preset or the overrides chose that kernel.
-        for schedule, on in GLUON_SCHEDULE.items():
+        schedule_for = GLUON_SCHEDULE if problem is None else gluon_schedule(
+            target, problem.simple_mask == "causal", problem.lq, problem.dk, problem.batch_heads)
+        for schedule, on in schedule_for.items():
             values.setdefault(schedule, on)
     for schedule in ("pingpong", "persistent"):
         if values.get(schedule) and values.get("backward"):
@@ -412,7 +412,7 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         # (assume-aligned=false) takes the stages below.
         return [Stage("l1", ("attn-verify",)),
                 Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)} backward={_flag(o.backward)} "
-                               f"programs={o.gluon_programs}}}",))]
+                               f"programs={o.gluon_programs} wave-programs={o.wave_programs}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

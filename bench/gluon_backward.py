@@ -13,7 +13,8 @@ materialized attention (max |error| over max |gradient|, beside SDPA's own bf16/
 Timed: bf16, B*L = 16384, H = 16, D in {64, 128}, L in {2048, 8192}, full and causal; each
 backward from the same forward's out and lse (`gluon`, `ttir`) and the peers' as forward +
 backward less forward, in five alternating rounds, medians of triton.testing.do_bench; FLOPs 2.5x
-the forward's 4 B H L^2 D (half for causal).
+the forward's 4 B H L^2 D (half for causal). With `--baseline DIR`, DIR's `gluon` bundles (another
+version's build) are timed too, alternating with these, as `gluon baseline`.
 """
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def _check(bundles: str, doc: dict) -> None:
         print("check", rec, flush=True)
 
 
-def run(bundles: str, out_dir: str) -> None:
+def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -126,6 +127,9 @@ def run(bundles: str, out_dir: str) -> None:
             bundle = runtime.Bundle.load(os.path.join(bundles, f"{name}.{label}.json"))
             grads[label] = _backward(bundle, q, k, v, d_out, out, lse)
             engines[label] = lambda bundle=bundle: _backward(bundle, q, k, v, d_out, out, lse)
+        if baseline:
+            bundle = runtime.Bundle.load(os.path.join(baseline, f"{name}.gluon.json"))
+            engines["gluon baseline"] = lambda bundle=bundle: _backward(bundle, q, k, v, d_out, out, lse)
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         peers = {}
         for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):

@@ -34,6 +34,7 @@ from typing import ClassVar
 
 from ..core import abi
 from ..core.context import CompileError
+from ..core.grid_schedule import section_heads
 from . import ModulePass, option
 from .l1_ops import fail
 
@@ -127,9 +128,10 @@ class Instance:
     grid: tuple
 
 
-def instance(func, pingpong: bool, programs: int = 0) -> Instance:
+def instance(func, pingpong: bool, programs: int = 0, wave_programs: int = 0) -> Instance:
     """What the pass instantiates for the L0 function, with `programs` persistent programs (0: a
-    program per query block); a located CompileError where it cannot."""
+    program per query block, causal ones started in sections of heads that fill `wave_programs`);
+    a located CompileError where it cannot."""
     from .gluon.attention_forward import block_m, kernel_constants, warpgroups
 
     m = match(func)
@@ -137,8 +139,15 @@ def instance(func, pingpong: bool, programs: int = 0) -> Instance:
     if pingpong and warpgroups(dim) != 2:
         raise fail(func, f"asks for ping-pong at head dim {dim}, whose kernel has {warpgroups(dim)} consumer "
                          "warpgroups; the ping-pong schedule takes two (head dim 128)")
-    constants = kernel_constants(batch, heads, group, seq_q, seq_k, dim, m.scale, m.causal, pingpong, programs > 0)
-    items = -(-seq_q // block_m(dim)) * batch * heads
+    blocks = -(-seq_q // block_m(dim))
+    # A persistent grid's programs take fixed items, head after head (grid_schedule); a grid of
+    # every item starts them in order, so causal ones go longest first across a section.
+    section = 1
+    if m.causal and wave_programs and not programs:
+        section = min(batch * heads, section_heads(wave_programs, blocks))
+    constants = kernel_constants(batch, heads, group, seq_q, seq_k, dim, m.scale, m.causal, pingpong, programs > 0,
+                                 section)
+    items = blocks * batch * heads
     return Instance(element, dim, constants, (min(items, programs) if programs else items, 1, 1))
 
 
@@ -226,6 +235,14 @@ class LowerToGluon(ModulePass):
                                    "dK/dV, in launch order")
     programs: int = option(0, "the forward's grid: 0 for a program per query block of a batch entry and head, "
                               "N for at most N persistent programs, each taking one block a round")
+    wave_programs: int = option(0, "the programs the GPU runs at once (its multiprocessors): a causal forward's "
+                                   "grid of a program per block starts every head's longest block first across "
+                                   "sections of heads that fill it (0: head after head)")
+
+    def __post_init__(self):
+        for name, value in (("programs", self.programs), ("wave-programs", self.wave_programs)):
+            if value < 0:
+                raise ValueError(f"{name} must be at least 0, got {value}")
 
     def apply(self, module_op) -> None:
         from mlir import ir
@@ -240,7 +257,7 @@ class LowerToGluon(ModulePass):
         else:
             from .gluon import attention_forward as fwd
 
-            kernel = instance(func, self.pingpong, self.programs)
+            kernel = instance(func, self.pingpong, self.programs, self.wave_programs)
             _stub(func, name, kernel.grid, fwd.block_m(kernel.dim), fwd.BLOCK_N, kernel_labels(),
                   fwd.MAX_REGISTERS[fwd.warpgroups(kernel.dim)],
                   fwd.compile_ttgir(kernel.element, kernel.dim, kernel.constants))

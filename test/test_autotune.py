@@ -95,6 +95,12 @@ def test_the_gluon_kernel_is_tried_with_each_schedule_and_against_triton_ir():
     assert {"warp_specialize": True} in found and {"warp_specialize": True, "persistent": False} in found
     assert not any(c.get("pingpong") for c in found)
     assert presets.options_for("triton", causal64, "cuda:90", warp_specialize=True).persistent
+    # Where a program per query block is the default (causal over few heads), the persistent grid
+    # is the other candidate.
+    few_heads = presets.Problem(lq=8192, lk=8192, dk=128, dv=128, dtype="bf16", batch_heads=16, simple_mask="causal")
+    found = autotune.candidates(few_heads, "cuda:90")
+    assert not presets.options_for("triton", few_heads, "cuda:90").persistent
+    assert {"warp_specialize": True, "persistent": True} in found
 
 
 def test_decoding_shapes_keep_the_default_and_linear_attention_tunes_its_blocks():

@@ -12,6 +12,9 @@ import torch
 
 import ae_mlir as ae
 from ae_mlir.backends import triton as tb
+from ae_mlir.core import abi
+from ae_mlir.core.context import new_context, parse_module
+from ae_mlir.passes.lower_to_gluon import instance
 
 from bundle_interp import interpret
 from gluon_emu import EmulationError
@@ -25,12 +28,13 @@ def _meta(t):
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-def emulate(attn, q, k, v, pingpong=False, programs=0):
+def emulate(attn, q, k, v, pingpong=False, programs=0, wave=0):
     """The bundle's Gluon variant on CPU tensors, as bundle_interp runs it; returns (out, lse).
-    `programs`: a persistent grid of that many programs (0: a program per query block)."""
-    config = {"warp_specialize": True, "pingpong": pingpong}
-    if programs:
-        config.update(persistent=True, wave_programs=programs)
+    `programs`: a persistent grid of that many programs (0: a program per query block); `wave`:
+    a per-block grid's wave (its causal blocks' sections of heads)."""
+    config = {"warp_specialize": True, "pingpong": pingpong, "persistent": bool(programs)}
+    if programs or wave:
+        config.update(wave_programs=programs or wave)
     bundle = tb.compile_bundle(attn, _meta(q), _meta(k), _meta(v), config=config)
     (out, lse), variant = interpret(bundle, q, k, v)
     assert variant.ir == "ttgir"
@@ -66,6 +70,26 @@ def test_emulated_kernel_matches_float64(b, h, hkv, lq, lk, d, mask, dtype, layo
     out, lse = emulate(attn, q, k, v, pingpong, programs)
     want, want_lse = attn(q.double(), k.double(), v.double(), backend="reference", return_lse=True)
     # The 16-bit rounding of P and of the output: SDPA's own error in these types.
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("b, h, lq, d, wave", [
+    (1, 5, 300, 128, 4),   # 3 blocks a head, sections of 2 heads, the last of one
+    (2, 3, 600, 64, 5),    # 4 blocks of 192 rows a head, sections of 2 over batch x heads
+])
+def test_emulated_sectioned_causal_grid_covers_every_block(b, h, lq, d, wave):
+    """A per-block causal grid over a small `wave` starts every head's longest block first across
+    sections of heads (pipeline.sectioned_item); every block is computed once (out starts NaN)."""
+    torch.manual_seed(lq + h)
+    q, k, v = (torch.randn(b, h, lq, d, dtype=torch.bfloat16) for _ in range(3))
+    attn = ae.attention(mask_mod=causal)
+    bundle = tb.compile_bundle(attn, _meta(q), _meta(k), _meta(v),
+                               config={"warp_specialize": True, "persistent": False, "wave_programs": wave})
+    module = parse_module(bundle.meta["l0"], new_context(), "l0.mlir")
+    assert instance(abi.functions(module)[0], False, 0, wave).constants["SECTION"] == 2
+    out, lse = emulate(attn, q, k, v, wave=wave)
+    want, want_lse = attn(q.double(), k.double(), v.double(), backend="reference", return_lse=True)
     torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-4)
 

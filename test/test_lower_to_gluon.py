@@ -121,6 +121,17 @@ def test_the_forward_kernel_takes_a_persistent_grid_by_default(mask, length):
     assert "pingpong=false backward=false programs=132" in presets.pipeline_text("triton", options)
 
 
+@pytest.mark.parametrize("b, h, length, programs", [(1, 16, 8192, 0), (2, 4, 4096, 0), (8, 16, 2048, 132)])
+def test_the_causal_grid_is_persistent_where_its_programs_load_evenly(b, h, length, programs):
+    """Over few heads the persistent programs' fixed causal items load them unequally
+    (launch_defaults.gluon_schedule): a program per query block, longest first across sections
+    of heads filling the 132 multiprocessors."""
+    options = _options(_l0(ae.attention(mask_mod=causal), b=b, h=h, lq=length))
+    assert options.warp_specialize and options.persistent is bool(programs)
+    assert f"programs={programs} wave-programs=132" in presets.pipeline_text("triton", options)
+    assert options.launch_config()["persistent"] is bool(programs)
+
+
 @pytest.mark.parametrize("dk, options, message", [
     (64, dict(pingpong=True), "asks for ping-pong at head dim 64, whose kernel has 3 consumer warpgroups"),
     (128, dict(backward=True, programs=132), "asks for the backward with ping-pong or persistent programs"),
@@ -178,7 +189,7 @@ def test_triton_gpu_ir_compiles_for_sm90_with_descriptor_metadata(dim, warps, re
     q = _meta(1, 2, 512, dim)
     bundle = tb.compile_bundle(ae.attention(mask_mod=mask), q, q, q)
     variant = bundle.variants["aligned"]
-    if dim == 64 and mask is causal:
+    if dim == 64:  # causal, and full attention whose 192-row programs fill less of the wave (2 x 3 of 132)
         assert variant.ir == "ttir"
         bundle = tb.compile_bundle(ae.attention(mask_mod=mask), q, q, q, config={"warp_specialize": True})
         variant = bundle.variants["aligned"]

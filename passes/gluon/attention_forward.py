@@ -22,7 +22,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_item, rings
+from .pipeline import NUM_STAGES, load_kv_ring, matrix, rings, sectioned_item
 
 # Partition functions receive their arguments as IR values (a constexpr argument would arrive as
 # a tensor), so the tile sizes they need are module constants; the head dim and element type
@@ -65,10 +65,10 @@ def _round_item(k):
 
 
 @gluon.jit
-def _work_item(k, WARPGROUPS: gl.constexpr, n_blocks, heads, seq_k, causal):
+def _work_item(k, WARPGROUPS: gl.constexpr, items, n_blocks, heads, section, seq_k, causal):
     # Round k's item: its batch entry, head, first query row and key tiles (causal's stop at its
     # last row's diagonal).
-    block, batch, head = query_item(_round_item(k), n_blocks, heads, causal)
+    block, batch, head = sectioned_item(_round_item(k), n_blocks, heads, items // n_blocks, section, causal)
     q_first = block * (WARPGROUPS * HALF_M)
     n_tiles = gl.cdiv(seq_k, TILE_N)
     if causal:
@@ -78,13 +78,13 @@ def _work_item(k, WARPGROUPS: gl.constexpr, n_blocks, heads, seq_k, causal):
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-            items, persistent, n_blocks, heads, group, seq_k, causal):
+            items, persistent, n_blocks, heads, section, group, seq_k, causal):
     # Each of the program's work items: its Q rows once the consumers are done with the last
     # item's, then its K and V tiles through the ring, whose position runs on across items.
     WARPGROUPS: gl.constexpr = q_smem.shape[0]
     ring = 0
     for k in range(_rounds(items, persistent)):
-        batch, head, q_first, n_tiles = _work_item(k, WARPGROUPS, n_blocks, heads, seq_k, causal)
+        batch, head, q_first, n_tiles = _work_item(k, WARPGROUPS, items, n_blocks, heads, section, seq_k, causal)
         mbarrier.wait(q_empty, (k & 1) ^ 1)
         mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
         for i in gl.static_range(WARPGROUPS):
@@ -227,8 +227,8 @@ def _query_block(index, WARPGROUPS: gl.constexpr, q, k_smem, v_smem, k_ready, v_
 
 @gluon.jit
 def _consumer(index, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-              turns, o_ptr, lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, seq_q, seq_k,
-              qk_scale, causal, pingpong):
+              turns, o_ptr, lse_ptr, o_strides, lse_strides, items, persistent, n_blocks, heads, section, seq_q,
+              seq_k, qk_scale, causal, pingpong):
     HEAD_DIM: gl.constexpr = v_smem.shape[4]
     WARPGROUPS: gl.constexpr = q_smem.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -239,7 +239,7 @@ def _consumer(index, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
     q = matrix(q_smem.index(index))
     ring = 0
     for k in range(_rounds(items, persistent)):
-        batch, head, q_first, n_tiles = _work_item(k, WARPGROUPS, n_blocks, heads, seq_k, causal)
+        batch, head, q_first, n_tiles = _work_item(k, WARPGROUPS, items, n_blocks, heads, section, seq_k, causal)
         first_row = q_first + index * HALF_M
         mbarrier.wait(q_ready, k & 1)
         # Steps before this block: one per K tile but each block's first (the ping-pong's turns).
@@ -265,7 +265,8 @@ def _consumer(index, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
 def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_stride2, lse_ptr, lse_stride0,
                       lse_stride1, BATCH: gl.constexpr, HEADS: gl.constexpr, GROUP: gl.constexpr,
                       SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr, CAUSAL: gl.constexpr,
-                      PINGPONG: gl.constexpr, WARPGROUPS: gl.constexpr, PERSISTENT: gl.constexpr):
+                      PINGPONG: gl.constexpr, WARPGROUPS: gl.constexpr, PERSISTENT: gl.constexpr,
+                      SECTION: gl.constexpr):
     # A program takes work items (query blocks of a batch entry and head), one a round of a grid's
     # width: one each in a grid of every item, several in a persistent grid.
     n_blocks = gl.cdiv(SEQ_Q, WARPGROUPS * HALF_M)
@@ -282,8 +283,9 @@ def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_str
 
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
     consumer_args = shared + (turns, o_ptr, lse_ptr, (o_stride0, o_stride1, o_stride2), (lse_stride0, lse_stride1),
-                              items, PERSISTENT, n_blocks, HEADS, SEQ_Q, SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
-    loader_args = (q_desc, k_desc, v_desc) + shared + (items, PERSISTENT, n_blocks, HEADS, GROUP, SEQ_K, CAUSAL)
+                              items, PERSISTENT, n_blocks, HEADS, SECTION, SEQ_Q, SEQ_K, QK_SCALE, CAUSAL, PINGPONG)
+    loader_args = (q_desc, k_desc, v_desc) + shared + (items, PERSISTENT, n_blocks, HEADS, SECTION, GROUP, SEQ_K,
+                                                       CAUSAL)
     # Each consumer warpgroup is told its rows by an argument: partition functions take no
     # constexprs, and the constant index reaches each partition as one.
     if WARPGROUPS == 3:
@@ -310,11 +312,12 @@ def descriptor_blocks(dim: int) -> list:
 
 
 def kernel_constants(batch: int, heads: int, group: int, seq_q: int, seq_k: int, dim: int, scale: float,
-                     causal: bool, pingpong: bool, persistent: bool) -> dict:
-    """The kernel's constexpr arguments for one instantiation."""
+                     causal: bool, pingpong: bool, persistent: bool, section: int = 1) -> dict:
+    """The kernel's constexpr arguments for one instantiation; `section`: heads per section of
+    the work items' order (pipeline.sectioned_item; 1: head after head)."""
     return {"BATCH": batch, "HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
             "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong,
-            "WARPGROUPS": warpgroups(dim), "PERSISTENT": persistent}
+            "WARPGROUPS": warpgroups(dim), "PERSISTENT": persistent, "SECTION": section}
 
 
 def compile_ttgir(element: str, dim: int, constants: dict) -> str:

@@ -62,3 +62,23 @@ def query_item(item, n_blocks, heads, causal):
     if causal:
         block = n_blocks - 1 - block
     return block, item // n_blocks // heads, item // n_blocks % heads
+
+
+@gluon.jit
+def sectioned_item(item, n_blocks, heads, batch_heads, section, causal):
+    # (query block, batch, head) of work item `item` with the batch's heads taken in sections of
+    # `section` (the last may hold fewer), each section rank-major: every head's first causal
+    # block (its longest) comes before any head's second, so a grid started in this order runs
+    # its longest programs first while the K and V in flight stay those of a few heads
+    # (core/grid_schedule.py). A section of one head is query_item's order.
+    per_section = n_blocks * section
+    number = item // per_section
+    first = number * section
+    count = gl.minimum(section, batch_heads - first)
+    within = item - number * per_section
+    rank = within // count
+    flat = first + within - rank * count
+    block = rank
+    if causal:
+        block = n_blocks - 1 - rank
+    return block, flat // heads, flat % heads

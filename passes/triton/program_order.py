@@ -21,6 +21,7 @@ order (bench/RESULTS.md, 2026-12-05).
 """
 from __future__ import annotations
 
+from ...core.grid_schedule import section_heads
 from ..tile_tables import heavy_blocks_of
 
 
@@ -37,7 +38,7 @@ class ProgramOrder:
                for axis in range(3)]
         heavy = heavy_blocks_of(self.func)
         heads = b * h
-        section = min(heads, _section_heads(self.wave_programs, nm)) if self.wave_programs and heavy else 1
+        section = min(heads, section_heads(self.wave_programs, nm)) if self.wave_programs and heavy else 1
         if section == 1:
             rank, head, batch = pid
         else:
@@ -70,11 +71,3 @@ class ProgramOrder:
         head = op("arith.remsi", flat, c(h))
         batch = op("arith.divsi", flat, c(h))
         return rank, head, batch
-
-
-def _section_heads(wave: int, blocks: int) -> int:
-    """The least power of two of heads whose `blocks` programs each fill `wave`."""
-    heads = 1
-    while heads * blocks < wave:
-        heads *= 2
-    return heads
