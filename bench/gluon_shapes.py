@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,7 +61,6 @@ def build(out: str) -> None:
 def run(bundles: str, out_dir: str) -> None:
     import torch
     import torch.nn.functional as F
-    import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ae_mlir import runtime
@@ -83,14 +81,9 @@ def run(bundles: str, out_dir: str) -> None:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         errors["cudnn"] = float((cudnn().float() - want).abs().max())
         engines["cudnn"] = harness.graphed(cudnn)
-        times = {label: [] for label in engines}
-        for _ in range(ROUNDS):
-            for label, fn in engines.items():
-                times[label].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
         flops = 4 * batch * heads * length * length * dim * (0.5 if causal else 1.0)
-        ms = {label: statistics.median(t) for label, t in times.items()}
         rec = {"case": name, "B": batch, "H": heads, "L": length, "D": dim, "causal": causal, "max_abs_err": errors,
-               "ms": ms, "tflops": {label: flops / m * 1e-9 for label, m in ms.items()}, "rounds_ms": times}
+               **harness.rounds_timed(engines, ROUNDS, flops)}
         doc["cases"].append(rec)
         print(name, " ".join(f"{label} {tf:.0f}" for label, tf in rec["tflops"].items()),
               "err", max(errors.values()), flush=True)

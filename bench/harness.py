@@ -114,6 +114,19 @@ def peer_backward(fn, leaves: list, wrt: list, d_out, flops: float) -> dict:
             "tflops": flops / (ms * 1e-3) / 1e12}
 
 
+def rounds_timed(engines: dict, rounds: int, flops: float) -> dict:
+    """Each engine (label: callable) timed by bench_ms once a round, in turn, `rounds` rounds, so
+    that drift falls on all alike: {"ms": medians, "tflops": at `flops`, "rounds_ms": every time}."""
+    import statistics
+
+    times = {label: [] for label in engines}
+    for _ in range(rounds):
+        for label, fn in engines.items():
+            times[label].append(bench_ms(fn))
+    ms = {label: statistics.median(t) for label, t in times.items()}
+    return {"ms": ms, "tflops": {label: flops / m * 1e-9 for label, m in ms.items()}, "rounds_ms": times}
+
+
 def alternated(rec: dict, time, flops: float, rounds: int) -> None:
     """Time the default and the tuned configuration alternately (`time(label)`: ms), `rounds`
     times each, so that drift falls on both alike; record their medians, TFLOP/s at `flops`, and

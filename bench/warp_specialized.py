@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -136,7 +135,6 @@ def _check(bundles: str, doc: dict) -> None:
 def run(bundles: str, out_dir: str) -> None:
     import torch
     import torch.nn.functional as F
-    import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ae_mlir import runtime
@@ -161,14 +159,10 @@ def run(bundles: str, out_dir: str) -> None:
             engines[label] = call
         host = {label: harness.host_profile(engines[label]) for label in ("default", "ttir")}
         engines.update({f"{label} graph": harness.graphed(fn) for label, fn in list(engines.items())})
-        times = {label: [] for label in engines}
-        for _ in range(ROUNDS):
-            for label, fn in engines.items():
-                times[label].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
         flops = 4 * batch * HEADS * length * length * dim * (0.5 if causal else 1.0)
-        ms = {label: statistics.median(t) for label, t in times.items()}
-        rec = {"case": name, "B": batch, "L": length, "D": dim, "causal": causal, "max_abs_err": errors, "ms": ms,
-               "tflops": {label: flops / m * 1e-9 for label, m in ms.items()}, "rounds_ms": times,
+        timed = harness.rounds_timed(engines, ROUNDS, flops)
+        ms = timed["ms"]
+        rec = {"case": name, "B": batch, "L": length, "D": dim, "causal": causal, "max_abs_err": errors, **timed,
                "default_over_cudnn": ms["cudnn"] / ms["default"], "default_over_ttir": ms["ttir"] / ms["default"],
                "graph_default_over_cudnn": ms["cudnn graph"] / ms["default graph"], "host": host}
         doc["cases"].append(rec)
