@@ -168,7 +168,10 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
                             SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
     # A 1-D grid whose programs walk a KV head's blocks in turn (in order: the first keys, which
     # the most causal queries see, first), so the programs in flight share its queries through L2.
-    kv_block, batch, kv_head = query_item(gl.program_id(0), gl.cdiv(SEQ_K, 2 * HALF_N), KV_HEADS, False)
+    # Sections of heads (the forward's order) ran 1-4% slower here and in the dQ kernel on an
+    # H100 (bench/results/h100-gluon-backward-2026-12-06-sections.json), so a section is one head.
+    n_kv = gl.cdiv(SEQ_K, 2 * HALF_N)
+    kv_block, batch, kv_head = query_item(gl.program_id(0), n_kv, KV_HEADS, gl.num_programs(0) // n_kv, 1, False)
     kv_first = kv_block * (2 * HALF_N)
     blocks = gl.cdiv(SEQ_Q, TILE_M)
     if CAUSAL:
@@ -317,7 +320,8 @@ def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_s
                           GROUP: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                           SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
     # A 1-D grid of (query block, batch entry, head) items, a head's blocks adjacent.
-    block_m, batch, head = query_item(gl.program_id(0), gl.cdiv(SEQ_Q, 2 * HALF_N), HEADS, CAUSAL)
+    n_q = gl.cdiv(SEQ_Q, 2 * HALF_N)
+    block_m, batch, head = query_item(gl.program_id(0), n_q, HEADS, gl.num_programs(0) // n_q, 1, CAUSAL)
     q_first = block_m * (2 * HALF_N)
     # The tiles before n_plain need no mask: with causal, the keys before the block's first row.
     if CAUSAL:

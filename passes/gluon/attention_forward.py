@@ -22,7 +22,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .pipeline import NUM_STAGES, load_kv_ring, matrix, rings, sectioned_item
+from .pipeline import NUM_STAGES, load_kv_ring, matrix, query_item, rings
 
 # Partition functions receive their arguments as IR values (a constexpr argument would arrive as
 # a tensor), so the tile sizes they need are module constants; the head dim and element type
@@ -68,7 +68,7 @@ def _round_item(k):
 def _work_item(k, WARPGROUPS: gl.constexpr, items, n_blocks, heads, section, seq_k, causal):
     # Round k's item: its batch entry, head, first query row and key tiles (causal's stop at its
     # last row's diagonal).
-    block, batch, head = sectioned_item(_round_item(k), n_blocks, heads, items // n_blocks, section, causal)
+    block, batch, head = query_item(_round_item(k), n_blocks, heads, items // n_blocks, section, causal)
     q_first = block * (WARPGROUPS * HALF_M)
     n_tiles = gl.cdiv(seq_k, TILE_N)
     if causal:

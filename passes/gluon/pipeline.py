@@ -54,23 +54,13 @@ def load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
 
 
 @gluon.jit
-def query_item(item, n_blocks, heads, causal):
-    # (query block, batch, head) of work item `item`: a head's query blocks are adjacent, so the
-    # items in flight share that head's K and V through L2; causal walks each head's blocks from
-    # the last (longest) one.
-    block = item % n_blocks
-    if causal:
-        block = n_blocks - 1 - block
-    return block, item // n_blocks // heads, item // n_blocks % heads
-
-
-@gluon.jit
-def sectioned_item(item, n_blocks, heads, batch_heads, section, causal):
-    # (query block, batch, head) of work item `item` with the batch's heads taken in sections of
-    # `section` (the last may hold fewer), each section rank-major: every head's first causal
-    # block (its longest) comes before any head's second, so a grid started in this order runs
-    # its longest programs first while the K and V in flight stay those of a few heads
-    # (core/grid_schedule.py). A section of one head is query_item's order.
+def query_item(item, n_blocks, heads, batch_heads, section, reverse):
+    # (block, batch, head) of work item `item`, the batch's heads taken in sections of `section`
+    # (the last may hold fewer), each section rank-major: every head's first block comes before
+    # any head's second, so a grid started in this order runs its heaviest programs first while
+    # the K and V in flight stay those of a few heads (core/grid_schedule.py); a section of one
+    # head keeps a head's blocks adjacent. `reverse`: rank 0 is the last block (a causal query
+    # block's longest).
     per_section = n_blocks * section
     number = item // per_section
     first = number * section
@@ -79,6 +69,6 @@ def sectioned_item(item, n_blocks, heads, batch_heads, section, causal):
     rank = within // count
     flat = first + within - rank * count
     block = rank
-    if causal:
+    if reverse:
         block = n_blocks - 1 - rank
     return block, flat // heads, flat % heads
