@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import typing
 
-from .core import grid_schedule
-from .core import abi
+from .core import abi, grid_schedule
 
 if typing.TYPE_CHECKING:
     from .presets import Problem

@@ -80,7 +80,7 @@ def test_emulated_kernel_matches_float64(b, h, hkv, lq, lk, d, mask, dtype, layo
 ])
 def test_emulated_sectioned_causal_grid_covers_every_block(b, h, lq, d, wave):
     """A per-block causal grid over a small `wave` starts every head's longest block first across
-    sections of heads (pipeline.sectioned_item); every block is computed once (out starts NaN)."""
+    sections of heads (pipeline.query_item); every block is computed once (out starts NaN)."""
     torch.manual_seed(lq + h)
     q, k, v = (torch.randn(b, h, lq, d, dtype=torch.bfloat16) for _ in range(3))
     attn = ae.attention(mask_mod=causal)

@@ -9,6 +9,12 @@ from ae_mlir import launch_defaults
 from ae_mlir.core import grid_schedule as gs
 
 
+def test_the_presets_know_the_gluon_kernels_rows():
+    from ae_mlir.passes.gluon.attention_forward import block_m
+
+    assert all(launch_defaults._GLUON_ROWS[dim] == block_m(dim) for dim in (64, 128))
+
+
 def test_section_heads_is_the_least_power_of_two_that_fills_the_wave():
     assert [gs.section_heads(132, blocks) for blocks in (200, 132, 64, 16, 1)] == [1, 1, 4, 16, 256]
 

@@ -168,7 +168,7 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
                             SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
     # A 1-D grid whose programs walk a KV head's blocks in turn (in order: the first keys, which
     # the most causal queries see, first), so the programs in flight share its queries through L2.
-    # Sections of heads (the forward's order) ran 1-4% slower here and in the dQ kernel on an
+    # Sections of heads (the forward's order) in this kernel and the dQ one ran 1-4% slower on an
     # H100 (bench/results/h100-gluon-backward-2026-12-06-sections.json), so a section is one head.
     n_kv = gl.cdiv(SEQ_K, 2 * HALF_N)
     kv_block, batch, kv_head = query_item(gl.program_id(0), n_kv, KV_HEADS, gl.num_programs(0) // n_kv, 1, False)

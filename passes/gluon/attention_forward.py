@@ -314,7 +314,7 @@ def descriptor_blocks(dim: int) -> list:
 def kernel_constants(batch: int, heads: int, group: int, seq_q: int, seq_k: int, dim: int, scale: float,
                      causal: bool, pingpong: bool, persistent: bool, section: int = 1) -> dict:
     """The kernel's constexpr arguments for one instantiation; `section`: heads per section of
-    the work items' order (pipeline.sectioned_item; 1: head after head)."""
+    the work items' order (pipeline.query_item; 1: head after head)."""
     return {"BATCH": batch, "HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
             "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong,
             "WARPGROUPS": warpgroups(dim), "PERSISTENT": persistent, "SECTION": section}

@@ -1,6 +1,6 @@
 // attn-lower-to-gluon{wave-programs=N}: a causal forward on a grid of a program per query block
 // starts every head's longest block first across sections of heads whose programs fill N
-// (pipeline.sectioned_item, the order attn-lower-to-triton's wave-programs gives its programs).
+// (pipeline.query_item, the order attn-lower-to-triton's wave-programs gives its programs).
 // Here 2 x 2 heads of 3 blocks (192 rows at head dim 64): a wave of 4 takes sections of 2 heads,
 // so the consumers' and the loader's item decode clamps a section to min(2, heads left); without
 // the option (or on a persistent grid) a section is one head, head after head.
