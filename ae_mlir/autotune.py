@@ -114,7 +114,8 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         # ping-pong on a program per query block.
         on = launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk,
                                               batch_heads=problem.batch_heads)
-        persistent = launch_defaults.gluon_schedule(target, problem.simple_mask == "causal", problem.lq, problem.dk,
+        persistent = launch_defaults.gluon_schedule(launch_defaults.multiprocessors(target),
+                                                    problem.simple_mask == "causal", problem.lq, problem.dk,
                                                     problem.batch_heads)["persistent"]
         schedules = [{"warp_specialize": True, "persistent": not persistent}]
         if problem.dk == 128:

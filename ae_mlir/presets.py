@@ -326,7 +326,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if values.get("warp_specialize") and not values.get("backward"):
         # The Gluon forward's schedule, whether the preset or the overrides chose that kernel.
         schedule_for = GLUON_SCHEDULE if problem is None else gluon_schedule(
-            target, problem.simple_mask == "causal", problem.lq, problem.dk, problem.batch_heads)
+            values.get("wave_programs", 0), problem.simple_mask == "causal", problem.lq, problem.dk,
+            problem.batch_heads)
         for schedule, on in schedule_for.items():
             values.setdefault(schedule, on)
     for schedule in ("pingpong", "persistent"):

@@ -41,8 +41,8 @@ def test_causal_schedule_follows_the_h100_shapes(batch_heads, length, persistent
     """The choice the model makes at D = 128 is the faster grid in
     bench/results/h100-gluon-shapes-2026-12-06-sections.json (and, at 32 x 8192, the
     warp_specialized runs)."""
-    assert launch_defaults.gluon_schedule("cuda:90", True, length, 128, batch_heads)["persistent"] is persistent
-    assert launch_defaults.gluon_schedule("cuda:90", False, length, 128, batch_heads)["persistent"]
+    assert launch_defaults.gluon_schedule(132, True, length, 128, batch_heads)["persistent"] is persistent
+    assert launch_defaults.gluon_schedule(132, False, length, 128, batch_heads)["persistent"]
 
 
 @pytest.mark.parametrize("batch_heads, length, gluon", [

@@ -75,7 +75,13 @@ def main(argv=None):
     parser.add_argument("--persistent", type=int, default=0, metavar="N",
                         help="with --gluon --kinds attention: the forward kernel's persistent grid of N programs, "
                              "each taking several query blocks")
+    parser.add_argument("--wave", type=int, default=0, metavar="N",
+                        help="with --gluon: a GPU of N multiprocessors (wave_programs): the forward's default "
+                             "schedule, the persistent grid or a program per block with causal blocks in sections "
+                             "of heads, chosen for it")
     args = parser.parse_args(argv)
+    if args.wave and (not args.gluon or args.wave < 1 or args.persistent):
+        parser.error("--wave takes a positive count, with --gluon and without --persistent")
     if args.persistent and (not args.gluon or args.persistent < 1 or set(args.kinds.split(",")) != {"attention"}):
         parser.error("--persistent takes a positive count, with --gluon --kinds attention")
     kinds = [k for k in args.kinds.split(",") if k]
@@ -89,6 +95,8 @@ def main(argv=None):
     config = {"tensor_descriptors": True} if args.tma else {"warp_specialize": True} if args.gluon else None
     if args.persistent:
         config.update(persistent=True, wave_programs=args.persistent)
+    if args.wave:
+        config.update(wave_programs=args.wave)
     date = datetime.date.today().isoformat()
     out = args.out or HERE.parent.parent / "bench" / "results" / f"fuzz-defaults-{date}.json"
     warnings.filterwarnings("ignore")
