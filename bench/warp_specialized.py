@@ -8,7 +8,7 @@ against float32 SDPA.
 
 Timed: bf16, B*L = 16384, H = 16, D in {64, 128}, L in {2048, 8192}, full and causal; the
 builds of each: `default` (the preset's choice, launch_defaults.warp_specialized and
-GLUON_SCHEDULE), `gluon` (warp_specialize=true, one program per query block), `pingpong` (with
+gluon_schedule), `gluon` (warp_specialize=true, one program per query block), `pingpong` (with
 pingpong=true; at D = 128 only: the D = 64 kernel's three consumer warpgroups do not take it),
 `persistent` (a program per multiprocessor looping over query blocks), `pingpong_persistent`
 (both, D = 128) and `ttir` (warp_specialize=false), and the peers, in five alternating rounds,
