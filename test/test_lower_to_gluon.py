@@ -64,8 +64,10 @@ def test_grids_are_one_axis_so_batch_times_heads_has_no_axis_limit():
     """4097 x 16 batch entries x heads: more than a grid's y axis takes (65535), on one axis in
     each kernel."""
     text = _l0(ae.attention(mask_mod=causal), b=4097, h=16, hkv=8, lq=32)
-    forward = [op.operation for op in _lower(text).body.operations]
-    dq, dkdv = [op.operation for op in _lower(text, backward=True).body.operations]
+    # The modules stay bound while their operations are read (a freed module's ops dangle).
+    forward_module, backward_module = _lower(text), _lower(text, backward=True)
+    forward = [op.operation for op in forward_module.body.operations]
+    dq, dkdv = [op.operation for op in backward_module.body.operations]
     assert [[int(x) for x in op.attributes["attn.grid"]] for op in forward + [dq, dkdv]] == [
         [4097 * 16, 1, 1], [4097 * 16, 1, 1], [4097 * 8, 1, 1]]
 
