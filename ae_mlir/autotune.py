@@ -36,7 +36,7 @@ from pathlib import Path
 from . import launch_defaults, progress
 from .disk_cache import atomic_write, cache_dir
 from .launch_defaults import _pow2
-from .presets import Problem, takes_host_tma
+from .presets import Problem, options_for, takes_host_tma
 
 # Candidates by head dim (padded to a power of two) for 16-bit inputs on CUDA, as overrides of
 # (block_m, block_n, num_warps, num_stages); the preset's default is always tried first. They
@@ -112,11 +112,8 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         # tried without it, and it is tried on the grid its default schedule does not take and
         # (at D = 128, the kernel with the two consumer warpgroups that schedule takes) with
         # ping-pong on a program per query block.
-        on = launch_defaults.warp_specialized(target, problem.simple_mask, problem.lq, problem.dk,
-                                              batch_heads=problem.batch_heads)
-        persistent = launch_defaults.gluon_schedule(launch_defaults.multiprocessors(target),
-                                                    problem.simple_mask == "causal", problem.lq, problem.dk,
-                                                    problem.batch_heads)["persistent"]
+        on = options_for("triton", problem, target).warp_specialize
+        persistent = options_for("triton", problem, target, warp_specialize=True).persistent
         schedules = [{"warp_specialize": True, "persistent": not persistent}]
         if problem.dk == 128:
             schedules.append({"warp_specialize": True, "persistent": False, "pingpong": True})

@@ -142,9 +142,7 @@ def instance(func, pingpong: bool, programs: int = 0, wave_programs: int = 0) ->
     blocks = -(-seq_q // block_m(dim))
     # A persistent grid's programs take fixed items, head after head (grid_schedule); a grid of
     # every item starts them in order, so causal ones go longest first across a section.
-    section = 1
-    if m.causal and wave_programs and not programs:
-        section = min(batch * heads, section_heads(wave_programs, blocks))
+    section = section_heads(wave_programs, blocks, batch * heads) if m.causal and not programs else 1
     constants = kernel_constants(batch, heads, group, seq_q, seq_k, dim, m.scale, m.causal, pingpong, programs > 0,
                                  section)
     items = blocks * batch * heads

@@ -16,7 +16,7 @@ def test_the_presets_know_the_gluon_kernels_rows():
 
 
 def test_section_heads_is_the_least_power_of_two_that_fills_the_wave():
-    assert [gs.section_heads(132, blocks) for blocks in (200, 132, 64, 16, 1)] == [1, 1, 4, 16, 256]
+    assert [gs.section_heads(132, blocks, 1024) for blocks in (200, 132, 64, 16, 1)] == [1, 1, 4, 16, 256]
 
 
 def test_wave_fill():

@@ -15,13 +15,16 @@ from __future__ import annotations
 import heapq
 
 
-def section_heads(wave: int, blocks: int) -> int:
-    """The least power of two of heads whose `blocks` programs each fill `wave` programs: the
-    section attn-lower-to-triton and attn-lower-to-gluon order causal programs in."""
+def section_heads(wave: int, blocks: int, batch_heads: int) -> int:
+    """The heads of a section attn-lower-to-triton and attn-lower-to-gluon order causal programs
+    in: the least power of two of heads whose `blocks` programs each fill `wave` programs, at most
+    the `batch_heads` there are; 1 (head after head) without a wave."""
+    if not wave:
+        return 1
     heads = 1
     while heads * blocks < wave:
         heads *= 2
-    return heads
+    return min(heads, batch_heads)
 
 
 def wave_fill(programs: int, multiprocessors: int) -> float:
@@ -32,7 +35,7 @@ def wave_fill(programs: int, multiprocessors: int) -> float:
 
 def per_block_makespan(batch_heads: int, blocks: int, multiprocessors: int) -> int:
     """The causal per-block grid's longest multiprocessor, in key tiles (greedy, sectioned order)."""
-    section = min(batch_heads, section_heads(multiprocessors, blocks))
+    section = section_heads(multiprocessors, blocks, batch_heads)
     loads = [0] * multiprocessors
     for first in range(0, batch_heads, section):
         count = min(section, batch_heads - first)

@@ -38,7 +38,7 @@ class ProgramOrder:
                for axis in range(3)]
         heavy = heavy_blocks_of(self.func)
         heads = b * h
-        section = min(heads, section_heads(self.wave_programs, nm)) if self.wave_programs and heavy else 1
+        section = section_heads(self.wave_programs, nm, heads) if heavy else 1
         if section == 1:
             rank, head, batch = pid
         else:
