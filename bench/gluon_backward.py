@@ -14,10 +14,13 @@ Timed: bf16, B*L = 16384, H = 16, D in {64, 128}, L in {2048, 8192}, full and ca
 backward from the same forward's out and lse (`gluon`, `ttir`) and the peers' as forward +
 backward less forward, in five alternating rounds, medians of triton.testing.do_bench; FLOPs 2.5x
 the forward's 4 B H L^2 D (half for causal). With `--baseline DIR`, DIR's `gluon` bundles (another
-version's build) are timed too, alternating with these, as `gluon baseline`.
+version's build) are timed too, alternating with these, as `gluon baseline`. `gluon dkdv` and
+`ttir dkdv` time the dK/dV kernel alone (the bundle's dQ stage left out): the dQ kernel's time is
+the difference.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
@@ -127,6 +130,10 @@ def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
             bundle = runtime.Bundle.load(os.path.join(bundles, f"{name}.{label}.json"))
             grads[label] = _backward(bundle, q, k, v, d_out, out, lse)
             engines[label] = lambda bundle=bundle: _backward(bundle, q, k, v, d_out, out, lse)
+            # The dK/dV kernel alone (the dQ kernel, which writes its delta, left out): the dQ
+            # kernel's time is the difference.
+            alone = dataclasses.replace(bundle, stages=[])
+            engines[f"{label} dkdv"] = lambda bundle=alone: _backward(bundle, q, k, v, d_out, out, lse)
         if baseline:
             bundle = runtime.Bundle.load(os.path.join(baseline, f"{name}.gluon.json"))
             engines["gluon baseline"] = lambda bundle=bundle: _backward(bundle, q, k, v, d_out, out, lse)
