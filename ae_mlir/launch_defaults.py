@@ -324,6 +324,11 @@ _LINEAR = {"block_v": 64, "block_k": 64, "num_warps": 4, "num_stages": 3, "decay
 _STATE_PROGRAMS = 256
 
 
+def _state_programs(problem: Problem, config: dict) -> int:
+    """The chunk-state kernel's programs: one per (batch, head, [block_k, block_v] state block)."""
+    return problem.batch_heads * -(-problem.dk // config["block_k"]) * -(-problem.dv // config["block_v"])
+
+
 def linear_config(problem: Problem, target: str = "cuda:90") -> dict:
     """Launch options of a linear-attention bundle. block_m/block_n are the chunk's rows (what
     the runtime's 32-bit tile-offset check reads). The chunk-state V blocks stay 64 wide: that
@@ -334,6 +339,13 @@ def linear_config(problem: Problem, target: str = "cuda:90") -> dict:
     leave fewer than _STATE_PROGRAMS programs."""
     chunk, hip = problem.chunk_size, target.startswith("hip")
     config = dict(_LINEAR, block_m=chunk, block_n=chunk)
+    if problem.decay == "token" and not hip:
+        # Simple GLA's cumulative decays (a masked [C, C] tile's row sums per chunk) on one warp:
+        # 8.5 us against 20.4 on four (19.7 on two, 20.3 on eight) on an H100, in each of the
+        # four suite cases (CUDA-graph replays, bench/results/h100-linear-configs-graphs-
+        # 2026-12-06.json; why more warps take longer was not looked into). GLA's per-dimension
+        # decays (tile products) keep num_warps: on one they took 4.5x as long.
+        config["decays_num_warps"] = 1
     if hip:
         # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
         config["num_stages"] = 2
@@ -343,13 +355,19 @@ def linear_config(problem: Problem, target: str = "cuda:90") -> dict:
         # against 172 in three (L 8192; h200-linear-configs-2026-12-03-simple-gla-value-loop).
         # Retention's output kernel has the same loop but was not swept; it keeps three.
         config.update(num_stages=2, states_num_stages=3)
+    if problem.decay in ("head", "token") and not hip and _state_programs(problem, config) > 2 * multiprocessors(target):
+        # Two stages where the chunk-state programs fill the GPU several times over, three where
+        # they do not. On an H100 (CUDA-graph replays, bench/results/h100-linear-configs-graphs-
+        # 2026-12-06.json) at D 128: 512 programs (B 8, L 2048) 101.8 us in two stages against
+        # 118.5 in three (retention 100.0 / 113.5); 128 programs (B 2, L 8192) 177.2 against
+        # 117.5 (178.1 / 117.1), and 128 at D 64 51.1 against 38.8. Nothing between was measured.
+        config["states_num_stages"] = 2
     if problem.decay == "token_dim":
         config["block_v"] = 128
         # GLA's chunk-state kernel at L 2048, D 128: 137 us in two stages against 164 in three;
         # within 4% either way in the other three suite cases.
         config["states_num_stages"] = 2
-        programs = problem.batch_heads * -(-problem.dk // config["block_k"]) * -(-problem.dv // config["block_v"])
-        if programs < _STATE_PROGRAMS:
+        if _state_programs(problem, config) < _STATE_PROGRAMS:
             config["block_k"] = 32
     return config
 

@@ -202,6 +202,7 @@ class PresetOptions:
     persistent: bool = False       # attn-lower-to-gluon: wave_programs programs loop over query blocks
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
+    decays_num_warps: int = 0      # the cumulative-decay kernel's warps (0: num_warps)
     states_num_stages: int = 0     # its chunk-state kernel (0: num_stages)
 
     def kernel_launch(self, kernel_name: str, chunk_stage: str | None = None) -> tuple[int, int]:
@@ -211,7 +212,8 @@ class PresetOptions:
         if self.backward and abi.backward_part(kernel_name) == "dkdv":
             return self.dkdv_num_warps or self.num_warps, self.dkdv_num_stages or self.num_stages
         if self.linear and chunk_stage in _OWN_STAGES:
-            return self.num_warps, getattr(self, _OWN_STAGES[chunk_stage]) or self.num_stages
+            warps = (self.decays_num_warps if chunk_stage == "decays" else 0) or self.num_warps
+            return warps, getattr(self, _OWN_STAGES[chunk_stage]) or self.num_stages
         return self.num_warps, self.num_stages
 
     @property
@@ -229,6 +231,7 @@ class PresetOptions:
             warps, stages = self.kernel_launch(abi.backward_kernel_name("", "dkdv"))
             text += f" dkdv-num-warps={warps} dkdv-num-stages={stages}"
         if self.linear:
+            text += f" decays-num-warps={self.kernel_launch('', 'decays')[0]}"
             for stage in _OWN_STAGES:
                 text += f" {stage}-num-stages={self.kernel_launch('', stage)[1]}"
         return text
@@ -262,7 +265,7 @@ class PresetOptions:
             if not self.closure_grads:
                 config["closure_grads"] = False
         if self.linear:
-            config.update(block_v=self.block_v, block_k=self.block_k,
+            config.update(block_v=self.block_v, block_k=self.block_k, decays_num_warps=self.decays_num_warps,
                           **{field: getattr(self, field) for field in _OWN_STAGES.values()})
         return config
 
@@ -320,6 +323,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         if "num_stages" in typed:  # the kernels with their own stage count follow, unless given it
             for own in _OWN_STAGES.values():
                 values[own] = typed.get(own, 0)
+        if "num_warps" in typed:  # and the cumulative-decay kernel the warps, unless given its own
+            values["decays_num_warps"] = typed.get("decays_num_warps", 0)
     if values.get("tensor_descriptors") and not has_tma(target):
         raise CompileError(f"preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on "
                            f"(TMA), got '{target}'")

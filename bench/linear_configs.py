@@ -1,13 +1,14 @@
 """Time each kernel of the linear-attention bundles under several launch configurations.
 
-    python bench/linear_configs.py [--bundles bench/bundles] [--out DIR] [--configs w4s3,...] [--name NAME]
+    python bench/linear_configs.py [--bundles bench/bundles] [--out DIR] [--configs w4s3,...] [--name NAME] [--graphs]
 
 On the GPU machine (torch + triton, no MLIR). For every linear case of bench/suite.py whose bundle
 is in --bundles, each kernel (the stages in launch order, then the output kernel) runs alone on the
 case's inputs under every (num_warps, num_stages) of CONFIGS (or --configs); the Triton IR does not
 change, only how Triton compiles it. Pointing --bundles at bundles built with other block sizes
 compares those. Writes NAME.json (default linear-configs): per case and kernel, the median ms of each
-configuration (triton.testing.do_bench), from which ae_mlir.launch_defaults' linear defaults are
+configuration (triton.testing.do_bench, or with --graphs the replays of a CUDA graph, for kernels
+shorter than their launch from Python), from which ae_mlir.launch_defaults' linear defaults are
 chosen. The compiles run first, in parallel worker processes (Triton's disk cache keeps them).
 """
 from __future__ import annotations
@@ -49,12 +50,15 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default=",".join(f"w{w}s{s}" for w, s in CONFIGS),
                    help="comma-separated w<num_warps>s<num_stages>")
     p.add_argument("--name", default="linear-configs")
+    p.add_argument("--graphs", action="store_true",
+                   help="time replays of a CUDA graph (triton.testing.do_bench_cudagraph): a kernel of a few "
+                        "microseconds launched alone from Python is timed at the launches' rate otherwise")
     args = p.parse_args(argv)
     configs = [tuple(int(x) for x in c[1:].split("s")) for c in args.configs.split(",")]
 
     import torch
     import triton
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
 
     from ae_mlir import runtime
 
@@ -90,7 +94,9 @@ def main(argv=None) -> int:
                     run = lambda: compiled[tuple(kernel.grid)](*call)  # noqa: E731
                     run()
                     torch.cuda.synchronize()
-                    times[key] = {"ms": float(do_bench(run, warmup=25, rep=100, return_mode="median")),
+                    ms = (do_bench_cudagraph(run, rep=100, return_mode="median") if args.graphs
+                          else do_bench(run, warmup=25, rep=100, return_mode="median"))
+                    times[key] = {"ms": float(ms),
                                   "registers": getattr(compiled, "n_regs", None),
                                   "spills": getattr(compiled, "n_spills", None),
                                   "shared_bytes": compiled.metadata.shared}
@@ -107,7 +113,8 @@ def main(argv=None) -> int:
 
     doc = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "triton": triton.__version__,
-           "benchmark": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms; one kernel alone",
+           "benchmark": ("triton.testing.do_bench_cudagraph median, rep 100 ms" if args.graphs else
+                         "triton.testing.do_bench median, warmup 25 ms, rep 100 ms") + "; one kernel alone",
            "cases": records}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{args.name}.json")

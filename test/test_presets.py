@@ -215,9 +215,10 @@ def test_linear_and_hip_options():
     options = presets.options_for("triton", _problem("linear-token-dim-bf16"), "hip:gfx942")
     assert (options.block_m, options.block_v, options.num_stages, options.split) == (32, 128, 2, True)
     assert options.launch_config() == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 2,
-                                       "block_v": 128, "block_k": 32, "decays_num_stages": 1,
-                                       "states_num_stages": 2}
-    assert options.launch_text() == "num-warps=4 num-stages=2 decays-num-stages=1 states-num-stages=2"
+                                       "block_v": 128, "block_k": 32, "decays_num_warps": 0,
+                                       "decays_num_stages": 1, "states_num_stages": 2}
+    assert options.launch_text() == ("num-warps=4 num-stages=2 decays-num-warps=4 decays-num-stages=1 "
+                                     "states-num-stages=2")
     # The cumulative-decay and GLA's chunk-state kernels launch with their own stage counts; a
     # num_stages override reaches them unless they are given their own.
     cuda = presets.options_for("triton", _problem("linear-token-dim-bf16"), "cuda:90")
@@ -231,19 +232,37 @@ def test_linear_and_hip_options():
     assert [tuned.kernel_launch(*kernel) for kernel in stages] == [(4, 2), (4, 1), (4, 1), (4, 1)]
 
 
-@pytest.mark.parametrize("decay, dk, target, launches", [
-    ("token", 128, "cuda:90", [(4, 1), (4, 3), (4, 2)]),   # the output kernel's value loop: 2 stages
-    ("token", 64, "cuda:90", [(4, 1), (4, 3), (4, 3)]),    # one V block, no loop
-    ("head", 128, "cuda:90", [(4, 1), (4, 3), (4, 3)]),
-    ("token", 128, "hip:gfx942", [(4, 1), (4, 2), (4, 2)]),
+@pytest.mark.parametrize("decay, dk, batch_heads, target, launches", [
+    ("token", 128, 32, "cuda:90", [(1, 1), (4, 3), (4, 2)]),   # the output kernel's value loop: 2 stages
+    ("token", 64, 128, "cuda:90", [(1, 1), (4, 3), (4, 3)]),   # one V block, no loop
+    ("head", 128, 32, "cuda:90", [(4, 1), (4, 3), (4, 3)]),
+    ("token", 128, 128, "cuda:90", [(1, 1), (4, 2), (4, 2)]),  # 512 chunk-state programs: 2 stages
+    ("head", 128, 128, "cuda:90", [(4, 1), (4, 2), (4, 3)]),
+    ("token", 128, 128, "hip:gfx942", [(4, 1), (4, 2), (4, 2)]),
 ])
-def test_simple_gla_output_stages(decay, dk, target, launches):
+def test_simple_gla_output_stages(decay, dk, batch_heads, target, launches):
     """Simple GLA's output kernel takes two stages where it walks V blocks (Dk wider than a
-    block), its chunk-state kernel keeps three; MI300 keeps two for all."""
-    problem = presets.Problem(2048, 2048, dk, dk, "bf16", decay, 64, 128)
+    block); the chunk-state kernel takes three, or two where its programs fill the GPU more than
+    twice over; MI300 keeps two for all. Simple GLA's cumulative-decay kernel runs on one warp on
+    NVIDIA GPUs."""
+    problem = presets.Problem(2048, 2048, dk, dk, "bf16", decay, 64, batch_heads)
     options = presets.options_for("triton", problem, target)
     kernels = [("l_decays", "decays"), ("l_states", "states"), ("l", None)]
     assert [options.kernel_launch(*kernel) for kernel in kernels] == launches
+
+
+def test_decay_warps_follow_num_warps_unless_given():
+    """A num_warps override reaches the cumulative-decay kernel unless decays_num_warps is given
+    too; the launch text and the bundle's config say which it took."""
+    problem = presets.Problem(2048, 2048, 128, 128, "bf16", "token", 64, 128)
+    kernels = [("l_decays", "decays"), ("l_states", "states"), ("l", None)]
+    eight = presets.options_for("triton", problem, "cuda:90", num_warps="8")
+    assert [eight.kernel_launch(*kernel)[0] for kernel in kernels] == [8, 8, 8]
+    own = presets.options_for("triton", problem, "cuda:90", num_warps="8", decays_num_warps="2")
+    assert [own.kernel_launch(*kernel)[0] for kernel in kernels] == [2, 8, 8]
+    assert "decays-num-warps=2" in own.launch_text() and own.launch_config()["decays_num_warps"] == 2
+    with pytest.raises(presets.CompileError, match="decays_num_warps' expects an integer"):
+        presets.options_for("triton", problem, "cuda:90", decays_num_warps="one")
 
 
 @pytest.mark.parametrize("batch_heads, dk, dv, block_k", [
