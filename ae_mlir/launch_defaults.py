@@ -344,7 +344,7 @@ def linear_config(problem: Problem, target: str = "cuda:90") -> dict:
         # 8.5 us against 20.4 on four (19.7 on two, 20.3 on eight) on an H100, in each of the
         # four suite cases (CUDA-graph replays, bench/results/h100-linear-configs-graphs-
         # 2026-12-06.json; why more warps take longer was not looked into). GLA's per-dimension
-        # decays (tile products) keep num_warps: on one they took 4.5x as long.
+        # decays (tile products) keep num_warps: on one they took 4-4.5x as long.
         config["decays_num_warps"] = 1
     if hip:
         # MI300's 64 KiB of LDS: three stages of the GLA chunk-state loop need 80 KiB.
