@@ -17,7 +17,6 @@ ratio a / b of their times (above 1: b faster).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -35,33 +34,33 @@ ROUNDS = 5
 DIM = 128
 
 
-def _case(variant: str, length: int) -> suite.Case:
+def _case(variant: str, length: int, dim: int) -> suite.Case:
     return suite.Case(part="catalogue", variant=variant, dtype="bfloat16", batch=suite.TOKENS // length,
-                      heads=suite.HEADS, seq=length, dim=DIM)
+                      heads=suite.HEADS, seq=length, dim=dim)
 
 
-def build(out: str, config: dict | None = None) -> None:
+def build(out: str, variants: list, config: dict | None = None, dim: int = DIM) -> None:
     from ae_mlir.backends import triton as tb
 
     os.makedirs(out, exist_ok=True)
-    for variant in VARIANTS:
+    for variant in variants:
         for length in LENGTHS:
-            attn, shape = suite.softmax_problem(_case(variant, length), "cpu")
+            attn, shape = suite.softmax_problem(_case(variant, length, dim), "cpu")
             q, k, v = suite.meta_like(shape, "bfloat16")
             tb.compile_bundle(attn, q, k, v, target="cuda:90", config=config).save(
                 os.path.join(out, f"{variant}_{length}.json"))
             print("built", variant, length, flush=True)
 
 
-def run(a: str, b: str, out_dir: str) -> None:
+def run(a: str, b: str, out_dir: str, variants: list, dim: int = DIM) -> None:
     import triton
 
     from ae_mlir import runtime
 
-    doc = harness.results_doc(out_dir, __doc__, a=a, b=b, dtype="bfloat16", dim=DIM)
-    for variant in VARIANTS:
+    doc = harness.results_doc(out_dir, __doc__, a=a, b=b, dtype="bfloat16", dim=dim)
+    for variant in variants:
         for length in LENGTHS:
-            attn, shape = suite.softmax_problem(_case(variant, length), "cuda")
+            attn, shape = suite.softmax_problem(_case(variant, length, dim), "cuda")
             q, k, v = suite.softmax_inputs(shape, "bfloat16", "cuda")
             captures = attn._build(q, k, v)[1]
             bundles = {label: runtime.Bundle.load(os.path.join(path, f"{variant}_{length}.json"))
@@ -91,29 +90,10 @@ def run(a: str, b: str, out_dir: str) -> None:
 
 
 def main(argv=None) -> int:
-    global DIM
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("build", "run"))
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--a", help="run: the first build's bundles")
-    parser.add_argument("--b", help="run: the second build's bundles")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--config", default="", help="build: preset overrides for every bundle, key=value,...")
-    parser.add_argument("--dim", type=int, default=DIM, help="head dim (Dk = Dv)")
-    args = parser.parse_args(argv)
-    DIM = args.dim
     from ae_mlir.variants import CATALOGUE
 
-    harness.pick(parser, VARIANTS, args.variants, "variants", known=list(CATALOGUE))
-    if args.mode == "build":
-        from build_suite import parse_config
-
-        build(args.out, parse_config(args.config) or None)
-    elif not (args.a and args.b):
-        parser.error("run needs --a and --b")
-    else:
-        run(args.a, args.b, args.out)
-    return 0
+    return harness.ab_main(__doc__, build, run, VARIANTS, list(CATALOGUE), argv,
+                           dim=(int, DIM, "head dim (Dk = Dv)"))
 
 
 if __name__ == "__main__":

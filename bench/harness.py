@@ -186,6 +186,34 @@ def main(description: str, build, run, bundles: str, argv=None) -> int:
     return 0
 
 
+def ab_main(description: str, build, run, variants: list, known: list, argv=None, **extra) -> int:
+    """The command line of a two-build comparison: `build --out DIR [--config k=v,...]` (here) or
+    `run --a DIR --b DIR --out DIR` (on the GPU), over `--variants` (some of `known`, default
+    `variants`). `extra`: more options, name -> (type, default, help), passed to both as keywords."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("mode", choices=("build", "run"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--a", help="run: the first build's bundles")
+    parser.add_argument("--b", help="run: the second build's bundles")
+    parser.add_argument("--variants", default=",".join(variants))
+    parser.add_argument("--config", default="", help="build: preset overrides for every bundle, key=value,...")
+    for name, (typ, default, text) in extra.items():
+        parser.add_argument(f"--{name}", type=typ, default=default, help=text)
+    args = parser.parse_args(argv)
+    chosen = list(variants)
+    pick(parser, chosen, args.variants, "variants", known=known)
+    options = {name: getattr(args, name) for name in extra}
+    if args.mode == "build":
+        from build_suite import parse_config
+
+        build(args.out, chosen, parse_config(args.config) or None, **options)
+    elif not (args.a and args.b):
+        parser.error("run needs --a and --b")
+    else:
+        run(args.a, args.b, args.out, chosen, **options)
+    return 0
+
+
 def pick(parser, names: list, given: str, what: str, known: list | None = None) -> None:
     """Narrow `names` in place to the comma-separated `given`, in its order; a name not in
     `known` (default: `names`) is the parser's error."""

@@ -16,7 +16,6 @@ recorded beside it.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -87,25 +86,7 @@ def run(a: str, b: str, out_dir: str, variants: list) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("build", "run"))
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--a", help="run: the first build's bundles")
-    parser.add_argument("--b", help="run: the second build's bundles")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--config", default="", help="build: preset overrides for every bundle, key=value,...")
-    args = parser.parse_args(argv)
-    variants = list(VARIANTS)
-    harness.pick(parser, variants, args.variants, "variants", known=list(suite.LINEAR_DECAYS))
-    if args.mode == "build":
-        from build_suite import parse_config
-
-        build(args.out, variants, parse_config(args.config) or None)
-    elif not (args.a and args.b):
-        parser.error("run needs --a and --b")
-    else:
-        run(args.a, args.b, args.out, variants)
-    return 0
+    return harness.ab_main(__doc__, build, run, VARIANTS, list(suite.LINEAR_DECAYS), argv)
 
 
 if __name__ == "__main__":
