@@ -376,7 +376,28 @@ def _typed(overrides: dict) -> dict:
                 typed[name] = typ(raw)
             except ValueError:
                 raise CompileError(f"preset option '{key}' expects an integer, got '{raw}'") from None
+        _check_launch_count(key, name, typed[name])
     return typed
+
+
+# Launch counts a user may set, and the 0 meaning "as num_warps / num_stages" for a kernel's own.
+_WARP_COUNTS = {"num_warps": False, "dkdv_num_warps": True, "decays_num_warps": True}
+_STAGE_COUNTS = {"num_stages": False, "dkdv_num_stages": True, "decays_num_stages": True,
+                 "states_num_stages": True}
+
+
+def _check_launch_count(key: str, name: str, value) -> None:
+    """A warp count is what Triton launches (a power of two up to 32 warps, 1024 threads); a
+    stage count is at least 1; a kernel's own count may be 0 (it follows the shared one). Checked
+    here so that a bad count is a diagnostic naming the option, not a launch failure on the GPU."""
+    if name in _WARP_COUNTS:
+        allowed = (value == 0 and _WARP_COUNTS[name]) or (1 <= value <= 32 and value & (value - 1) == 0)
+        if not allowed:
+            follow = " (or 0: as num-warps)" if _WARP_COUNTS[name] else ""
+            raise CompileError(f"preset option '{key}' must be a power of two from 1 to 32{follow}, got {value}")
+    elif name in _STAGE_COUNTS and value < (0 if _STAGE_COUNTS[name] else 1):
+        follow = " (or 0: as num-stages)" if _STAGE_COUNTS[name] else ""
+        raise CompileError(f"preset option '{key}' must be at least 1{follow}, got {value}")
 
 
 @dataclass(frozen=True)

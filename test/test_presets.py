@@ -265,6 +265,28 @@ def test_decay_warps_follow_num_warps_unless_given():
         presets.options_for("triton", problem, "cuda:90", decays_num_warps="one")
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("num_warps", "3", "'num_warps' must be a power of two from 1 to 32, got 3"),
+    ("num_warps", "0", "'num_warps' must be a power of two from 1 to 32, got 0"),
+    ("num_warps", "64", "'num_warps' must be a power of two from 1 to 32, got 64"),
+    ("dkdv_num_warps", "6", r"'dkdv_num_warps' must be a power of two from 1 to 32 \(or 0: as num-warps\), got 6"),
+    ("decays_num_warps", "-1", "'decays_num_warps' must be a power of two"),
+    ("num_stages", "0", "'num_stages' must be at least 1, got 0"),
+    ("states_num_stages", "-2", r"'states_num_stages' must be at least 1 \(or 0: as num-stages\), got -2"),
+])
+def test_launch_counts_are_checked(option, value, message):
+    """A warp or stage count Triton cannot launch is a diagnostic naming the option, at compile
+    time, not a failure when the kernel first launches on a GPU; 0 lets a kernel's own count
+    follow the shared one."""
+    problem = presets.Problem(2048, 2048, 64, 64, "bf16", "token", 64, 32)
+    with pytest.raises(presets.CompileError, match=message):
+        presets.options_for("triton", problem, "cuda:90", **{option: value})
+    follows = presets.options_for("triton", problem, "cuda:90", num_warps="2", num_stages="1",
+                                  decays_num_warps="0", states_num_stages="0")
+    assert follows.kernel_launch("l_decays", "decays") == (2, 1)
+    assert follows.kernel_launch("l_states", "states") == (2, 1)
+
+
 @pytest.mark.parametrize("batch_heads, dk, dv, block_k", [
     (128, 128, 128, 64),   # 256 chunk-state programs of 64 rows: enough
     (32, 128, 128, 32),    # 64 programs: 32-row blocks double them

@@ -10,6 +10,9 @@
 // RUN: not ae-opt %s --pipeline='triton{colour=red}' 2>&1 | FileCheck %s --check-prefix=UNKNOWN --implicit-check-not=Traceback
 // RUN: not ae-opt %s --pipeline='triton{tensor-descriptors=true}' --target=hip:gfx942 2>&1 | FileCheck %s --check-prefix=NOTMA --implicit-check-not=Traceback
 // RUN: ae-opt %s --pipeline='triton{tensor-descriptors=true}' --emit=ttir | FileCheck %s --check-prefix=TMA
+// RUN: not ae-opt %s --pipeline='triton{num-warps=3}' 2>&1 | FileCheck %s --check-prefix=WARPS --implicit-check-not=Traceback
+// RUN: not ae-opt %s --pipeline='triton{num-stages=0}' 2>&1 | FileCheck %s --check-prefix=STAGES --implicit-check-not=Traceback
+// RUN: ae-opt %s --pipeline='triton{num-warps=8 decays-num-warps=0 states-num-stages=0}' --dump-pass-pipeline 2>&1 >/dev/null | FileCheck %s --check-prefix=FOLLOW
 
 // CUDA: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=true block-v=64 block-k=64},attn-tile{block-m=16 block-n=16 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=false prescale-q=false mirror-reads=true raw-row-max=true},attn-fold-index-clamps{padded-tiles=true},canonicalize,cse,attn-lower-to-triton{assume-aligned=true input-precision=ieee tensor-descriptors=false host-descriptors=false fast-tanh=false wave-programs=132})
 // CUDA-NEXT: // launch: num-warps=4 num-stages=3
@@ -24,6 +27,9 @@
 // HOST: error: pipeline 'triton' compiles for a cuda or hip target, got 'host'
 // UNKNOWN: error: the presets have no option 'colour'
 // NOTMA: error: preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on (TMA), got 'hip:gfx942'
+// WARPS: error: preset option 'num-warps' must be a power of two from 1 to 32, got 3
+// STAGES: error: preset option 'num-stages' must be at least 1, got 0
+// FOLLOW: // launch: num-warps=8 num-stages=3
 // TMA: "tt.make_tensor_descriptor"
 // TMA: "tt.descriptor_load"
 func.func @attention(%q: tensor<1x2x8x16xf32>, %k: tensor<1x2x8x16xf32>, %v: tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xf32> {
