@@ -356,7 +356,7 @@ def linear_config(problem: Problem, target: str = "cuda:90") -> dict:
         # Retention's output kernel has the same loop but was not swept; it keeps three.
         config.update(num_stages=2, states_num_stages=3)
     if problem.decay in ("head", "token") and not hip and _state_programs(problem, config) > 2 * multiprocessors(target):
-        # Two stages where the chunk-state programs fill the GPU several times over, three where
+        # Two stages where the chunk-state programs fill the GPU more than twice over, three where
         # they do not. On an H100 (CUDA-graph replays, bench/results/h100-linear-configs-graphs-
         # 2026-12-06.json) at D 128: 512 programs (B 8, L 2048) 101.8 us in two stages against
         # 118.5 in three (retention 100.0 / 113.5); 128 programs (B 2, L 8192) 177.2 against
