@@ -157,6 +157,8 @@ def _reads_by_position(region) -> bool:
 # The split recurrence's kernels (abi.CHUNK_STAGES) that launch with their own stage count, and
 # the PresetOptions field holding it.
 _OWN_STAGES = {"decays": "decays_num_stages", "states": "states_num_stages"}
+# Those that launch with their own warps too (0: num_warps).
+_OWN_WARPS = {"decays": "decays_num_warps"}
 
 
 @dataclass(frozen=True)
@@ -212,8 +214,8 @@ class PresetOptions:
         if self.backward and abi.backward_part(kernel_name) == "dkdv":
             return self.dkdv_num_warps or self.num_warps, self.dkdv_num_stages or self.num_stages
         if self.linear and chunk_stage in _OWN_STAGES:
-            warps = (self.decays_num_warps if chunk_stage == "decays" else 0) or self.num_warps
-            return warps, getattr(self, _OWN_STAGES[chunk_stage]) or self.num_stages
+            own_warps = getattr(self, _OWN_WARPS[chunk_stage]) if chunk_stage in _OWN_WARPS else 0
+            return own_warps or self.num_warps, getattr(self, _OWN_STAGES[chunk_stage]) or self.num_stages
         return self.num_warps, self.num_stages
 
     @property
@@ -231,7 +233,8 @@ class PresetOptions:
             warps, stages = self.kernel_launch(abi.backward_kernel_name("", "dkdv"))
             text += f" dkdv-num-warps={warps} dkdv-num-stages={stages}"
         if self.linear:
-            text += f" decays-num-warps={self.kernel_launch('', 'decays')[0]}"
+            for stage in _OWN_WARPS:
+                text += f" {stage}-num-warps={self.kernel_launch('', stage)[0]}"
             for stage in _OWN_STAGES:
                 text += f" {stage}-num-stages={self.kernel_launch('', stage)[1]}"
         return text
@@ -265,8 +268,8 @@ class PresetOptions:
             if not self.closure_grads:
                 config["closure_grads"] = False
         if self.linear:
-            config.update(block_v=self.block_v, block_k=self.block_k, decays_num_warps=self.decays_num_warps,
-                          **{field: getattr(self, field) for field in _OWN_STAGES.values()})
+            config.update(block_v=self.block_v, block_k=self.block_k,
+                          **{field: getattr(self, field) for field in [*_OWN_WARPS.values(), *_OWN_STAGES.values()]})
         return config
 
 
@@ -323,8 +326,9 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         if "num_stages" in typed:  # the kernels with their own stage count follow, unless given it
             for own in _OWN_STAGES.values():
                 values[own] = typed.get(own, 0)
-        if "num_warps" in typed:  # and the cumulative-decay kernel the warps, unless given its own
-            values["decays_num_warps"] = typed.get("decays_num_warps", 0)
+        if "num_warps" in typed:  # and those with their own warps the warps
+            for own in _OWN_WARPS.values():
+                values[own] = typed.get(own, 0)
     if values.get("tensor_descriptors") and not has_tma(target):
         raise CompileError(f"preset option 'tensor-descriptors' needs an NVIDIA target from sm90 on "
                            f"(TMA), got '{target}'")
@@ -381,9 +385,8 @@ def _typed(overrides: dict) -> dict:
 
 
 # Launch counts a user may set, and the 0 meaning "as num_warps / num_stages" for a kernel's own.
-_WARP_COUNTS = {"num_warps": False, "dkdv_num_warps": True, "decays_num_warps": True}
-_STAGE_COUNTS = {"num_stages": False, "dkdv_num_stages": True, "decays_num_stages": True,
-                 "states_num_stages": True}
+_WARP_COUNTS = {"num_warps": False, "dkdv_num_warps": True, **dict.fromkeys(_OWN_WARPS.values(), True)}
+_STAGE_COUNTS = {"num_stages": False, "dkdv_num_stages": True, **dict.fromkeys(_OWN_STAGES.values(), True)}
 
 
 def _check_launch_count(key: str, name: str, value) -> None:

@@ -53,18 +53,14 @@ def run(a: str, b: str, out_dir: str, variants: list) -> None:
     for case in _cases(variants):
         data = suite.linear_inputs(case, "cuda")
         q, k, v, g = data["ae"]
-        if g is not None and g.stride(-1) != 1:
-            g_ae = lambda g=g: g.contiguous()  # noqa: E731
-        else:
-            g_ae = lambda g=g: g  # noqa: E731
         fla = suite.fla_op(case.variant)
         engines = {"fla": lambda: fla(*data["fla"])}
         for label, path in (("a", a), ("b", b)):
             bundle = runtime.Bundle.load(os.path.join(path, case.bundle_file))
             out = torch.empty(bundle.outputs[0].shape, dtype=runtime.torch_dtype(bundle.outputs[0].dtype),
                               device="cuda")
-            engines[label] = lambda bundle=bundle, out=out: runtime.launch(bundle, q, k, v, g_ae(), out=out,
-                                                                         lse=None)[0]
+            engines[label] = lambda bundle=bundle, out=out: runtime.launch(bundle, q, k, v, suite.ae_decay(g),
+                                                                         out=out, lse=None)[0]
         theirs = engines["fla"]().transpose(1, 2).float()
         rec = {"case": case.name, "flops": suite.linear_flops(case), "results": {}}
         for label in ("a", "b"):

@@ -243,6 +243,13 @@ def retention_log_decay(heads: int, device):
     return torch.log(1 - 2.0 ** (-5.0 - torch.arange(heads, dtype=torch.float32, device=device)))
 
 
+def ae_decay(g):
+    """g as ae.linear_attention hands it to the kernels (and so as the benches time it): a g whose
+    last dimension is not unit-strided (fla's per-token [B, T, H] read as [B, H, T]) is copied, or
+    every kernel of the bundle would take its general variant."""
+    return g if g is None or g.stride(-1) == 1 else g.contiguous()
+
+
 def linear_inputs(case: Case, device, empty: bool = False) -> dict:
     """q, k, v and the log-decay g, stored in fla's [B, T, H, D] layout (fla reads them without a
     copy), with ae-mlir's [B, H, T, D] views of the same memory; g is float32 for both."""

@@ -143,15 +143,11 @@ def linear_case(case, bundle, eng, budget) -> dict:
 
     outs = eng.outputs(bundle)
 
-    # As ae.linear_attention does (and so timed): a per-token g whose tokens are not adjacent in
-    # memory is copied, or every kernel would take its general variant.
-    copied = decay == "token" and g.stride(-1) != 1
-
     def ae():
-        return eng.launch(bundle, q, k, v, g.contiguous() if copied else g, **outs)[0]
+        return eng.launch(bundle, q, k, v, suite.ae_decay(g), **outs)[0]
 
     results = {"ae_mlir": measure(eng, ae, flops, error)}
-    rec.update(kernel_info(eng, bundle, (q, k, v, g.contiguous() if copied else g), outs))
+    rec.update(kernel_info(eng, bundle, (q, k, v, suite.ae_decay(g)), outs))
     peer = f"fla_chunk_{case.variant}"
     try:
         op = eng.fla(case.variant)
