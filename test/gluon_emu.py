@@ -25,7 +25,10 @@ from triton.experimental.gluon import language as real_gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier as real_mbarrier, tma as real_tma
 
+from ae_mlir.passes.gluon import pipeline as gluon_pipeline
+
 TIMEOUT = 20.0
+_ATOMICS = threading.Lock()  # partitions run as threads: TMA's reduce-adds must not interleave
 RACE_WINDOW = 0.002
 
 
@@ -135,6 +138,9 @@ class Shared:
     def permute(self, order):
         return Shared(self.data.transpose(*order) if isinstance(self.data, np.ndarray) else self.data.permute(*order))
 
+    def slice(self, start, length, dim=0):
+        return Shared(self.data.narrow(int(dim), int(start), int(length)))
+
     def load(self, layout=None):
         return self.data.clone()
 
@@ -160,8 +166,11 @@ class _Token:
 
 
 def _mma(a, b, acc, use_acc):
-    # Tensor cores multiply the 16-bit operands exactly and accumulate in float32.
+    # Tensor cores multiply the 16-bit operands exactly and accumulate in float32. An async
+    # product may accumulate into one still in flight (a chain): that one finished first.
     product = _value(a).float() @ _value(b).float()
+    if isinstance(acc, _Token) and acc.result is not None:
+        acc = acc.result
     return product + _value(acc) if use_acc else product
 
 
@@ -249,8 +258,29 @@ class Descriptor:
         block[tuple(dst)] = self.view[tuple(src)]
         return block
 
+    def add(self, coords, block):
+        # TMA's reduce-add: the block's part inside the tensor added in, the rest dropped.
+        src, dst = [], []
+        for start, extent, size in zip(coords, self.block_type.shape, self.view.shape):
+            lo, hi = max(int(start), 0), min(int(start) + extent, size)
+            if lo >= hi:
+                return
+            dst.append(slice(lo, hi))
+            src.append(slice(lo - int(start), hi - int(start)))
+        with _ATOMICS:
+            self.view[tuple(dst)] += block[tuple(src)].to(self.dtype)
+
 
 class _TMA:
+    @staticmethod
+    def store_wait(pendings):
+        # The emulator's TMA operations complete when issued.
+        pass
+
+    @staticmethod
+    def async_reduce_add(desc, coords, src):
+        desc.add(coords, src.data)
+
     @staticmethod
     def async_copy_global_to_shared(desc, coords, bar, result, pred=True):
         if pred:
@@ -354,7 +384,10 @@ def _gl() -> types.SimpleNamespace:
 
 _MOCKS = {id(real_gl): _gl(), id(real_mbarrier): _MBarrier, id(real_tma): _TMA,
           id(hopper.warpgroup_mma): _Hopper.warpgroup_mma,
-          id(hopper.warpgroup_mma_wait): _Hopper.warpgroup_mma_wait}
+          id(hopper.warpgroup_mma_wait): _Hopper.warpgroup_mma_wait,
+          # Shared-memory stores are visible to the emulator's products without a fence.
+          id(hopper.fence_async_shared): lambda cluster=False: None,
+          id(gluon_pipeline.async_reduce_add): _TMA.async_reduce_add}
 _EMULATED: dict = {}
 
 

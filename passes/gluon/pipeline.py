@@ -2,8 +2,10 @@
 rings a loader warp fills for the consumer warpgroups, and the query-block programs' decode."""
 from __future__ import annotations
 
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 STAGES = 2     # ring depth (the forward at D 128: 2 x 2 x 32 KiB of K and V beside 32 KiB of Q)
@@ -72,3 +74,13 @@ def query_item(item, n_blocks, heads, batch_heads, section, reverse):
     if reverse:
         block = n_blocks - 1 - rank
     return block, flat // heads, flat % heads
+
+
+@builtin
+def async_reduce_add(tensor_desc, coord, src, _semantic=None):
+    # TMA's reduce-add of a shared-memory block into global memory (cp.reduce.async.bulk.tensor):
+    # Triton 3.6 builds the op (ttng.async_tma_reduce) but its Gluon has no function for it. Like
+    # a TMA store it is waited for with tma.store_wait, and reads past the tensor's edges are
+    # dropped.
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)

@@ -1,0 +1,198 @@
+"""The Hopper backward of softmax attention in one kernel of five tile products: the dK/dV
+kernel of `attention_backward.py` also forms each query block's dQ share, dS K, and adds it into
+a float32 buffer with atomics (FlashAttention-2's original form; FlashAttention-3 adds through
+TMA reductions, which Gluon 3.6 does not expose). The two-kernel form recomputes S and dP for
+dQ: seven products where this does five, at the price of the adds (their order, so dQ's last
+bits, varies between runs), of zeroing the buffer and of converting it.
+
+A program owns 128 keys of one KV head (two consumer warpgroups of 64). Per query block of 64
+rows each consumer computes S^T, dP^T, P^T and dS^T for its keys and adds P^T dO into dV and
+dS^T Q into dK, as the dK/dV kernel does; then it stores dS^T to shared memory, and once both
+halves are there (an mbarrier both consumers arrive on) it computes its 64 of dQ's columns,
+dS (64 x 128 keys) times those columns of K, and adds them into the buffer. Its caller computes
+delta = rowsum(dO * O) - dlse first and dQ = buffer * scale after.
+
+Keys past the sequence's end are masked here (the dK/dV kernel did not need to: it does not
+store their rows), because P there would be exp2(-lse) and its dS would reach dQ.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+    warpgroup_mma_wait
+
+from .attention_backward import HALF_N, LOG2E, TILE_M, _loader, _row_stat
+from .pipeline import NUM_STAGES, async_reduce_add, matrix, query_item, rings
+
+
+@gluon.jit
+def _fused_step(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
+                do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides, batch, head,
+                q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, causal, MASKED: gl.constexpr,
+                st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr):
+    slot = t % NUM_STAGES
+    phase = (t // NUM_STAGES) & 1
+    k_tile = matrix(k_smem.index(HALF_INDEX))
+    v_tile = matrix(v_smem.index(HALF_INDEX))
+    q_tile = matrix(q_smem.index(slot))
+    do_tile = matrix(do_smem.index(slot))
+    zero = gl.zeros([HALF_N, TILE_M], gl.float32, st_layout)
+    mbarrier.wait(q_ready.index(slot), phase)
+    st_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(slot), phase)
+    dpt_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    q_rows = q_first + gl.arange(0, TILE_M, layout=gl.SliceLayout(0, st_layout))
+    lse = _row_stat(lse_ptr, lse_strides, batch, head, q_rows, seq_q) * LOG2E
+    delta = _row_stat(delta_ptr, delta_strides, batch, head, q_rows, seq_q)
+    st = warpgroup_mma_wait(1, deps=(st_tok, ))
+    pt = gl.exp2(st * qk_scale - lse[None, :])
+    if MASKED:
+        visible = (k_rows < seq_k)[:, None] & ((q_rows[None, :] >= k_rows[:, None]) | (causal == 0))
+        pt = gl.where(visible, pt, 0.0)
+    dpt = warpgroup_mma_wait(0, deps=(dpt_tok, ))
+    dst = (pt * (dpt - delta[None, :])).to(do_tile.dtype)
+    pt_op = gl.convert_layout(pt.to(do_tile.dtype), op_layout)
+    dst_op = gl.convert_layout(dst, op_layout)
+    dv_tok = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+    dk_tok = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+    # dS^T for the other consumer's dQ columns. The slot was last read two blocks ago, by
+    # products both consumers waited for before arriving on the previous block's barrier.
+    ds_slot = ds_smem.index(slot * 2 + HALF_INDEX)
+    ds_slot.store(dst)
+    fence_async_shared()
+    mbarrier.arrive(ds_ready.index(slot), count=1)
+    dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, pt_op, dst_op))
+    mbarrier.arrive(q_empty.index(slot), count=1)
+    mbarrier.arrive(do_empty.index(slot), count=1)
+
+    mbarrier.wait(ds_ready.index(slot), phase)
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    COLUMNS: gl.constexpr = HEAD_DIM // 2
+    dq = gl.zeros([TILE_M, COLUMNS], gl.float32, dq_layout)
+    for half in gl.static_range(2):
+        ds_half = ds_smem.index(slot * 2 + half).permute((1, 0))
+        k_columns = matrix(k_smem.index(half)).slice(HALF_INDEX * COLUMNS, COLUMNS, dim=1)
+        dq = warpgroup_mma(ds_half, k_columns, dq, use_acc=half > 0, is_async=True)
+    dq = warpgroup_mma_wait(0, deps=(dq, ))
+    # The staging buffer this block fills was handed to TMA two blocks ago: wait for that
+    # reduction to have read it.
+    tma.store_wait(1)
+    staging = dq_smem.index(HALF_INDEX * NUM_STAGES + slot)
+    matrix(staging).store(dq)
+    fence_async_shared()
+    async_reduce_add(dq_desc, [batch, head, q_first, HALF_INDEX * COLUMNS], staging)
+    return dk, dv
+
+
+@gluon.jit
+def _fused_consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready,
+                    q_empty, do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides,
+                    delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first, first_block,
+                    n_blocks, masked, group, seq_q, seq_k, qk_scale, sm_scale, causal):
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    dtype: gl.constexpr = k_smem.dtype
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, TILE_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM // 2, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    k_rows = kv_first + HALF_INDEX * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, st_layout))
+    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(kv_bar, 0)
+    for g in range(group):
+        head = kv_head * group + g
+        for i in range(masked):
+            dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
+                                 do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
+                                 batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
+                                 dv, seq_q, seq_k, qk_scale, causal, True, st_layout, op_layout, dq_layout)
+        for i in range(masked, n_blocks):
+            dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
+                                 do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
+                                 batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
+                                 dv, seq_q, seq_k, qk_scale, causal, False, st_layout, op_layout, dq_layout)
+    # The shared memory must outlive the reductions that read it.
+    tma.store_wait(0)
+
+    rows = kv_first + HALF_INDEX * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    keep = (rows < seq_k)[:, None]
+    dk_base = dk_ptr + batch.to(gl.int64) * dk_strides[0] + kv_head.to(gl.int64) * dk_strides[1]
+    gl.store(dk_base + rows.to(gl.int64)[:, None] * dk_strides[2] + cols[None, :], (dk * sm_scale).to(dtype),
+             mask=keep)
+    dv_base = dv_ptr + batch.to(gl.int64) * dv_strides[0] + kv_head.to(gl.int64) * dv_strides[1]
+    gl.store(dv_base + rows.to(gl.int64)[:, None] * dv_strides[2] + cols[None, :], dv.to(dtype), mask=keep)
+
+
+@gluon.jit
+def _fused_lower(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, ds_ready,
+                 lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides,
+                 dv_strides, batch, kv_head, kv_first, first_block, n_blocks, masked, group, seq_q, seq_k, qk_scale,
+                 sm_scale, causal):
+    _fused_consumer(0, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+                    ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides, delta_strides,
+                    dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks, masked, group, seq_q,
+                    seq_k, qk_scale, sm_scale, causal)
+
+
+@gluon.jit
+def _fused_upper(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, ds_ready,
+                 lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides,
+                 dv_strides, batch, kv_head, kv_first, first_block, n_blocks, masked, group, seq_q, seq_k, qk_scale,
+                 sm_scale, causal):
+    _fused_consumer(1, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+                    ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides, delta_strides,
+                    dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks, masked, group, seq_q,
+                    seq_k, qk_scale, sm_scale, causal)
+
+
+@gluon.jit
+def attention_backward_fused(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, lse_stride0, lse_stride1, delta_ptr,
+                             delta_stride0, delta_stride1, dk_ptr, dk_stride0, dk_stride1, dk_stride2, dv_ptr,
+                             dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
+                             SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
+                             SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
+    n_kv = gl.cdiv(SEQ_K, 2 * HALF_N)
+    kv_block, batch, kv_head = query_item(gl.program_id(0), n_kv, KV_HEADS, gl.num_programs(0) // n_kv, 1, False)
+    kv_first = kv_block * (2 * HALF_N)
+    blocks = gl.cdiv(SEQ_Q, TILE_M)
+    if CAUSAL:
+        first_block = kv_first // TILE_M
+        n_blocks = blocks - first_block
+        masked = gl.minimum(n_blocks, 2 * HALF_N // TILE_M)
+    else:
+        first_block = 0
+        n_blocks = blocks
+        masked = 0
+    # The last program's keys may run past the end: all its blocks are masked.
+    if kv_first + 2 * HALF_N > SEQ_K:
+        masked = n_blocks
+
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+    q_smem, do_smem, q_ready, do_ready, q_empty, do_empty = rings(q_desc, do_desc, 2)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, TILE_M], k_desc.dtype)
+    ds_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * NUM_STAGES, HALF_N, TILE_M], ds_layout)
+    ds_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ds_ready.index(i), count=2)
+    # Each consumer's dQ columns, staged for TMA's reduce-add in two buffers (blocks alternate).
+    dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [2 * NUM_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+
+    consumer_args = (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+                     ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, (lse_stride0, lse_stride1),
+                     (delta_stride0, delta_stride1), (dk_stride0, dk_stride1, dk_stride2), (dv_stride0, dv_stride1, dv_stride2), batch, kv_head,
+                     kv_first, first_block, n_blocks, masked, GROUP, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL)
+    loader_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready,
+                   q_empty, do_empty, batch, kv_head, kv_first, first_block, n_blocks, GROUP)
+    gl.warp_specialize([
+        (_fused_lower, consumer_args),
+        (_fused_upper, consumer_args),
+        (_loader, loader_args),
+    ], [4, 1], [240, 24])
