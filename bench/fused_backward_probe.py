@@ -9,7 +9,7 @@ the dQ kernel (which writes delta) then the dK/dV kernel; "fused": a Triton kern
 delta and zeroes the buffer, the fused kernel, and a Triton kernel that converts the buffer to
 dQ (scale and cast); "fused kernel": the fused kernel alone. Beside them cuDNN's and SDPA flash's
 backward (forward + backward less forward), five alternating rounds of do_bench medians, bf16,
-B*L = 16384, H 16, D 128, full and causal, L 2048 and 8192. Before timing, each form's gradients
+B*L = 16384, H 16, D 128 (and 64 with --dims 128,64), full and causal, L 2048 and 8192. Before timing, each form's gradients
 are compared with float32 autograd at ragged, GQA and Lq != Lk shapes. Writes
 fused-backward-probe.json.
 """
@@ -150,8 +150,10 @@ def _relative(got, want) -> float:
     return max(float((g.float() - w).abs().max() / w.abs().max()) for g, w in zip(got, want))
 
 
-CHECKS = [(2, 4, 4, 1000, 1000, True), (2, 8, 2, 1000, 1000, True), (2, 2, 2, 2112, 2112, False),
-          (2, 4, 4, 300, 1000, False), (1, 2, 2, 64, 64, True), (2, 4, 4, 1024, 1024, True)]
+# (B, H, Hkv, Lq, Lk, D, causal)
+CHECKS = [(2, 4, 4, 1000, 1000, 128, True), (2, 8, 2, 1000, 1000, 128, True), (2, 2, 2, 2112, 2112, 128, False),
+          (2, 4, 4, 300, 1000, 128, False), (1, 2, 2, 64, 64, 128, True), (2, 4, 4, 1024, 1024, 128, True),
+          (2, 4, 2, 1000, 1000, 64, True), (1, 3, 3, 333, 333, 64, False)]
 
 
 def main() -> int:
@@ -159,61 +161,63 @@ def main() -> int:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-checks", action="store_true")
+    p.add_argument("--dims", default="128", help="head dims to time, comma-separated (64, 128)")
     args = p.parse_args()
     two, fused = _kernels()
     doc = harness.results_doc(args.out, __doc__, rounds=args.rounds)
     doc["checks"] = []
-    for i, (b, h, hkv, lq, lk, causal) in enumerate([] if args.no_checks else CHECKS):
+    for i, (b, h, hkv, lq, lk, d, causal) in enumerate([] if args.no_checks else CHECKS):
         gen = torch.Generator(device="cuda").manual_seed(100 + i)
-        q, d_out = (torch.randn(b, h, lq, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
-        k, v = (torch.randn(b, hkv, lk, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+        q, d_out = (torch.randn(b, h, lq, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+        k, v = (torch.randn(b, hkv, lk, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
         want, out, lse = _reference(q, k, v, d_out, causal)
         bwd = Backward(two, fused, q, k, v, d_out, out, lse, causal)
-        rec = {"shape": [b, h, hkv, lq, lk, 128], "causal": causal,
-               "two": _relative([t.clone() for t in bwd.run_two()], want),
-               "fused": _relative([t.clone() for t in bwd.run_fused()], want)}
+        got = {"two": [t.clone() for t in bwd.run_two()], "fused": [t.clone() for t in bwd.run_fused()]}
+        # Each gradient's largest error relative to its largest magnitude: dq, dk, dv.
+        rec = {"shape": [b, h, hkv, lq, lk, d], "causal": causal,
+               **{form: [_relative([g], [w]) for g, w in zip(grads, want)] for form, grads in got.items()}}
         doc["checks"].append(rec)
         print("check", rec, flush=True)
     harness.save(doc, args.out, "fused-backward-probe.json")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import torch.nn.functional as F
-    for length in (2048, 8192):
-        for causal in (False, True):
-            b, h, d = 16384 // length, 16, 128
-            gen = torch.Generator(device="cuda").manual_seed(length + causal)
-            q, k, v, d_out = (torch.randn(b, h, length, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                              for _ in range(4))
-            out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
-            bwd = Backward(two, fused, q, k, v, d_out, out, lse.contiguous(), causal)
-            got_two = [t.clone() for t in bwd.run_two()]
-            got_fused = [t.clone() for t in bwd.run_fused()]
-            engines = {"two": bwd.run_two, "fused": bwd.run_fused, "fused kernel": bwd.run_fused_kernel,
-                       "dkdv kernel": bwd.run_dkdv}
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            flops = 2.5 * 4 * b * h * length * length * d * (0.5 if causal else 1.0)
-            peers = {}
-            for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-                def sdpa(a, bb, c, backend=backend):
-                    with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(a, bb, c, is_causal=causal)
-                peers[label] = sdpa
-            times = {label: [] for label in list(engines) + list(peers)}
-            for _ in range(args.rounds):
-                for label, fn in engines.items():
-                    times[label].append(harness.bench_ms(fn))
-                for label, fn in peers.items():
-                    times[label].append(harness.peer_backward(fn, leaves, leaves, d_out, flops)["backward_ms"])
-            ms = {label: statistics.median(t) for label, t in times.items()}
-            rec = {"B": b, "L": length, "D": d, "causal": causal, "ms": ms, "rounds_ms": times,
-                   "tflops": {label: flops / m * 1e-9 for label, m in ms.items()},
-                   "fused_vs_two_grads": _relative(got_fused, [t.float() for t in got_two]),
-                   "kernels_fused": harness.kernel_times(bwd.run_fused),
-                   "fused_over_cudnn": ms["cudnn"] / ms["fused"], "two_over_cudnn": ms["cudnn"] / ms["two"]}
-            doc["cases"].append(rec)
-            print(length, causal, " ".join(f"{k} {v:.0f}" for k, v in rec["tflops"].items()),
-                  f"fused/cudnn {rec['fused_over_cudnn']:.3f} two/cudnn {rec['two_over_cudnn']:.3f}", flush=True)
-            harness.save(doc, args.out, "fused-backward-probe.json")
+    for d, length, causal in [(d, n, c) for d in map(int, args.dims.split(",")) for n in (2048, 8192)
+                              for c in (False, True)]:
+        b, h = 16384 // length, 16
+        gen = torch.Generator(device="cuda").manual_seed(length + causal)
+        q, k, v, d_out = (torch.randn(b, h, length, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                          for _ in range(4))
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+        bwd = Backward(two, fused, q, k, v, d_out, out, lse.contiguous(), causal)
+        got_two = [t.clone() for t in bwd.run_two()]
+        got_fused = [t.clone() for t in bwd.run_fused()]
+        engines = {"two": bwd.run_two, "fused": bwd.run_fused, "fused kernel": bwd.run_fused_kernel,
+                   "dkdv kernel": bwd.run_dkdv}
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        flops = 2.5 * 4 * b * h * length * length * d * (0.5 if causal else 1.0)
+        peers = {}
+        for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+            def sdpa(a, bb, c, backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(a, bb, c, is_causal=causal)
+            peers[label] = sdpa
+        times = {label: [] for label in list(engines) + list(peers)}
+        for _ in range(args.rounds):
+            for label, fn in engines.items():
+                times[label].append(harness.bench_ms(fn))
+            for label, fn in peers.items():
+                times[label].append(harness.peer_backward(fn, leaves, leaves, d_out, flops)["backward_ms"])
+        ms = {label: statistics.median(t) for label, t in times.items()}
+        rec = {"B": b, "L": length, "D": d, "causal": causal, "ms": ms, "rounds_ms": times,
+               "tflops": {label: flops / m * 1e-9 for label, m in ms.items()},
+               "fused_vs_two_grads": _relative(got_fused, [t.float() for t in got_two]),
+               "kernels_fused": harness.kernel_times(bwd.run_fused),
+               "fused_over_cudnn": ms["cudnn"] / ms["fused"], "two_over_cudnn": ms["cudnn"] / ms["two"]}
+        doc["cases"].append(rec)
+        print(d, length, causal, " ".join(f"{k} {v:.0f}" for k, v in rec["tflops"].items()),
+              f"fused/cudnn {rec['fused_over_cudnn']:.3f} two/cudnn {rec['two_over_cudnn']:.3f}", flush=True)
+        harness.save(doc, args.out, "fused-backward-probe.json")
     return 0
 
 

@@ -12,7 +12,7 @@ from ae_mlir import presets, runtime
 from ae_mlir.backends import triton as tb
 from ae_mlir.core.context import CompileError, new_context, parse_module
 from ae_mlir.kernel_args import host_descriptor
-from ae_mlir.passes.gluon import attention_backward as ab
+from ae_mlir.passes.gluon import attention_backward as ab, attention_backward_fused as af
 
 from bundle_interp import interpret_roles
 from ptxas_report import ptxas_spill_bytes
@@ -51,15 +51,38 @@ def run_kernels(q, k, v, do, out, lse, dlse, causal, scale):
     return tensors["dq"], tensors["dk"], tensors["dv"]
 
 
-@pytest.mark.parametrize("b, h, hkv, lq, lk, d, causal, dtype, transposed", [
+SHAPES = [
     (1, 2, 2, 256, 256, 128, True, torch.bfloat16, False),
     (1, 2, 2, 200, 200, 128, False, torch.bfloat16, False),
     (2, 4, 2, 190, 190, 64, True, torch.float16, True),
     (1, 2, 1, 100, 300, 128, False, torch.bfloat16, False),
     (1, 1, 1, 64, 64, 64, True, torch.bfloat16, False),
     (1, 2, 2, 300, 90, 64, False, torch.float16, False),
-])
-def test_emulated_backward_matches_float64(b, h, hkv, lq, lk, d, causal, dtype, transposed):
+]
+
+
+def run_fused_kernel(q, k, v, do, out, lse, dlse, causal, scale):
+    """The five-product kernel (attention_backward_fused.py) with the delta it reads and the dQ it
+    leaves in its float32 buffer computed around it, as bench/fused_backward_probe.py runs it."""
+    b, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    tensors = {"q": q, "k": k, "v": v, "do": do, "lse": lse,
+               "delta": ((do.float() * out.float()).sum(-1) - dlse).contiguous(),
+               "acc": torch.zeros(q.shape, dtype=torch.float32),
+               "dk": torch.full(k.shape, float("nan"), dtype=k.dtype),
+               "dv": torch.full(v.shape, float("nan"), dtype=v.dtype)}
+    args = [host_descriptor(tensors[role]) for role in ab.DESCRIPTORS + ("acc", )]
+    for role, strides in (("lse", 2), ("delta", 2), ("dk", 3), ("dv", 3)):
+        args += [tensors[role]] + [tensors[role].stride(i) for i in range(strides)]
+    launch(af.attention_backward_fused, ab.grid("dkdv", b, h, hkv, lq, lk), args,
+           ab.descriptor_blocks("dkdv", d) + [[1, 1, 64, d // 2]],
+           ab.kernel_constants("dkdv", h, hkv, lq, lk, scale, causal))
+    return (tensors["acc"] * scale).to(q.dtype), tensors["dk"], tensors["dv"]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["two_kernels", "fused"])
+@pytest.mark.parametrize("b, h, hkv, lq, lk, d, causal, dtype, transposed", SHAPES)
+def test_emulated_backward_matches_float64(b, h, hkv, lq, lk, d, causal, dtype, transposed, fused):
     torch.manual_seed(lq + lk + d)
 
     def make(heads, length):
@@ -71,7 +94,7 @@ def test_emulated_backward_matches_float64(b, h, hkv, lq, lk, d, causal, dtype, 
     dlse = torch.randn(b, h, lq)
     scale = d ** -0.5
     want_dq, want_dk, want_dv, out, lse = reference(q, k, v, do, dlse, causal, scale)
-    got = run_kernels(q, k, v, do, out, lse, dlse, causal, scale)
+    got = (run_fused_kernel if fused else run_kernels)(q, k, v, do, out, lse, dlse, causal, scale)
     # 16-bit P and dS enter the products, as in every flash backward.
     for name, g, want in zip(("dq", "dk", "dv"), got, (want_dq, want_dk, want_dv)):
         error = (g.double() - want).abs().max().item()
@@ -82,8 +105,9 @@ def causal(b, h, i, j):
     return i >= j
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["two_kernels", "fused"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_rows_of_far_negative_scores_stay_finite(causal):
+def test_rows_of_far_negative_scores_stay_finite(causal, fused):
     """A row whose scores are all far below zero has exp(-lse) past float32's range: the keys
     TMA reads as zeros past a ragged end must be masked, not only multiplied by their zero K."""
     torch.manual_seed(5)
@@ -93,7 +117,7 @@ def test_rows_of_far_negative_scores_stay_finite(causal):
     dlse = torch.zeros(1, 1, 100)
     want_dq, want_dk, want_dv, out, lse = reference(q, k, v, do, dlse, causal, 64 ** -0.5)
     assert lse[0, 0, -1] < -100
-    got = run_kernels(q, k, v, do, out, lse, dlse, causal, 64 ** -0.5)
+    got = (run_fused_kernel if fused else run_kernels)(q, k, v, do, out, lse, dlse, causal, 64 ** -0.5)
     for g, want in zip(got, (want_dq, want_dk, want_dv)):
         assert torch.isfinite(g).all()
         assert (g.double() - want).abs().max().item() <= 2e-2 * (1 + want.abs().max().item())
@@ -154,3 +178,35 @@ def test_runtime_compiles_the_bundles_kernels_for_sm90(mask):
         assert [m["block_size"] for m in compiled.metadata.tensordesc_meta] == [[1, 1, 64, 64]] * 4
         assert ptx.count("wgmma.mma_async") >= 6 and "cp.async.bulk.tensor" in ptx and ".maxnreg 168" in ptx
         assert ptxas_spill_bytes(ptx) <= (256 if kernel is bundle else 0), kernel.name
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_kernel_compiles_for_sm90_with_tma_reduce_adds(causal):
+    """The five-product kernel compiled here as the probe JIT-compiles it on the GPU: five tile
+    products a query block (four of the dK/dV kernel and dS K in two halves), dQ added by TMA
+    reduce-adds (no per-element atomics), its shared memory within the H100's 227 KiB."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from ae_mlir.passes.gluon.compile import descriptor_type
+
+    signature = {f"{role}_desc": descriptor_type("bf16", block)
+                 for role, block in zip(ab.DESCRIPTORS, ab.descriptor_blocks("dkdv", 128))}
+    layout = gl.NVMMASharedLayout.get_default_for([1, 1, 64, 64], gl.float32)
+    signature["dq_desc"] = f"tensordesc<fp32[1, 1, 64, 64],{layout!r}>"
+    for role, strides in (("lse", 2), ("delta", 2), ("dk", 3), ("dv", 3)):
+        signature[f"{role}_ptr"] = "*fp32" if role in ("lse", "delta") else "*bf16"
+        signature.update({f"{role}_stride{d}": "i32" for d in range(strides)})
+    constants = ab.kernel_constants("dkdv", 16, 16, 2048, 2048, 128 ** -0.5, causal)
+    signature.update({name: "constexpr" for name in constants})
+    source = GluonASTSource(af.attention_backward_fused, signature, constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
+    ptx = compiled.asm["ptx"]
+    assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add" in ptx
+    assert "atom.global" not in ptx and "red.global" not in ptx
+    # Each consumer's masked and unmasked paths: S^T, dP^T, dV, dK and dQ's two halves.
+    assert ptx.count("wgmma.mma_async") >= 2 * 2 * 6
+    assert compiled.metadata.shared <= 227 * 1024
+    assert ptxas_spill_bytes(ptx) <= 256

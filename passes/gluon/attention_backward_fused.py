@@ -1,16 +1,21 @@
 """The Hopper backward of softmax attention in one kernel of five tile products: the dK/dV
 kernel of `attention_backward.py` also forms each query block's dQ share, dS K, and adds it into
-a float32 buffer with atomics (FlashAttention-2's original form; FlashAttention-3 adds through
-TMA reductions, which Gluon 3.6 does not expose). The two-kernel form recomputes S and dP for
-dQ: seven products where this does five, at the price of the adds (their order, so dQ's last
-bits, varies between runs), of zeroing the buffer and of converting it.
+a float32 buffer through TMA's reduce-add, as FlashAttention-3 does. The two-kernel form
+recomputes S and dP for dQ: seven products where this does five, at the price of the adds
+(their order, so dQ's last bits, varies between runs), of zeroing the buffer and of converting
+it. `attn-lower-to-gluon` does not emit it yet (a bundle's aligned and general variants launch
+the same kernels; this form needs a kernel before and one after it): bench/fused_backward_probe.py
+runs it, and the tests run it in the emulator.
 
 A program owns 128 keys of one KV head (two consumer warpgroups of 64). Per query block of 64
 rows each consumer computes S^T, dP^T, P^T and dS^T for its keys and adds P^T dO into dV and
 dS^T Q into dK, as the dK/dV kernel does; then it stores dS^T to shared memory, and once both
-halves are there (an mbarrier both consumers arrive on) it computes its 64 of dQ's columns,
-dS (64 x 128 keys) times those columns of K, and adds them into the buffer. Its caller computes
-delta = rowsum(dO * O) - dlse first and dQ = buffer * scale after.
+halves are there (an mbarrier both consumers arrive on) it computes its half of dQ's columns,
+dS (64 x 128 keys) times those columns of K, stages them in shared memory and hands them to a
+TMA reduce-add into the buffer (two staging buffers a consumer, blocks alternating). Its caller
+computes delta = rowsum(dO * O) - dlse and zeroes the buffer first, and dQ = buffer * scale after.
+Per-element atomics from the registers in place of the reduce-adds ran at 0.80-0.84x of this
+kernel's speed on an H100 (bench/RESULTS.md).
 
 Keys past the sequence's end are masked here (the dK/dV kernel did not need to: it does not
 store their rows), because P there would be exp2(-lse) and its dS would reach dQ.
