@@ -212,6 +212,16 @@ def launcher_positions(variant) -> tuple | None:
     return entry[1]
 
 
+def kernels(bundle, aligned: bool | None = None) -> list:
+    """The bundle's kernels in launch order (its stages, its own, its finish), those a call
+    launches where `aligned` says which variants it takes (a Stage with `only` "aligned" is
+    launched with them alone)."""
+    found = bundle.stages + [bundle] + bundle.finish
+    if aligned is None:
+        return found
+    return [k for k in found if not getattr(k, "only", "") or (k.only == "aligned") == aligned]
+
+
 def pick_variant(kernel, aligned: bool):
     """The kernel's (a Bundle's or a Stage's) aligned variant where the call allows it (and it
     has one), else the general."""
@@ -223,7 +233,7 @@ def _layout_roles(bundle) -> tuple:
     roles = bundle.__dict__.get("_layout_roles")
     if roles is None:
         found = {}
-        for kernel in bundle.stages + [bundle]:
+        for kernel in kernels(bundle):
             for variant in kernel.variants.values():
                 for kind, key, _ in _argument_plan(variant):
                     if kind in (_STRIDE, _TENSOR):
@@ -269,7 +279,7 @@ def launch_plan(bundle, tensors: dict, device, tables_of) -> list[KernelLaunch]:
             plans.clear()
         aligned = aligned_ok(bundle, tensors)
         plan = []
-        for kernel in bundle.stages + [bundle]:
+        for kernel in kernels(bundle, aligned):
             variant = pick_variant(kernel, aligned)
             values = argument_values(variant, tensors, tables_of(kernel))
             slots = tuple((i, key) for i, (kind, key, _) in enumerate(_argument_plan(variant)) if kind == _TENSOR)

@@ -296,6 +296,17 @@ _SHARED = {"block_m": "dkdv_block_m", "block_n": "dkdv_block_n", "num_warps": "d
            "num_stages": "dkdv_num_stages"}
 
 
+def reduced_dq(warp_specialize: bool, backward: bool) -> bool:
+    """Whether the Gluon backward takes its five-product form (attn-lower-to-gluon's reduce-dq,
+    the dK/dV kernel adding dQ by TMA reduce-adds): wherever the Gluon backward runs. On an H100
+    (bench/results/h100-gluon-backward-2026-12-06-reduce-dq.json; bf16, B*L 16384, H 16, D 128,
+    five alternating rounds) it ran 430 / 496 TFLOP/s full and 345 / 466 causal (L 2048 / 8192)
+    against the two kernels' 414 / 418 and 334 / 421 and cuDNN's 458 / 531 and 360 / 482. The
+    order of its adds varies between runs; a caller that wants the same bits every run passes
+    reduce_dq=False (the Triton backend does under torch.use_deterministic_algorithms)."""
+    return warp_specialize and backward
+
+
 def backward_overrides(values: dict, typed: dict) -> None:
     """Apply a user's overrides to the backward's two configs: an override of a shared option
     (block_m, num_warps, ...) sets both kernels' unless the dK/dV kernel's own is given too (0:

@@ -29,7 +29,7 @@ from .core import abi
 from .core.context import CompileError
 from .launch_defaults import (CUT_TILES_AT, FAST_TANH, GLUON_SCHEDULE, WHOLE_TILES, backward_config,
                               backward_overrides, cpu_config, default_config, gluon_schedule, has_fast_tanh, has_tma,
-                              host_tma, linear_config, multiprocessors, warp_specialized)
+                              host_tma, linear_config, multiprocessors, reduced_dq, warp_specialized)
 
 PRESETS = ("cpu", "triton")
 TARGETS = {"cpu": "host", "triton": "cuda:90"}
@@ -202,6 +202,7 @@ class PresetOptions:
     warp_specialize: bool = False
     pingpong: bool = False         # attn-lower-to-gluon (launch_defaults.gluon_schedule)
     persistent: bool = False       # attn-lower-to-gluon: wave_programs programs loop over query blocks
+    reduce_dq: bool = False        # attn-lower-to-gluon's backward in five products, dQ by TMA reduce-adds
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
     decays_num_warps: int = 0      # the cumulative-decay kernel's warps (0: num_warps)
@@ -262,6 +263,8 @@ class PresetOptions:
         if self.warp_specialize:
             # Both schedules recorded: the default depends on the shape (gluon_schedule).
             config.update(warp_specialize=True, pingpong=self.pingpong, persistent=self.persistent)
+            if self.backward:
+                config["reduce_dq"] = self.reduce_dq
         if self.backward:
             config.update(dkdv_block_m=self.dkdv_block_m, dkdv_block_n=self.dkdv_block_n,
                           dkdv_num_warps=self.dkdv_num_warps, dkdv_num_stages=self.dkdv_num_stages)
@@ -300,6 +303,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         values["warp_specialize"] = warp_specialized(target, problem.simple_mask, problem.lq, problem.dk,
                                                      backward=bool(typed.get("backward")),
                                                      batch_heads=problem.batch_heads)
+        values["reduce_dq"] = reduced_dq(values["warp_specialize"], bool(typed.get("backward")))
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 
@@ -339,6 +343,11 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             problem.batch_heads)
         for schedule, on in schedule_for.items():
             values.setdefault(schedule, on)
+    if values.get("reduce_dq") and not (values.get("backward") and values.get("warp_specialize")):
+        if "reduce_dq" in typed:
+            raise CompileError("preset option 'reduce-dq' is a form of attn-lower-to-gluon's backward; it needs "
+                               "'backward' and 'warp-specialize'")
+        values["reduce_dq"] = False  # a default of the kernel the overrides turned off
     for schedule in ("pingpong", "persistent"):
         if values.get(schedule) and values.get("backward"):
             raise CompileError(f"preset option '{schedule}' is a schedule of the forward kernel; the backward has none")
@@ -442,7 +451,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         # (assume-aligned=false) takes the stages below.
         return [Stage("l1", ("attn-verify",)),
                 Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)} backward={_flag(o.backward)} "
-                               f"programs={o.gluon_programs} wave-programs={o.wave_programs}}}",))]
+                               + (f"reduce-dq={_flag(o.reduce_dq)} " if o.backward else "")
+                               + f"programs={o.gluon_programs} wave-programs={o.wave_programs}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

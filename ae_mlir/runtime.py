@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .core import abi
 from .disk_cache import atomic_write, cache_dir, compiler_fingerprint
-from .kernel_args import KernelLaunch, aligned_ok, argument_values, launch_plan, pick_variant  # noqa: F401  (part of the runtime's API)
+from .kernel_args import KernelLaunch, aligned_ok, argument_values, kernels, launch_plan, pick_variant  # noqa: F401  (part of the runtime's API)
 from .kernel_args import HostDescriptor, mirrored_inputs, mirrored_roles  # noqa: F401  (part of the runtime's API)
 from .triton_kernels import compile_ttir, compile_variant, current_target, launch_one, parse_target  # noqa: F401  (part of the runtime's API)
 
@@ -39,8 +39,9 @@ from .triton_kernels import compile_ttir, compile_variant, current_target, launc
 # packed batch's tensors take any rows (-1 in their specs, "<role>.size2" kernel arguments, a
 # workspace's `rows` rule), which a runtime of format 3 would allocate wrongly. 5: a variant may
 # be Triton GPU IR with its own grid and register cap (KernelVariant.ir), which format 4 would
-# compile as Triton IR.
-FORMAT_VERSION = 5
+# compile as Triton IR. 6: kernels after the bundle's own (`finish`) and kernels of the aligned
+# variants only (Stage.only), which format 5 would not launch or would launch with the others.
+FORMAT_VERSION = 6
 # Bundle.meta's key for the JSON mask program of a kernel that takes call-time tile tables, and
 # for the (batch, query, key) grid it classifies where q's shape does not give it (abi.CALL_TIME_GRID).
 MASK_PROGRAM = "mask_program"
@@ -81,12 +82,16 @@ class Stage:
     num_warps: int
     num_stages: int
     tables: list[dict] = field(default_factory=list)  # its own block tables, as Bundle.tables
+    # "aligned": launched only when a call takes the aligned variants (a kernel of a form that
+    # only they have, as the backward's dQ conversion after TMA reduce-adds); "": always.
+    only: str = ""
 
     @classmethod
     def from_dict(cls, d: dict) -> Stage:
         return cls(name=d["name"], grid=list(d["grid"]),
                    variants={k: KernelVariant(**v) for k, v in d["variants"].items()},
-                   num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]), tables=list(d.get("tables", [])))
+                   num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]), tables=list(d.get("tables", [])),
+                   only=d.get("only", ""))
 
 
 @dataclass
@@ -108,6 +113,8 @@ class Bundle:
     # launcher allocates those, contiguous, on every call.
     stages: list[Stage] = field(default_factory=list)
     workspace: list[TensorSpec] = field(default_factory=list)
+    # Kernels launched after its own, in order.
+    finish: list[Stage] = field(default_factory=list)
 
     # --- (de)serialization -------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -124,7 +131,8 @@ class Bundle:
                 block_m=int(d["block_m"]), block_n=int(d["block_n"]), target=d.get("target"),
                 key=d.get("key", ""), meta=dict(d.get("meta", {})),
                 stages=[Stage.from_dict(x) for x in d.get("stages", [])],
-                workspace=[TensorSpec(**t) for t in d.get("workspace", [])])
+                workspace=[TensorSpec(**t) for t in d.get("workspace", [])],
+                finish=[Stage.from_dict(x) for x in d.get("finish", [])])
         except (KeyError, TypeError, ValueError) as err:
             raise BundleError(f"malformed bundle: {type(err).__name__}: {err}") from None
 

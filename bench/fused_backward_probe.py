@@ -1,6 +1,7 @@
 """Whether the five-product Gluon backward (passes/gluon/attention_backward_fused.py: the dK/dV
-kernel also adds dS K into a float32 dQ buffer by TMA reduce-adds) beats the two-kernel one that
-attn-lower-to-gluon emits (seven products): a probe, timed on the GPU with torch + triton only.
+kernel also adds dS K into a float32 dQ buffer by TMA reduce-adds) beats the two-kernel one
+(seven products): the probe that made it attn-lower-to-gluon's default at D = 128, timed on the
+GPU with torch + triton only, without bundles.
 
     python3 bench/fused_backward_probe.py --out DIR      # on the GPU
 
@@ -28,6 +29,7 @@ import triton.language as tl
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import harness  # noqa: E402
+from gluon_backward import _float_grads, _relative  # noqa: E402
 
 
 def _kernels():
@@ -133,21 +135,12 @@ class Backward:
 
 
 def _reference(q, k, v, d_out, causal):
+    """float32 autograd's gradients (gluon_backward's), and the forward's output and logsumexp
+    as the kernels read them."""
     group = q.shape[1] // k.shape[1]
-    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    kf, vf = (t.repeat_interleave(group, dim=1) for t in leaves[1:])
-    scores = (leaves[0] @ kf.transpose(-1, -2)) / q.shape[-1] ** 0.5
-    if causal:
-        scores = scores.masked_fill(torch.ones(scores.shape[-2:], device=q.device, dtype=torch.bool).triu(1),
-                                    float("-inf"))
-    lse = torch.logsumexp(scores, -1)
-    out = torch.softmax(scores, dim=-1) @ vf
-    grads = torch.autograd.grad(out, leaves, d_out.float())
-    return grads, out.detach().to(q.dtype), lse.detach().contiguous()
-
-
-def _relative(got, want) -> float:
-    return max(float((g.float() - w).abs().max() / w.abs().max()) for g, w in zip(got, want))
+    k_full, v_full = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(q, k_full, v_full, 0.0, causal)
+    return _float_grads(q, k, v, d_out, causal), out, lse.contiguous()
 
 
 # (B, H, Hkv, Lq, Lk, D, causal)

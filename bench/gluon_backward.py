@@ -1,8 +1,8 @@
 """attn-lower-to-gluon's backward kernels (dQ, then dK/dV: `warp_specialize` on in the backward
-preset, the default at D = 128, launch_defaults.warp_specialized) against the Triton IR backward
-kernels (`warp_specialize` off, the default at D = 64), cuDNN's and SDPA flash's backward, in one
-process; and their gradients at ragged, GQA, fp16, Lq != Lk and strided shapes against float32
-autograd.
+preset, the default at D = 128, launch_defaults.warp_specialized; `reduced`: its five-product
+form, `reduce_dq`) against the Triton IR backward kernels (`warp_specialize` off, the default at
+D = 64), cuDNN's and SDPA flash's backward, in one process; and both Gluon forms' gradients at
+ragged, GQA, fp16, Lq != Lk and strided shapes against float32 autograd.
 
     python bench/gluon_backward.py build --out bench/bundles/gluon-bwd          # here (no GPU)
     python3 bench/gluon_backward.py run --bundles bench/bundles/gluon-bwd --out DIR   # on the GPU
@@ -11,7 +11,7 @@ Checks: bench/warp_specialized.py's CHECKS shapes; the forward (the default bund
 lse, the Gluon backward the gradients of sum(out * dO), compared with float32 autograd through the
 materialized attention (max |error| over max |gradient|, beside SDPA's own bf16/fp16 backward's).
 Timed: bf16, B*L = 16384, H = 16, D in {64, 128}, L in {2048, 8192}, full and causal; each
-backward from the same forward's out and lse (`gluon`, `ttir`) and the peers' as forward +
+backward from the same forward's out and lse (`gluon`, `reduced`, `ttir`) and the peers' as forward +
 backward less forward, in five alternating rounds, medians of triton.testing.do_bench; FLOPs 2.5x
 the forward's 4 B H L^2 D (half for causal). With `--baseline DIR`, DIR's `gluon` bundles (another
 version's build) are timed too, alternating with these, as `gluon baseline`. `gluon dkdv` and
@@ -32,7 +32,9 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 from warp_specialized import CHECKS, HEADS, ROUNDS, _attention, _inputs, _timed_cases  # noqa: E402
 
-BUILDS = {"gluon": {"warp_specialize": True}, "ttir": {"warp_specialize": False}}
+BUILDS = {"gluon": {"warp_specialize": True, "reduce_dq": False},
+          "reduced": {"warp_specialize": True, "reduce_dq": True}, "ttir": {"warp_specialize": False}}
+CHECKED = ("gluon", "reduced")  # the builds whose gradients are checked at CHECKS' shapes
 
 
 def build(out: str) -> None:
@@ -43,7 +45,7 @@ def build(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     shapes = [(name, batch, HEADS, HEADS, length, length, dim, causal, "bfloat16", builds)
               for name, batch, length, dim, causal in _timed_cases() for builds in [BUILDS]]
-    shapes += [(f"check_{c[0]}",) + c[1:9] + ({"gluon": BUILDS["gluon"]},) for c in CHECKS]
+    shapes += [(f"check_{c[0]}",) + c[1:9] + ({label: BUILDS[label] for label in CHECKED},) for c in CHECKS]
     for name, batch, heads, kv_heads, lq, lk, dim, causal, dtype, builds in shapes:
         q = torch.empty(batch, heads, lq, dim, dtype=getattr(torch, dtype), device="meta")
         kv = torch.empty(batch, kv_heads, lk, dim, dtype=getattr(torch, dtype), device="meta")
@@ -89,24 +91,26 @@ def _check(bundles: str, doc: dict) -> None:
 
     for i, (name, batch, heads, kv_heads, lq, lk, dim, causal, dtype, layout) in enumerate(CHECKS):
         fwd = runtime.Bundle.load(os.path.join(bundles, f"check_{name}.fwd.json"))
-        bwd = runtime.Bundle.load(os.path.join(bundles, f"check_{name}.gluon.json"))
         q, k, v = _inputs(batch, heads, kv_heads, lq, lk, dim, getattr(torch, dtype), layout, 200 + i)
         d_out = torch.randn_like(q)
         out, lse = runtime.launch(fwd, q, k, v)
-        # The gradients the runtime allocates are contiguous: the inputs decide the variant.
-        aligned = runtime.aligned_ok(bwd, {"q": q, "k": k, "v": v, "do": d_out, "out": out, "lse": lse})
-        grads = _backward(bwd, q, k, v, d_out, out, lse)
-        torch.cuda.synchronize()
         want = _float_grads(q, k, v, d_out, causal)
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         sdpa = torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=causal,
                                                                   enable_gqa=heads != kv_heads), leaves, d_out)
-        rec = {"name": name, "B": batch, "H": heads, "Hkv": kv_heads, "Lq": lq, "Lk": lk, "D": dim, "causal": causal,
-               "dtype": dtype, "layout": layout, "variant": bwd.variants["aligned" if aligned else "generic"].ir,
-               "max_rel_err": _relative([grads["dq"], grads["dk"], grads["dv"]], want),
-               "sdpa_max_rel_err": _relative(sdpa, want)}
-        doc["checks"].append(rec)
-        print("check", rec, flush=True)
+        for label in CHECKED:
+            bwd = runtime.Bundle.load(os.path.join(bundles, f"check_{name}.{label}.json"))
+            # The gradients the runtime allocates are contiguous: the inputs decide the variant.
+            aligned = runtime.aligned_ok(bwd, {"q": q, "k": k, "v": v, "do": d_out, "out": out, "lse": lse})
+            grads = _backward(bwd, q, k, v, d_out, out, lse)
+            torch.cuda.synchronize()
+            rec = {"name": name, "build": label, "B": batch, "H": heads, "Hkv": kv_heads, "Lq": lq, "Lk": lk,
+                   "D": dim, "causal": causal, "dtype": dtype, "layout": layout,
+                   "variant": bwd.variants["aligned" if aligned else "generic"].ir,
+                   "max_rel_err": _relative([grads["dq"], grads["dk"], grads["dv"]], want),
+                   "dq_rel_err": _relative([grads["dq"]], want[:1]), "sdpa_max_rel_err": _relative(sdpa, want)}
+            doc["checks"].append(rec)
+            print("check", rec, flush=True)
 
 
 def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
@@ -130,6 +134,8 @@ def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
             bundle = runtime.Bundle.load(os.path.join(bundles, f"{name}.{label}.json"))
             grads[label] = _backward(bundle, q, k, v, d_out, out, lse)
             engines[label] = lambda bundle=bundle: _backward(bundle, q, k, v, d_out, out, lse)
+            if label == "reduced":
+                continue
             # The dK/dV kernel alone (the dQ kernel, which writes its delta, left out): the dQ
             # kernel's time is the difference.
             alone = dataclasses.replace(bundle, stages=[])
@@ -156,10 +162,14 @@ def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
                "tflops": {label: flops / m * 1e-9 for label, m in ms.items()}, "rounds_ms": times,
                "gluon_vs_ttir_grads": _relative([grads["gluon"][r] for r in ("dq", "dk", "dv")],
                                                 [grads["ttir"][r].float() for r in ("dq", "dk", "dv")]),
-               "gluon_over_cudnn": ms["cudnn"] / ms["gluon"], "gluon_over_ttir": ms["ttir"] / ms["gluon"]}
+               "reduced_vs_gluon_grads": _relative([grads["reduced"][r] for r in ("dq", "dk", "dv")],
+                                                   [grads["gluon"][r].float() for r in ("dq", "dk", "dv")]),
+               "gluon_over_cudnn": ms["cudnn"] / ms["gluon"], "reduced_over_cudnn": ms["cudnn"] / ms["reduced"],
+               "gluon_over_ttir": ms["ttir"] / ms["gluon"]}
         doc["cases"].append(rec)
         print(name, " ".join(f"{label} {tf:.0f}" for label, tf in rec["tflops"].items()),
-              f"x cudnn {rec['gluon_over_cudnn']:.3f} x ttir {rec['gluon_over_ttir']:.3f}", flush=True)
+              f"x cudnn {rec['gluon_over_cudnn']:.3f} reduced x cudnn {rec['reduced_over_cudnn']:.3f} "
+              f"x ttir {rec['gluon_over_ttir']:.3f}", flush=True)
         harness.save(doc, out_dir, "gluon-backward.json")
 
 

@@ -20,6 +20,10 @@ With `backward=true` it writes the backward instead, as two stubs in launch orde
 (`passes/gluon/attention_backward.py`): `<name>_bwd_dq`, which also writes delta, and
 `<name>_bwd_dkdv`, each taking host descriptors over q, k, v and do, then its pointers and their
 strides (`backward_labels`); the backward preset takes it only when `warp_specialize` is asked for.
+With `reduce-dq=true` the backward is the five-product form instead
+(`passes/gluon/attention_backward_fused.py`): `<name>_bwd_delta` (delta, and the float32 dQ sums
+zeroed), `<name>_bwd_dkdvdq` (the dK/dV kernel that also adds dS K into the sums by TMA
+reduce-adds, through a `dq_sums.tma` descriptor) and `<name>_bwd_convert` (dQ from the sums).
 
 What it takes (anything else is a located error; the triton preset picks this pass only where
 `presets.read_problem` found `simple_mask`): bf16 or f16 q, k, v of one type; Dk = Dv in {64,
@@ -149,14 +153,20 @@ def instance(func, pingpong: bool, programs: int = 0, wave_programs: int = 0) ->
     return Instance(element, dim, constants, (min(items, programs) if programs else items, 1, 1))
 
 
-def backward_instances(func) -> list[tuple[str, Instance]]:
-    """The backward's kernels ("dq", then "dkdv") as the pass instantiates them for the L0
-    function; a located CompileError where it cannot."""
-    from .gluon import attention_backward as bwd
+def backward_instances(func, reduce_dq: bool = False) -> list[tuple[str, Instance]]:
+    """The backward's kernels as the pass instantiates them for the L0 function, in launch order:
+    "dq" and "dkdv", or with `reduce_dq` "delta", "dkdvdq" and "convert"; a located CompileError
+    where it cannot."""
+    from .gluon import attention_backward as bwd, attention_backward_fused as fused
 
     m = match(func)
     element, batch, heads, group, seq_q, seq_k, dim = _check_types(m)
     kv_heads = heads // group
+    if reduce_dq:
+        return [(kernel, Instance(element, dim,
+                                  fused.kernel_constants(kernel, heads, kv_heads, seq_q, seq_k, dim, m.scale, m.causal),
+                                  fused.grid(kernel, batch, heads, kv_heads, seq_q, seq_k)))
+                for kernel in fused.KERNELS]
     return [(kernel, Instance(element, dim,
                               bwd.kernel_constants(kernel, heads, kv_heads, seq_q, seq_k, m.scale, m.causal),
                               bwd.grid(kernel, batch, heads, kv_heads, seq_q, seq_k)))
@@ -183,15 +193,19 @@ def kernel_labels() -> list[str]:
 
 
 def backward_labels(kernel: str) -> list[str]:
-    """A backward kernel's argument labels: the q, k, v and do descriptors, each followed by the
-    tensor's four sizes and four strides, then its pointers with their strides."""
-    from .gluon.attention_backward import DESCRIPTORS, pointer_args
+    """A backward kernel's argument labels: its descriptors, each followed by the tensor's four
+    sizes and four strides, then its pointers with their strides."""
+    from .gluon import attention_backward as bwd, attention_backward_fused as fused
 
+    if kernel in fused.KERNELS:
+        roles, pointers = [role for role, _, _ in fused.descriptors(kernel, "bf16", 128)], fused.pointer_args(kernel)
+    else:
+        roles, pointers = bwd.DESCRIPTORS, bwd.pointer_args(kernel)
     labels = []
-    for role in DESCRIPTORS:
+    for role in roles:
         label = abi.descriptor_label(role)
         labels += [label] + [f"{label}.size{d}" for d in range(4)] + [f"{label}.stride{d}" for d in range(4)]
-    for role, strides in pointer_args(kernel):
+    for role, strides in pointers:
         labels += [role] + [f"{role}.stride{d}" for d in range(strides)]
     return labels
 
@@ -231,6 +245,9 @@ class LowerToGluon(ModulePass):
                                    "products (FlashAttention-3's ping-pong schedule)")
     backward: bool = option(False, "the backward's kernels instead of the forward's: dQ (which writes delta) and "
                                    "dK/dV, in launch order")
+    reduce_dq: bool = option(False, "with backward: the five-product form, whose dK/dV kernel adds dQ into float32 "
+                                    "sums by TMA reduce-adds (in an order that varies between runs), between a "
+                                    "kernel that writes delta and zeroes the sums and one that converts them")
     programs: int = option(0, "the forward's grid: 0 for a program per query block of a batch entry and head, "
                               "N for at most N persistent programs, each taking one block a round")
     wave_programs: int = option(0, "the programs the GPU runs at once (its multiprocessors): a causal forward's "
@@ -245,6 +262,8 @@ class LowerToGluon(ModulePass):
     def apply(self, module_op) -> None:
         from mlir import ir
 
+        if self.reduce_dq and not self.backward:
+            raise CompileError("attn-lower-to-gluon: reduce-dq is an option of the backward (backward=true)")
         funcs = abi.functions(module_op)
         if len(funcs) != 1:
             raise CompileError(f"attn-lower-to-gluon lowers a module with one function, found {len(funcs)}")
@@ -262,12 +281,19 @@ class LowerToGluon(ModulePass):
         func.erase()
 
     def _backward(self, func, name: str) -> None:
-        from .gluon import attention_backward as bwd
+        from .gluon import attention_backward as bwd, attention_backward_fused as fused
 
         if self.pingpong or self.programs:
             raise fail(func, "asks for the backward with ping-pong or persistent programs, schedules of the forward "
                              "kernel only")
-        for kernel, inst in backward_instances(func):
-            block_m, block_n = (2 * bwd.HALF, bwd.DQ_BLOCK_N) if kernel == "dq" else (bwd.BLOCK_M, bwd.BLOCK_N)
+        for kernel, inst in backward_instances(func, self.reduce_dq):
+            if self.reduce_dq:
+                block_m, block_n = (bwd.BLOCK_M, bwd.BLOCK_N) if kernel == "dkdvdq" else (fused.SUM_ROWS, inst.dim)
+                registers = bwd.MAX_REGISTERS if kernel == "dkdvdq" else 0
+                ttgir = fused.compile_ttgir(kernel, inst.element, inst.dim, inst.constants)
+            else:
+                block_m, block_n = (2 * bwd.HALF, bwd.DQ_BLOCK_N) if kernel == "dq" else (bwd.BLOCK_M, bwd.BLOCK_N)
+                registers = bwd.MAX_REGISTERS
+                ttgir = bwd.compile_ttgir(kernel, inst.element, inst.dim, inst.constants)
             _stub(func, abi.backward_kernel_name(name, kernel), inst.grid, block_m, block_n, backward_labels(kernel),
-                  bwd.MAX_REGISTERS, bwd.compile_ttgir(kernel, inst.element, inst.dim, inst.constants))
+                  registers, ttgir)

@@ -69,7 +69,7 @@ def _launches(bundle: runtime.Bundle, tensors: dict, variant: str | None) -> lis
         return [(launch.kernel, launch.variant, launch.arguments(tensors))
                 for launch in runtime.launch_plan(bundle, tensors, "interpreter", tables_of)]
     launches = []
-    for kernel in bundle.stages + [bundle]:
+    for kernel in runtime.kernels(bundle, variant == "aligned"):
         picked = runtime.pick_variant(kernel, variant == "aligned")
         launches.append((kernel, picked, runtime.argument_values(picked, tensors, tables_of(kernel))))
     return launches
@@ -79,9 +79,11 @@ def _run_kernels(launches: list[tuple], tensors: dict, bundle: runtime.Bundle) -
     """Run the kernels in the interpreter on the tensors bound by role; returns each tensor's
     storage array by label (the kernels' results are written there)."""
     arrays = {}
+    gluon_launches = 0
     for kernel, picked, values in launches:
         if picked.ir == "ttgir":
-            _emulate_gluon(bundle, kernel.name, picked, values)
+            _emulate_gluon(bundle, gluon_launches, picked, values)
+            gluon_launches += 1
             arrays.update((label, _storage(value)) for label, value in zip(picked.args, values)
                           if isinstance(value, torch.Tensor))
             continue
@@ -101,22 +103,26 @@ def _run_kernels(launches: list[tuple], tensors: dict, bundle: runtime.Bundle) -
     return arrays
 
 
-def _emulate_gluon(bundle: runtime.Bundle, name: str, variant, values: list) -> None:
-    """attn-lower-to-gluon's kernel `name` (the forward's, or one of the backward's), instantiated
-    again from the bundle's L0 module and config as the pass did, run by the Gluon emulator with
-    the arguments Triton's launcher gets; it writes into the tensors themselves."""
+def _emulate_gluon(bundle: runtime.Bundle, index: int, variant, values: list) -> None:
+    """attn-lower-to-gluon's kernel `index` in launch order (the forward's, or one of the
+    backward's), instantiated again from the bundle's L0 module and config as the pass did, run
+    by the Gluon emulator with the arguments Triton's launcher gets; it writes into the tensors
+    themselves."""
     from gluon_emu import launch
 
     from ae_mlir.core.context import new_context, parse_module
     from ae_mlir.kernel_args import launcher_positions
-    from ae_mlir.passes.gluon import attention_backward, attention_forward
+    from ae_mlir.passes.gluon import attention_backward, attention_backward_fused, attention_forward
     from ae_mlir.passes.lower_to_gluon import backward_instances, instance
 
     module = parse_module(bundle.meta["l0"], new_context(), "l0.mlir")
     func = abi.functions(module)[0]
-    if bundle.meta.get("backward"):
-        part = abi.backward_part(name)
-        kernel = dict(backward_instances(func))[part]
+    if bundle.meta.get("backward") and bundle.meta["config"].get("reduce_dq"):
+        part, kernel = backward_instances(func, True)[index]
+        fn = attention_backward_fused.kernel_function(part)
+        blocks = [block for _, _, block in attention_backward_fused.descriptors(part, "bf16", kernel.dim)]
+    elif bundle.meta.get("backward"):
+        part, kernel = backward_instances(func)[index]
         fn, blocks = attention_backward.kernel_function(part), attention_backward.descriptor_blocks(part, kernel.dim)
     else:
         options = presets.options_for("triton", presets.read_problem(module), "cuda:90", **bundle.meta["config"])
@@ -124,4 +130,6 @@ def _emulate_gluon(bundle: runtime.Bundle, name: str, variant, values: list) -> 
         fn, blocks = attention_forward.attention_forward, attention_forward.descriptor_blocks(kernel.dim)
     if list(kernel.grid) != list(variant.grid):
         raise AssertionError(f"the bundle's grid {variant.grid} is not the pass's {list(kernel.grid)}")
-    launch(fn, variant.grid, [values[i] for i in launcher_positions(variant)], blocks, kernel.constants)
+    positions = launcher_positions(variant)
+    launch(fn, variant.grid, values if positions is None else [values[i] for i in positions], blocks,
+           kernel.constants)

@@ -302,6 +302,10 @@ class Pointer:
     def __add__(self, offsets):
         return Pointer(self.storage, self.offsets + offsets)
 
+    @property
+    def dtype(self):
+        return types.SimpleNamespace(element_ty=self.storage.dtype)
+
     __radd__ = __add__
 
 

@@ -123,42 +123,59 @@ def test_rows_of_far_negative_scores_stay_finite(causal, fused):
         assert (g.double() - want).abs().max().item() <= 2e-2 * (1 + want.abs().max().item())
 
 
+@pytest.mark.parametrize("reduce_dq", [False, True], ids=["two_kernels", "reduce_dq"])
 @pytest.mark.parametrize("mask, b, h, hkv, length, dtype", [
     (causal, 2, 4, 2, 150, torch.bfloat16),
     (None, 1, 2, 2, 140, torch.float16),
 ])
-def test_backward_bundle_runs_the_gluon_kernels_where_asked(mask, b, h, hkv, length, dtype):
+def test_backward_bundle_runs_the_gluon_kernels_where_asked(mask, b, h, hkv, length, dtype, reduce_dq):
     """build_backward_bundle with warp_specialize: both aligned variants are the Gluon kernels
-    (the general ones stay Triton IR), and run as the runtime binds them (the emulator for the
-    Gluon ones) they give float64 autograd's gradients, a logsumexp gradient included."""
+    (the general ones stay Triton IR; with reduce_dq the delta and five-product kernels in their
+    places and the conversion after them, launched with the aligned variants only), and run as
+    the runtime binds them (the emulator for the Gluon ones) they give float64 autograd's
+    gradients, a logsumexp gradient included."""
     torch.manual_seed(length)
     q, do = (torch.randn(b, length, h, 128, dtype=dtype).transpose(1, 2) for _ in range(2))
     k, v = (torch.randn(b, hkv, length, 128, dtype=dtype) for _ in range(2))
     dlse = torch.randn(b, h, length)
     attn = ae.attention(mask_mod=mask)
-    bundle = tb.build_backward_bundle(attn.mlir(q, k, v), "cuda:90", {"warp_specialize": True})
+    bundle = tb.build_backward_bundle(attn.mlir(q, k, v), "cuda:90", {"warp_specialize": True,
+                                                                       "reduce_dq": reduce_dq})
     kernels = bundle.stages + [bundle]
     assert [k.variants["aligned"].ir for k in kernels] == ["ttgir", "ttgir"]
     assert [k.variants["generic"].ir for k in kernels] == ["ttir", "ttir"]
+    assert [(s.only, list(s.variants)) for s in bundle.finish] == ([("aligned", ["aligned"])] if reduce_dq else [])
+    assert ("dq_sums" in [w.role for w in bundle.workspace]) == reduce_dq
+    assert bundle.meta["config"]["reduce_dq"] is reduce_dq
+    assert runtime.Bundle.from_json(bundle.to_json()) == bundle
     want_dq, want_dk, want_dv, out, lse = reference(q, k, v, do, dlse, mask is not None, 128 ** -0.5)
-    got = interpret_roles(bundle, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "do": do, "dlse": dlse})
-    for role, want in (("dq", want_dq), ("dk", want_dk), ("dv", want_dv)):
-        error = (got[role].double() - want).abs().max().item()
-        assert error <= 2e-2 * (1 + want.abs().max().item()), (role, error)
+    given = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "do": do, "dlse": dlse}
+    # The call's layout takes the aligned variants; the general ones (the conversion not
+    # launched) must give the same gradients.
+    for variant in (None, "generic"):
+        got = interpret_roles(bundle, given, variant)
+        for role, want in (("dq", want_dq), ("dk", want_dk), ("dv", want_dv)):
+            error = (got[role].double() - want).abs().max().item()
+            assert error <= 2e-2 * (1 + want.abs().max().item()), (variant, role, error)
 
 
 @pytest.mark.parametrize("dim, mask, expected", [(128, None, True), (128, causal, True), (64, None, False),
                                                   (64, causal, False)])
 def test_the_backward_takes_it_at_head_dim_128(dim, mask, expected):
     """The Gluon backward is the default where it ran ahead of the Triton IR kernels on an H100
-    (launch_defaults.warp_specialized); ping-pong and the persistent grid are the forward's."""
+    (launch_defaults.warp_specialized), in its five-product form (launch_defaults.reduced_dq);
+    ping-pong and the persistent grid are the forward's."""
     text = ae.attention(mask_mod=mask).mlir(*(torch.empty(8, 16, 2048, dim, dtype=torch.bfloat16, device="meta")
                                               for _ in range(3)))
     problem = presets.read_problem(parse_module(text, new_context(), "l0.mlir"))
     options = presets.options_for("triton", problem, "cuda:90", backward=True)
-    assert options.warp_specialize is expected
+    assert options.warp_specialize is expected and options.reduce_dq is expected
     assert not options.persistent and not options.pingpong
-    assert presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=False).warp_specialize is False
+    assert not presets.options_for("triton", problem, "cuda:90", warp_specialize=expected).reduce_dq
+    off = presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=False)
+    assert off.warp_specialize is False and off.reduce_dq is False
+    two = presets.options_for("triton", problem, "cuda:90", backward=True, reduce_dq=False)
+    assert two.warp_specialize is expected and two.reduce_dq is False
     with pytest.raises(CompileError, match="'pingpong' is a schedule of the forward kernel"):
         presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=True, pingpong=True)
 
@@ -170,7 +187,8 @@ def test_runtime_compiles_the_bundles_kernels_for_sm90(mask):
     products, and ptxas's spills: none in the dQ kernel; the dK/dV kernel's consumers hold four
     tile accumulators and reload a few scalars per query block (0-160 bytes across shapes)."""
     meta = [torch.empty(2, h, 1000, 128, dtype=torch.bfloat16, device="meta") for h in (8, 2, 2)]
-    bundle = tb.build_backward_bundle(ae.attention(mask_mod=mask).mlir(*meta), "cuda:90", {"warp_specialize": True})
+    bundle = tb.build_backward_bundle(ae.attention(mask_mod=mask).mlir(*meta), "cuda:90",
+                                      {"warp_specialize": True, "reduce_dq": False})
     for kernel in bundle.stages + [bundle]:
         compiled = runtime.compile_variant(kernel.variants["aligned"], "cuda:90", kernel.num_warps, kernel.num_stages)
         ptx = compiled.asm["ptx"]
@@ -180,33 +198,34 @@ def test_runtime_compiles_the_bundles_kernels_for_sm90(mask):
         assert ptxas_spill_bytes(ptx) <= (256 if kernel is bundle else 0), kernel.name
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_fused_kernel_compiles_for_sm90_with_tma_reduce_adds(causal):
-    """The five-product kernel compiled here as the probe JIT-compiles it on the GPU: five tile
-    products a query block (four of the dK/dV kernel and dS K in two halves), dQ added by TMA
-    reduce-adds (no per-element atomics), its shared memory within the H100's 227 KiB."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
+@pytest.mark.parametrize("mask", [None, causal])
+def test_runtime_compiles_the_reduced_dq_kernels_for_sm90(mask):
+    """With reduce_dq, what the runtime compiles on the GPU, compiled here: the delta kernel,
+    the five-product kernel (its dQ added by TMA reduce-adds, no per-element atomics; five
+    descriptors, the dQ sums' in 64 x 32 float32 boxes; within the H100's 227 KiB of shared
+    memory; ptxas spills 40-340 bytes across shapes, a few scalars reloaded per query block as in
+    the dK/dV kernel) and the conversion."""
+    meta = [torch.empty(2, h, 1000, 128, dtype=torch.bfloat16, device="meta") for h in (8, 2, 2)]
+    bundle = tb.build_backward_bundle(ae.attention(mask_mod=mask).mlir(*meta), "cuda:90",
+                                      {"warp_specialize": True, "reduce_dq": True})
+    compiled = [runtime.compile_variant(k.variants["aligned"], "cuda:90", k.num_warps, k.num_stages)
+                for k in runtime.kernels(bundle, True)]
+    delta, fused, convert = (c.asm["ptx"] for c in compiled)
+    assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add" in fused
+    assert not any(op in fused for op in ("atom.global", "red.global"))
+    assert [m["block_size"] for m in compiled[1].metadata.tensordesc_meta] == [[1, 1, 64, 64]] * 4 + [[1, 1, 64, 32]]
+    assert compiled[1].metadata.shared <= 227 * 1024 and ptxas_spill_bytes(fused) <= 384
+    assert "wgmma" not in delta + convert and "st.global" in delta and "st.global" in convert
 
-    from ae_mlir.passes.gluon.compile import descriptor_type
 
-    signature = {f"{role}_desc": descriptor_type("bf16", block)
-                 for role, block in zip(ab.DESCRIPTORS, ab.descriptor_blocks("dkdv", 128))}
-    layout = gl.NVMMASharedLayout.get_default_for([1, 1, 64, 64], gl.float32)
-    signature["dq_desc"] = f"tensordesc<fp32[1, 1, 64, 64],{layout!r}>"
-    for role, strides in (("lse", 2), ("delta", 2), ("dk", 3), ("dv", 3)):
-        signature[f"{role}_ptr"] = "*fp32" if role in ("lse", "delta") else "*bf16"
-        signature.update({f"{role}_stride{d}": "i32" for d in range(strides)})
-    constants = ab.kernel_constants("dkdv", 16, 16, 2048, 2048, 128 ** -0.5, causal)
-    signature.update({name: "constexpr" for name in constants})
-    source = GluonASTSource(af.attention_backward_fused, signature, constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
-    ptx = compiled.asm["ptx"]
-    assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add" in ptx
-    assert "atom.global" not in ptx and "red.global" not in ptx
-    # Each consumer's masked and unmasked paths: S^T, dP^T, dV, dK and dQ's two halves.
-    assert ptx.count("wgmma.mma_async") >= 2 * 2 * 6
-    assert compiled.metadata.shared <= 227 * 1024
-    assert ptxas_spill_bytes(ptx) <= 256
+def test_deterministic_algorithms_take_the_two_kernel_backward():
+    """Under torch.use_deterministic_algorithms a call's backward asks for the form whose dQ has
+    the same bits every run (no reduce-adds); otherwise the preset's default stands."""
+    q, k, v = (torch.randn(1, 2, 128, 128, dtype=torch.bfloat16) for _ in range(3))
+    text = ae.attention(mask_mod=causal).mlir(q, k, v)
+    assert "reduce_dq" not in (tb.backward_call_config(text, "cuda:90", {"q": q, "k": k, "v": v}) or {})
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert tb.backward_call_config(text, "cuda:90", {"q": q, "k": k, "v": v}) == {"reduce_dq": False}
+    finally:
+        torch.use_deterministic_algorithms(False)

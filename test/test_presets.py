@@ -5,6 +5,7 @@ of `ae-opt --pipeline=cpu` is what the CPU backend hands to the JIT."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import launch_defaults, presets
+from ae_mlir import launch_defaults, presets, runtime
 from ae_mlir.backends import cpu
 from ae_mlir.backends import triton as tb
 from ae_mlir.core.context import CompileError, new_context, parse_module
@@ -76,15 +77,30 @@ def test_triton_cli_prints_the_bundles_triton_ir(name, tmp_path):
     assert got.rstrip("\n") == expected.rstrip("\n")
 
 
-def test_triton_cli_prints_the_gluon_backward_the_bundle_runs(tmp_path):
+@pytest.mark.parametrize("reduce_dq", [False, True])
+def test_triton_cli_prints_the_gluon_backward_the_bundle_runs(tmp_path, reduce_dq):
     """With warp-specialize on, the backward's aligned variants are attn-lower-to-gluon's Triton
-    GPU IR kernels, and `ae-opt` prints them."""
+    GPU IR kernels, and `ae-opt` prints them: with reduce-dq the three the aligned variants
+    launch (the conversion after the bundle's own kernel)."""
     text = MODULES["causal-bf16-d128"]
-    bundle = tb.build_backward_bundle(text, "cuda:90", {"warp_specialize": True})
-    expected = "// -----\n".join(k.variants["aligned"].ttir for k in bundle.stages + [bundle])
-    got = ae_opt(_write(tmp_path, text), "--pipeline=triton{backward=true warp-specialize=true}", "--emit=ttir")
+    bundle = tb.build_backward_bundle(text, "cuda:90", {"warp_specialize": True, "reduce_dq": reduce_dq})
+    expected = "// -----\n".join(k.variants["aligned"].ttir for k in runtime.kernels(bundle, True))
+    got = ae_opt(_write(tmp_path, text), f"--pipeline=triton{{backward=true warp-specialize=true "
+                                         f"reduce-dq={str(reduce_dq).lower()}}}", "--emit=ttir")
     assert got.rstrip("\n") == expected.rstrip("\n")
-    assert expected.count("ttg.warp_specialize") == 2
+    assert expected.count("ttg.warp_specialize") == (1 if reduce_dq else 2)
+    assert ("ttng.async_tma_reduce add" in expected) == reduce_dq
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"reduce_dq": True}, "preset option 'reduce-dq' is a form of attn-lower-to-gluon's backward; it needs 'backward' "
+                          "and 'warp-specialize'"),
+    ({"reduce_dq": True, "backward": True, "warp_specialize": False}, "it needs 'backward' and 'warp-specialize'"),
+])
+def test_reduce_dq_needs_the_gluon_backward(config, message):
+    problem = presets.read_problem(parse_module(MODULES["causal-bf16-d128"], new_context(), "l0.mlir"))
+    with pytest.raises(CompileError, match=re.escape(message)):
+        presets.options_for("triton", problem, "cuda:90", **config)
 
 
 @pytest.mark.parametrize("name", list(MODULES))

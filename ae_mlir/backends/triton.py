@@ -135,17 +135,23 @@ def kernel_variant(module, kernel, aligned: bool) -> runtime.KernelVariant:
 
 def _lower_gluon(l0_text: str, options, generic: list) -> list[tuple[runtime.KernelVariant, dict]]:
     """The aligned variants from attn-lower-to-gluon: Triton GPU IR kernels in place of the general
-    variant's (the forward's one, the backward's two), each with its own grid and register cap."""
+    variant's (the forward's one, the backward's two), each with its own grid and register cap;
+    the five-product backward's third kernel (its facts only a name) after them."""
     from .. import presets
 
     module = _parse_l0(l0_text)
     _run(presets.pipeline_text("triton", options), module, "attn-lower-to-gluon failed")
     kernels = kernel_ops(module)
     names = [facts["name"] for _, facts in generic]
-    if [abi.name(kernel) for kernel in kernels] != names:
-        raise CompileError(f"attn-lower-to-gluon made kernels {[abi.name(k) for k in kernels]}, the general "
-                           f"variant has {names}")
-    return [(kernel_variant(module, kernel, True), facts) for kernel, (_, facts) in zip(kernels, generic)]
+    made = [abi.name(kernel) for kernel in kernels]
+    # The five-product backward's kernels (delta, fused, convert) stand in for the general
+    # variant's two (dQ, dK/dV), the last launched after them (Bundle.finish).
+    expected = names if not options.reduce_dq else [abi.backward_kernel_name(names[0].rpartition("_bwd_")[0], part)
+                                                    for part in ("delta", "dkdvdq", "convert")]
+    if made != expected:
+        raise CompileError(f"attn-lower-to-gluon made kernels {made}, the general variant has {names}")
+    facts = [f for _, f in generic] + [{"name": name} for name in made[len(generic):]]
+    return [(kernel_variant(module, kernel, True), f) for kernel, f in zip(kernels, facts)]
 
 
 def _variants(l0_text: str, l1_text: str, options, general, report) -> tuple[list, list]:
@@ -244,6 +250,13 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         l1_text = module.operation.get_asm(enable_debug_info=True)
         variants = _variants(l0_text, l1_text, options, general, report)
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
+    # Aligned kernels past the general variant's (the five-product form's conversion) run last,
+    # with the aligned variants alone; their float32 dQ sums are the bundle's workspace too.
+    finish = [runtime.Stage(facts["name"], list(aligned.grid), {"aligned": aligned}, 4, 1, only="aligned")
+              for aligned, facts in variants[0][len(variants[1]):]]
+    if finish:
+        q_spec = next(spec for spec in inputs if spec.role == "q")
+        workspace.append(runtime.TensorSpec(abi.DQ_SUMS, list(q_spec.shape), "float32"))
     stages = [runtime.Stage(facts["name"], facts["grid"], {"aligned": aligned, "generic": generic},
                             *options.kernel_launch(facts["name"], facts["chunk_stage"]), facts["tables"])
               for aligned, generic, facts in kernels[:-1]]
@@ -259,7 +272,7 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         name=facts["name"], grid=facts["grid"], inputs=inputs, outputs=outputs,
         variants={"aligned": aligned, "generic": generic}, tables=facts["tables"],
         num_warps=warps, num_stages=n_stages, block_m=options.block_m,
-        block_n=options.block_n, target=target, meta=meta, stages=stages, workspace=workspace)
+        block_n=options.block_n, target=target, meta=meta, stages=stages, workspace=workspace, finish=finish)
 
 
 def compile_bundle(attn, q, k, v, *, target: str = "cuda:90", config: dict | None = None,
@@ -346,13 +359,25 @@ def get_backward_bundle(l0_text: str, target: str, input_precision: str = "ieee"
     return bundle
 
 
+def backward_call_config(module_text: str, target: str, tensors: dict) -> dict | None:
+    """A call's overrides of the backward preset: the tiles its call-time tables ask for, and,
+    where torch.use_deterministic_algorithms is on, the form whose dQ is the same bits every run
+    (reduce_dq off: launch_defaults.reduced_dq)."""
+    import torch
+
+    tiles = backward_call_time_tiles(module_text, target, tensors)
+    if torch.are_deterministic_algorithms_enabled():
+        return dict(tiles or {}, reduce_dq=False)
+    return tiles
+
+
 def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, autotune: bool = False) -> dict:
     """dq, dk and dv (by role) of an L0 module from its backward kernels, on CUDA/ROCm tensors
     given by role (q, k, v, c<i>, do, and for softmax out, lse, dlse), and with `closure_grads`
     the closure tensors' gradients dc<i>; with `autotune`, the bundle of the fastest candidate
     configuration (`triton_tuning.tuned_backward_bundle`)."""
     target = runtime.current_target(tensors["q"].device)
-    tiles = backward_call_time_tiles(module_text, target, tensors)
+    tiles = backward_call_config(module_text, target, tensors)
     if autotune:
         from .triton_tuning import tuned_backward_bundle
 

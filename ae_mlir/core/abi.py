@@ -81,7 +81,9 @@ BACKWARD_OUTPUTS = ("dq", "dk", "dv")
 # Per-row statistics [B, H, L]: their row stride is L, which need not be a multiple of 16.
 ROW_STATS = ("lse", "dlse", "delta", "rscale", "rowmax", "maxkey", "dmax")
 # Tensors the runtime binds by role (strides, alignment checks).
-STREAMS = INPUTS + ("out", "lse", "state", "do") + ROW_STATS[1:] + ("dq", "dk", "dv")
+# The float32 sums the five-product backward adds dQ into (TMA reduce-adds), then converts.
+DQ_SUMS = "dq_sums"
+STREAMS = INPUTS + ("out", "lse", "state", "do") + ROW_STATS[1:] + ("dq", "dk", "dv", DQ_SUMS)
 # A packed variable-length batch ([1, H, T(, D)] tensors read through cu_seqlens offsets) compiles
 # for any total row count T: dimension PACKED_ROWS_DIM of these roles may be dynamic (`?`), and
 # takes the rows of the packed keys (KEY_ROWS) or of the packed queries (the others).

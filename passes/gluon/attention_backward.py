@@ -104,11 +104,51 @@ def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_e
 
 
 @gluon.jit
+def kv_walk(KV_HEADS: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, CAUSAL: gl.constexpr):
+    # (batch, KV head, first key, first query block, query blocks, diagonal blocks) of a dK/dV
+    # program: a 1-D grid whose programs walk a KV head's blocks in turn (in order: the first
+    # keys, which the most causal queries see, first), so the programs in flight share its
+    # queries through L2. Sections of heads (the forward's order) in this kernel and the dQ one
+    # ran 1-4% slower on an H100 (bench/results/h100-gluon-backward-2026-12-06-sections.json), so
+    # a section is one head.
+    n_kv = gl.cdiv(SEQ_K, 2 * HALF_N)
+    kv_block, batch, kv_head = query_item(gl.program_id(0), n_kv, KV_HEADS, gl.num_programs(0) // n_kv, 1, False)
+    kv_first = kv_block * (2 * HALF_N)
+    blocks = gl.cdiv(SEQ_Q, TILE_M)
+    if CAUSAL:
+        first_block = kv_first // TILE_M
+        n_blocks = blocks - first_block
+        # The first two query blocks of a head's walk cross the program's 128 keys' diagonal.
+        diagonal = gl.minimum(n_blocks, 2 * HALF_N // TILE_M)
+    else:
+        first_block = 0
+        n_blocks = blocks
+        diagonal = 0
+    return batch, kv_head, kv_first, first_block, n_blocks, diagonal
+
+
+@gluon.jit
+def store_dkdv(HALF_INDEX: gl.constexpr, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first,
+               seq_k, sm_scale, acc_layout: gl.constexpr):
+    # A consumer's 64 rows of dK (scaled by the softmax scale) and dV; rows past the keys' end
+    # are not stored.
+    HEAD_DIM: gl.constexpr = dk.shape[1]
+    dtype: gl.constexpr = dk_ptr.dtype.element_ty
+    rows = kv_first + HALF_INDEX * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    keep = (rows < seq_k)[:, None]
+    dk_base = dk_ptr + batch.to(gl.int64) * dk_strides[0] + kv_head.to(gl.int64) * dk_strides[1]
+    gl.store(dk_base + rows.to(gl.int64)[:, None] * dk_strides[2] + cols[None, :], (dk * sm_scale).to(dtype),
+             mask=keep)
+    dv_base = dv_ptr + batch.to(gl.int64) * dv_strides[0] + kv_head.to(gl.int64) * dv_strides[1]
+    gl.store(dv_base + rows.to(gl.int64)[:, None] * dv_strides[2] + cols[None, :], dv.to(dtype), mask=keep)
+
+
+@gluon.jit
 def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty,
               do_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch,
               kv_head, kv_first, first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale):
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
-    dtype: gl.constexpr = k_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, TILE_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -130,15 +170,8 @@ def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar,
             dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                                 delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
                                 g * n_blocks + i, k_rows, dk, dv, seq_q, qk_scale, False, st_layout, op_layout)
-
-    rows = kv_first + HALF_INDEX * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    keep = (rows < seq_k)[:, None]
-    dk_base = dk_ptr + batch.to(gl.int64) * dk_strides[0] + kv_head.to(gl.int64) * dk_strides[1]
-    gl.store(dk_base + rows.to(gl.int64)[:, None] * dk_strides[2] + cols[None, :], (dk * sm_scale).to(dtype),
-             mask=keep)
-    dv_base = dv_ptr + batch.to(gl.int64) * dv_strides[0] + kv_head.to(gl.int64) * dv_strides[1]
-    gl.store(dv_base + rows.to(gl.int64)[:, None] * dv_strides[2] + cols[None, :], dv.to(dtype), mask=keep)
+    store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
+               acc_layout)
 
 
 # Partition functions take no constexpr arguments, so each warpgroup's half is its own function.
@@ -166,23 +199,7 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
                             dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
                             SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                             SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
-    # A 1-D grid whose programs walk a KV head's blocks in turn (in order: the first keys, which
-    # the most causal queries see, first), so the programs in flight share its queries through L2.
-    # Sections of heads (the forward's order) in this kernel and the dQ one ran 1-4% slower on an
-    # H100 (bench/results/h100-gluon-backward-2026-12-06-sections.json), so a section is one head.
-    n_kv = gl.cdiv(SEQ_K, 2 * HALF_N)
-    kv_block, batch, kv_head = query_item(gl.program_id(0), n_kv, KV_HEADS, gl.num_programs(0) // n_kv, 1, False)
-    kv_first = kv_block * (2 * HALF_N)
-    blocks = gl.cdiv(SEQ_Q, TILE_M)
-    if CAUSAL:
-        first_block = kv_first // TILE_M
-        n_blocks = blocks - first_block
-        # The first two query blocks of a head's walk cross the program's 128 keys' diagonal.
-        diagonal = gl.minimum(n_blocks, 2 * HALF_N // TILE_M)
-    else:
-        first_block = 0
-        n_blocks = blocks
-        diagonal = 0
+    batch, kv_head, kv_first, first_block, n_blocks, diagonal = kv_walk(KV_HEADS, SEQ_Q, SEQ_K, CAUSAL)
 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
@@ -393,19 +410,8 @@ def kernel_constants(kernel: str, heads: int, kv_heads: int, seq_q: int, seq_k: 
 def compile_ttgir(kernel: str, element: str, dim: int, constants: dict) -> str:
     """The kernel ("dq" or "dkdv") instantiated with `constants` and compiled for sm90: its Triton
     GPU IR. `element` is Triton's name of q's type (bf16, fp16)."""
-    from .compile import descriptor_type, gluon_ttgir
+    from .compile import backward_ttgir
 
-    signature = {f"{role}_desc": descriptor_type(element, block)
-                 for role, block in zip(DESCRIPTORS, descriptor_blocks(kernel, dim))}
-    # The aligned layout (kernel_args.aligned_ok): every pointer 16-byte aligned, and the strides
-    # of all but the row statistics in 16-element multiples, so those loads and stores are
-    # vectors; the row statistics' row strides are any (L = 1000 gives 1000).
-    divisible = []
-    for role, strides in _POINTERS[kernel]:
-        name = "o" if role == "out" else role
-        signature[f"{name}_ptr"] = "*fp32" if role in _ROW_STATS else f"*{element}"
-        # i32 strides (kernel_args.aligned_ok checks that they fit): half the registers of i64
-        # ones, which the dK/dV kernel's consumers, holding four tile accumulators, are short of.
-        signature.update({f"{name}_stride{d}": "i32" for d in range(strides)})
-        divisible += [f"{name}_ptr"] + ([] if role in _ROW_STATS else [f"{name}_stride{d}" for d in range(strides)])
-    return gluon_ttgir(kernel_function(kernel), signature, constants, divisible, NUM_WARPS, MAX_REGISTERS)
+    descriptors = [(role, element, block) for role, block in zip(DESCRIPTORS, descriptor_blocks(kernel, dim))]
+    return backward_ttgir(kernel_function(kernel), element, descriptors, _POINTERS[kernel], _ROW_STATS, constants,
+                          NUM_WARPS, MAX_REGISTERS)

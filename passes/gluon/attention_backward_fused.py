@@ -3,17 +3,17 @@ kernel of `attention_backward.py` also forms each query block's dQ share, dS K, 
 a float32 buffer through TMA's reduce-add, as FlashAttention-3 does. The two-kernel form
 recomputes S and dP for dQ: seven products where this does five, at the price of the adds
 (their order, so dQ's last bits, varies between runs), of zeroing the buffer and of converting
-it. `attn-lower-to-gluon` does not emit it yet (a bundle's aligned and general variants launch
-the same kernels; this form needs a kernel before and one after it): bench/fused_backward_probe.py
-runs it, and the tests run it in the emulator.
+it. `attn-lower-to-gluon{backward=true reduce-dq=true}` emits it between the two other kernels
+of this module, `attention_backward_delta` (delta, and the sums zeroed) and
+`attention_backward_convert` (dQ from the sums), the backward's default at D = 128
+(launch_defaults.reduced_dq).
 
 A program owns 128 keys of one KV head (two consumer warpgroups of 64). Per query block of 64
 rows each consumer computes S^T, dP^T, P^T and dS^T for its keys and adds P^T dO into dV and
 dS^T Q into dK, as the dK/dV kernel does; then it stores dS^T to shared memory, and once both
 halves are there (an mbarrier both consumers arrive on) it computes its half of dQ's columns,
 dS (64 x 128 keys) times those columns of K, stages them in shared memory and hands them to a
-TMA reduce-add into the buffer (two staging buffers a consumer, blocks alternating). Its caller
-computes delta = rowsum(dO * O) - dlse and zeroes the buffer first, and dQ = buffer * scale after.
+TMA reduce-add into the buffer (two staging buffers a consumer, blocks alternating).
 Per-element atomics from the registers in place of the reduce-adds ran at 0.80-0.84x of this
 kernel's speed on an H100 (bench/RESULTS.md).
 
@@ -27,8 +27,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .attention_backward import HALF_N, LOG2E, TILE_M, _loader, _row_stat
-from .pipeline import NUM_STAGES, async_reduce_add, matrix, query_item, rings
+from .attention_backward import HALF_N, LOG2E, TILE_M, _loader, _row_stat, kv_walk, store_dkdv
+from .pipeline import NUM_STAGES, async_reduce_add, matrix, rings
 
 
 @gluon.jit
@@ -96,7 +96,6 @@ def _fused_consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, d
                     delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first, first_block,
                     n_blocks, masked, group, seq_q, seq_k, qk_scale, sm_scale, causal):
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
-    dtype: gl.constexpr = k_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, TILE_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -122,15 +121,8 @@ def _fused_consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, d
                                  dv, seq_q, seq_k, qk_scale, causal, False, st_layout, op_layout, dq_layout)
     # The shared memory must outlive the reductions that read it.
     tma.store_wait(0)
-
-    rows = kv_first + HALF_INDEX * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    keep = (rows < seq_k)[:, None]
-    dk_base = dk_ptr + batch.to(gl.int64) * dk_strides[0] + kv_head.to(gl.int64) * dk_strides[1]
-    gl.store(dk_base + rows.to(gl.int64)[:, None] * dk_strides[2] + cols[None, :], (dk * sm_scale).to(dtype),
-             mask=keep)
-    dv_base = dv_ptr + batch.to(gl.int64) * dv_strides[0] + kv_head.to(gl.int64) * dv_strides[1]
-    gl.store(dv_base + rows.to(gl.int64)[:, None] * dv_strides[2] + cols[None, :], dv.to(dtype), mask=keep)
+    store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
+               acc_layout)
 
 
 @gluon.jit
@@ -156,23 +148,12 @@ def _fused_upper(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_r
 
 
 @gluon.jit
-def attention_backward_fused(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, lse_stride0, lse_stride1, delta_ptr,
-                             delta_stride0, delta_stride1, dk_ptr, dk_stride0, dk_stride1, dk_stride2, dv_ptr,
-                             dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
+def attention_backward_fused(q_desc, k_desc, v_desc, do_desc, dq_sums_desc, lse_ptr, lse_stride0, lse_stride1,
+                             delta_ptr, delta_stride0, delta_stride1, dk_ptr, dk_stride0, dk_stride1, dk_stride2,
+                             dv_ptr, dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
                              SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                              SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
-    n_kv = gl.cdiv(SEQ_K, 2 * HALF_N)
-    kv_block, batch, kv_head = query_item(gl.program_id(0), n_kv, KV_HEADS, gl.num_programs(0) // n_kv, 1, False)
-    kv_first = kv_block * (2 * HALF_N)
-    blocks = gl.cdiv(SEQ_Q, TILE_M)
-    if CAUSAL:
-        first_block = kv_first // TILE_M
-        n_blocks = blocks - first_block
-        masked = gl.minimum(n_blocks, 2 * HALF_N // TILE_M)
-    else:
-        first_block = 0
-        n_blocks = blocks
-        masked = 0
+    batch, kv_head, kv_first, first_block, n_blocks, masked = kv_walk(KV_HEADS, SEQ_Q, SEQ_K, CAUSAL)
     # The last program's keys may run past the end: all its blocks are masked.
     if kv_first + 2 * HALF_N > SEQ_K:
         masked = n_blocks
@@ -186,14 +167,16 @@ def attention_backward_fused(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ds_ready.index(i), count=2)
     # Each consumer's dQ columns, staged for TMA's reduce-add in two buffers (blocks alternate).
-    dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [2 * NUM_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
+    dq_smem = gl.allocate_shared_memory(dq_sums_desc.dtype, [2 * NUM_STAGES] + dq_sums_desc.block_type.shape,
+                                        dq_sums_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
 
     consumer_args = (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
-                     ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, (lse_stride0, lse_stride1),
-                     (delta_stride0, delta_stride1), (dk_stride0, dk_stride1, dk_stride2), (dv_stride0, dv_stride1, dv_stride2), batch, kv_head,
-                     kv_first, first_block, n_blocks, masked, GROUP, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL)
+                     ds_ready, lse_ptr, delta_ptr, dq_sums_desc, dq_smem, dk_ptr, dv_ptr, (lse_stride0, lse_stride1),
+                     (delta_stride0, delta_stride1), (dk_stride0, dk_stride1, dk_stride2),
+                     (dv_stride0, dv_stride1, dv_stride2), batch, kv_head, kv_first, first_block, n_blocks, masked,
+                     GROUP, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL)
     loader_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready,
                    q_empty, do_empty, batch, kv_head, kv_first, first_block, n_blocks, GROUP)
     gl.warp_specialize([
@@ -201,3 +184,114 @@ def attention_backward_fused(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
         (_fused_upper, consumer_args),
         (_loader, loader_args),
     ], [4, 1], [240, 24])
+
+
+SUM_ROWS = 64  # query rows per program of the delta and convert kernels
+SUM_ROWS_C = gl.constexpr(SUM_ROWS)
+SUM_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def _row_block(HEADS: gl.constexpr, SEQ_Q: gl.constexpr, HEAD_DIM: gl.constexpr):
+    # (batch, head, rows, columns) of this program's SUM_ROWS query rows of one head.
+    n_blocks = gl.cdiv(SEQ_Q, SUM_ROWS_C)
+    item = gl.program_id(0)
+    flat = item // n_blocks
+    rows = (item % n_blocks) * SUM_ROWS_C + gl.arange(0, SUM_ROWS_C, layout=gl.SliceLayout(1, SUM_LAYOUT))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, SUM_LAYOUT))
+    return flat // HEADS, flat % HEADS, rows, cols
+
+
+@gluon.jit
+def _rows_of(ptr, strides, batch, head, rows, cols):
+    return ptr + batch.to(gl.int64) * strides[0] + head.to(gl.int64) * strides[1] + \
+        rows.to(gl.int64)[:, None] * strides[2] + cols[None, :]
+
+
+@gluon.jit
+def attention_backward_delta(o_ptr, o_stride0, o_stride1, o_stride2, do_ptr, do_stride0, do_stride1, do_stride2,
+                             dlse_ptr, dlse_stride0, dlse_stride1, delta_ptr, delta_stride0, delta_stride1,
+                             dq_sums_ptr, dq_sums_stride0, dq_sums_stride1, dq_sums_stride2, HEADS: gl.constexpr,
+                             SEQ_Q: gl.constexpr, HEAD_DIM: gl.constexpr):
+    # delta = rowsum(dO * O) - dlse, which the fused kernel reads, and its dQ sums zeroed.
+    batch, head, rows, cols = _row_block(HEADS, SEQ_Q, HEAD_DIM)
+    keep = rows < SEQ_Q
+    o = gl.load(_rows_of(o_ptr, (o_stride0, o_stride1, o_stride2), batch, head, rows, cols), mask=keep[:, None],
+                other=0.0)
+    d_o = gl.load(_rows_of(do_ptr, (do_stride0, do_stride1, do_stride2), batch, head, rows, cols),
+                  mask=keep[:, None], other=0.0)
+    delta = gl.sum(o.to(gl.float32) * d_o.to(gl.float32), axis=1) - _row_stat(
+        dlse_ptr, (dlse_stride0, dlse_stride1), batch, head, rows, SEQ_Q)
+    gl.store(delta_ptr + batch.to(gl.int64) * delta_stride0 + head.to(gl.int64) * delta_stride1 + rows, delta,
+             mask=keep)
+    gl.store(_rows_of(dq_sums_ptr, (dq_sums_stride0, dq_sums_stride1, dq_sums_stride2), batch, head, rows, cols),
+             gl.zeros([SUM_ROWS_C, HEAD_DIM], gl.float32, SUM_LAYOUT), mask=keep[:, None])
+
+
+@gluon.jit
+def attention_backward_convert(dq_sums_ptr, dq_sums_stride0, dq_sums_stride1, dq_sums_stride2, dq_ptr, dq_stride0,
+                               dq_stride1, dq_stride2, HEADS: gl.constexpr, SEQ_Q: gl.constexpr,
+                               HEAD_DIM: gl.constexpr, SM_SCALE: gl.constexpr):
+    # dQ = the sums times the softmax scale, in q's type.
+    batch, head, rows, cols = _row_block(HEADS, SEQ_Q, HEAD_DIM)
+    keep = rows < SEQ_Q
+    sums = gl.load(_rows_of(dq_sums_ptr, (dq_sums_stride0, dq_sums_stride1, dq_sums_stride2), batch, head, rows,
+                            cols), mask=keep[:, None], other=0.0)
+    gl.store(_rows_of(dq_ptr, (dq_stride0, dq_stride1, dq_stride2), batch, head, rows, cols),
+             (sums * SM_SCALE).to(dq_ptr.dtype.element_ty), mask=keep[:, None])
+
+
+# The form's kernels in launch order, and each one's (role, strides) pointers after its
+# descriptors; only the fused kernel takes descriptors (q, k, v and do as the dK/dV kernel's, and
+# the dQ sums').
+KERNELS = ("delta", "dkdvdq", "convert")
+_POINTERS = {"delta": (("out", 3), ("do", 3), ("dlse", 2), ("delta", 2), ("dq_sums", 3)),
+             "dkdvdq": (("lse", 2), ("delta", 2), ("dk", 3), ("dv", 3)),
+             "convert": (("dq_sums", 3), ("dq", 3))}
+_ROW_STATS = ("lse", "dlse", "delta")
+
+
+def kernel_function(kernel: str):
+    return {"delta": attention_backward_delta, "dkdvdq": attention_backward_fused,
+            "convert": attention_backward_convert}[kernel]
+
+
+def pointer_args(kernel: str) -> tuple:
+    return _POINTERS[kernel]
+
+
+def descriptors(kernel: str, element: str, dim: int) -> list:
+    """(role, element, TMA block) of the kernel's descriptor arguments, in order."""
+    from .attention_backward import DESCRIPTORS, descriptor_blocks
+
+    if kernel != "dkdvdq":
+        return []
+    return ([(role, element, block) for role, block in zip(DESCRIPTORS, descriptor_blocks("dkdv", dim))]
+            + [("dq_sums", "fp32", [1, 1, TILE_M.value, dim // 2])])
+
+
+def grid(kernel: str, batch: int, heads: int, kv_heads: int, seq_q: int, seq_k: int) -> tuple:
+    from .attention_backward import grid as two_kernel_grid
+
+    if kernel == "dkdvdq":
+        return two_kernel_grid("dkdv", batch, heads, kv_heads, seq_q, seq_k)
+    return (-(-seq_q // SUM_ROWS) * batch * heads, 1, 1)
+
+
+def kernel_constants(kernel: str, heads: int, kv_heads: int, seq_q: int, seq_k: int, dim: int, scale: float,
+                     causal: bool) -> dict:
+    from .attention_backward import kernel_constants as two_kernel_constants
+
+    if kernel == "dkdvdq":
+        return two_kernel_constants("dkdv", heads, kv_heads, seq_q, seq_k, scale, causal)
+    constants = {"HEADS": heads, "SEQ_Q": seq_q, "HEAD_DIM": dim}
+    return dict(constants, SM_SCALE=scale) if kernel == "convert" else constants
+
+
+def compile_ttgir(kernel: str, element: str, dim: int, constants: dict) -> str:
+    """The kernel instantiated with `constants` and compiled for sm90: its Triton GPU IR."""
+    from .attention_backward import MAX_REGISTERS, NUM_WARPS
+    from .compile import backward_ttgir
+
+    return backward_ttgir(kernel_function(kernel), element, descriptors(kernel, element, dim), _POINTERS[kernel],
+                          _ROW_STATS, constants, NUM_WARPS, MAX_REGISTERS if kernel == "dkdvdq" else 0)

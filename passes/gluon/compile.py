@@ -4,13 +4,31 @@ from __future__ import annotations
 
 from triton.experimental.gluon import language as gl
 
-_DTYPES = {"bf16": gl.bfloat16, "fp16": gl.float16}
+_DTYPES = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32}
 
 
 def descriptor_type(element: str, block: list) -> str:
     """The signature type of a TMA descriptor argument: its block and NVMMA shared layout."""
     layout = gl.NVMMASharedLayout.get_default_for(block, _DTYPES[element])
     return f"tensordesc<{element}{block},{layout!r}>"
+
+
+def backward_ttgir(kernel, element: str, descriptors: list, pointers: tuple, row_stats: tuple, constants: dict,
+                   num_warps: int, max_registers: int) -> str:
+    """A backward kernel's Triton GPU IR: `descriptors` [(role, element, block)] first, then each
+    (role, strides) of `pointers` with its i32 strides; `row_stats` are float32 and their row
+    strides any, the rest 16-element multiples (kernel_args.aligned_ok) of `element`'s type or
+    float32 (dq_sums)."""
+    signature = {f"{role}_desc": descriptor_type(elt, block) for role, elt, block in descriptors}
+    divisible = []
+    for role, strides in pointers:
+        name = "o" if role == "out" else role
+        signature[f"{name}_ptr"] = "*fp32" if role in row_stats or role == "dq_sums" else f"*{element}"
+        # i32 strides (kernel_args.aligned_ok checks that they fit): half the registers of i64
+        # ones, which the dK/dV kernels' consumers, holding four tile accumulators, are short of.
+        signature.update({f"{name}_stride{d}": "i32" for d in range(strides)})
+        divisible += [f"{name}_ptr"] + ([] if role in row_stats else [f"{name}_stride{d}" for d in range(strides)])
+    return gluon_ttgir(kernel, signature, constants, divisible, num_warps, max_registers)
 
 
 def gluon_ttgir(kernel, signature: dict, constants: dict, divisible: list, num_warps: int, max_registers: int) -> str:
@@ -28,7 +46,8 @@ def gluon_ttgir(kernel, signature: dict, constants: dict, divisible: list, num_w
     source = GluonASTSource(kernel, signature, constants, attrs)
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
-    options = backend.parse_options({"num_warps": num_warps, "maxnreg": max_registers, **source.parse_options()})
+    registers = {"maxnreg": max_registers} if max_registers else {}
+    options = backend.parse_options({"num_warps": num_warps, **registers, **source.parse_options()})
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
