@@ -251,7 +251,8 @@ def build_backward_bundle(l0_text: str, target: str, config: dict | None = None,
         variants = _variants(l0_text, l1_text, options, general, report)
     kernels = [(aligned, generic, facts) for (aligned, facts), (generic, _) in zip(*variants)]
     # Aligned kernels past the general variant's (the five-product form's conversion) run last,
-    # with the aligned variants alone; their float32 dQ sums are the bundle's workspace too.
+    # with the aligned variants alone (Triton GPU IR: they launch with the warps their IR states,
+    # whatever the Stage records); their float32 dQ sums are the bundle's workspace too.
     finish = [runtime.Stage(facts["name"], list(aligned.grid), {"aligned": aligned}, 4, 1, only="aligned")
               for aligned, facts in variants[0][len(variants[1]):]]
     if finish:

@@ -294,4 +294,5 @@ def compile_ttgir(kernel: str, element: str, dim: int, constants: dict) -> str:
     from .compile import backward_ttgir
 
     return backward_ttgir(kernel_function(kernel), element, descriptors(kernel, element, dim), _POINTERS[kernel],
-                          _ROW_STATS, constants, NUM_WARPS, MAX_REGISTERS if kernel == "dkdvdq" else 0)
+                          _ROW_STATS, constants, NUM_WARPS, MAX_REGISTERS if kernel == "dkdvdq" else 0,
+                          float32=("dq_sums", ))

@@ -14,16 +14,16 @@ def descriptor_type(element: str, block: list) -> str:
 
 
 def backward_ttgir(kernel, element: str, descriptors: list, pointers: tuple, row_stats: tuple, constants: dict,
-                   num_warps: int, max_registers: int) -> str:
+                   num_warps: int, max_registers: int, float32: tuple = ()) -> str:
     """A backward kernel's Triton GPU IR: `descriptors` [(role, element, block)] first, then each
     (role, strides) of `pointers` with its i32 strides; `row_stats` are float32 and their row
-    strides any, the rest 16-element multiples (kernel_args.aligned_ok) of `element`'s type or
-    float32 (dq_sums)."""
+    strides any, the others' strides 16-element multiples (kernel_args.aligned_ok), of
+    `element`'s type unless in `float32`."""
     signature = {f"{role}_desc": descriptor_type(elt, block) for role, elt, block in descriptors}
     divisible = []
     for role, strides in pointers:
         name = "o" if role == "out" else role
-        signature[f"{name}_ptr"] = "*fp32" if role in row_stats or role == "dq_sums" else f"*{element}"
+        signature[f"{name}_ptr"] = "*fp32" if role in row_stats + float32 else f"*{element}"
         # i32 strides (kernel_args.aligned_ok checks that they fit): half the registers of i64
         # ones, which the dK/dV kernels' consumers, holding four tile accumulators, are short of.
         signature.update({f"{name}_stride{d}": "i32" for d in range(strides)})
