@@ -303,7 +303,6 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         values["warp_specialize"] = warp_specialized(target, problem.simple_mask, problem.lq, problem.dk,
                                                      backward=bool(typed.get("backward")),
                                                      batch_heads=problem.batch_heads)
-        values["reduce_dq"] = reduced_dq(values["warp_specialize"], bool(typed.get("backward")))
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 
@@ -343,11 +342,11 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             problem.batch_heads)
         for schedule, on in schedule_for.items():
             values.setdefault(schedule, on)
-    if values.get("reduce_dq") and not (values.get("backward") and values.get("warp_specialize")):
-        if "reduce_dq" in typed:
-            raise CompileError("preset option 'reduce-dq' is a form of attn-lower-to-gluon's backward; it needs "
-                               "'backward' and 'warp-specialize'")
-        values["reduce_dq"] = False  # a default of the kernel the overrides turned off
+    # The backward's form follows its kernel, whether the preset or the overrides chose it.
+    values.setdefault("reduce_dq", reduced_dq(bool(values.get("warp_specialize")), bool(values.get("backward"))))
+    if values["reduce_dq"] and not (values.get("backward") and values.get("warp_specialize")):
+        raise CompileError("preset option 'reduce-dq' is a form of attn-lower-to-gluon's backward; it needs "
+                           "'backward' and 'warp-specialize'")
     for schedule in ("pingpong", "persistent"):
         if values.get(schedule) and values.get("backward"):
             raise CompileError(f"preset option '{schedule}' is a schedule of the forward kernel; the backward has none")

@@ -176,6 +176,9 @@ def test_the_backward_takes_it_at_head_dim_128(dim, mask, expected):
     assert off.warp_specialize is False and off.reduce_dq is False
     two = presets.options_for("triton", problem, "cuda:90", backward=True, reduce_dq=False)
     assert two.warp_specialize is expected and two.reduce_dq is False
+    # Asked for at D = 64, the Gluon backward takes its five-product form there too.
+    asked = presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=True)
+    assert asked.warp_specialize and asked.reduce_dq
     with pytest.raises(CompileError, match="'pingpong' is a schedule of the forward kernel"):
         presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=True, pingpong=True)
 
