@@ -198,7 +198,7 @@ def backward_labels(kernel: str) -> list[str]:
     from .gluon import attention_backward as bwd, attention_backward_fused as fused
 
     if kernel in fused.KERNELS:
-        roles, pointers = [role for role, _, _ in fused.descriptors(kernel, "bf16", 128)], fused.pointer_args(kernel)
+        roles, pointers = fused.descriptor_roles(kernel), fused.pointer_args(kernel)
     else:
         roles, pointers = bwd.DESCRIPTORS, bwd.pointer_args(kernel)
     labels = []

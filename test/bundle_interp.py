@@ -120,7 +120,7 @@ def _emulate_gluon(bundle: runtime.Bundle, index: int, variant, values: list) ->
     if bundle.meta.get("backward") and bundle.meta["config"].get("reduce_dq"):
         part, kernel = backward_instances(func, True)[index]
         fn = attention_backward_fused.kernel_function(part)
-        blocks = [block for _, _, block in attention_backward_fused.descriptors(part, "bf16", kernel.dim)]
+        blocks = attention_backward_fused.descriptor_blocks(part, kernel.dim)
     elif bundle.meta.get("backward"):
         part, kernel = backward_instances(func)[index]
         fn, blocks = attention_backward.kernel_function(part), attention_backward.descriptor_blocks(part, kernel.dim)

@@ -260,14 +260,26 @@ def pointer_args(kernel: str) -> tuple:
     return _POINTERS[kernel]
 
 
-def descriptors(kernel: str, element: str, dim: int) -> list:
-    """(role, element, TMA block) of the kernel's descriptor arguments, in order."""
-    from .attention_backward import DESCRIPTORS, descriptor_blocks
+def descriptor_roles(kernel: str) -> tuple:
+    """The roles of the kernel's descriptor arguments, in order."""
+    from .attention_backward import DESCRIPTORS
+
+    return DESCRIPTORS + ("dq_sums", ) if kernel == "dkdvdq" else ()
+
+
+def descriptor_blocks(kernel: str, dim: int) -> list:
+    """The TMA block shapes of the kernel's descriptors, in descriptor_roles' order."""
+    from .attention_backward import descriptor_blocks as two_kernel_blocks
 
     if kernel != "dkdvdq":
         return []
-    return ([(role, element, block) for role, block in zip(DESCRIPTORS, descriptor_blocks("dkdv", dim))]
-            + [("dq_sums", "fp32", [1, 1, TILE_M.value, dim // 2])])
+    return two_kernel_blocks("dkdv", dim) + [[1, 1, TILE_M.value, dim // 2]]
+
+
+def descriptors(kernel: str, element: str, dim: int) -> list:
+    """(role, element, TMA block) of the kernel's descriptor arguments, in order."""
+    return [(role, "fp32" if role == "dq_sums" else element, block)
+            for role, block in zip(descriptor_roles(kernel), descriptor_blocks(kernel, dim))]
 
 
 def grid(kernel: str, batch: int, heads: int, kv_heads: int, seq_q: int, seq_k: int) -> tuple:
