@@ -380,11 +380,20 @@ def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
     return [tensors[spec.role] for spec in bundle.outputs]
 
 
-def _launch_all(bundle: Bundle, tensors: dict, device) -> None:
-    """Launch the bundle's stages, then its own kernel, on the tensors bound by role."""
+def _launch_all(bundle: Bundle, tensors: dict, device, workspace: tuple = ()) -> None:
+    """Launch the bundle's stages, then its own kernel, on the tensors bound by role. The
+    `workspace` specs ((role, shape, torch dtype), shapes sized) are allocated here, only those
+    the launched kernels read: a five-product backward's float32 dQ sums (4 bytes per element of
+    q) serve its aligned kernels alone, and a call whose layout takes the general ones skips them."""
     import torch
 
+    # The plan reads a workspace's layout only (a fresh, contiguous tensor), never its storage.
+    tensors.update({role: torch.empty(shape, dtype=dtype, device="meta") for role, shape, dtype in workspace})
     plan = launch_plan(bundle, tensors, device, lambda kernel: device_tables(bundle, device, kernel))
+    if workspace:
+        read = {role for launch in plan for _, role in launch.slots + launch.descriptors}
+        for role, shape, dtype in workspace:
+            tensors[role] = torch.empty(shape, dtype=dtype, device=device) if role in read else None
     target = current_target(device)
     # Triton launches on the current device's stream; entering a device context costs more than
     # a short kernel's launch, so only a call on another device enters one.
@@ -411,9 +420,11 @@ def launch_roles(bundle: Bundle, given: dict) -> dict:
         if t.device != device:
             t = t.to(device)
         tensors[role] = t.view(torch.uint8) if dtype == torch.bool else t
-    for role, shape, dtype, spec in outputs + workspace:
+    for role, shape, dtype, spec in outputs:
         # The closure tensors' gradients are sums the kernel adds into.
         allocate = torch.zeros if abi.is_closure_grad(role) else torch.empty
         tensors[role] = allocate(_sized(role, shape, given["q"], given["k"], spec.rows), dtype=dtype, device=device)
-    _launch_all(bundle, tensors, device)
+    _launch_all(bundle, tensors, device,
+                tuple((role, _sized(role, shape, given["q"], given["k"], spec.rows), dtype)
+                      for role, shape, dtype, spec in workspace))
     return {spec.role: tensors[spec.role] for spec in bundle.outputs}

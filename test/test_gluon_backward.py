@@ -159,6 +159,43 @@ def test_backward_bundle_runs_the_gluon_kernels_where_asked(mask, b, h, hkv, len
             assert error <= 2e-2 * (1 + want.abs().max().item()), (variant, role, error)
 
 
+def test_the_runtime_allocates_the_dq_sums_only_for_the_aligned_kernels(monkeypatch):
+    """runtime.launch_roles on a five-product bundle (launch_one recorded, not run): a call that
+    takes the aligned variants launches three kernels and hands the fused one float32 dQ sums of
+    q's shape; a call whose q has a non-unit last stride takes the two general kernels, and no
+    float32 buffer of q's size is allocated for it."""
+    launched, allocated = [], []
+    monkeypatch.setattr(runtime, "launch_one", lambda kernel, variant, target, args: launched.append((variant, args)))
+    monkeypatch.setattr(runtime, "current_target", lambda device=None: "cuda:90")
+    empty = torch.empty
+
+    def recorded(*shape, **kwargs):
+        t = empty(*shape, **kwargs)
+        if t.device.type != "meta":
+            allocated.append(t)
+        return t
+
+    meta = [torch.empty(1, 2, 200, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+    bundle = tb.build_backward_bundle(ae.attention().mlir(*meta), "cuda:90",
+                                      {"warp_specialize": True, "reduce_dq": True})
+    wide = torch.randn(1, 2, 200, 256).to(torch.bfloat16)
+    aligned = {role: torch.randn(1, 2, 200, 128).to(torch.bfloat16) for role in ("q", "k", "v", "out", "do")}
+    aligned.update(lse=torch.randn(1, 2, 200), dlse=torch.zeros(1, 2, 200))
+    generic = dict(aligned, q=wide[..., ::2])
+    sums = []
+    for given, kernels in ((aligned, ["ttgir"] * 3), (generic, ["ttir"] * 2)):
+        launched.clear()
+        allocated.clear()
+        monkeypatch.setattr(torch, "empty", recorded)
+        runtime.launch_roles(bundle, given)
+        monkeypatch.setattr(torch, "empty", empty)
+        assert [variant.ir for variant, _ in launched] == kernels
+        arguments = [a.base if hasattr(a, "base") else a for _, args in launched for a in args]
+        sums.append([t for t in allocated if t.dtype == torch.float32 and t.shape == given["q"].shape])
+        assert all(any(t is a for a in arguments) for t in sums[-1])
+    assert len(sums[0]) == 1 and not sums[1]
+
+
 @pytest.mark.parametrize("dim, mask, expected", [(128, None, True), (128, causal, True), (64, None, False),
                                                   (64, causal, False)])
 def test_the_backward_takes_it_at_head_dim_128(dim, mask, expected):
