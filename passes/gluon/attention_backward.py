@@ -68,16 +68,12 @@ def _row_stat(ptr, strides, batch, head, rows, seq_q):
 
 
 @gluon.jit
-def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
-               lse_strides, delta_strides, batch, head, q_first, t, k_rows, dk, dv, seq_q, qk_scale,
-               DIAGONAL: gl.constexpr, st_layout: gl.constexpr, op_layout: gl.constexpr):
-    # One query block's share of dK and dV. Rows past a sequence's end need no mask: TMA reads
-    # their Q and dO as zeros, so their products add nothing to dK and dV, and dK/dV rows past
-    # the keys' end are not stored; only the causal diagonal is masked (DIAGONAL).
-    slot = t % NUM_STAGES
-    phase = (t // NUM_STAGES) & 1
-    q_tile = matrix(q_smem.index(slot))
-    do_tile = matrix(do_smem.index(slot))
+def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, phase, lse_ptr, delta_ptr,
+                     lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale, causal,
+                     MASK: gl.constexpr, st_layout: gl.constexpr):
+    # P^T and dS^T (float32) of one query block against a consumer's keys, the products S^T and
+    # dP^T in flight together. MASK "diagonal": the causal diagonal's block; "keys": the causal
+    # mask where `causal`, and keys past `seq_k`; "": none.
     zero = gl.zeros([HALF_N, TILE_M], gl.float32, st_layout)
     mbarrier.wait(q_ready.index(slot), phase)
     st_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -89,10 +85,29 @@ def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_e
     delta = _row_stat(delta_ptr, delta_strides, batch, head, q_rows, seq_q)
     st = warpgroup_mma_wait(1, deps=(st_tok, ))
     pt = gl.exp2(st * qk_scale - lse[None, :])
-    if DIAGONAL:
+    if MASK == "diagonal":
         pt = gl.where(q_rows[None, :] >= k_rows[:, None], pt, 0.0)
+    if MASK == "keys":
+        visible = (k_rows < seq_k)[:, None] & ((q_rows[None, :] >= k_rows[:, None]) | (causal == 0))
+        pt = gl.where(visible, pt, 0.0)
     dpt = warpgroup_mma_wait(0, deps=(dpt_tok, ))
-    dst = pt * (dpt - delta[None, :])
+    return pt, pt * (dpt - delta[None, :])
+
+
+@gluon.jit
+def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
+               lse_strides, delta_strides, batch, head, q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale,
+               MASK: gl.constexpr, st_layout: gl.constexpr, op_layout: gl.constexpr):
+    # One query block's share of dK and dV. Rows past a sequence's end need no mask: TMA reads
+    # their Q and dO as zeros, so their products add nothing to dK and dV, and dK/dV rows past
+    # the keys' end are not stored; only the causal diagonal is masked (MASK "diagonal").
+    slot = t % NUM_STAGES
+    phase = (t // NUM_STAGES) & 1
+    q_tile = matrix(q_smem.index(slot))
+    do_tile = matrix(do_smem.index(slot))
+    pt, dst = transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, phase, lse_ptr, delta_ptr,
+                               lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale, 1,
+                               MASK, st_layout)
     pt_op = gl.convert_layout(pt.to(do_tile.dtype), op_layout)
     dst_op = gl.convert_layout(dst.to(do_tile.dtype), op_layout)
     dv_tok = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
@@ -165,11 +180,12 @@ def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar,
         for i in range(diagonal):
             dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                                 delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
-                                g * n_blocks + i, k_rows, dk, dv, seq_q, qk_scale, True, st_layout, op_layout)
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, "diagonal", st_layout,
+                                op_layout)
         for i in range(diagonal, n_blocks):
             dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                                 delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
-                                g * n_blocks + i, k_rows, dk, dv, seq_q, qk_scale, False, st_layout, op_layout)
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, "", st_layout, op_layout)
     store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
                acc_layout)
 

@@ -27,14 +27,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .attention_backward import HALF_N, LOG2E, TILE_M, _loader, _row_stat, kv_walk, store_dkdv
+from .attention_backward import HALF_N, TILE_M, _loader, _row_stat, kv_walk, store_dkdv, transposed_grads
 from .pipeline import NUM_STAGES, async_reduce_add, matrix, rings
 
 
 @gluon.jit
 def _fused_step(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                 do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides, batch, head,
-                q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, causal, MASKED: gl.constexpr,
+                q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, causal, MASK: gl.constexpr,
                 st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr):
     slot = t % NUM_STAGES
     phase = (t // NUM_STAGES) & 1
@@ -42,21 +42,10 @@ def _fused_step(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sm
     v_tile = matrix(v_smem.index(HALF_INDEX))
     q_tile = matrix(q_smem.index(slot))
     do_tile = matrix(do_smem.index(slot))
-    zero = gl.zeros([HALF_N, TILE_M], gl.float32, st_layout)
-    mbarrier.wait(q_ready.index(slot), phase)
-    st_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-    mbarrier.wait(do_ready.index(slot), phase)
-    dpt_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-    q_rows = q_first + gl.arange(0, TILE_M, layout=gl.SliceLayout(0, st_layout))
-    lse = _row_stat(lse_ptr, lse_strides, batch, head, q_rows, seq_q) * LOG2E
-    delta = _row_stat(delta_ptr, delta_strides, batch, head, q_rows, seq_q)
-    st = warpgroup_mma_wait(1, deps=(st_tok, ))
-    pt = gl.exp2(st * qk_scale - lse[None, :])
-    if MASKED:
-        visible = (k_rows < seq_k)[:, None] & ((q_rows[None, :] >= k_rows[:, None]) | (causal == 0))
-        pt = gl.where(visible, pt, 0.0)
-    dpt = warpgroup_mma_wait(0, deps=(dpt_tok, ))
-    dst = (pt * (dpt - delta[None, :])).to(do_tile.dtype)
+    pt, dst = transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, phase, lse_ptr, delta_ptr,
+                               lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale, causal,
+                               MASK, st_layout)
+    dst = dst.to(do_tile.dtype)
     pt_op = gl.convert_layout(pt.to(do_tile.dtype), op_layout)
     dst_op = gl.convert_layout(dst, op_layout)
     dv_tok = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
@@ -113,12 +102,12 @@ def _fused_consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, d
             dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                                  do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
                                  batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
-                                 dv, seq_q, seq_k, qk_scale, causal, True, st_layout, op_layout, dq_layout)
+                                 dv, seq_q, seq_k, qk_scale, causal, "keys", st_layout, op_layout, dq_layout)
         for i in range(masked, n_blocks):
             dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                                  do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
                                  batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
-                                 dv, seq_q, seq_k, qk_scale, causal, False, st_layout, op_layout, dq_layout)
+                                 dv, seq_q, seq_k, qk_scale, causal, "", st_layout, op_layout, dq_layout)
     # The shared memory must outlive the reductions that read it.
     tma.store_wait(0)
     store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
