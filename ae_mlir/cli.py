@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
-from .core.context import CompileError, Diagnostic
+from .core.context import CompileError, Diagnostic, location_parts
 
 EMIT_KINDS = ("mlir", "ttir", "ptx", "amdgcn", "llvmir")
 SPLIT_MARKER = "// -----"
@@ -173,6 +173,16 @@ class _Pipeline:
         from . import presets
 
         problem = presets.read_problem(module) if module is not None else None
+        if module is not None and problem is None:
+            # Without this the pipeline's passes leave such a module as it is (cpu) or report a
+            # missing L1 kernel at its last pass (triton), neither saying what is wrong.
+            message = (f"the module has no attention function for --pipeline={self.preset} (a func.func whose "
+                       "first three arguments are the [B, H, L, D] q, k and v, as ae.attention and "
+                       "ae.linear_attention write it)")
+            # An implicit module has no location of its own: point at its first op.
+            where = next(iter(module.body.operations), module).operation
+            filename, line, col = location_parts(where.location)
+            raise CompileError(message, [Diagnostic("error", f"'{where.name}' op {message}", filename, line, col)])
         options = presets.options_for(self.preset, problem, self.target, **dict(self.overrides))
         return presets.pipeline_text(self.preset, options), options if self.preset == "triton" else None
 
