@@ -275,3 +275,39 @@ def test_closure_gradients_only_when_wanted(monkeypatch):
     assert without.meta["config"]["closure_grads"] is False
     with_grads = tb.get_backward_bundle(text, "cuda:90")
     assert [spec.role for spec in with_grads.outputs] == ["dq", "dc0", "dk", "dv"]
+
+
+@pytest.fixture
+def deterministic():
+    """torch.use_deterministic_algorithms as the test sets it, restored after."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield torch.use_deterministic_algorithms
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_gpu_closure_gradients_follow_the_deterministic_switch(monkeypatch, deterministic):
+    """The GPU backward's closure gradients are atomic sums: with torch.use_deterministic_algorithms
+    on, a backward that wants them raises torch's RuntimeError before launching (a warning with
+    warn_only, then it runs); without them, or with the switch off, it runs. Launches recorded,
+    not run: there is no GPU here."""
+    from ae_mlir import runtime
+
+    launched = []
+    monkeypatch.setattr(runtime, "current_target", lambda device=None: "cuda:90")
+    monkeypatch.setattr(runtime, "launch_roles", lambda bundle, tensors: launched.append(bundle.outputs) or {})
+    attn = VARIANTS["alibi"](CPU_SHAPE)
+    (q, k, v), captures, d_out, _ = _problem(attn, CPU_SHAPE, seed=9)
+    text = attn.mlir(q, k, v)
+    tensors = {"q": q, "k": k, "v": v, "c0": captures[0], "do": d_out}
+    deterministic(True)
+    with pytest.raises(RuntimeError, match="use_deterministic_algorithms.*warn_only=True"):
+        tb.run_backward(text, tensors, closure_grads=True)
+    assert not launched
+    tb.run_backward(text, tensors, closure_grads=False)
+    deterministic(True, warn_only=True)
+    with pytest.warns(UserWarning, match="atomic adds"):
+        tb.run_backward(text, tensors, closure_grads=True)
+    deterministic(False)
+    tb.run_backward(text, tensors, closure_grads=True)
+    roles = [[spec.role for spec in outputs] for outputs in launched]
+    assert roles == [["dq", "dk", "dv"], ["dq", "dc0", "dk", "dv"], ["dq", "dc0", "dk", "dv"]]

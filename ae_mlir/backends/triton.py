@@ -372,11 +372,35 @@ def backward_call_config(module_text: str, target: str, tensors: dict) -> dict |
     return tiles
 
 
+def alert_atomic_closure_grads() -> None:
+    """torch.use_deterministic_algorithms's contract for the closure tensors' gradients, which GPU
+    kernels sum by atomic adds (attn.scatter_add) in an order that varies between runs: a
+    RuntimeError where it is on, a warning with warn_only. No deterministic form exists for them
+    (a tile's scores add into the same elements, a relative-position table's along diagonals)."""
+    import warnings
+
+    import torch
+
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    message = ("ae-mlir's GPU backward sums the gradients of the closure tensors its mods read (a learnable "
+               "bias table, ALiBi slopes) with atomic adds, which have no deterministic form, but "
+               "torch.use_deterministic_algorithms(True) is on. Pass warn_only=True to it to allow them, or "
+               "detach those tensors (their gradients are then not computed); q, k and v's gradients are "
+               "deterministic.")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, stacklevel=3)
+        return
+    raise RuntimeError(message)
+
+
 def run_backward(module_text: str, tensors: dict, closure_grads: bool = True, autotune: bool = False) -> dict:
     """dq, dk and dv (by role) of an L0 module from its backward kernels, on CUDA/ROCm tensors
     given by role (q, k, v, c<i>, do, and for softmax out, lse, dlse), and with `closure_grads`
     the closure tensors' gradients dc<i>; with `autotune`, the bundle of the fastest candidate
     configuration (`triton_tuning.tuned_backward_bundle`)."""
+    if closure_grads:
+        alert_atomic_closure_grads()
     target = runtime.current_target(tensors["q"].device)
     tiles = backward_call_config(module_text, target, tensors)
     if autotune:
