@@ -179,9 +179,12 @@ class _Pipeline:
             message = (f"the module has no attention function for --pipeline={self.preset} (a func.func whose "
                        "first three arguments are the [B, H, L, D] q, k and v, as ae.attention and "
                        "ae.linear_attention write it)")
-            # An implicit module has no location of its own: point at its first op.
+            # An implicit module has no location of its own: point at its first op (an empty
+            # file's module is at 0:0, its first line then).
             where = next(iter(module.body.operations), module).operation
             filename, line, col = location_parts(where.location)
+            if not line and filename:
+                line, col = 1, 1
             raise CompileError(message, [Diagnostic("error", f"'{where.name}' op {message}", filename, line, col)])
         options = presets.options_for(self.preset, problem, self.target, **dict(self.overrides))
         return presets.pipeline_text(self.preset, options), options if self.preset == "triton" else None

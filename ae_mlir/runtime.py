@@ -380,20 +380,32 @@ def launch(bundle: Bundle, q, k, v, *captures, out=None, lse=None) -> list:
     return [tensors[spec.role] for spec in bundle.outputs]
 
 
-def _launch_all(bundle: Bundle, tensors: dict, device, workspace: tuple = ()) -> None:
-    """Launch the bundle's stages, then its own kernel, on the tensors bound by role. The
-    `workspace` specs ((role, shape, torch dtype), shapes sized) are allocated here, only those
-    the launched kernels read: a five-product backward's float32 dQ sums (4 bytes per element of
-    q) serve its aligned kernels alone, and a call whose layout takes the general ones skips them."""
+def plan_with_workspace(bundle: Bundle, tensors: dict, device, tables_of, workspace: tuple = (),
+                        allocate=None) -> list:
+    """The launch plan of a call on `tensors` (by role), with the `workspace` specs ((role, shape,
+    torch dtype), shapes sized) put into `tensors`: `allocate(shape, dtype)` makes those the
+    launched kernels read, the others are None. A five-product backward's float32 dQ sums (4
+    bytes per element of q) serve its aligned kernels alone, so a call whose layout takes the
+    general ones allocates none."""
     import torch
 
     # The plan reads a workspace's layout only (a fresh, contiguous tensor), never its storage.
     tensors.update({role: torch.empty(shape, dtype=dtype, device="meta") for role, shape, dtype in workspace})
-    plan = launch_plan(bundle, tensors, device, lambda kernel: device_tables(bundle, device, kernel))
+    plan = launch_plan(bundle, tensors, device, tables_of)
     if workspace:
         read = {role for launch in plan for _, role in launch.slots + launch.descriptors}
         for role, shape, dtype in workspace:
-            tensors[role] = torch.empty(shape, dtype=dtype, device=device) if role in read else None
+            tensors[role] = allocate(shape, dtype) if role in read else None
+    return plan
+
+
+def _launch_all(bundle: Bundle, tensors: dict, device, workspace: tuple = ()) -> None:
+    """Launch the bundle's stages, then its own kernel, on the tensors bound by role, the
+    `workspace` allocated as plan_with_workspace says."""
+    import torch
+
+    plan = plan_with_workspace(bundle, tensors, device, lambda kernel: device_tables(bundle, device, kernel),
+                               workspace, lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device))
     target = current_target(device)
     # Triton launches on the current device's stream; entering a device context costs more than
     # a short kernel's launch, so only a call on another device enters one.

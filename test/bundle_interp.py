@@ -45,13 +45,28 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
     interpreter the way `runtime.launch_roles` runs it; returns its outputs by role (float32)."""
     tensors = dict(given)
     tensors.update(runtime.backward_inputs_made(bundle, given, "cpu"))
-    for spec in bundle.outputs + bundle.workspace:
+
+    def sized(spec):
+        return abi.sized_shape(spec.role, spec.shape, given["q"].shape[2], given["k"].shape[2], spec.rows)
+
+    for spec in bundle.outputs:
         # NaN where the kernels must write every element; the closure gradients start at zero,
         # as the runtime allocates them, since the kernels add into them.
         fill = 0.0 if abi.is_closure_grad(spec.role) else float("nan")
-        shape = abi.sized_shape(spec.role, spec.shape, given["q"].shape[2], given["k"].shape[2], spec.rows)
-        tensors[spec.role] = torch.full(shape, fill, dtype=runtime.torch_dtype(spec.dtype))
-    arrays = _run_kernels(_launches(bundle, tensors, variant), tensors, bundle)
+        tensors[spec.role] = torch.full(sized(spec), fill, dtype=runtime.torch_dtype(spec.dtype))
+    workspace = tuple((spec.role, sized(spec), runtime.torch_dtype(spec.dtype)) for spec in bundle.workspace)
+
+    def nan(shape, dtype):
+        return torch.full(shape, float("nan"), dtype=dtype)
+
+    if variant is None:
+        # The workspace as the runtime allocates it: only what the launched kernels read.
+        plan = runtime.plan_with_workspace(bundle, tensors, "interpreter", _tables_of, workspace, nan)
+        launches = [(launch.kernel, launch.variant, launch.arguments(tensors)) for launch in plan]
+    else:
+        tensors.update((role, nan(shape, dtype)) for role, shape, dtype in workspace)
+        launches = _launches(bundle, tensors, variant)
+    arrays = _run_kernels(launches, tensors, bundle)
     results = {}
     for spec in bundle.outputs:
         t = tensors[spec.role]
@@ -59,19 +74,20 @@ def interpret_roles(bundle: runtime.Bundle, given: dict, variant: str | None = N
     return results
 
 
+def _tables_of(kernel) -> list:
+    return [np.array(t["data"], np.int32).reshape(t["shape"]) for t in kernel.tables]
+
+
 def _launches(bundle: runtime.Bundle, tensors: dict, variant: str | None) -> list[tuple]:
     """(kernel, variant, arguments) of each kernel in launch order: from the launch plan the
     runtime keeps per layout, or with `variant` ("aligned" or "generic") forced."""
-    def tables_of(kernel):
-        return [np.array(t["data"], np.int32).reshape(t["shape"]) for t in kernel.tables]
-
     if variant is None:
         return [(launch.kernel, launch.variant, launch.arguments(tensors))
-                for launch in runtime.launch_plan(bundle, tensors, "interpreter", tables_of)]
+                for launch in runtime.launch_plan(bundle, tensors, "interpreter", _tables_of)]
     launches = []
     for kernel in runtime.kernels(bundle, variant == "aligned"):
         picked = runtime.pick_variant(kernel, variant == "aligned")
-        launches.append((kernel, picked, runtime.argument_values(picked, tensors, tables_of(kernel))))
+        launches.append((kernel, picked, runtime.argument_values(picked, tensors, _tables_of(kernel))))
     return launches
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -60,16 +61,21 @@ def test_the_ae_opt_commands_run(tmp_path):
     for command in commands:
         command = command.split("  #")[0].strip()
         if command.startswith("python -c"):
-            command = sys.executable + command[len("python"):]
+            command = shlex.quote(sys.executable) + command[len("python"):]
         done = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                               env=dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep
-                                       + os.environ["PATH"]))
+                                       + os.environ.get("PATH", "")))
         assert done.returncode == 0, (command, done.stderr[-2000:])
         outputs[command] = done.stdout + done.stderr  # --dump-pass-pipeline writes to stderr, as mlir-opt does
     by_flag = {flag: next(out for command, out in outputs.items() if flag in command)
-               for flag in ("--emit=ptx", "--emit=amdgcn", "--dump-pass-pipeline", "--list-passes", "--pipeline=cpu")}
+               for flag in ("--pass-pipeline", "--emit=ptx", "--emit=amdgcn", "--dump-pass-pipeline", "--list-passes",
+                            "--pipeline=cpu", "assume-aligned=false")}
+    assert "scf.for" in by_flag["--pass-pipeline"] and "attn.grid" in by_flag["--pass-pipeline"]
     assert "wgmma" in by_flag["--emit=ptx"]
     assert "v_mfma" in by_flag["--emit=amdgcn"]
     assert "attn-tile" in by_flag["--dump-pass-pipeline"] and "attn-tile" in by_flag["--list-passes"]
     assert "llvm.func" in by_flag["--pipeline=cpu"]
+    # The general variant: i64 strides and no alignment assumed.
+    general = by_flag["assume-aligned=false"]
+    assert "tt.func" in general and "attn.assume_aligned = false" in general
 
