@@ -234,6 +234,8 @@ def attention_backward_convert(dq_sums_ptr, dq_sums_stride0, dq_sums_stride1, dq
 # descriptors; only the fused kernel takes descriptors (q, k, v and do as the dK/dV kernel's, and
 # the dQ sums').
 KERNELS = ("delta", "dkdvdq", "convert")
+# The roles held in float32 whatever q's type: the dQ sums, as descriptors and as pointers.
+_FLOAT32 = ("dq_sums", )
 _POINTERS = {"delta": (("out", 3), ("do", 3), ("dlse", 2), ("delta", 2), ("dq_sums", 3)),
              "dkdvdq": (("lse", 2), ("delta", 2), ("dk", 3), ("dv", 3)),
              "convert": (("dq_sums", 3), ("dq", 3))}
@@ -267,7 +269,7 @@ def descriptor_blocks(kernel: str, dim: int) -> list:
 
 def descriptors(kernel: str, element: str, dim: int) -> list:
     """(role, element, TMA block) of the kernel's descriptor arguments, in order."""
-    return [(role, "fp32" if role == "dq_sums" else element, block)
+    return [(role, "fp32" if role in _FLOAT32 else element, block)
             for role, block in zip(descriptor_roles(kernel), descriptor_blocks(kernel, dim))]
 
 
@@ -296,4 +298,4 @@ def compile_ttgir(kernel: str, element: str, dim: int, constants: dict) -> str:
 
     return backward_ttgir(kernel_function(kernel), element, descriptors(kernel, element, dim), _POINTERS[kernel],
                           _ROW_STATS, constants, NUM_WARPS, MAX_REGISTERS if kernel == "dkdvdq" else 0,
-                          float32=("dq_sums", ))
+                          float32=_FLOAT32)
