@@ -111,7 +111,7 @@ def kv_splits(programs: int, kv_tiles: int, target: str, uneven_keys: bool = Fal
 
 
 def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, backward: bool = False,
-                     batch_heads: int = 0) -> bool:
+                     batch_heads: int = 0, score_mod: bool = False) -> bool:
     """Whether attn-lower-to-gluon's warp-specialized kernels replace the Triton IR ones: on sm90
     (their products are wgmma, which later NVIDIA GPUs lack), for the problems that pass takes
     (presets.Problem.simple_mask), longer than decoding (one program per query block and no KV
@@ -132,6 +132,8 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
     0.67-0.89 full against the Triton IR kernel's 0.97."""
     if target != "cuda:90" or simple_mask is None or lq <= _SPLIT_MAX_LQ:
         return False
+    if score_mod and not GLUON_BACKWARD_SCORE_MODS:
+        return False
     if dk == 128:
         return True
     if backward or dk != 64 or simple_mask != "none":
@@ -142,6 +144,12 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
     gluon = grid_schedule.wave_fill(-(-lq // _GLUON_ROWS[dk]) * batch_heads, slots)
     triton = grid_schedule.wave_fill(-(-lq // _TRITON_PLAIN_ROWS) * batch_heads, slots)
     return gluon * _GLUON_FULL_D64_GAIN >= triton
+
+
+# Whether a backward with a score_mod takes the Gluon kernels by default (asked for with
+# `warp_specialize`, they take any mod `passes/gluon/score_mod.py` lowers): not until a GPU run
+# puts them beside the Triton IR kernels.
+GLUON_BACKWARD_SCORE_MODS = False
 
 
 # attn-lower-to-gluon's forward rows per program (passes/gluon/attention_forward.block_m), the

@@ -71,6 +71,11 @@ class Problem:
     # "none" or "causal": softmax with no score_mod, and no mask or exactly the causal one, in the
     # types and shapes attn-lower-to-gluon takes; None otherwise.
     simple_mask: str | None = None
+    # "none" or "causal" where attn-lower-to-gluon's backward lowers the function: as
+    # `simple_mask`, with a score_mod its kernels take too; None otherwise.
+    gluon_backward: str | None = None
+    # The scores pass through a score_mod.
+    score_mod: bool = False
 
     @property
     def linear(self) -> bool:
@@ -119,12 +124,14 @@ def read_problem(module) -> Problem | None:
         masked = mask is not None or paged or packed
         from .passes.lower_to_gluon import lowers
 
-        simple = ("causal" if mask is not None else "none") if lowers(func) else None
+        kind_of_mask = "causal" if mask is not None else "none"
+        simple = kind_of_mask if lowers(func) else None
         return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
                        batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut,
                        program.to_json() if program is not None else None, masked,
                        plain=kind == "softmax" and not (modded or masked or lengths), position_gathers=gathers,
-                       simple_mask=simple)
+                       simple_mask=simple, gluon_backward=kind_of_mask if lowers(func, backward=True) else None,
+                       score_mod=modded)
     return None
 
 
@@ -300,9 +307,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
                                and problem.dtype in ("bf16", "f16"))
         if not typed.get("backward") and takes_host_tma(problem, target):
             values.update(tensor_descriptors=True, host_descriptors=True)
-        values["warp_specialize"] = warp_specialized(target, problem.simple_mask, problem.lq, problem.dk,
-                                                     backward=bool(typed.get("backward")),
-                                                     batch_heads=problem.batch_heads)
+        backward = bool(typed.get("backward"))
+        values["warp_specialize"] = warp_specialized(
+            target, problem.gluon_backward if backward else problem.simple_mask, problem.lq, problem.dk,
+            backward=backward, batch_heads=problem.batch_heads, score_mod=problem.score_mod)
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 
@@ -446,11 +454,13 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                                f"vector-bits={o.vector_bits} no-avx512-bf16={_flag(o.no_avx512_bf16)} "
                                f"narrow-isa={_flag(o.narrow_isa)}}}",))]
     if o.warp_specialize and o.assume_aligned:
-        # attn-lower-to-gluon reads L0 itself (the backward's kernels too); the general variant
-        # (assume-aligned=false) takes the stages below.
-        return [Stage("l1", ("attn-verify",)),
+        # attn-lower-to-gluon reads L0 itself (the backward's kernels too, and the score_mod's
+        # derivative from attn-differentiate); the general variant (assume-aligned=false) takes
+        # the stages below.
+        return [Stage("l1", ("attn-verify", "attn-differentiate") if o.backward else ("attn-verify",)),
                 Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)} backward={_flag(o.backward)} "
-                               + (f"reduce-dq={_flag(o.reduce_dq)} " if o.backward else "")
+                               + (f"reduce-dq={_flag(o.reduce_dq)} fast-tanh={_flag(o.fast_tanh)} "
+                                  if o.backward else "")
                                + f"programs={o.gluon_programs} wave-programs={o.wave_programs}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).

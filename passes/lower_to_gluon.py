@@ -40,6 +40,7 @@ from ..core import abi
 from ..core.context import CompileError
 from ..core.grid_schedule import section_heads
 from . import ModulePass, option
+from .differentiate import GRAD_SUFFIX
 from .l1_ops import fail
 
 # Kernel constants the stub records (the runtime reads nothing else of the kernel).
@@ -74,13 +75,17 @@ class Match:
     func: object
     scale: float
     causal: bool
+    score_mod: object = None  # the attn.score_mod op (the backward's kernels take one)
 
 
-def match(func) -> Match:
-    """The L0 function as the Gluon kernel takes it; a located CompileError where it cannot."""
+def match(func, backward: bool = False) -> Match:
+    """The L0 function as the Gluon kernels take it (the backward's a score_mod too); a located
+    CompileError where they cannot."""
     from mlir import ir
 
-    scale, causal, seen = None, False, []
+    from .gluon.score_mod import check
+
+    scale, causal, seen, mod = None, False, [], None
     for op in func.regions[0].blocks[0].operations:
         op = op.operation
         seen.append(op.name)
@@ -95,12 +100,15 @@ def match(func) -> Match:
             kind = ir.StringAttr(op.attributes["kind"]).value
             if kind != "softmax" or any(len(r.blocks) for r in op.regions):
                 raise fail(op, f"is a {kind} normalizer; attn-lower-to-gluon lowers softmax")
+        elif op.name == "attn.score_mod" and backward:
+            check(op)
+            mod = op
         elif op.name not in ("attn.aggregate", "func.return"):
-            raise fail(op, "is not lowered by attn-lower-to-gluon (softmax attention with no score_mod, "
-                           "and no mask or the causal one)")
+            raise fail(op, "is not lowered by attn-lower-to-gluon (softmax attention with no score_mod, or one "
+                           "in the backward, and no mask or the causal one)")
     if scale is None or "attn.aggregate" not in seen:
         raise fail(func, "is not an attention function (attn.score ... attn.aggregate)")
-    return Match(func, scale, causal)
+    return Match(func, scale, causal, mod)
 
 
 def _check_types(m: Match) -> tuple:
@@ -130,6 +138,7 @@ class Instance:
     dim: int
     constants: dict  # the kernel's constexprs (`kernel_constants`)
     grid: tuple
+    score_mod: object = None  # the backward's score mod as Gluon functions (gluon.score_mod.ScoreMod)
 
 
 def instance(func, pingpong: bool, programs: int = 0, wave_programs: int = 0) -> Instance:
@@ -153,30 +162,47 @@ def instance(func, pingpong: bool, programs: int = 0, wave_programs: int = 0) ->
     return Instance(element, dim, constants, (min(items, programs) if programs else items, 1, 1))
 
 
-def backward_instances(func, reduce_dq: bool = False) -> list[tuple[str, Instance]]:
-    """The backward's kernels as the pass instantiates them for the L0 function, in launch order:
-    "dq" and "dkdv", or with `reduce_dq` "delta", "dkdvdq" and "convert"; a located CompileError
-    where it cannot."""
-    from .gluon import attention_backward as bwd, attention_backward_fused as fused
+def _score_mod_grad(func, grad_func):
+    """attn-differentiate's attn.score_mod_grad op in @<name>_grad."""
+    if grad_func is not None:
+        for op in grad_func.regions[0].blocks[0].operations:
+            if op.operation.name == "attn.score_mod_grad":
+                return op.operation
+    raise fail(func, "has a score_mod whose derivative attn-lower-to-gluon reads from attn-differentiate's "
+                     "@<name>_grad (run attn-differentiate first)")
 
-    m = match(func)
+
+def backward_instances(func, reduce_dq: bool = False, grad_func=None,
+                       fast_tanh: bool = False) -> list[tuple[str, Instance]]:
+    """The backward's kernels as the pass instantiates them for the L0 function, in launch order:
+    "dq" and "dkdv", or with `reduce_dq` "delta", "dkdvdq" and "convert"; a score_mod's
+    derivative is read from `grad_func` (attn-differentiate's). A located CompileError where it
+    cannot."""
+    from .gluon import attention_backward as bwd, attention_backward_fused as fused
+    from .gluon.score_mod import lower_score_mod
+
+    m = match(func, backward=True)
     element, batch, heads, group, seq_q, seq_k, dim = _check_types(m)
     kv_heads = heads // group
+    mod = None
+    if m.score_mod is not None:
+        mod = lower_score_mod(m.score_mod, _score_mod_grad(func, grad_func), fast_tanh)
     if reduce_dq:
         return [(kernel, Instance(element, dim,
                                   fused.kernel_constants(kernel, heads, kv_heads, seq_q, seq_k, dim, m.scale, m.causal),
-                                  fused.grid(kernel, batch, heads, kv_heads, seq_q, seq_k)))
+                                  fused.grid(kernel, batch, heads, kv_heads, seq_q, seq_k), mod))
                 for kernel in fused.KERNELS]
     return [(kernel, Instance(element, dim,
                               bwd.kernel_constants(kernel, heads, kv_heads, seq_q, seq_k, m.scale, m.causal),
-                              bwd.grid(kernel, batch, heads, kv_heads, seq_q, seq_k)))
+                              bwd.grid(kernel, batch, heads, kv_heads, seq_q, seq_k), mod))
             for kernel in bwd.KERNELS]
 
 
-def lowers(func) -> bool:
-    """Whether this pass lowers the L0 function (presets.read_problem's `simple_mask`)."""
+def lowers(func, backward: bool = False) -> bool:
+    """Whether this pass lowers the L0 function (presets.read_problem's `simple_mask`; with
+    `backward`, its `gluon_backward`)."""
     try:
-        _check_types(match(func))
+        _check_types(match(func, backward))
     except CompileError:
         return False
     return True
@@ -250,6 +276,8 @@ class LowerToGluon(ModulePass):
                                     "kernel that writes delta and zeroes the sums and one that converts them")
     programs: int = option(0, "the forward's grid: 0 for a program per query block of a batch entry and head, "
                               "N for at most N persistent programs, each taking one block a round")
+    fast_tanh: bool = option(False, "the backward's score_mod takes tanh from the hardware's approximation "
+                                    "(tanh.approx, sm75+), as attn-lower-to-triton's fast-tanh does")
     wave_programs: int = option(0, "the programs the GPU runs at once (its multiprocessors): a causal forward's "
                                    "grid of a program per block starts every head's longest block first across "
                                    "sections of heads that fill it (0: head after head)")
@@ -265,12 +293,20 @@ class LowerToGluon(ModulePass):
         if self.reduce_dq and not self.backward:
             raise CompileError("attn-lower-to-gluon: reduce-dq is an option of the backward (backward=true)")
         funcs = abi.functions(module_op)
+        grads = {}
+        if self.backward:
+            # attn-differentiate's @<name>_grad beside @<name>: the derivative of its score_mod.
+            names = {abi.name(f) for f in funcs}
+            grads = {abi.name(f): f for f in funcs
+                     if abi.name(f).endswith(GRAD_SUFFIX) and abi.name(f)[:-len(GRAD_SUFFIX)] in names}
+            funcs = [f for f in funcs if abi.name(f) not in grads]
         if len(funcs) != 1:
-            raise CompileError(f"attn-lower-to-gluon lowers a module with one function, found {len(funcs)}")
+            raise CompileError(f"attn-lower-to-gluon lowers a module with one function (and its @<name>_grad), "
+                               f"found {len(funcs)}")
         func = funcs[0]
         name = ir.StringAttr(func.attributes["sym_name"]).value
         if self.backward:
-            self._backward(func, name)
+            self._backward(func, name, grads.get(name + GRAD_SUFFIX))
         else:
             from .gluon import attention_forward as fwd
 
@@ -279,21 +315,23 @@ class LowerToGluon(ModulePass):
                   fwd.MAX_REGISTERS[fwd.warpgroups(kernel.dim)],
                   fwd.compile_ttgir(kernel.element, kernel.dim, kernel.constants))
         func.erase()
+        for grad in grads.values():
+            grad.erase()
 
-    def _backward(self, func, name: str) -> None:
+    def _backward(self, func, name: str, grad_func) -> None:
         from .gluon import attention_backward as bwd, attention_backward_fused as fused
 
         if self.pingpong or self.programs:
             raise fail(func, "asks for the backward with ping-pong or persistent programs, schedules of the forward "
                              "kernel only")
-        for kernel, inst in backward_instances(func, self.reduce_dq):
+        for kernel, inst in backward_instances(func, self.reduce_dq, grad_func, self.fast_tanh):
             if self.reduce_dq:
                 block_m, block_n = (bwd.BLOCK_M, bwd.BLOCK_N) if kernel == "dkdvdq" else (fused.SUM_ROWS, inst.dim)
                 registers = bwd.MAX_REGISTERS if kernel == "dkdvdq" else 0
-                ttgir = fused.compile_ttgir(kernel, inst.element, inst.dim, inst.constants)
+                ttgir = fused.compile_ttgir(kernel, inst.element, inst.dim, inst.constants, inst.score_mod)
             else:
                 block_m, block_n = (2 * bwd.HALF, bwd.DQ_BLOCK_N) if kernel == "dq" else (bwd.BLOCK_M, bwd.BLOCK_N)
                 registers = bwd.MAX_REGISTERS
-                ttgir = bwd.compile_ttgir(kernel, inst.element, inst.dim, inst.constants)
+                ttgir = bwd.compile_ttgir(kernel, inst.element, inst.dim, inst.constants, inst.score_mod)
             _stub(func, abi.backward_kernel_name(name, kernel), inst.grid, block_m, block_n, backward_labels(kernel),
                   registers, ttgir)

@@ -128,18 +128,24 @@ def _emulate_gluon(bundle: runtime.Bundle, index: int, variant, values: list) ->
 
     from ae_mlir.core.context import new_context, parse_module
     from ae_mlir.kernel_args import launcher_positions
+    from ae_mlir.passes import create_pass
     from ae_mlir.passes.gluon import attention_backward, attention_backward_fused, attention_forward
     from ae_mlir.passes.lower_to_gluon import backward_instances, instance
 
     module = parse_module(bundle.meta["l0"], new_context(), "l0.mlir")
     func = abi.functions(module)[0]
+    if bundle.meta.get("backward"):
+        # As the preset's stages run it: a score_mod's derivative from attn-differentiate.
+        create_pass("attn-differentiate").apply(module.operation)
+        func, grad = abi.functions(module)
+        # (The emulator's tanh is exact whether the kernel's is approximate or not.)
+        part, kernel = backward_instances(func, bool(bundle.meta["config"].get("reduce_dq")), grad)[index]
     if bundle.meta.get("backward") and bundle.meta["config"].get("reduce_dq"):
-        part, kernel = backward_instances(func, True)[index]
-        fn = attention_backward_fused.kernel_function(part)
+        fn = attention_backward_fused.kernel_function(part, kernel.score_mod)
         blocks = attention_backward_fused.descriptor_blocks(part, kernel.dim)
     elif bundle.meta.get("backward"):
-        part, kernel = backward_instances(func)[index]
-        fn, blocks = attention_backward.kernel_function(part), attention_backward.descriptor_blocks(part, kernel.dim)
+        fn = attention_backward.kernel_function(part, kernel.score_mod)
+        blocks = attention_backward.descriptor_blocks(part, kernel.dim)
     else:
         options = presets.options_for("triton", presets.read_problem(module), "cuda:90", **bundle.meta["config"])
         kernel = instance(func, options.pingpong, options.gluon_programs, options.wave_programs)

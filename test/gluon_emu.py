@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as real_gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier as real_mbarrier, tma as real_tma
 
-from ae_mlir.passes.gluon import pipeline as gluon_pipeline
+from ae_mlir.passes.gluon import pipeline as gluon_pipeline, score_mod as gluon_score_mod
 
 TIMEOUT = 20.0
 _ATOMICS = threading.Lock()  # partitions run as threads: TMA's reduce-adds must not interleave
@@ -359,15 +359,15 @@ def _gl() -> types.SimpleNamespace:
     program = _PROGRAM
     return types.SimpleNamespace(
         float32=torch.float32, float16=torch.float16, bfloat16=torch.bfloat16, int64=torch.int64,
-        int32=torch.int32, int1=torch.bool,
+        int32=torch.int32, int16=torch.int16, int8=torch.int8, int1=torch.bool,
         constexpr=lambda value: value,
         SliceLayout=_Layout, NVMMADistributedLayout=_Layout, DotOperandLayout=_Layout,
         NVMMASharedLayout=_Layout, BlockedLayout=_Layout,
         program_id=lambda axis: torch.tensor(program["ids"][axis], dtype=torch.int32),
         num_programs=lambda axis: torch.tensor(program["grid"][axis], dtype=torch.int32),
         cdiv=lambda a, b: (a + b - 1) // b,
-        minimum=lambda a, b: torch.minimum(torch.as_tensor(a), torch.as_tensor(b)),
-        maximum=lambda a, b: torch.maximum(torch.as_tensor(a), torch.as_tensor(b)),
+        minimum=lambda a, b, propagate_nan=None: torch.minimum(torch.as_tensor(a), torch.as_tensor(b)),
+        maximum=lambda a, b, propagate_nan=None: torch.maximum(torch.as_tensor(a), torch.as_tensor(b)),
         static_range=range,
         arange=lambda start, end, layout=None: torch.arange(start, end, dtype=torch.int32),
         zeros=lambda shape, dtype, layout=None: torch.zeros(list(shape), dtype=dtype),
@@ -378,6 +378,11 @@ def _gl() -> types.SimpleNamespace:
         exp2=lambda x: torch.exp2(_value(x)),
         log2=lambda x: torch.log2(_value(x)),
         exp=lambda x: torch.exp(_value(x)),
+        **{name: (lambda fn: lambda x: fn(torch.as_tensor(_value(x))))(getattr(torch, torch_name))
+           for name, torch_name in (("log", "log"), ("sqrt", "sqrt"), ("rsqrt", "rsqrt"), ("sin", "sin"),
+                                    ("cos", "cos"), ("floor", "floor"), ("ceil", "ceil"), ("erf", "erf"),
+                                    ("abs", "abs"))},
+        zeros_like=lambda x: torch.zeros_like(torch.as_tensor(_value(x))),
         convert_layout=lambda x, layout: _value(x),
         allocate_shared_memory=_allocate_shared_memory,
         warp_specialize=_warp_specialize,
@@ -391,7 +396,11 @@ _MOCKS = {id(real_gl): _gl(), id(real_mbarrier): _MBarrier, id(real_tma): _TMA,
           id(hopper.warpgroup_mma_wait): _Hopper.warpgroup_mma_wait,
           # Shared-memory stores are visible to the emulator's products without a fence.
           id(hopper.fence_async_shared): lambda cluster=False: None,
-          id(gluon_pipeline.async_reduce_add): _TMA.async_reduce_add}
+          id(gluon_pipeline.async_reduce_add): _TMA.async_reduce_add,
+          # The score mods' helpers: C's integer division and float remainder, the exact tanh.
+          id(gluon_score_mod.divsi): lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+          id(gluon_score_mod.remsi): torch.fmod, id(gluon_score_mod.remf): torch.fmod,
+          id(gluon_score_mod.approximate_tanh): torch.tanh}
 _EMULATED: dict = {}
 
 

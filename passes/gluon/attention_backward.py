@@ -37,6 +37,18 @@ BLOCK_N = 2 * HALF
 NUM_WARPS = 4
 MAX_REGISTERS = 168
 LOG2E = gl.constexpr(1.4426950408889634)
+# No score mod: `score_mod.instantiate` binds these three in copies of the kernels that take one.
+MODDED = gl.constexpr(False)
+
+
+@gluon.jit
+def score_mod(x, b, h, q, kv):
+    return x
+
+
+@gluon.jit
+def score_mod_grad(x, g, b, h, q, kv):
+    return g
 
 
 @gluon.jit
@@ -69,11 +81,12 @@ def _row_stat(ptr, strides, batch, head, rows, seq_q):
 
 @gluon.jit
 def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, phase, lse_ptr, delta_ptr,
-                     lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale, causal,
-                     MASK: gl.constexpr, st_layout: gl.constexpr):
+                     lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale, sm_scale,
+                     causal, MASK: gl.constexpr, st_layout: gl.constexpr):
     # P^T and dS^T (float32) of one query block against a consumer's keys, the products S^T and
     # dP^T in flight together. MASK "diagonal": the causal diagonal's block; "keys": the causal
-    # mask where `causal`, and keys past `seq_k`; "": none.
+    # mask where `causal`, and keys past `seq_k`; "": none. With a score mod, dS^T is with
+    # respect to the scores before it.
     zero = gl.zeros([HALF_N, TILE_M], gl.float32, st_layout)
     mbarrier.wait(q_ready.index(slot), phase)
     st_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -84,19 +97,31 @@ def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, p
     lse = _row_stat(lse_ptr, lse_strides, batch, head, q_rows, seq_q) * LOG2E
     delta = _row_stat(delta_ptr, delta_strides, batch, head, q_rows, seq_q)
     st = warpgroup_mma_wait(1, deps=(st_tok, ))
-    pt = gl.exp2(st * qk_scale - lse[None, :])
+    if MODDED:
+        x = st * sm_scale
+        pt = gl.exp2(score_mod(x, batch, head, q_rows[None, :], k_rows[:, None]) * LOG2E - lse[None, :])
+        # Rows past the queries' end hold TMA's zeros, where a mod may not be finite: nothing
+        # from them may reach dK or dV.
+        pt = gl.where((q_rows < seq_q)[None, :], pt, 0.0)
+    else:
+        pt = gl.exp2(st * qk_scale - lse[None, :])
     if MASK == "diagonal":
         pt = gl.where(q_rows[None, :] >= k_rows[:, None], pt, 0.0)
     if MASK == "keys":
         visible = (k_rows < seq_k)[:, None] & ((q_rows[None, :] >= k_rows[:, None]) | (causal == 0))
         pt = gl.where(visible, pt, 0.0)
     dpt = warpgroup_mma_wait(0, deps=(dpt_tok, ))
-    return pt, pt * (dpt - delta[None, :])
+    dst = pt * (dpt - delta[None, :])
+    if MODDED:
+        # Where P is 0 so is the gradient (the mod's derivative is finite where it is), also where
+        # it is masked and the derivative may not be.
+        dst = gl.where(pt == 0.0, 0.0, score_mod_grad(x, dst, batch, head, q_rows[None, :], k_rows[:, None]))
+    return pt, dst
 
 
 @gluon.jit
 def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
-               lse_strides, delta_strides, batch, head, q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale,
+               lse_strides, delta_strides, batch, head, q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale,
                MASK: gl.constexpr, st_layout: gl.constexpr, op_layout: gl.constexpr):
     # One query block's share of dK and dV. Rows past a sequence's end need no mask: TMA reads
     # their Q and dO as zeros, so their products add nothing to dK and dV, and dK/dV rows past
@@ -106,8 +131,8 @@ def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_e
     q_tile = matrix(q_smem.index(slot))
     do_tile = matrix(do_smem.index(slot))
     pt, dst = transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, phase, lse_ptr, delta_ptr,
-                               lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale, 1,
-                               MASK, st_layout)
+                               lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale,
+                               sm_scale, 1, MASK, st_layout)
     pt_op = gl.convert_layout(pt.to(do_tile.dtype), op_layout)
     dst_op = gl.convert_layout(dst.to(do_tile.dtype), op_layout)
     dv_tok = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
@@ -180,12 +205,13 @@ def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar,
         for i in range(diagonal):
             dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                                 delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
-                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, "diagonal", st_layout,
-                                op_layout)
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, "diagonal",
+                                st_layout, op_layout)
         for i in range(diagonal, n_blocks):
             dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                                 delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
-                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, "", st_layout, op_layout)
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, "", st_layout,
+                                op_layout)
     store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
                acc_layout)
 
@@ -254,8 +280,9 @@ def _dq_loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
 
 
 @gluon.jit
-def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, s_rows, lse, delta, dq, seq_k,
-             qk_scale, causal, MASKED: gl.constexpr, s_layout: gl.constexpr, op_layout: gl.constexpr):
+def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, batch, head, s_rows, lse, delta,
+             dq, seq_k, qk_scale, sm_scale, causal, MASKED: gl.constexpr, s_layout: gl.constexpr,
+             op_layout: gl.constexpr):
     # One KV tile's share of dQ. Only the causal diagonal's tiles and a ragged last tile are
     # masked (MASKED): a key past the end is read as zeros, so its dP is 0, but P there would be
     # exp2(-lse), which overflows where the row's scores are all far below zero.
@@ -269,14 +296,21 @@ def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
     mbarrier.wait(v_ready.index(slot), phase)
     dp_tok = warpgroup_mma(do_tile, v_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    p = gl.exp2(s * qk_scale - lse[:, None])
+    k_cols = j * DQ_TILE_N + gl.arange(0, DQ_TILE_N, layout=gl.SliceLayout(0, s_layout))
+    if MODDED:
+        x = s * sm_scale
+        p = gl.exp2(score_mod(x, batch, head, s_rows[:, None], k_cols[None, :]) * LOG2E - lse[:, None])
+    else:
+        p = gl.exp2(s * qk_scale - lse[:, None])
     if MASKED:
-        k_cols = j * DQ_TILE_N + gl.arange(0, DQ_TILE_N, layout=gl.SliceLayout(0, s_layout))
         visible = (k_cols < seq_k)[None, :] & ((s_rows[:, None] >= k_cols[None, :]) | (causal == 0))
         p = gl.where(visible, p, 0.0)
     dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
     mbarrier.arrive(v_empty.index(slot), count=1)
-    ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
+    ds = p * (dp - delta[:, None])
+    if MODDED:
+        ds = gl.where(p == 0.0, 0.0, score_mod_grad(x, ds, batch, head, s_rows[:, None], k_cols[None, :]))
+    ds_op = gl.convert_layout(ds.to(q_tile.dtype), op_layout)
     dq_tok = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
     dq, ds_op = warpgroup_mma_wait(0, deps=(dq_tok, ds_op))
     mbarrier.arrive(k_empty.index(slot), count=1)
@@ -317,11 +351,11 @@ def _dq_consumer(HALF_INDEX: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ba
     delta = gl.convert_layout(delta, gl.SliceLayout(1, s_layout))
     dq = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
     for j in range(n_plain):
-        dq = _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, s_rows, lse, delta, dq,
-                      seq_k, qk_scale, causal, False, s_layout, op_layout)
+        dq = _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, batch, head, s_rows, lse,
+                      delta, dq, seq_k, qk_scale, sm_scale, causal, False, s_layout, op_layout)
     for j in range(n_plain, n_tiles):
-        dq = _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, s_rows, lse, delta, dq,
-                      seq_k, qk_scale, causal, True, s_layout, op_layout)
+        dq = _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, batch, head, s_rows, lse,
+                      delta, dq, seq_k, qk_scale, sm_scale, causal, True, s_layout, op_layout)
 
     dq_base = dq_ptr + batch.to(gl.int64) * dq_strides[0] + head.to(gl.int64) * dq_strides[1]
     gl.store(dq_base + rows.to(gl.int64)[:, None] * dq_strides[2] + cols[None, :], (dq * sm_scale).to(dtype),
@@ -392,8 +426,14 @@ DESCRIPTORS = ("q", "k", "v", "do")
 KERNELS = ("dq", "dkdv")
 
 
-def kernel_function(kernel: str):
-    return {"dq": attention_backward_dq, "dkdv": attention_backward_dkdv}[kernel]
+def kernel_function(kernel: str, mod=None):
+    """The kernel's jit function; with a score mod (score_mod.ScoreMod), its copy that applies it."""
+    fn = {"dq": attention_backward_dq, "dkdv": attention_backward_dkdv}[kernel]
+    if mod is None:
+        return fn
+    from .score_mod import instantiate
+
+    return instantiate(mod)[id(fn)]
 
 
 def pointer_args(kernel: str) -> tuple:
@@ -423,11 +463,11 @@ def kernel_constants(kernel: str, heads: int, kv_heads: int, seq_q: int, seq_k: 
             "QK_SCALE": scale * 1.4426950408889634, "SM_SCALE": scale, "CAUSAL": causal}
 
 
-def compile_ttgir(kernel: str, element: str, dim: int, constants: dict) -> str:
-    """The kernel ("dq" or "dkdv") instantiated with `constants` and compiled for sm90: its Triton
-    GPU IR. `element` is Triton's name of q's type (bf16, fp16)."""
+def compile_ttgir(kernel: str, element: str, dim: int, constants: dict, mod=None) -> str:
+    """The kernel ("dq" or "dkdv") instantiated with `constants` (and a score mod) and compiled for
+    sm90: its Triton GPU IR. `element` is Triton's name of q's type (bf16, fp16)."""
     from .compile import backward_ttgir
 
     descriptors = [(role, element, block) for role, block in zip(DESCRIPTORS, descriptor_blocks(kernel, dim))]
-    return backward_ttgir(kernel_function(kernel), element, descriptors, _POINTERS[kernel], _ROW_STATS, constants,
+    return backward_ttgir(kernel_function(kernel, mod), element, descriptors, _POINTERS[kernel], _ROW_STATS, constants,
                           NUM_WARPS, MAX_REGISTERS)

@@ -34,7 +34,7 @@ from .pipeline import NUM_STAGES, async_reduce_add, matrix, rings
 @gluon.jit
 def _fused_step(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                 do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides, batch, head,
-                q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, causal, MASK: gl.constexpr,
+                q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, causal, MASK: gl.constexpr,
                 st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr):
     slot = t % NUM_STAGES
     phase = (t // NUM_STAGES) & 1
@@ -43,8 +43,8 @@ def _fused_step(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sm
     q_tile = matrix(q_smem.index(slot))
     do_tile = matrix(do_smem.index(slot))
     pt, dst = transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, phase, lse_ptr, delta_ptr,
-                               lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale, causal,
-                               MASK, st_layout)
+                               lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale,
+                               sm_scale, causal, MASK, st_layout)
     dst = dst.to(do_tile.dtype)
     pt_op = gl.convert_layout(pt.to(do_tile.dtype), op_layout)
     dst_op = gl.convert_layout(dst, op_layout)
@@ -102,12 +102,12 @@ def _fused_consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, d
             dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                                  do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
                                  batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
-                                 dv, seq_q, seq_k, qk_scale, causal, "keys", st_layout, op_layout, dq_layout)
+                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, "keys", st_layout, op_layout, dq_layout)
         for i in range(masked, n_blocks):
             dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                                  do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
                                  batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
-                                 dv, seq_q, seq_k, qk_scale, causal, "", st_layout, op_layout, dq_layout)
+                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, "", st_layout, op_layout, dq_layout)
     # The shared memory must outlive the reductions that read it.
     tma.store_wait(0)
     store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
@@ -242,9 +242,15 @@ _POINTERS = {"delta": (("out", 3), ("do", 3), ("dlse", 2), ("delta", 2), ("dq_su
 _ROW_STATS = ("lse", "dlse", "delta")
 
 
-def kernel_function(kernel: str):
-    return {"delta": attention_backward_delta, "dkdvdq": attention_backward_fused,
-            "convert": attention_backward_convert}[kernel]
+def kernel_function(kernel: str, mod=None):
+    """The kernel's jit function; with a score mod (score_mod.ScoreMod), its copy that applies it."""
+    fn = {"delta": attention_backward_delta, "dkdvdq": attention_backward_fused,
+          "convert": attention_backward_convert}[kernel]
+    if mod is None or kernel != "dkdvdq":
+        return fn
+    from .score_mod import instantiate
+
+    return instantiate(mod)[id(fn)]
 
 
 def pointer_args(kernel: str) -> tuple:
@@ -291,11 +297,12 @@ def kernel_constants(kernel: str, heads: int, kv_heads: int, seq_q: int, seq_k: 
     return dict(constants, SM_SCALE=scale) if kernel == "convert" else constants
 
 
-def compile_ttgir(kernel: str, element: str, dim: int, constants: dict) -> str:
-    """The kernel instantiated with `constants` and compiled for sm90: its Triton GPU IR."""
+def compile_ttgir(kernel: str, element: str, dim: int, constants: dict, mod=None) -> str:
+    """The kernel instantiated with `constants` (and a score mod) and compiled for sm90: its Triton
+    GPU IR."""
     from .attention_backward import MAX_REGISTERS, NUM_WARPS
     from .compile import backward_ttgir
 
-    return backward_ttgir(kernel_function(kernel), element, descriptors(kernel, element, dim), _POINTERS[kernel],
+    return backward_ttgir(kernel_function(kernel, mod), element, descriptors(kernel, element, dim), _POINTERS[kernel],
                           _ROW_STATS, constants, NUM_WARPS, MAX_REGISTERS if kernel == "dkdvdq" else 0,
                           float32=_FLOAT32)

@@ -313,7 +313,7 @@ def _defining(value):
 
 
 # Ops that turn a float into a decision or an integer: an approximation there could flip it.
-_DECISIONS = {"arith.cmpf", "arith.fptosi", "arith.fptoui", "math.floor", "math.ceil", "math.round",
+DECISIONS = {"arith.cmpf", "arith.fptosi", "arith.fptoui", "math.floor", "math.ceil", "math.round",
               "math.roundeven", "math.trunc"}
 
 
@@ -322,7 +322,7 @@ def _reaches_decision(value) -> bool:
     seen, todo = set(), [value]
     while todo:
         for use in todo.pop().uses:
-            if use.owner.name in _DECISIONS:
+            if use.owner.name in DECISIONS:
                 return True
             for result in use.owner.results:
                 if is_float(element_type(result.type)) and result not in seen:

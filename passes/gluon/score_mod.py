@@ -1,0 +1,300 @@
+"""Score mods in the Gluon kernels: a score_mod region and its derivative (the region of
+attn-differentiate's `attn.score_mod_grad`) become `@gluon.jit` functions, and the backward's
+kernels are instantiated with them.
+
+Gluon compiles Python functions, so each region is written as one: a statement per op through
+the table below, with the math ops Triton has no lowering of on every target written as
+`passes/triton/expansions.py` writes them for the Triton IR kernels (its formulas called on this
+module's writer), so both lowerings compute the same values. The function text is registered with
+`linecache`, where Gluon's frontend reads a function's source.
+
+A kernel's partitions (`gl.warp_specialize`) take no constexpr arguments, so a function cannot be
+passed down to the consumer warpgroups as one: `instantiate` copies the kernel modules' jit
+functions with globals that bind `MODDED`, `score_mod` and `score_mod_grad` instead.
+
+What a region may hold: the scalar ops the tracer writes, on f32, i1, i64 and `index` (i32 in the
+kernels, as in the Triton IR ones) values, and constants. A read of a closure tensor
+(`tensor.extract`) is a located error: the kernels take no closure tensors yet.
+"""
+from __future__ import annotations
+
+import itertools
+import linecache
+import types
+from typing import NamedTuple
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ...core.regions import ScalarProgram, from_region
+from ...core.scalar_eval import constant_value
+from ..l1_ops import fail
+from ..triton.expansions import FAST_TANH_PTX, MathExpansions
+
+
+@gluon.jit
+def divsi(a, b):
+    # Triton's // on integers truncates, as arith.divsi does (the emulator binds its own).
+    return a // b
+
+
+@gluon.jit
+def remsi(a, b):
+    return a % b
+
+
+@gluon.jit
+def remf(a, b):
+    # Triton's % on floats is C's fmod, arith.remf's.
+    return a % b
+
+
+_TANH_PTX = gl.constexpr(FAST_TANH_PTX)
+
+
+@gluon.jit
+def approximate_tanh(x):
+    return gl.inline_asm_elementwise(_TANH_PTX, "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+_DTYPES = {"f32": "gl.float32", "index": "gl.int32", "i64": "gl.int64", "i32": "gl.int32", "i16": "gl.int16",
+           "i8": "gl.int8", "i1": "gl.int1"}
+_INFIX = {"arith.addf": "+", "arith.addi": "+", "arith.subf": "-", "arith.subi": "-", "arith.mulf": "*",
+          "arith.muli": "*", "arith.divf": "/", "arith.andi": "&", "arith.ori": "|", "arith.xori": "^"}
+_CALLS = {"math.exp": "gl.exp", "math.exp2": "gl.exp2", "math.log": "gl.log", "math.log2": "gl.log2",
+          "math.sqrt": "gl.sqrt", "math.rsqrt": "gl.rsqrt", "math.sin": "gl.sin", "math.cos": "gl.cos",
+          "math.floor": "gl.floor", "math.ceil": "gl.ceil", "math.erf": "gl.erf", "math.absf": "gl.abs",
+          "math.absi": "gl.abs", "arith.maxsi": "gl.maximum", "arith.minsi": "gl.minimum",
+          "arith.divsi": "divsi", "arith.remsi": "remsi", "arith.remf": "remf", "arith.select": "gl.where"}
+# arith.maximumf / minimumf propagate NaN; gl.maximum does where asked.
+_NAN_CALLS = {"arith.maximumf": "gl.maximum", "arith.minimumf": "gl.minimum"}
+_CASTS = ("arith.index_cast", "arith.index_castui", "arith.extsi", "arith.extui", "arith.trunci", "arith.sitofp",
+          "arith.uitofp", "arith.fptosi", "arith.fptoui", "arith.extf", "arith.truncf")
+_EXPANDED = {"arith.negf": MathExpansions.negf, "arith.floordivsi": MathExpansions.floordivsi,
+             "math.tanh": MathExpansions.tanh, "math.log1p": MathExpansions.log1p,
+             "math.expm1": MathExpansions.expm1, "math.powf": MathExpansions.powf,
+             "math.roundeven": MathExpansions.roundeven}
+# Predicates by arith's numbers. Unsigned integer ones compare as signed, as the reference
+# evaluator does: the values they meet are positions, never negative.
+_CMPI = {0: "==", 1: "!=", 2: "<", 3: "<=", 4: ">", 5: ">=", 6: "<", 7: "<=", 8: ">", 9: ">="}
+_CMPI_NAMES = {"eq": "==", "ne": "!=", "slt": "<", "sle": "<=", "sgt": ">", "sge": ">="}
+# Triton's float comparisons are the ordered ones, and != the unordered one (NaN != x).
+_CMPF = {1: "==", 2: ">", 3: ">=", 4: "<", 5: "<=", 13: "!="}
+_CMPF_NAMES = {"oeq": "==", "ogt": ">", "oge": ">=", "olt": "<", "ole": "<=", "une": "!="}
+
+
+class _Value(NamedTuple):
+    name: str
+    elt: str
+    tile: bool  # derived from the tile argument(s), so of the tile's shape
+
+
+class _Unsupported(Exception):
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index = index
+
+
+class _Writer:
+    """Statements of one function body. It offers `op`, `const`, `cmpi`, `cmpf`, `select` and
+    `negf` as the Triton IR lowering's builder does, so `MathExpansions`' formulas write here."""
+
+    negf = MathExpansions.negf
+
+    def __init__(self, constants: dict):
+        self.lines: list[str] = []
+        self.constants = constants  # (literal, elt) -> module-level constexpr name, shared by a module
+        self._names = itertools.count()
+
+    def _emit(self, expression: str, elt: str, *operands: _Value) -> _Value:
+        name = f"v{next(self._names)}"
+        self.lines.append(f"    {name} = {expression}")
+        return _Value(name, elt, any(o.tile for o in operands))
+
+    def const(self, value, elt: str) -> _Value:
+        if elt == "i1":
+            literal = repr(bool(value))
+        elif elt in ("f32", "f16", "bf16", "f64"):
+            literal = f'float("{float(value)!r}")'
+        else:
+            literal = repr(int(value))
+        key = (literal, elt)
+        if key not in self.constants:
+            self.constants[key] = f"C{len(self.constants)}"
+        return _Value(self.constants[key], elt, False)
+
+    def op(self, name: str, *operands: _Value, elt: str | None = None, attrs: str = "") -> _Value:
+        elt = elt or operands[0].elt
+        names = [o.name for o in operands]
+        if name in _INFIX:
+            return self._emit(f"{names[0]} {_INFIX[name]} {names[1]}", elt, *operands)
+        if name in _CALLS:
+            return self._emit(f"{_CALLS[name]}({', '.join(names)})", elt, *operands)
+        if name in _NAN_CALLS:
+            return self._emit(f"{_NAN_CALLS[name]}({names[0]}, {names[1]}, propagate_nan=PROPAGATE_ALL)", elt,
+                              *operands)
+        if name in _CASTS:
+            return self._emit(f"{names[0]}.to({_DTYPES[elt]})", elt, *operands)
+        if name in _EXPANDED:
+            return _EXPANDED[name](self, *operands)
+        raise KeyError(name)
+
+    def cmpi(self, predicate, a: _Value, b: _Value) -> _Value:
+        symbol = _CMPI[predicate] if isinstance(predicate, int) else _CMPI_NAMES[predicate]
+        return self._emit(f"{a.name} {symbol} {b.name}", "i1", a, b)
+
+    def cmpf(self, predicate, a: _Value, b: _Value) -> _Value:
+        symbol = _CMPF[predicate] if isinstance(predicate, int) else _CMPF_NAMES[predicate]
+        return self._emit(f"{a.name} {symbol} {b.name}", "i1", a, b)
+
+    def select(self, c: _Value, a: _Value, b: _Value) -> _Value:
+        return self.op("arith.select", c, a, b, elt=a.elt)
+
+    def approximate_tanh(self, x: _Value) -> _Value:
+        return self._emit(f"approximate_tanh({x.name})", x.elt, x)
+
+
+def _predicate(op) -> int:
+    return int(op.attr("predicate").split(":")[0])
+
+
+def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, exact_tanh: set) -> list[_Value]:
+    """The program's statements; its first `tiles` arguments are tiles, the others scalars or
+    broadcast positions. Returns the yielded values."""
+    values = {f"arg{i}": _Value(f"a{i}", "i32" if t == "index" else t, i < tiles)
+              for i, t in enumerate(program.arg_types)}
+    for i, source in enumerate(program.sources):
+        if source[0] != "constant":
+            raise _Unsupported(-1, "reads a value from outside the region that is not a constant")
+        values[f"ext{i}"] = writer.const(constant_value(source[1], source[2]).item(), source[2])
+    for index, op in enumerate(program.ops):
+        elt = "i32" if op.result_types[0] == "index" else op.result_types[0]
+        operands = [values[key] for key in op.operands]
+        if op.name == "arith.constant":
+            out = writer.const(constant_value(op.attr("value"), op.result_types[0]).item(), elt)
+        elif op.name == "tensor.extract":
+            raise _Unsupported(index, "reads a closure tensor, which the Gluon kernels take none of")
+        elif op.name == "arith.cmpi" and _predicate(op) in _CMPI:
+            out = writer.cmpi(_predicate(op), *operands)
+        elif op.name == "arith.cmpf" and _predicate(op) in _CMPF:
+            out = writer.cmpf(_predicate(op), *operands)
+        elif op.name == "math.tanh" and fast_tanh and elt == "f32" and index not in exact_tanh:
+            out = writer.approximate_tanh(operands[0])
+        elif not operands or not any(o.name[0] in "av" for o in operands):
+            raise _Unsupported(index, "has only constant operands")
+        else:
+            try:
+                out = writer.op(op.name, *operands, elt=elt)
+            except KeyError:
+                raise _Unsupported(index, "is not lowered to Gluon") from None
+        values[f"v{index}_0"] = out
+    return [values[key] for key in program.results or (program.result,)]
+
+
+def _decision_tanhs(program: ScalarProgram) -> set:
+    """The tanh ops whose value flows, through float ops, into a comparison or a float-to-integer
+    op: the approximation could flip that decision, so they keep the exact formula (as the
+    Triton IR lowering's `_reaches_decision`)."""
+    from ..triton.ops import DECISIONS
+
+    users: dict[str, list[int]] = {}
+    for index, op in enumerate(program.ops):
+        for key in op.operands:
+            users.setdefault(key, []).append(index)
+    exact = set()
+    for index, op in enumerate(program.ops):
+        if op.name != "math.tanh":
+            continue
+        todo, seen = [f"v{index}_0"], set()
+        while todo:
+            for user in users.get(todo.pop(), ()):
+                user_op = program.ops[user]
+                if user_op.name in DECISIONS:
+                    exact.add(index)
+                elif user_op.result_types[0] in ("f32", "f16", "bf16") and user not in seen:
+                    seen.add(user)
+                    todo.append(f"v{user}_0")
+    return exact
+
+
+_SOURCES = itertools.count()
+
+
+def _function(name: str, program: ScalarProgram, params: int, tiles: int, writer: _Writer, fast_tanh: bool) -> str:
+    results = _body(program, writer, tiles, fast_tanh, _decision_tanhs(program))
+    result = results[0]
+    # A value that does not depend on the tile (a constant, a bias of the positions alone) is
+    # broadcast to it: the kernel adds it to a tile.
+    value = result.name if result.tile else f"{result.name} + gl.zeros_like(a0)"
+    args = ", ".join(f"a{i}" for i in range(params))
+    return "\n".join([f"@gluon.jit\ndef {name}({args}):", *writer.lines, f"    return {value}", ""])
+
+
+class ScoreMod(NamedTuple):
+    """A score_mod and its derivative as Gluon functions: `score_mod(x, b, h, q, kv)` and
+    `score_mod_grad(x, g, b, h, q, kv)`, x the scaled score and g the gradient of the modified one."""
+
+    score_mod: object
+    score_mod_grad: object
+
+
+def lower_score_mod(mod_op, grad_op, fast_tanh: bool) -> ScoreMod:
+    """The attn.score_mod and attn.score_mod_grad ops' regions as Gluon functions; a CompileError
+    located at the first op neither can hold."""
+    constants: dict = {}
+    texts = []
+    for op, name, params, tiles in ((mod_op, "score_mod", 5, 1), (grad_op, "score_mod_grad", 6, 2)):
+        try:
+            texts.append(_function(name, from_region(op.regions[0]), params, tiles, _Writer(constants), fast_tanh))
+        except _Unsupported as error:
+            raise _located(op, error) from None
+    header = ["from triton.experimental import gluon", "from triton.experimental.gluon import language as gl",
+              "from triton.language import PropagateNan",
+              "from ae_mlir.passes.gluon.score_mod import approximate_tanh, divsi, remf, remsi",
+              "PROPAGATE_ALL = gl.constexpr(PropagateNan.ALL)"]
+    header += [f"{name} = gl.constexpr({literal})" for (literal, _), name in constants.items()]
+    source = "\n".join(header) + "\n\n\n" + "\n\n".join(texts)
+    filename = f"<ae-mlir score_mod {next(_SOURCES)}>"
+    # Gluon's frontend reads a jit function's source through inspect, which reads linecache.
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    scope: dict = {"__name__": "ae_mlir.passes.gluon.generated_score_mod"}
+    exec(compile(source, filename, "exec"), scope)
+    return ScoreMod(scope["score_mod"], scope["score_mod_grad"])
+
+
+def check(mod_op) -> None:
+    """A CompileError located at the first op of the score_mod region this module does not lower
+    (its derivative holds only ops the forward's do, and the chain rule's selects and constants)."""
+    try:
+        _body(from_region(mod_op.regions[0]), _Writer({}), 1, False, set())
+    except _Unsupported as error:
+        raise _located(mod_op, error) from None
+
+
+def _located(op, error: _Unsupported):
+    """The CompileError of `error`, at the op of `op`'s region it names (or at `op`)."""
+    where = op if error.index < 0 else list(op.regions[0].blocks[0].operations)[error.index].operation
+    return fail(where, f"{error} (attn-lower-to-gluon's score_mod)")
+
+
+def instantiate(mod: ScoreMod) -> dict:
+    """Copies of the backward kernels' jit functions (both forms'), by the id of the original,
+    whose globals bind the score mod: each copy's globals are its own module's, with the other
+    copies in place of the originals."""
+    from . import attention_backward, attention_backward_fused
+
+    modules = (attention_backward, attention_backward_fused)
+    bindings = {"MODDED": gl.constexpr(True), "score_mod": mod.score_mod, "score_mod_grad": mod.score_mod_grad}
+    scopes = {m.__name__: dict(vars(m), **bindings) for m in modules}
+    copies = {}
+    for m in modules:
+        for value in vars(m).values():
+            if isinstance(value, type(divsi)) and value.fn.__module__ in scopes and id(value) not in copies:
+                fn = value.fn
+                copies[id(value)] = gluon.jit(types.FunctionType(fn.__code__, scopes[fn.__module__], fn.__name__,
+                                                                 fn.__defaults__, fn.__closure__))
+    for scope in scopes.values():
+        for name, value in list(scope.items()):
+            if id(value) in copies:
+                scope[name] = copies[id(value)]
+    return copies
