@@ -372,7 +372,7 @@ def _gl() -> types.SimpleNamespace:
         arange=lambda start, end, layout=None: torch.arange(start, end, dtype=torch.int32),
         zeros=lambda shape, dtype, layout=None: torch.zeros(list(shape), dtype=dtype),
         full=lambda shape, value, dtype, layout=None: torch.full(list(shape), value, dtype=dtype),
-        where=lambda cond, a, b: torch.where(cond, _value(a), _value(b)),
+        where=lambda cond, a, b: torch.where(torch.as_tensor(cond), _value(a), _value(b)),
         max=lambda x, axis: _value(x).amax(dim=axis),
         sum=lambda x, axis: _value(x).sum(dim=axis),
         exp2=lambda x: torch.exp2(_value(x)),
@@ -412,12 +412,14 @@ def _loop_range(*bounds):
 
 def emulated(jit_fn):
     """The jit function's Python code with the Gluon names it reads bound to the emulator's."""
+    # Keyed by id with the function kept alive: the copies a score mod's kernels are (passes/
+    # gluon/score_mod.instantiate) come and go, and a freed one's id may be taken again.
     if id(jit_fn) in _EMULATED:
-        return _EMULATED[id(jit_fn)]
+        return _EMULATED[id(jit_fn)][1]
     fn = jit_fn.fn
     scope = dict(fn.__globals__)
     fn_copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    _EMULATED[id(jit_fn)] = fn_copy
+    _EMULATED[id(jit_fn)] = (jit_fn, fn_copy)
     scope["range"] = _loop_range
     for name, value in fn.__globals__.items():
         if id(value) in _MOCKS:

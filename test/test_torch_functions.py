@@ -247,3 +247,27 @@ def test_feature_map_equals_its_five_argument_form():
 def test_feature_map_of_another_arity_is_refused(mod):
     with pytest.raises(ValueError, match="k_mod"):
         ae.linear_attention(k_mod=mod)
+
+
+@pytest.mark.parametrize("mod", [
+    lambda s, b, h, q_idx, kv_idx: F.softplus(10.0 * s, beta=2.0, threshold=5.0) * 0.1,
+    lambda s, b, h, q_idx, kv_idx: F.logsigmoid(-40.0 * s) * 0.05,
+], ids=["softplus", "logsigmoid"])
+def test_softplus_gradients_stay_finite_where_exp_overflows(mod):
+    """softplus decomposes into a select between x and log1p(exp(beta x)) / beta; where beta x
+    passes 88, exp overflows in float32, and the branch not taken had a derivative of inf / inf,
+    which the select's zero did not cancel: NaN gradients on every backend. Its exponent is
+    capped at the threshold now."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, L, D, generator=g) * 3 for _ in range(3))
+    attn = ae.attention(score_mod=mod)
+    grads = []
+    for backend, dtype in (("cpu", torch.float32), ("reference", torch.float64)):
+        inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        attn(*inputs, backend=backend).sum().backward()
+        grads.append([t.grad.double() for t in inputs])
+    scores = q.double() @ k.double().transpose(-1, -2) / D ** 0.5
+    assert (10.0 * scores).max() > 200  # exp's argument past float32's range
+    for got, want in zip(*grads):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-3)

@@ -144,10 +144,13 @@ def _gelu(state, x, approximate="none"):
 
 def _softplus(state, x, beta=1.0, threshold=20.0):
     # torch: x where beta * x > threshold (the linear regime), else log1p(exp(beta * x)) / beta.
+    # The soft branch takes beta * x capped at the threshold: past it exp would overflow, and the
+    # derivative of the branch not taken, multiplied by zero, would be NaN (inf / inf).
     x = _float(state, x)
     bx = x * beta
-    soft = _PRIMITIVE["log1p"](state, _PRIMITIVE["exp"](state, bx)) / beta
-    return where(state, bx > threshold, x, soft)
+    linear = bx > threshold
+    soft = _PRIMITIVE["log1p"](state, _PRIMITIVE["exp"](state, where(state, linear, float(threshold), bx))) / beta
+    return where(state, linear, x, soft)
 
 
 def _logsigmoid(state, x):

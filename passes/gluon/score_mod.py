@@ -26,8 +26,8 @@ from typing import NamedTuple
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ...core.regions import ScalarProgram, from_region
-from ...core.scalar_eval import constant_value
+from ...core.regions import ScalarOp, ScalarProgram, from_region
+from ...core.scalar_eval import ScalarEvalError, constant_value, eval_op
 from ..l1_ops import fail
 from ..triton.expansions import FAST_TANH_PTX, MathExpansions
 
@@ -77,16 +77,17 @@ _EXPANDED = {"arith.negf": MathExpansions.negf, "arith.floordivsi": MathExpansio
 # Predicates by arith's numbers. Unsigned integer ones compare as signed, as the reference
 # evaluator does: the values they meet are positions, never negative.
 _CMPI = {0: "==", 1: "!=", 2: "<", 3: "<=", 4: ">", 5: ">=", 6: "<", 7: "<=", 8: ">", 9: ">="}
-_CMPI_NAMES = {"eq": "==", "ne": "!=", "slt": "<", "sle": "<=", "sgt": ">", "sge": ">="}
+_CMPI_NAMES = {"eq": 0, "ne": 1, "slt": 2, "sle": 3, "sgt": 4, "sge": 5}
 # Triton's float comparisons are the ordered ones, and != the unordered one (NaN != x).
 _CMPF = {1: "==", 2: ">", 3: ">=", 4: "<", 5: "<=", 13: "!="}
-_CMPF_NAMES = {"oeq": "==", "ogt": ">", "oge": ">=", "olt": "<", "ole": "<=", "une": "!="}
+_CMPF_NAMES = {"oeq": 1, "ogt": 2, "oge": 3, "olt": 4, "ole": 5, "une": 13}
 
 
 class _Value(NamedTuple):
     name: str
     elt: str
     tile: bool  # derived from the tile argument(s), so of the tile's shape
+    value: object = None  # a constant's, as a Python number
 
 
 class _Unsupported(Exception):
@@ -113,18 +114,40 @@ class _Writer:
 
     def const(self, value, elt: str) -> _Value:
         if elt == "i1":
-            literal = repr(bool(value))
+            value = bool(value)
+            literal = repr(value)
         elif elt in ("f32", "f16", "bf16", "f64"):
-            literal = f'float("{float(value)!r}")'
+            value = float(value)
+            literal = f'float("{value!r}")'
         else:
-            literal = repr(int(value))
+            value = int(value)
+            literal = repr(value)
         key = (literal, elt)
         if key not in self.constants:
             self.constants[key] = f"C{len(self.constants)}"
-        return _Value(self.constants[key], elt, False)
+        return _Value(self.constants[key], elt, False, value)
+
+    def _folded(self, name: str, operands: tuple, elt: str, predicate: int | None = None) -> _Value | None:
+        """The op's value where its operands are all constants (Gluon's frontend folds some ops on
+        Python numbers and not others), as the reference evaluator computes it, rounded to f32."""
+        import torch
+
+        if not all(o.value is not None for o in operands):
+            return None
+        attributes = (("predicate", f"{predicate} : i64"), ) if predicate is not None else ()
+        op = ScalarOp(name, tuple(f"c{i}" for i in range(len(operands))), attributes, (elt, ),
+                      tuple(o.elt for o in operands))
+        args = [torch.tensor(o.value, dtype=torch.bool if o.elt == "i1" else
+                             torch.float64 if isinstance(o.value, float) else torch.int64) for o in operands]
+        value = eval_op(op, args).item()
+        return self.const(torch.tensor(value, dtype=torch.float32).item() if elt == "f32" else value, elt)
 
     def op(self, name: str, *operands: _Value, elt: str | None = None, attrs: str = "") -> _Value:
         elt = elt or operands[0].elt
+        if name not in _EXPANDED:
+            folded = self._folded(name, operands, elt)
+            if folded is not None:
+                return folded
         names = [o.name for o in operands]
         if name in _INFIX:
             return self._emit(f"{names[0]} {_INFIX[name]} {names[1]}", elt, *operands)
@@ -140,18 +163,20 @@ class _Writer:
         raise KeyError(name)
 
     def cmpi(self, predicate, a: _Value, b: _Value) -> _Value:
-        symbol = _CMPI[predicate] if isinstance(predicate, int) else _CMPI_NAMES[predicate]
-        return self._emit(f"{a.name} {symbol} {b.name}", "i1", a, b)
+        predicate = _CMPI_NAMES.get(predicate, predicate)
+        folded = self._folded("arith.cmpi", (a, b), "i1", predicate)
+        return folded or self._emit(f"{a.name} {_CMPI[predicate]} {b.name}", "i1", a, b)
 
     def cmpf(self, predicate, a: _Value, b: _Value) -> _Value:
-        symbol = _CMPF[predicate] if isinstance(predicate, int) else _CMPF_NAMES[predicate]
-        return self._emit(f"{a.name} {symbol} {b.name}", "i1", a, b)
+        predicate = _CMPF_NAMES.get(predicate, predicate)
+        folded = self._folded("arith.cmpf", (a, b), "i1", predicate)
+        return folded or self._emit(f"{a.name} {_CMPF[predicate]} {b.name}", "i1", a, b)
 
     def select(self, c: _Value, a: _Value, b: _Value) -> _Value:
         return self.op("arith.select", c, a, b, elt=a.elt)
 
     def approximate_tanh(self, x: _Value) -> _Value:
-        return self._emit(f"approximate_tanh({x.name})", x.elt, x)
+        return self._folded("math.tanh", (x, ), x.elt) or self._emit(f"approximate_tanh({x.name})", x.elt, x)
 
 
 def _predicate(op) -> int:
@@ -164,29 +189,31 @@ def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, 
     values = {f"arg{i}": _Value(f"a{i}", "i32" if t == "index" else t, i < tiles)
               for i, t in enumerate(program.arg_types)}
     for i, source in enumerate(program.sources):
-        if source[0] != "constant":
-            raise _Unsupported(-1, "reads a value from outside the region that is not a constant")
-        values[f"ext{i}"] = writer.const(constant_value(source[1], source[2]).item(), source[2])
+        if source[0] == "constant":
+            values[f"ext{i}"] = writer.const(constant_value(source[1], source[2]).item(), source[2])
+        elif source[0] != "operand":  # a closure tensor's reads fail below, at the read
+            raise _Unsupported(-1, "reads a value from outside the region that is neither a constant nor a "
+                                   "closure tensor")
     for index, op in enumerate(program.ops):
         elt = "i32" if op.result_types[0] == "index" else op.result_types[0]
+        if op.name == "tensor.extract":
+            raise _Unsupported(index, "reads a closure tensor, which the Gluon kernels take none of")
         operands = [values[key] for key in op.operands]
         if op.name == "arith.constant":
             out = writer.const(constant_value(op.attr("value"), op.result_types[0]).item(), elt)
-        elif op.name == "tensor.extract":
-            raise _Unsupported(index, "reads a closure tensor, which the Gluon kernels take none of")
         elif op.name == "arith.cmpi" and _predicate(op) in _CMPI:
             out = writer.cmpi(_predicate(op), *operands)
         elif op.name == "arith.cmpf" and _predicate(op) in _CMPF:
             out = writer.cmpf(_predicate(op), *operands)
         elif op.name == "math.tanh" and fast_tanh and elt == "f32" and index not in exact_tanh:
             out = writer.approximate_tanh(operands[0])
-        elif not operands or not any(o.name[0] in "av" for o in operands):
-            raise _Unsupported(index, "has only constant operands")
         else:
             try:
                 out = writer.op(op.name, *operands, elt=elt)
             except KeyError:
                 raise _Unsupported(index, "is not lowered to Gluon") from None
+            except (ScalarEvalError, RuntimeError, ValueError) as error:
+                raise _Unsupported(index, f"cannot be folded on its constants ({error})") from None
         values[f"v{index}_0"] = out
     return [values[key] for key in program.results or (program.result,)]
 

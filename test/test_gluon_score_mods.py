@@ -1,0 +1,167 @@
+"""The Gluon backward kernels with a score_mod (passes/gluon/score_mod.py): bundles built with
+`warp_specialize` take the Gluon kernels for their aligned variants, and run as the runtime binds
+them (the emulator for the Gluon kernels) they give float64 autograd's gradients, in both forms,
+with and without the causal mask, GQA and ragged lengths; every entry of the tracer's table goes
+through them; their sm90 PTX; a mod they cannot lower is a located error; the default keeps mods
+on the Triton IR kernels."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import ae_mlir as ae
+from ae_mlir import presets, runtime
+from ae_mlir.backends import triton as tb
+from ae_mlir.core.context import CompileError, new_context, parse_module
+
+import test_torch_functions as table
+from bundle_interp import interpret_roles
+from ptxas_report import ptxas_spill_bytes
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+MODS = {
+    "softcap": lambda s, b, h, q_idx, kv_idx: 30.0 * torch.tanh(s / 30.0),
+    "position bias": lambda s, b, h, q_idx, kv_idx: s + (kv_idx - q_idx) * 0.05,
+    "buckets": lambda s, b, h, q_idx, kv_idx: s - 0.5 * torch.abs((q_idx - kv_idx) // 32),
+    "per head and batch": lambda s, b, h, q_idx, kv_idx: s * (1.0 + 0.25 * h) - 0.5 * b,
+    "leaky": lambda s, b, h, q_idx, kv_idx: torch.where(s > 0, s, 0.25 * s),
+    "smooth": lambda s, b, h, q_idx, kv_idx: s + torch.log1p(torch.exp(-s.abs())),
+}
+
+
+def reference(q, k, v, do, dlse, mod, mask):
+    """dQ, dK, dV of sum(out * dO) + sum(lse * dlse) in float64, and the forward's out and lse."""
+    group = q.shape[1] // k.shape[1]
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    s = torch.einsum("bhqd,bhkd->bhqk", q64, k64.repeat_interleave(group, 1)) * q.shape[-1] ** -0.5
+    b, h, i, j = (torch.arange(n).view([-1 if d == a else 1 for a in range(4)]) for d, n in enumerate(s.shape))
+    s = mod(s, b, h, i, j)
+    if mask is not None:
+        s = s.masked_fill(~mask(b, h, i, j), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    out = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, -1), v64.repeat_interleave(group, 1))
+    ((out * do.double()).sum() + (lse * dlse.double()).sum()).backward()
+    return (q64.grad, k64.grad, v64.grad), out.detach().to(q.dtype), lse.detach().float()
+
+
+def check_gluon_backward(mod, mask, b, h, hkv, lq, lk, dim, dtype, reduce_dq, variants=(None, )):
+    """The bundle built with warp_specialize (the Gluon kernels for its aligned variants) against
+    float64 autograd: every gradient's largest error within 2% of its largest value."""
+    q, do = (torch.randn(b, h, lq, dim).mul(2).to(dtype) for _ in range(2))
+    k, v = (torch.randn(b, hkv, lk, dim).mul(2).to(dtype) for _ in range(2))
+    dlse = torch.randn(b, h, lq)
+    attn = ae.attention(score_mod=mod, mask_mod=mask)
+    bundle = tb.build_backward_bundle(attn.mlir(q, k, v), "cuda:90", {"warp_specialize": True,
+                                                                       "reduce_dq": reduce_dq})
+    assert {k.variants["aligned"].ir for k in runtime.kernels(bundle, True)} == {"ttgir"}
+    want, out, lse = reference(q, k, v, do, dlse, mod, mask)
+    given = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "do": do, "dlse": dlse}
+    for variant in variants:
+        got = interpret_roles(bundle, given, variant)
+        for role, w in zip(("dq", "dk", "dv"), want):
+            error = (got[role].double() - w).abs().max().item()
+            assert error <= 2e-2 * w.abs().max().item() + 1e-3, (variant, role, error)
+
+
+@pytest.mark.parametrize("reduce_dq", [False, True], ids=["two_kernels", "reduce_dq"])
+@pytest.mark.parametrize("name, mask, b, h, hkv, lq, lk, dim, dtype", [
+    ("softcap", causal, 1, 2, 1, 150, 150, 128, torch.bfloat16),
+    ("position bias", causal, 1, 2, 2, 130, 130, 64, torch.float16),
+    ("buckets", None, 1, 2, 1, 100, 230, 128, torch.bfloat16),
+    ("per head and batch", causal, 2, 2, 1, 96, 96, 64, torch.bfloat16),
+    ("leaky", None, 1, 1, 1, 200, 70, 64, torch.bfloat16),
+    ("smooth", causal, 1, 1, 1, 140, 140, 128, torch.float16),
+])
+def test_emulated_backward_with_a_score_mod_matches_float64(name, mask, b, h, hkv, lq, lk, dim, dtype, reduce_dq):
+    torch.manual_seed(lq + lk + dim)
+    check_gluon_backward(MODS[name], mask, b, h, hkv, lq, lk, dim, dtype, reduce_dq)
+
+
+def test_the_general_variant_of_a_modded_bundle_agrees():
+    """The same bundle's general variants (the Triton IR kernels, for layouts the aligned ones do
+    not take) give the same gradients."""
+    torch.manual_seed(3)
+    check_gluon_backward(MODS["softcap"], causal, 1, 2, 1, 100, 100, 64, torch.bfloat16, True, ("generic", ))
+
+
+def test_every_table_entry_through_the_gluon_backward():
+    """One attention holding every entry of the tracer's table (entry e on head e, as
+    test_torch_functions builds it), its backward in the Gluon kernels, against float64
+    autograd of eager torch: each entry's head's gradients."""
+    names = table.NAMES
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(1, len(names), 64, 64).to(torch.bfloat16) for _ in range(4))
+    dlse = torch.zeros(1, len(names), 64)
+
+    def mod(s, b, h, q_idx, kv_idx):
+        return torch.stack([table.EXAMPLES[name](s[:, e], q_idx[..., 0, :, :], kv_idx[..., 0, :, :])
+                            for e, name in enumerate(names)], dim=1).to(s.dtype)
+
+    want, out, lse = reference(q, k, v, do, dlse, mod, None)
+    bundle = tb.build_backward_bundle(table._attention(names).mlir(q, k, v), "cuda:90",
+                                      {"warp_specialize": True})
+    assert {k.variants["aligned"].ir for k in runtime.kernels(bundle, True)} == {"ttgir"}
+    got = interpret_roles(bundle, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "do": do, "dlse": dlse})
+    for e, name in enumerate(names):
+        for role, w in zip(("dq", "dk", "dv"), want):
+            error = (got[role][:, e].double() - w[:, e]).abs().max().item()
+            assert error <= 2e-2 * w[:, e].abs().max().item() + 1e-3, (name, role, error)
+
+
+@pytest.mark.parametrize("fast_tanh", [True, False])
+def test_modded_kernels_compile_for_sm90(fast_tanh):
+    """What the runtime compiles on the GPU, compiled here: soft-capping's five-product kernel
+    takes tanh from the hardware where the preset's fast_tanh asks (tanh.approx, in S's
+    recomputation and in its derivative) and the exact formula otherwise; its consumers spill
+    more than the unmodded kernel's (564 against 128 bytes causal at B 8, H 16, L 2048: x, the
+    scaled scores, stays live for the derivative), within the H100's shared memory."""
+    meta = [torch.empty(8, 16, 2048, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+    bundle = tb.build_backward_bundle(ae.attention(score_mod=MODS["softcap"], mask_mod=causal).mlir(*meta),
+                                      "cuda:90", {"warp_specialize": True, "fast_tanh": fast_tanh})
+    compiled = [runtime.compile_variant(k.variants["aligned"], "cuda:90", k.num_warps, k.num_stages)
+                for k in runtime.kernels(bundle, True)]
+    fused = compiled[1].asm["ptx"]
+    assert fused.count("wgmma.mma_async") >= 10 and "cp.reduce.async.bulk.tensor" in fused
+    assert ("tanh.approx.f32" in fused) is fast_tanh and "ex2.approx" in fused
+    assert compiled[1].metadata.shared <= 227 * 1024 and ptxas_spill_bytes(fused) <= 768
+
+
+def test_a_mod_the_gluon_kernels_cannot_lower_is_a_located_error():
+    """ALiBi's slopes are a closure tensor, which the Gluon kernels take none of: asked for them,
+    the build fails at the line of the mod that reads it; by default the backward is the Triton
+    IR kernels'."""
+    slopes = torch.tensor([0.5, 0.25])
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    line = inspect.getsourcelines(alibi)[1] + 1
+    meta = [torch.empty(1, 2, 256, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+    text = ae.attention(score_mod=alibi, mask_mod=causal).mlir(*meta, debug_info=True)
+    with pytest.raises(CompileError) as raised:
+        tb.build_backward_bundle(text, "cuda:90", {"warp_specialize": True})
+    diagnostic = raised.value.diagnostics[0]
+    assert "reads a closure tensor" in diagnostic.message and diagnostic.line == line
+    assert diagnostic.filename.endswith("test_gluon_score_mods.py")
+    assert {k.variants["aligned"].ir for k in runtime.kernels(tb.build_backward_bundle(text, "cuda:90"), True)} \
+        == {"ttir"}
+
+
+def test_the_default_keeps_score_mods_on_the_triton_ir_kernels():
+    """Until a GPU run puts them side by side (launch_defaults.GLUON_BACKWARD_SCORE_MODS), a
+    score_mod's backward takes the Triton IR kernels by default; asked for, the Gluon ones in
+    their five-product form. The forward's Gluon kernel takes no score_mod."""
+    meta = [torch.empty(8, 16, 2048, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+    text = ae.attention(score_mod=MODS["softcap"], mask_mod=causal).mlir(*meta)
+    problem = presets.read_problem(parse_module(text, new_context(), "l0.mlir"))
+    assert problem.score_mod and problem.gluon_backward == "causal" and problem.simple_mask is None
+    assert not presets.options_for("triton", problem, "cuda:90", backward=True).warp_specialize
+    asked = presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=True)
+    assert asked.warp_specialize and asked.reduce_dq
+    assert not presets.options_for("triton", problem, "cuda:90").warp_specialize
