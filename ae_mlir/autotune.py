@@ -148,12 +148,15 @@ def backward_candidates(problem: Problem, target: str, default: dict) -> list[li
         group = [dict(c, **keep) if not prefix else c for c in group
                  if any(default.get(k) != v for k, v in c.items())]
         groups.append(_unique([{}] + group))
-    if launch_defaults.warp_specialized(target, problem.gluon_backward, problem.lq, problem.dk, backward=True,
-                                        score_mod=problem.score_mod):
-        # The default is attn-lower-to-gluon's backward, which takes none of those options: it is
-        # tried against the Triton IR kernels first, whose tiles are then searched without it.
-        groups = [[{}, {"warp_specialize": False}]] + [[{}] + [dict(c, warp_specialize=False) for c in group[1:]]
-                                                       for group in groups]
+    gluon = launch_defaults.warp_specialized(target, problem.gluon_backward, problem.lq, problem.dk, backward=True,
+                                             score_mod=problem.score_mod)
+    if gluon or launch_defaults.warp_specialized(target, problem.gluon_backward, problem.lq, problem.dk,
+                                                 backward=True):
+        # attn-lower-to-gluon's backward takes none of those options: it is tried against the
+        # Triton IR kernels first (whichever is the default; with a score_mod, the latter), and
+        # their tiles are then searched without it.
+        groups = [[{}, {"warp_specialize": not gluon}]] + [[{}] + [dict(c, warp_specialize=False) for c in group[1:]]
+                                                           for group in groups]
     return groups
 
 

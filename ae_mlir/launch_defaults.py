@@ -124,7 +124,9 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
       causal 258 / 367 (one program per query block: 303 / 435) against 357 / 431, so causal keeps
       the Triton IR kernel there;
     - backward, D = 128: 397 / 451 full, 334 / 419 causal against 364 / 409 and 315 / 386; at D = 64
-      it trailed (0.90-0.96x), so the Triton IR kernels keep it.
+      it trailed (0.90-0.96x), so the Triton IR kernels keep it; with a score_mod (`score_mod`,
+      which the Gluon kernels take asked for) soft-capping ran 232 (five products) and 268 (two
+      kernels) against the Triton IR kernels' 291 at L 2048 (h100-gluon-score-mods-2026-12-06.json).
     Full attention at D = 64 takes the Gluon kernel only where its 192-row programs fill their
     waves nearly as well as the Triton IR kernel's 128-row ones (`batch_heads`, B * H, given): over
     ten batch x heads x length shapes (bench/results/h100-gluon-shapes-2026-12-06.json) it ran
@@ -132,7 +134,7 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
     0.67-0.89 full against the Triton IR kernel's 0.97."""
     if target != "cuda:90" or simple_mask is None or lq <= _SPLIT_MAX_LQ:
         return False
-    if score_mod and not GLUON_BACKWARD_SCORE_MODS:
+    if score_mod:
         return False
     if dk == 128:
         return True
@@ -144,12 +146,6 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
     gluon = grid_schedule.wave_fill(-(-lq // _GLUON_ROWS[dk]) * batch_heads, slots)
     triton = grid_schedule.wave_fill(-(-lq // _TRITON_PLAIN_ROWS) * batch_heads, slots)
     return gluon * _GLUON_FULL_D64_GAIN >= triton
-
-
-# Whether a backward with a score_mod takes the Gluon kernels by default (asked for with
-# `warp_specialize`, they take any mod `passes/gluon/score_mod.py` lowers): not until a GPU run
-# puts them beside the Triton IR kernels.
-GLUON_BACKWARD_SCORE_MODS = False
 
 
 # attn-lower-to-gluon's forward rows per program (passes/gluon/attention_forward.block_m), the

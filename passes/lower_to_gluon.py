@@ -20,13 +20,17 @@ With `backward=true` it writes the backward instead, as two stubs in launch orde
 (`passes/gluon/attention_backward.py`): `<name>_bwd_dq`, which also writes delta, and
 `<name>_bwd_dkdv`, each taking host descriptors over q, k, v and do, then its pointers and their
 strides (`backward_labels`); the backward preset takes it only when `warp_specialize` is asked for.
+The backward's kernels take a score_mod too: its region and attn-differentiate's derivative of it
+(`@<name>_grad`'s attn.score_mod_grad, consumed with the function) become Gluon functions the
+kernels call where they recompute P and form dS (`passes/gluon/score_mod.py`; `fast-tanh` as
+attn-lower-to-triton's).
 With `reduce-dq=true` the backward is the five-product form instead
 (`passes/gluon/attention_backward_fused.py`): `<name>_bwd_delta` (delta, and the float32 dQ sums
 zeroed), `<name>_bwd_dkdvdq` (the dK/dV kernel that also adds dS K into the sums by TMA
 reduce-adds, through a `dq_sums.tma` descriptor) and `<name>_bwd_convert` (dQ from the sums).
 
 What it takes (anything else is a located error; the triton preset picks this pass only where
-`presets.read_problem` found `simple_mask`): bf16 or f16 q, k, v of one type; Dk = Dv in {64,
+`presets.read_problem` found `simple_mask`, or for the backward `gluon_backward`): bf16 or f16 q, k, v of one type; Dk = Dv in {64,
 128}; query heads a multiple of the KV heads; the causal mask with as many queries as keys. Every
 kernel's grid is 1-D (work items of a query or key block, batch entry and head), so batch x heads
 has no grid-axis limit.

@@ -73,7 +73,8 @@ def test_candidates_come_in_two_groups_each_keeping_the_other_kernels_options():
 
 @pytest.mark.parametrize("dk", [128, 64])
 def test_where_the_gluon_backward_is_the_default_it_is_tried_against_the_triton_ir_kernels_first(dk):
-    problem = presets.Problem(lq=2048, lk=2048, dk=dk, dv=dk, dtype="bf16", simple_mask="causal")
+    problem = presets.Problem(lq=2048, lk=2048, dk=dk, dv=dk, dtype="bf16", simple_mask="causal",
+                              gluon_backward="causal")
     default = launch_defaults.backward_config(2048, 2048, dk, dk, "bf16", "cuda:90")
     groups = autotune.backward_candidates(problem, "cuda:90", default)
     if dk == 64:  # the Triton IR kernels are the default there: no such group
@@ -83,6 +84,17 @@ def test_where_the_gluon_backward_is_the_default_it_is_tried_against_the_triton_
     assert first == [{}, {"warp_specialize": False}]
     # The Triton IR tiles are searched without the Gluon kernel, which takes none of them.
     assert dq[0] == {} and dkdv[0] == {} and len(dq) > 1 and len(dkdv) > 1
+    assert all(c["warp_specialize"] is False for c in dq[1:] + dkdv[1:])
+
+
+def test_a_score_mods_gluon_backward_is_a_candidate_against_the_default_triton_ir_kernels():
+    """With a score_mod the Gluon backward is not the default (launch_defaults.warp_specialized)
+    but a tuned call tries it first, then the Triton IR tiles."""
+    problem = presets.Problem(lq=2048, lk=2048, dk=128, dv=128, dtype="bf16", gluon_backward="causal",
+                              score_mod=True)
+    default = launch_defaults.backward_config(2048, 2048, 128, 128, "bf16", "cuda:90")
+    first, dq, dkdv = autotune.backward_candidates(problem, "cuda:90", default)
+    assert first == [{}, {"warp_specialize": True}]
     assert all(c["warp_specialize"] is False for c in dq[1:] + dkdv[1:])
 
 

@@ -1,4 +1,4 @@
-"""The Hopper backward of softmax attention (no score_mod; no mask or the causal one): two
+"""The Hopper backward of softmax attention (no mask or the causal one): two
 kernels written in Gluon like the forward (`attention_forward.py`), FlashAttention-3's dK/dV
 kernel with dQ in a kernel of its own instead of its atomics, launched in that order.
 
@@ -19,6 +19,9 @@ lse is the forward's natural-log logsumexp of the scaled scores; dQ and dK come 
 softmax scale. Rows and keys past the sequence ends are read as zeros by TMA: they add nothing
 and are not stored, so only the causal diagonal's blocks are masked, and dQ's ragged last tile
 (P would be exp2(-lse) there, which overflows for rows whose scores all sit far below zero).
+With a score mod (`score_mod.instantiate` binds it), P = exp(mod(x) - lse) with x the scaled
+score, dS is with respect to x, dS = P (dP - delta) mod'(x), and the dK/dV kernels also mask the
+rows past the queries' end (a mod need not be finite at the zeros TMA reads there).
 Causal: a dK/dV program starts its walk at the first query block that sees its keys.
 """
 from __future__ import annotations
@@ -110,13 +113,17 @@ def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, p
     if MASK == "keys":
         visible = (k_rows < seq_k)[:, None] & ((q_rows[None, :] >= k_rows[:, None]) | (causal == 0))
         pt = gl.where(visible, pt, 0.0)
-    dpt = warpgroup_mma_wait(0, deps=(dpt_tok, ))
-    dst = pt * (dpt - delta[None, :])
     if MODDED:
-        # Where P is 0 so is the gradient (the mod's derivative is finite where it is), also where
-        # it is masked and the derivative may not be.
-        dst = gl.where(pt == 0.0, 0.0, score_mod_grad(x, dst, batch, head, q_rows[None, :], k_rows[:, None]))
-    return pt, dst
+        # The mod's derivative is linear in the gradient it is handed: its factor, taken at 1
+        # here, frees x before dP^T is waited for and shares the mod's recomputed values. Where
+        # P is 0 so is dS^T, also where P is masked and the factor may not be finite.
+        pt_factor = gl.where(pt == 0.0, 0.0,
+                             pt * score_mod_grad(x, 1.0, batch, head, q_rows[None, :], k_rows[:, None]))
+        pt = pt.to(k_tile.dtype)
+    else:
+        pt_factor = pt
+    dpt = warpgroup_mma_wait(0, deps=(dpt_tok, ))
+    return pt, pt_factor * (dpt - delta[None, :])
 
 
 @gluon.jit
@@ -305,12 +312,12 @@ def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
     if MASKED:
         visible = (k_cols < seq_k)[None, :] & ((s_rows[:, None] >= k_cols[None, :]) | (causal == 0))
         p = gl.where(visible, p, 0.0)
+    if MODDED:
+        # As in transposed_grads: the derivative's factor at 1, where P is not 0.
+        p = gl.where(p == 0.0, 0.0, p * score_mod_grad(x, 1.0, batch, head, s_rows[:, None], k_cols[None, :]))
     dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
     mbarrier.arrive(v_empty.index(slot), count=1)
-    ds = p * (dp - delta[:, None])
-    if MODDED:
-        ds = gl.where(p == 0.0, 0.0, score_mod_grad(x, ds, batch, head, s_rows[:, None], k_cols[None, :]))
-    ds_op = gl.convert_layout(ds.to(q_tile.dtype), op_layout)
+    ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
     dq_tok = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
     dq, ds_op = warpgroup_mma_wait(0, deps=(dq_tok, ds_op))
     mbarrier.arrive(k_empty.index(slot), count=1)
