@@ -70,8 +70,9 @@ def main(argv=None):
                              "an autotuning choice there) over the default config")
     parser.add_argument("--gluon", action="store_true",
                         help="attention (and backward, with --kinds) programs for cuda:90 only, those "
-                             "attn-lower-to-gluon takes (plain or causal, 16-bit, D 64/128), its kernels run in the "
-                             "Gluon emulator (warp_specialize on)")
+                             "attn-lower-to-gluon takes (plain or causal, 16-bit, D 64/128; the backward's half with a "
+                             "score_mod reading no closure tensor), its kernels run in the Gluon emulator "
+                             "(warp_specialize on)")
     parser.add_argument("--persistent", type=int, default=0, metavar="N",
                         help="with --gluon --kinds attention: the forward kernel's persistent grid of N programs, "
                              "each taking several query blocks")
@@ -121,7 +122,8 @@ def main(argv=None):
 
         @seed(args.seed * 1_000_003 + number)
         @settings(FUZZ, max_examples=count)
-        @given(linear_programs() if kind == "linear" else gluon_programs() if args.gluon else programs(max_seq=200))
+        @given(linear_programs() if kind == "linear" else gluon_programs(score_mods=kind == "backward") if args.gluon
+               else programs(max_seq=200))
         def run(program):
             try:
                 if kind == "attention":

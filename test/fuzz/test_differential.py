@@ -149,10 +149,11 @@ def test_gluon_programs_on_sm90():
 
 
 def test_gluon_backward_programs_on_sm90():
-    # The same programs' backward through attn-lower-to-gluon{backward=true} (not a default yet).
+    # The same programs' backward through attn-lower-to-gluon{backward=true}, half of them with a
+    # score_mod (which its kernels take asked for).
     @seed(SEED + 6)
     @settings(FUZZ, max_examples=max(5, EXAMPLES // 10))
-    @given(gluon_programs())
+    @given(gluon_programs(score_mods=True))
     def run(p: Program):
         check_backward(p, "cuda:90", {"warp_specialize": True})
 
