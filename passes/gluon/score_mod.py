@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonJITFunction
 
 from ...core.regions import ScalarOp, ScalarProgram, from_region
 from ...core.scalar_eval import ScalarEvalError, constant_value, eval_op
@@ -57,7 +58,7 @@ def approximate_tanh(x):
     return gl.inline_asm_elementwise(_TANH_PTX, "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
 
 
-_DTYPES = {"f32": "gl.float32", "index": "gl.int32", "i64": "gl.int64", "i32": "gl.int32", "i16": "gl.int16",
+_DTYPES = {"f32": "gl.float32", "i64": "gl.int64", "i32": "gl.int32", "i16": "gl.int16",
            "i8": "gl.int8", "i1": "gl.int1"}
 _INFIX = {"arith.addf": "+", "arith.addi": "+", "arith.subf": "-", "arith.subi": "-", "arith.mulf": "*",
           "arith.muli": "*", "arith.divf": "/", "arith.andi": "&", "arith.ori": "|", "arith.xori": "^"}
@@ -142,7 +143,7 @@ class _Writer:
         value = eval_op(op, args).item()
         return self.const(torch.tensor(value, dtype=torch.float32).item() if elt == "f32" else value, elt)
 
-    def op(self, name: str, *operands: _Value, elt: str | None = None, attrs: str = "") -> _Value:
+    def op(self, name: str, *operands: _Value, elt: str | None = None) -> _Value:
         elt = elt or operands[0].elt
         if name not in _EXPANDED:
             folded = self._folded(name, operands, elt)
@@ -316,7 +317,7 @@ def instantiate(mod: ScoreMod) -> dict:
     copies = {}
     for m in modules:
         for value in vars(m).values():
-            if isinstance(value, type(divsi)) and value.fn.__module__ in scopes and id(value) not in copies:
+            if isinstance(value, GluonJITFunction) and value.fn.__module__ in scopes and id(value) not in copies:
                 fn = value.fn
                 copies[id(value)] = gluon.jit(types.FunctionType(fn.__code__, scopes[fn.__module__], fn.__name__,
                                                                  fn.__defaults__, fn.__closure__))
