@@ -125,8 +125,8 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
       the Triton IR kernel there;
     - backward, D = 128: 397 / 451 full, 334 / 419 causal against 364 / 409 and 315 / 386; at D = 64
       it trailed (0.90-0.96x), so the Triton IR kernels keep it; with a score_mod (`score_mod`,
-      which the Gluon kernels take asked for) soft-capping ran 232 (five products) and 268 (two
-      kernels) against the Triton IR kernels' 291 at L 2048 (h100-gluon-score-mods-2026-12-06.json).
+      which the Gluon kernels take asked for) soft-capping ran 259-262 (five products) and 264-265
+      (two kernels) against the Triton IR kernels' 289-292 at L 2048 (h100-gluon-score-mods-*).
     Full attention at D = 64 takes the Gluon kernel only where its 192-row programs fill their
     waves nearly as well as the Triton IR kernel's 128-row ones (`batch_heads`, B * H, given): over
     ten batch x heads x length shapes (bench/results/h100-gluon-shapes-2026-12-06.json) it ran

@@ -30,8 +30,9 @@ zeroed), `<name>_bwd_dkdvdq` (the dK/dV kernel that also adds dS K into the sums
 reduce-adds, through a `dq_sums.tma` descriptor) and `<name>_bwd_convert` (dQ from the sums).
 
 What it takes (anything else is a located error; the triton preset picks this pass only where
-`presets.read_problem` found `simple_mask`, or for the backward `gluon_backward`): bf16 or f16 q, k, v of one type; Dk = Dv in {64,
-128}; query heads a multiple of the KV heads; the causal mask with as many queries as keys. Every
+`presets.read_problem` found `simple_mask`, or for the backward `gluon_backward`): bf16 or f16 q,
+k, v of one type; Dk = Dv in {64, 128}; query heads a multiple of the KV heads; the causal mask
+with as many queries as keys; in the backward, a score_mod that reads no closure tensor. Every
 kernel's grid is 1-D (work items of a query or key block, batch entry and head), so batch x heads
 has no grid-axis limit.
 """
