@@ -351,7 +351,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         for schedule, on in schedule_for.items():
             values.setdefault(schedule, on)
     # The backward's form follows its kernel, whether the preset or the overrides chose it.
-    values.setdefault("reduce_dq", reduced_dq(bool(values.get("warp_specialize")), bool(values.get("backward"))))
+    values.setdefault("reduce_dq", reduced_dq(bool(values.get("warp_specialize")), bool(values.get("backward")),
+                                              problem is not None and problem.score_mod))
     if values["reduce_dq"] and not (values.get("backward") and values.get("warp_specialize")):
         raise CompileError("preset option 'reduce-dq' is a form of attn-lower-to-gluon's backward; it needs "
                            "'backward' and 'warp-specialize'")

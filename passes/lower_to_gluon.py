@@ -88,8 +88,6 @@ def match(func, backward: bool = False) -> Match:
     CompileError where they cannot."""
     from mlir import ir
 
-    from .gluon.score_mod import check
-
     scale, causal, seen, mod = None, False, [], None
     for op in func.regions[0].blocks[0].operations:
         op = op.operation
@@ -106,6 +104,8 @@ def match(func, backward: bool = False) -> Match:
             if kind != "softmax" or any(len(r.blocks) for r in op.regions):
                 raise fail(op, f"is a {kind} normalizer; attn-lower-to-gluon lowers softmax")
         elif op.name == "attn.score_mod" and backward:
+            from .gluon.score_mod import check
+
             check(op)
             mod = op
         elif op.name not in ("attn.aggregate", "func.return"):

@@ -124,7 +124,7 @@ def test_modded_kernels_compile_for_sm90(fast_tanh):
     H100's shared memory."""
     meta = [torch.empty(8, 16, 2048, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
     bundle = tb.build_backward_bundle(ae.attention(score_mod=MODS["softcap"], mask_mod=causal).mlir(*meta),
-                                      "cuda:90", {"warp_specialize": True, "fast_tanh": fast_tanh})
+                                      "cuda:90", {"warp_specialize": True, "reduce_dq": True, "fast_tanh": fast_tanh})
     compiled = [runtime.compile_variant(k.variants["aligned"], "cuda:90", k.num_warps, k.num_stages)
                 for k in runtime.kernels(bundle, True)]
     fused = compiled[1].asm["ptx"]
@@ -158,12 +158,29 @@ def test_a_mod_the_gluon_kernels_cannot_lower_is_a_located_error():
 def test_the_default_keeps_score_mods_on_the_triton_ir_kernels():
     """A score_mod's backward takes the Triton IR kernels by default, which ran ahead of the Gluon
     ones on soft-capping (launch_defaults.warp_specialized); asked for, the Gluon ones in their
-    five-product form. The forward's Gluon kernel takes no score_mod."""
+    two-kernel form, which ran ahead of the five-product one with the mod (launch_defaults.
+    reduced_dq). The forward's Gluon kernel takes no score_mod."""
     meta = [torch.empty(8, 16, 2048, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
     text = ae.attention(score_mod=MODS["softcap"], mask_mod=causal).mlir(*meta)
     problem = presets.read_problem(parse_module(text, new_context(), "l0.mlir"))
     assert problem.score_mod and problem.gluon_backward == "causal" and problem.simple_mask is None
     assert not presets.options_for("triton", problem, "cuda:90", backward=True).warp_specialize
     asked = presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=True)
-    assert asked.warp_specialize and asked.reduce_dq
+    assert asked.warp_specialize and not asked.reduce_dq
     assert not presets.options_for("triton", problem, "cuda:90").warp_specialize
+
+
+def test_a_tanh_that_decides_keeps_the_exact_formula_in_both_functions():
+    """With fast_tanh, a tanh whose value reaches a comparison keeps the exact formula (the
+    approximation could flip it); the chain rule adds such a comparison for max's winner to the
+    derivative alone, so the decision is taken for the mod and its derivative together: P and
+    its gradient see the same tanh, and no kernel holds the approximation."""
+    def capped(score, b, h, q_idx, kv_idx):
+        return torch.maximum(30.0 * torch.tanh(score / 30.0), 0.5 * score)
+
+    meta = [torch.empty(1, 2, 256, 64, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+    for mod, approximated in ((MODS["softcap"], True), (capped, False)):
+        bundle = tb.build_backward_bundle(ae.attention(score_mod=mod).mlir(*meta), "cuda:90",
+                                          {"warp_specialize": True, "fast_tanh": True})
+        texts = [k.variants["aligned"].ttir for k in runtime.kernels(bundle, True)]
+        assert all(("tanh.approx.f32" in text) is approximated for text in texts)

@@ -130,9 +130,10 @@ def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, p
 def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
                lse_strides, delta_strides, batch, head, q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale,
                MASK: gl.constexpr, st_layout: gl.constexpr, op_layout: gl.constexpr):
-    # One query block's share of dK and dV. Rows past a sequence's end need no mask: TMA reads
-    # their Q and dO as zeros, so their products add nothing to dK and dV, and dK/dV rows past
-    # the keys' end are not stored; only the causal diagonal is masked (MASK "diagonal").
+    # One query block's share of dK and dV. Rows past a sequence's end need no mask (but with a
+    # score mod, transposed_grads'): TMA reads their Q and dO as zeros, so their products add
+    # nothing to dK and dV, and dK/dV rows past the keys' end are not stored; only the causal
+    # diagonal is masked (MASK "diagonal").
     slot = t % NUM_STAGES
     phase = (t // NUM_STAGES) & 1
     q_tile = matrix(q_smem.index(slot))

@@ -119,6 +119,11 @@ class _Writer:
             literal = repr(value)
         elif elt in ("f32", "f16", "bf16", "f64"):
             value = float(value)
+            if value != value:
+                # Triton checks that a global constexpr keeps its value between the compiles of a
+                # function, which a NaN never does (NaN != NaN): inf - inf makes it locally.
+                infinity = self.const(float("inf"), elt).name
+                return _Value(f"({infinity} - {infinity})", elt, False, value)
             literal = f'float("{value!r}")'
         else:
             value = int(value)
@@ -145,10 +150,9 @@ class _Writer:
 
     def op(self, name: str, *operands: _Value, elt: str | None = None) -> _Value:
         elt = elt or operands[0].elt
-        if name not in _EXPANDED:
-            folded = self._folded(name, operands, elt)
-            if folded is not None:
-                return folded
+        folded = self._folded(name, operands, elt)
+        if folded is not None:
+            return folded
         names = [o.name for o in operands]
         if name in _INFIX:
             return self._emit(f"{names[0]} {_INFIX[name]} {names[1]}", elt, *operands)
@@ -184,7 +188,7 @@ def _predicate(op) -> int:
     return int(op.attr("predicate").split(":")[0])
 
 
-def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, exact_tanh: set) -> list[_Value]:
+def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool) -> list[_Value]:
     """The program's statements; its first `tiles` arguments are tiles, the others scalars or
     broadcast positions. Returns the yielded values."""
     values = {f"arg{i}": _Value(f"a{i}", "i32" if t == "index" else t, i < tiles)
@@ -197,7 +201,7 @@ def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, 
                                    "closure tensor")
     for index, op in enumerate(program.ops):
         elt = "i32" if op.result_types[0] == "index" else op.result_types[0]
-        if op.name == "tensor.extract":
+        if op.name == "tensor.extract" or any(key not in values for key in op.operands):
             raise _Unsupported(index, "reads a closure tensor, which the Gluon kernels take none of")
         operands = [values[key] for key in op.operands]
         if op.name == "arith.constant":
@@ -206,7 +210,7 @@ def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, 
             out = writer.cmpi(_predicate(op), *operands)
         elif op.name == "arith.cmpf" and _predicate(op) in _CMPF:
             out = writer.cmpf(_predicate(op), *operands)
-        elif op.name == "math.tanh" and fast_tanh and elt == "f32" and index not in exact_tanh:
+        elif op.name == "math.tanh" and fast_tanh and elt == "f32":
             out = writer.approximate_tanh(operands[0])
         else:
             try:
@@ -219,37 +223,31 @@ def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, 
     return [values[key] for key in program.results or (program.result,)]
 
 
-def _decision_tanhs(program: ScalarProgram) -> set:
-    """The tanh ops whose value flows, through float ops, into a comparison or a float-to-integer
-    op: the approximation could flip that decision, so they keep the exact formula (as the
-    Triton IR lowering's `_reaches_decision`)."""
+def _decides(program: ScalarProgram) -> bool:
+    """Whether a tanh's value flows, through float ops, into a comparison or a float-to-integer
+    op: the approximation could flip that decision (the Triton IR lowering's `_reaches_decision`
+    keeps the exact formula there)."""
     from ..triton.ops import DECISIONS
 
     users: dict[str, list[int]] = {}
     for index, op in enumerate(program.ops):
         for key in op.operands:
             users.setdefault(key, []).append(index)
-    exact = set()
-    for index, op in enumerate(program.ops):
-        if op.name != "math.tanh":
-            continue
-        todo, seen = [f"v{index}_0"], set()
-        while todo:
-            for user in users.get(todo.pop(), ()):
-                user_op = program.ops[user]
-                if user_op.name in DECISIONS:
-                    exact.add(index)
-                elif user_op.result_types[0] in ("f32", "f16", "bf16") and user not in seen:
-                    seen.add(user)
-                    todo.append(f"v{user}_0")
-    return exact
-
-
-_SOURCES = itertools.count()
+    todo = [f"v{index}_0" for index, op in enumerate(program.ops) if op.name == "math.tanh"]
+    seen = set()
+    while todo:
+        for user in users.get(todo.pop(), ()):
+            user_op = program.ops[user]
+            if user_op.name in DECISIONS:
+                return True
+            if user_op.result_types[0] in ("f32", "f16", "bf16") and user not in seen:
+                seen.add(user)
+                todo.append(f"v{user}_0")
+    return False
 
 
 def _function(name: str, program: ScalarProgram, params: int, tiles: int, writer: _Writer, fast_tanh: bool) -> str:
-    results = _body(program, writer, tiles, fast_tanh, _decision_tanhs(program))
+    results = _body(program, writer, tiles, fast_tanh)
     result = results[0]
     # A value that does not depend on the tile (a constant, a bias of the positions alone) is
     # broadcast to it: the kernel adds it to a tile.
@@ -260,10 +258,18 @@ def _function(name: str, program: ScalarProgram, params: int, tiles: int, writer
 
 class ScoreMod(NamedTuple):
     """A score_mod and its derivative as Gluon functions: `score_mod(x, b, h, q, kv)` and
-    `score_mod_grad(x, g, b, h, q, kv)`, x the scaled score and g the gradient of the modified one."""
+    `score_mod_grad(x, g, b, h, q, kv)`, x the scaled score and g the gradient of the modified one;
+    `source` is their module's text."""
 
     score_mod: object
     score_mod_grad: object
+    source: str
+
+
+# By source text: a process compiling the same mod again (autotuning, a new shape) reuses its
+# functions, its linecache entry and its kernels' copies.
+_GENERATED: dict[str, ScoreMod] = {}
+_INSTANCES: dict[str, dict] = {}
 
 
 def lower_score_mod(mod_op, grad_op, fast_tanh: bool) -> ScoreMod:
@@ -271,9 +277,13 @@ def lower_score_mod(mod_op, grad_op, fast_tanh: bool) -> ScoreMod:
     located at the first op neither can hold."""
     constants: dict = {}
     texts = []
-    for op, name, params, tiles in ((mod_op, "score_mod", 5, 1), (grad_op, "score_mod_grad", 6, 2)):
+    regions = ((mod_op, "score_mod", 5, 1), (grad_op, "score_mod_grad", 6, 2))
+    programs = [from_region(op.regions[0]) for op, *_ in regions]
+    # One decision for both functions, so that P and its derivative take the same tanh.
+    fast_tanh = fast_tanh and not any(_decides(p) for p in programs)
+    for (op, name, params, tiles), program in zip(regions, programs):
         try:
-            texts.append(_function(name, from_region(op.regions[0]), params, tiles, _Writer(constants), fast_tanh))
+            texts.append(_function(name, program, params, tiles, _Writer(constants), fast_tanh))
         except _Unsupported as error:
             raise _located(op, error) from None
     header = ["from triton.experimental import gluon", "from triton.experimental.gluon import language as gl",
@@ -282,19 +292,24 @@ def lower_score_mod(mod_op, grad_op, fast_tanh: bool) -> ScoreMod:
               "PROPAGATE_ALL = gl.constexpr(PropagateNan.ALL)"]
     header += [f"{name} = gl.constexpr({literal})" for (literal, _), name in constants.items()]
     source = "\n".join(header) + "\n\n\n" + "\n\n".join(texts)
-    filename = f"<ae-mlir score_mod {next(_SOURCES)}>"
+    if source in _GENERATED:
+        return _GENERATED[source]
+    filename = f"<ae-mlir score_mod {len(_GENERATED)}>"
     # Gluon's frontend reads a jit function's source through inspect, which reads linecache.
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     scope: dict = {"__name__": "ae_mlir.passes.gluon.generated_score_mod"}
     exec(compile(source, filename, "exec"), scope)
-    return ScoreMod(scope["score_mod"], scope["score_mod_grad"])
+    _GENERATED[source] = ScoreMod(scope["score_mod"], scope["score_mod_grad"], source)
+    return _GENERATED[source]
 
 
 def check(mod_op) -> None:
-    """A CompileError located at the first op of the score_mod region this module does not lower
-    (its derivative holds only ops the forward's do, and the chain rule's selects and constants)."""
+    """A CompileError located at the first op of the score_mod region this module does not lower.
+    Its derivative holds the ops the chain rule writes for these (products, selects, cmpf, cos,
+    sin, exp, log, pow and constants), all in the table; test_gluon_score_mods writes the
+    derivative of every entry of the tracer's table."""
     try:
-        _body(from_region(mod_op.regions[0]), _Writer({}), 1, False, set())
+        _body(from_region(mod_op.regions[0]), _Writer({}), 1, False)
     except _Unsupported as error:
         raise _located(mod_op, error) from None
 
@@ -311,6 +326,8 @@ def instantiate(mod: ScoreMod) -> dict:
     copies in place of the originals."""
     from . import attention_backward, attention_backward_fused
 
+    if mod.source in _INSTANCES:
+        return _INSTANCES[mod.source]
     modules = (attention_backward, attention_backward_fused)
     bindings = {"MODDED": gl.constexpr(True), "score_mod": mod.score_mod, "score_mod_grad": mod.score_mod_grad}
     scopes = {m.__name__: dict(vars(m), **bindings) for m in modules}
@@ -325,4 +342,5 @@ def instantiate(mod: ScoreMod) -> dict:
         for name, value in list(scope.items()):
             if id(value) in copies:
                 scope[name] = copies[id(value)]
+    _INSTANCES[mod.source] = copies
     return copies
