@@ -302,15 +302,13 @@ _SHARED = {"block_m": "dkdv_block_m", "block_n": "dkdv_block_n", "num_warps": "d
 
 def reduced_dq(warp_specialize: bool, backward: bool, score_mod: bool = False) -> bool:
     """Whether the Gluon backward takes its five-product form (attn-lower-to-gluon's reduce-dq,
-    the dK/dV kernel adding dQ by TMA reduce-adds): wherever the Gluon backward runs but with a
-    score_mod, where the two kernels ran ahead (soft-capping 264-265 TFLOP/s against 259-262,
-    h100-gluon-score-mods-2026-12-06-variants*.json). On an H100
-    (bench/results/h100-gluon-backward-2026-12-06-reduce-dq.json; bf16, B*L 16384, H 16, D 128,
-    five alternating rounds) it ran 430 / 496 TFLOP/s full and 345 / 466 causal (L 2048 / 8192)
-    against the two kernels' 414 / 418 and 334 / 421 and cuDNN's 458 / 531 and 360 / 482 (a
-    second run, -run2.json: 420 / 476 and 335 / 455 against 394 / 432 and 328 / 410). The
-    order of its adds varies between runs; a caller that wants the same bits every run passes
-    reduce_dq=False (the Triton backend does under torch.use_deterministic_algorithms)."""
+    dQ added by TMA reduce-adds): wherever the Gluon backward runs but with a score_mod. On an
+    H100 (bf16, B*L 16384, H 16, D 128) it ran 430 / 496 TFLOP/s full and 345 / 466 causal (L 2048
+    / 8192) against the two kernels' 414 / 418 and 334 / 421, cuDNN 458 / 531 and 360 / 482
+    (h100-gluon-backward-2026-12-06-reduce-dq.json; -run2.json: 420 / 476 and 335 / 455 against
+    394 / 432 and 328 / 410); with soft-capping 259-262 against 264-265
+    (h100-gluon-score-mods-2026-12-06-variants*.json). The order of its adds varies between runs:
+    reduce_dq=False gives the same bits every run (torch.use_deterministic_algorithms does)."""
     return warp_specialize and backward and not score_mod
 
 
