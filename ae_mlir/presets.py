@@ -130,7 +130,9 @@ def read_problem(module) -> Problem | None:
                        batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut,
                        program.to_json() if program is not None else None, masked,
                        plain=kind == "softmax" and not (modded or masked or lengths), position_gathers=gathers,
-                       simple_mask=simple, gluon_backward=kind_of_mask if lowers(func, backward=True) else None,
+                       # Without a score_mod the backward's kernels take what the forward's do.
+                       simple_mask=simple,
+                       gluon_backward=kind_of_mask if simple or (modded and lowers(func, backward=True)) else None,
                        score_mod=modded)
     return None
 

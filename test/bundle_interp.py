@@ -139,13 +139,10 @@ def _emulate_gluon(bundle: runtime.Bundle, index: int, variant, values: list) ->
         create_pass("attn-differentiate").apply(module.operation)
         func, grad = abi.functions(module)
         # (The emulator's tanh is exact whether the kernel's is approximate or not.)
-        part, kernel = backward_instances(func, bool(bundle.meta["config"].get("reduce_dq")), grad)[index]
-    if bundle.meta.get("backward") and bundle.meta["config"].get("reduce_dq"):
-        fn = attention_backward_fused.kernel_function(part, kernel.score_mod)
-        blocks = attention_backward_fused.descriptor_blocks(part, kernel.dim)
-    elif bundle.meta.get("backward"):
-        fn = attention_backward.kernel_function(part, kernel.score_mod)
-        blocks = attention_backward.descriptor_blocks(part, kernel.dim)
+        reduce_dq = bool(bundle.meta["config"].get("reduce_dq"))
+        part, kernel = backward_instances(func, reduce_dq, grad)[index]
+        form = attention_backward_fused if reduce_dq else attention_backward
+        fn, blocks = form.kernel_function(part, kernel.score_mod), form.descriptor_blocks(part, kernel.dim)
     else:
         options = presets.options_for("triton", presets.read_problem(module), "cuda:90", **bundle.meta["config"])
         kernel = instance(func, options.pingpong, options.gluon_programs, options.wave_programs)

@@ -436,12 +436,9 @@ KERNELS = ("dq", "dkdv")
 
 def kernel_function(kernel: str, mod=None):
     """The kernel's jit function; with a score mod (score_mod.ScoreMod), its copy that applies it."""
-    fn = {"dq": attention_backward_dq, "dkdv": attention_backward_dkdv}[kernel]
-    if mod is None:
-        return fn
-    from .score_mod import instantiate
+    from .score_mod import applying
 
-    return instantiate(mod)[id(fn)]
+    return applying({"dq": attention_backward_dq, "dkdv": attention_backward_dkdv}[kernel], mod)
 
 
 def pointer_args(kernel: str) -> tuple:

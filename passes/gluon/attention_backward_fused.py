@@ -244,13 +244,10 @@ _ROW_STATS = ("lse", "dlse", "delta")
 
 def kernel_function(kernel: str, mod=None):
     """The kernel's jit function; with a score mod (score_mod.ScoreMod), its copy that applies it."""
-    fn = {"delta": attention_backward_delta, "dkdvdq": attention_backward_fused,
-          "convert": attention_backward_convert}[kernel]
-    if mod is None or kernel != "dkdvdq":
-        return fn
-    from .score_mod import instantiate
+    from .score_mod import applying
 
-    return instantiate(mod)[id(fn)]
+    return applying({"delta": attention_backward_delta, "dkdvdq": attention_backward_fused,
+                     "convert": attention_backward_convert}[kernel], mod)
 
 
 def pointer_args(kernel: str) -> tuple:

@@ -320,6 +320,12 @@ def _located(op, error: _Unsupported):
     return fail(where, f"{error} (attn-lower-to-gluon's score_mod)")
 
 
+def applying(fn, mod: ScoreMod | None):
+    """A backward kernel's jit function `fn` as it applies `mod`: `fn` where there is none, else its
+    copy that binds it (the delta and conversion kernels' copies call nothing of it)."""
+    return fn if mod is None else instantiate(mod)[id(fn)]
+
+
 def instantiate(mod: ScoreMod) -> dict:
     """Copies of the backward kernels' jit functions (both forms'), by the id of the original,
     whose globals bind the score mod: each copy's globals are its own module's, with the other
