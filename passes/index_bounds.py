@@ -8,9 +8,12 @@ matter here, where every closure-tensor read is clamped into its tensor (the fro
 most such indices (`table[h, q_idx - kv_idx + Lk - 1]`) never leave it. `attn-fold-index-clamps`
 drops the clamps this proves redundant and the Triton lowering drops a gather's bounds mask.
 
-A bound is a closed interval (lo, hi) of Python ints, with -inf/inf for an open side. The kernels
-compute indices in 32 bits (Triton's lowering takes `index` as i32), so an interval that leaves
-the i32 range is unknown: the arithmetic could wrap.
+A bound is a closed interval (lo, hi) of Python ints, with -inf/inf for an open side. Triton's
+lowering takes `index` as i32, so by default (`bits=32`) an interval that leaves the i32 range is
+unknown: the arithmetic could wrap. With `bits=64` the bounds are those of the exact values up to
+i64's range, which is what that lowering asks to find the ops it must compute in 64 bits (a
+product of positions past L = 46341; a large constant factor): there an i64 read into `index`
+keeps its value.
 """
 from __future__ import annotations
 
@@ -19,23 +22,28 @@ import math
 from ..core import abi
 
 UNKNOWN = (-math.inf, math.inf)
-_I32 = (-(2 ** 31), 2 ** 31 - 1)
+I32 = (-(2 ** 31), 2 ** 31 - 1)
 
 
-def _fit(lo, hi) -> tuple:
+def signed_range(bits: int) -> tuple[int, int]:
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def _fit(ib, lo, hi) -> tuple:
     """An interval from min, max and select, which cannot wrap: an open side stays open."""
     if lo > hi:
         return UNKNOWN
-    return lo if lo >= _I32[0] else -math.inf, hi if hi <= _I32[1] else math.inf
+    low, high = ib.range
+    return lo if lo >= low else -math.inf, hi if hi <= high else math.inf
 
 
-def _exact(*points) -> tuple:
+def _exact(ib, *points) -> tuple:
     """The hull of an arithmetic op's results at its operands' bounds, which holds only where no
-    operand is open (an i32 near an open side could wrap) and the hull stays inside i32."""
+    operand is open (a value near an open side could wrap) and the hull stays inside the range."""
     if any(isinstance(p, float) and not math.isfinite(p) for p in points):
         return UNKNOWN
     lo, hi = min(points), max(points)
-    return (lo, hi) if _I32[0] <= lo and hi <= _I32[1] else UNKNOWN
+    return (lo, hi) if ib.range[0] <= lo and hi <= ib.range[1] else UNKNOWN
 
 
 class IndexBounds:
@@ -44,9 +52,12 @@ class IndexBounds:
     tile dimension of n on, padding included: Triton's lowering pads tiles to powers of two and
     its padding lanes compute (and load) too, so there `linalg.index` reaches lanes(n) - 1."""
 
-    def __init__(self, lanes=None):
+    def __init__(self, lanes=None, bits: int = 32, arguments: dict | None = None):
         self._memo: dict = {}
         self.lanes = lanes or (lambda n: n)
+        self.bits = bits
+        self.range = signed_range(bits)
+        self._arguments = arguments or {}  # bounds of block arguments the IR cannot tell (a region's positions)
 
     def bounds(self, value) -> tuple:
         """The interval of an integer value; of an integer tensor, the interval of its elements."""
@@ -73,19 +84,21 @@ class IndexBounds:
         return handler(self, op)
 
     def _block_argument(self, arg) -> tuple:
+        if arg in self._arguments:
+            return self._arguments[arg]
         parent = arg.owner.owner
         if parent is not None and parent.name == "scf.for" and arg.arg_number == 0:
             lb, ub, step = (self.bounds(v) for v in list(parent.operands)[:3])
             if step[0] < 1:
                 return UNKNOWN
-            return _fit(lb[0], ub[1] - 1)
+            return _fit(self, lb[0], ub[1] - 1)
         return UNKNOWN
 
     def operand(self, op, i: int) -> tuple:
         return self.bounds(op.operands[i])
 
 
-def _constant(_, op) -> tuple:
+def _constant(ib, op) -> tuple:
     """A scalar constant, or the range of a constant table's elements (the tile lists attn-tile
     writes, which tensor.extract reads)."""
     import numpy as np
@@ -95,11 +108,11 @@ def _constant(_, op) -> tuple:
     if isinstance(attr, ir.IntegerAttr):
         if isinstance(attr.type, ir.IntegerType) and attr.type.width == 1:
             return (0, 1) if attr.value else (0, 0)
-        return _fit(attr.value, attr.value)
+        return _fit(ib, attr.value, attr.value)
     if isinstance(attr, ir.DenseIntElementsAttr):
         values = np.array(attr)
         if values.size:
-            return _fit(int(values.min()), int(values.max()))
+            return _fit(ib, int(values.min()), int(values.max()))
     return UNKNOWN
 
 
@@ -111,7 +124,7 @@ def _program_id(_, op) -> tuple:
     while func is not None and func.name != "func.func":
         func = func.parent
     grid = abi.grid(func) if func is not None and abi.GRID in func.attributes else []
-    return (0, grid[axis] - 1) if axis < len(grid) and grid[axis] > 0 else (0, _I32[1])
+    return (0, grid[axis] - 1) if axis < len(grid) and grid[axis] > 0 else (0, I32[1])
 
 
 def _linalg_index(ib: IndexBounds, op) -> tuple:
@@ -131,38 +144,38 @@ def _linalg_index(ib: IndexBounds, op) -> tuple:
         for position, expr in enumerate(amap.results):
             if isinstance(expr, ir.AffineDimExpr) and expr.position == dim \
                     and shape[position] != ir.ShapedType.get_dynamic_size():
-                return _fit(0, ib.lanes(shape[position]) - 1)
+                return _fit(ib, 0, ib.lanes(shape[position]) - 1)
     return UNKNOWN
 
 
 def _cast(ib: IndexBounds, op) -> tuple:
-    """A cast keeps the value; from a type wider than 32 bits (i64 to index, an i32 in Triton's
+    """A cast keeps the value; from a type wider than `bits` (i64 to index, an i32 in Triton's
     kernels) it truncates, which keeps only a bound known on both sides."""
     a = ib.operand(op, 0)
-    wide = (_width(op.operands[0]) or 0) > 32
+    wide = (_width(op.operands[0]) or 0) > ib.bits
     return UNKNOWN if wide and not all(math.isfinite(x) for x in a) else a
 
 
 def _add(ib, op):
     a, b = ib.operand(op, 0), ib.operand(op, 1)
-    return _exact(*(x + y for x in a for y in b))
+    return _exact(ib, *(x + y for x in a for y in b))
 
 
 def _sub(ib, op):
     a, b = ib.operand(op, 0), ib.operand(op, 1)
-    return _exact(*(x - y for x in a for y in b))
+    return _exact(ib, *(x - y for x in a for y in b))
 
 
 def _mul(ib, op):
     a, b = ib.operand(op, 0), ib.operand(op, 1)
-    return _exact(*(x * y for x in a for y in b))
+    return _exact(ib, *(x * y for x in a for y in b))
 
 
 def _div(ib, op):
     a, b = ib.operand(op, 0), ib.operand(op, 1)
     if b[0] != b[1] or b[0] < 1 or a[0] < 0:
         return UNKNOWN
-    return _fit(a[0] // b[0], a[1] // b[0] if math.isfinite(a[1]) else math.inf)
+    return _fit(ib, a[0] // b[0], a[1] // b[0] if math.isfinite(a[1]) else math.inf)
 
 
 def _rem(ib, op):
@@ -174,12 +187,12 @@ def _rem(ib, op):
 
 def _max(ib, op):
     a, b = ib.operand(op, 0), ib.operand(op, 1)
-    return _fit(max(a[0], b[0]), max(a[1], b[1]))
+    return _fit(ib, max(a[0], b[0]), max(a[1], b[1]))
 
 
 def _min(ib, op):
     a, b = ib.operand(op, 0), ib.operand(op, 1)
-    return _fit(min(a[0], b[0]), min(a[1], b[1]))
+    return _fit(ib, min(a[0], b[0]), min(a[1], b[1]))
 
 
 def _abs(ib, op):
@@ -187,12 +200,12 @@ def _abs(ib, op):
     if a[0] >= 0:
         return a
     lo = 0 if a[1] >= 0 else -a[1]
-    return _exact(lo, max(-a[0], a[1]))
+    return _exact(ib, lo, max(-a[0], a[1]))
 
 
 def _select(ib, op):
     a, b = ib.operand(op, 1), ib.operand(op, 2)
-    return _fit(min(a[0], b[0]), max(a[1], b[1]))
+    return _fit(ib, min(a[0], b[0]), max(a[1], b[1]))
 
 
 def _boolean(*_):

@@ -106,7 +106,8 @@ def match(func, backward: bool = False) -> Match:
         elif op.name == "attn.score_mod" and backward:
             from .gluon.score_mod import check
 
-            check(op)
+            q, k = abi.input_types(func)[:2]
+            check(op, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
             mod = op
         elif op.name not in ("attn.aggregate", "func.return"):
             raise fail(op, "is not lowered by attn-lower-to-gluon (softmax attention with no score_mod, or one "

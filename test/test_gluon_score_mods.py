@@ -155,6 +155,28 @@ def test_a_mod_the_gluon_kernels_cannot_lower_is_a_located_error():
         == {"ttir"}
 
 
+def test_index_arithmetic_past_32_bits_is_a_located_error():
+    """The Gluon kernels compute positions in 32 bits: a mod whose index arithmetic can leave i32
+    at the module's shapes (q_idx * kv_idx from L = 46342 on) fails at its line when they are
+    asked for, and the default takes the Triton IR kernels, which compute it in 64 bits. The same
+    mod one key shorter, where 46340^2 fits, takes the Gluon kernels."""
+    def product_bands(score, b, h, q_idx, kv_idx):
+        return score + ((q_idx * kv_idx) % 7).float()
+
+    line = inspect.getsourcelines(product_bands)[1] + 1
+    texts = {}
+    for length, fits in ((46341, True), (46342, False)):
+        meta = [torch.empty(1, 1, length, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+        texts[length] = ae.attention(score_mod=product_bands, mask_mod=causal).mlir(*meta, debug_info=True)
+        problem = presets.read_problem(parse_module(texts[length], new_context(), "l0.mlir"))
+        assert (problem.gluon_backward == "causal") is fits
+    with pytest.raises(CompileError) as raised:
+        tb.build_backward_bundle(texts[46342], "cuda:90", {"warp_specialize": True})
+    diagnostic = raised.value.diagnostics[0]
+    assert "[0, 2147488281]" in diagnostic.message and "64 bits" in diagnostic.message
+    assert diagnostic.line == line and diagnostic.filename.endswith("test_gluon_score_mods.py")
+
+
 def test_the_default_keeps_score_mods_on_the_triton_ir_kernels():
     """A score_mod's backward takes the Triton IR kernels by default, which ran ahead of the Gluon
     ones on soft-capping (launch_defaults.warp_specialized); asked for, the Gluon ones in their

@@ -92,6 +92,32 @@ def test_rules(name, expected):
     assert bounds.bounds(named[name]) == expected
 
 
+@pytest.mark.parametrize("name,expected", [
+    ("wrap", (2147483000, 2147483700)),   # exact in 64 bits
+    ("open_add", UNKNOWN),                # an open side stays open
+    ("ycast", (-7, INF)),                 # an i64 read into a 64-bit index keeps its value
+])
+def test_rules_in_64_bits(name, expected):
+    """`bits=64` (the Triton lowering's question: which ops need 64 bits) bounds the exact values
+    up to i64's range."""
+    _bounds, named, _module = _values()
+    assert IndexBounds(bits=64).bounds(named[name]) == expected
+
+
+def test_given_argument_bounds():
+    """A region's positions, which no op of the IR bounds, are given (the Gluon score_mod's)."""
+    from mlir import ir
+
+    module = parse_module(BODY, new_context())
+    func = module.body.operations[0]
+    x = func.regions[0].blocks[0].arguments[0]
+    named = {}
+    module.operation.walk(lambda op: (named.__setitem__(ir.StringAttr(op.attributes["t"]).value, op.results[0])
+                                      if "t" in op.attributes else None, ir.WalkResult.ADVANCE)[1])
+    assert IndexBounds().bounds(named["open_add"]) == UNKNOWN
+    assert IndexBounds(arguments={x: (0, 10)}).bounds(named["open_add"]) == (3, 13)
+
+
 def test_linalg_index_counts_padding_lanes():
     exact, named, _m1 = _values()
     padded, named_p, _m2 = _values(padded_size)

@@ -13,13 +13,15 @@ passed down to the consumer warpgroups as one: `instantiate` copies the kernel m
 functions with globals that bind `MODDED`, `score_mod` and `score_mod_grad` instead.
 
 What a region may hold: the scalar ops the tracer writes, on f32, i1, i64 and `index` (i32 in the
-kernels, as in the Triton IR ones) values, and constants. A read of a closure tensor
+kernels) values, and constants; index arithmetic whose values stay inside i32 at the module's
+shapes (the Triton IR kernels take the rest in 64 bits). A read of a closure tensor
 (`tensor.extract`) is a located error: the kernels take no closure tensors yet.
 """
 from __future__ import annotations
 
 import itertools
 import linecache
+import math
 import types
 from typing import NamedTuple
 
@@ -29,6 +31,7 @@ from triton.experimental.gluon._runtime import GluonJITFunction
 
 from ...core.regions import ScalarOp, ScalarProgram, from_region
 from ...core.scalar_eval import ScalarEvalError, constant_value, eval_op
+from ..index_bounds import I32, UNKNOWN, IndexBounds
 from ..l1_ops import fail
 from ..triton.expansions import FAST_TANH_PTX, MathExpansions
 
@@ -303,15 +306,35 @@ def lower_score_mod(mod_op, grad_op, fast_tanh: bool) -> ScoreMod:
     return _GENERATED[source]
 
 
-def check(mod_op) -> None:
-    """A CompileError located at the first op of the score_mod region this module does not lower.
-    Its derivative holds the ops the chain rule writes for these (products, selects, cmpf, cos,
-    sin, exp, log, pow and constants), all in the table; test_gluon_score_mods writes the
+def check(mod_op, extents: tuple[int, ...]) -> None:
+    """A CompileError located at the first op of the score_mod region this module does not lower,
+    `extents` the sizes of the batch, heads, queries and keys. Its derivative holds the ops the
+    chain rule writes for these (products, selects, cmpf, cos, sin, exp, log, pow and constants),
+    all in the table, and recomputes the same index arithmetic; test_gluon_score_mods writes the
     derivative of every entry of the tracer's table."""
     try:
         _body(from_region(mod_op.regions[0]), _Writer({}), 1, False)
     except _Unsupported as error:
         raise _located(mod_op, error) from None
+    _check_index_widths(mod_op, extents)
+
+
+def _check_index_widths(mod_op, extents: tuple[int, ...]) -> None:
+    # The kernels' positions are i32, and so is the arithmetic on them; the reference's is int64.
+    # An index op whose exact values can leave i32 at these shapes (q_idx * kv_idx past L = 46341)
+    # is an error here, where the Triton IR kernels compute it in 64 bits.
+    block = mod_op.regions[0].blocks[0]
+    positions = {block.arguments[i + 1]: (0, n - 1) if n > 0 else UNKNOWN for i, n in enumerate(extents)}
+    bounds = IndexBounds(bits=64, arguments=positions)
+    for op in block.operations:
+        for result in op.results:
+            if str(result.type) != "index":
+                continue
+            lo, hi = bounds.bounds(result)
+            if math.isfinite(lo) and math.isfinite(hi) and not (I32[0] <= lo and hi <= I32[1]):
+                raise fail(op.operation, f"computes an index in [{lo}, {hi}] at these shapes, past the 32-bit "
+                                         "positions of attn-lower-to-gluon's kernels (the Triton IR kernels "
+                                         "compute it in 64 bits)")
 
 
 def _located(op, error: _Unsupported):

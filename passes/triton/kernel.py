@@ -28,6 +28,7 @@ class Kernel(TensorOps, LinalgOps, ProgramOrder):
         self.loaded_slices: dict = {}
         self.grid = [int(x) for x in func.attributes[abi.GRID]]
         self.index_bounds = IndexBounds(padded_size)
+        self.wide_bounds = IndexBounds(padded_size, bits=64)  # which index ops need 64 bits (TensorOps)
 
     def lower_op(self, op) -> None:
         name = op.name

@@ -8,10 +8,11 @@ import math
 import re
 from dataclasses import replace
 
+from ..index_bounds import I32
 from .expansions import EXPANSIONS, MathExpansions
 from .tables import Tables
 from .values import (reassociation_of, reshaped_padding, DYNAMIC, Arg, Dest, Empty, Slice, Table, Value, constant_int, constant_value, element_type,
-                     fail, is_float, logical_shape, padded_size, scalar_literal)
+                     fail, is_float, is_index, logical_shape, padded_size, scalar_literal)
 
 # Ops copied as they are (operands broadcast to a common shape); everything else has a handler.
 ELEMENTWISE = re.compile(r"(arith|math)\.\w+")
@@ -46,7 +47,11 @@ class TensorOps(Tables, MathExpansions):
             zero = isinstance(attr.get_splat_value(), ir.FloatAttr) and attr.get_splat_value().value == 0
             self.values[result] = replace(v, logical=shape, zero_pad=zero)
             return
-        self.values[result] = self.const(scalar_literal(attr), element_type(result.type))
+        value = scalar_literal(attr)
+        elt = element_type(result.type)
+        if elt == "i32" and is_index(result.type) and not I32[0] <= value <= I32[1]:
+            elt = "i64"  # an index constant past i32 (a hash's factor) makes its ops 64-bit
+        self.values[result] = self.const(value, elt)
 
     def program_id(self, op) -> None:
         axis = int(op.attributes["axis"].value)
@@ -248,6 +253,10 @@ class TensorOps(Tables, MathExpansions):
             raise fail(op, "must have one result")
         rtype = op.results[0].type
         elt = element_type(rtype)
+        wide = self._wide_index(op, operands)
+        if wide:
+            operands = [self.cast_int(x, "i64") if is_index(v.type) else x for x, v in zip(operands, op.operands)]
+            elt = "i64" if is_index(rtype) else elt
         expand = EXPANSIONS.get(name)
         narrowed = self._narrowed(op, elt)
         # With fast-tanh, tanh and the logistic take the hardware's approximation where their value
@@ -277,8 +286,24 @@ class TensorOps(Tables, MathExpansions):
         else:
             attrs = ", ".join(f"{k} = {op.attributes[k]}" for k in op.attributes)
             out = self.op(name, *operands, elt=elt, attrs=attrs)
+        if wide and out.elt == "i64" and self.wide_bounds.within(op.results[0], *I32):
+            out = self.cast_int(out, "i32")
         logical = logical_shape(rtype) if hasattr(rtype, "shape") else None
         self.values[op.results[0]] = replace(out, logical=logical)
+
+    def _wide_index(self, op, operands: list[Value]) -> bool:
+        """Whether an op on `index` values runs in 64 bits: an operand is 64-bit already, or its
+        exact result can leave i32 (`index` is i32 here, which the reference's int64 never wraps).
+        A result whose exact bounds are unknown (read from a closure tensor) stays 32-bit, as does
+        every index the IR's bounds keep inside i32, so only the ops that need it pay for i64."""
+        if not any(is_index(v.type) for v in op.operands) and not is_index(op.results[0].type):
+            return False
+        if any(x.elt == "i64" and is_index(v.type) for x, v in zip(operands, op.operands)):
+            return True
+        if not is_index(op.results[0].type):
+            return False
+        lo, hi = self.wide_bounds.bounds(op.results[0])
+        return math.isfinite(lo) and math.isfinite(hi) and not (I32[0] <= lo and hi <= I32[1])
 
     def _elementwise_operand(self, v, op) -> Value:
         x = self.get(v, op)

@@ -45,6 +45,10 @@ def element_type(mlir_type) -> str:
     return "i32" if text == "index" else text
 
 
+def is_index(mlir_type) -> bool:
+    return str(getattr(mlir_type, "element_type", mlir_type)) == "index"
+
+
 def bit_width(elt: str) -> int:
     return 1 if elt == "i1" else int(elt[1:])
 
