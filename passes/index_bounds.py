@@ -116,6 +116,17 @@ def _constant(ib, op) -> tuple:
     return UNKNOWN
 
 
+def _extract(ib, op) -> tuple:
+    """An element of a tensor: in the tensor's bounds, or those its read carries (abi.BOUNDS, a
+    tile table's block numbers)."""
+    from mlir import ir
+
+    if abi.BOUNDS in op.attributes:
+        lo, hi = ir.DenseI64ArrayAttr(op.attributes[abi.BOUNDS])
+        return _fit(ib, lo, hi)
+    return ib.operand(op, 0)
+
+
 def _program_id(_, op) -> tuple:
     from mlir import ir
 
@@ -230,7 +241,7 @@ def _extui(ib, op):
 
 _OPS = {
     "arith.constant": _constant,
-    "tensor.extract": lambda ib, op: ib.operand(op, 0),
+    "tensor.extract": _extract,
     "attn.program_id": _program_id,
     "linalg.index": _linalg_index,
     "arith.index_cast": _cast,

@@ -34,7 +34,7 @@ from .tile_pack_gqa import pack, packable, store_head_rows
 from .tile_sources import RowSources
 from .tile_split_kv import build_split, splittable
 from .tile_tables import (Classification, call_time_table_types, classify_blocks, heavy_blocks_attributes,
-                          table_constants, table_row)
+                          listed_block, table_constants, table_row)
 from .tile_varlen import packing_ops, sequences_source
 
 LOG2E = 1.0 / math.log(2.0)
@@ -244,8 +244,7 @@ class _Kernel(RowSources, KernelBuilder):
                 count = arith.minsi(arith.addi(start, share), count)
             loop = scf.ForOp(start, count, index(1), state)
             with ir.InsertionPoint(loop.body):
-                nb_raw = tensor.extract(index_tab, row + [loop.induction_variable])
-                nb = arith.index_cast(ir.IndexType.get(), nb_raw)
+                nb = listed_block(index_tab, row + [loop.induction_variable], bool(table_args))
                 scf.YieldOp(self.kv_step(q_tile, self.hk, nb, list(loop.inner_iter_args), masked))
             state = list(loop.results)
         return state

@@ -68,7 +68,7 @@ from .tile_backward_running_max import RunningMaxGradients
 from .tile_backward_tiles import ROW, TILE
 from .tile_paged import paged_source
 from .tile_tables import (Classification, call_time_table_types, classify_blocks, heavy_blocks_attributes,
-                          table_constants, table_row)
+                          listed_block, table_constants, table_row)
 from .tile_varlen import sequences_source
 
 
@@ -264,8 +264,7 @@ class _Backward(RunningMaxGradients):
                 count = trip_count(count, index_tab, bounds, at[2], arith.minsi(reach, index(width)))
             loop = scf.ForOp(index(0), count, index(1), state)
             with ir.InsertionPoint(loop.body):
-                raw = tensor.extract(index_tab, row + [loop.induction_variable])
-                other = arith.index_cast(ir.IndexType.get(), raw)
+                other = listed_block(index_tab, row + [loop.induction_variable], bool(self.table_args))
                 scf.YieldOp(step(other, list(loop.inner_iter_args), masked))
             state = list(loop.results)
         return state

@@ -209,6 +209,21 @@ def call_time_table_types(program: ScalarProgram, batch: int, heads: int, blocks
     return [tensor_type(lead + [blocks], i32), tensor_type(lead + [blocks, others], i32)] * 2
 
 
+def listed_block(index_table, indices: list, call_time: bool):
+    """The block number at `indices` of an index table, as an index value. A call-time table's
+    read carries abi.BOUNDS [0, others - 1] (call_time_table_types: its last axis has one entry
+    per block of the walked axis), so the index analysis (passes/index_bounds.py) bounds the
+    positions the mods see from its blocks as it does from a constant table's elements (a
+    constant table's last axis is its longest list, not the block count)."""
+    from mlir import ir
+    from mlir.dialects import arith, tensor
+
+    raw = tensor.extract(index_table, indices)
+    if call_time:
+        raw.owner.attributes[abi.BOUNDS] = ir.DenseI64ArrayAttr.get([0, index_table.type.shape[-1] - 1])
+    return arith.index_cast(ir.IndexType.get(), raw)
+
+
 def per_slice(program: ScalarProgram | None) -> bool:
     """Whether a call-time mask's tables are per batch entry or head (it reads b or h)."""
     return program is not None and (program.uses_arg(0) or program.uses_arg(1))

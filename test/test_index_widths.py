@@ -56,6 +56,25 @@ def test_backward_at_the_default_config(name):
     check_backward(ae.attention(**CASES[name]), torch.float32, "cuda:90", 1e-5, lq=77, lk=90)
 
 
+def test_packed_sequences_read_their_key_blocks_from_call_time_tables():
+    """A packed batch's kernel lists its KV blocks in call-time tables; their reads carry the
+    block numbers' range (abi.BOUNDS), so the positions are bounded and the hash is 64-bit there
+    too (the fuzz campaign's failing program, before the reads carried it)."""
+    from ae_mlir.frontend import varlen
+
+    attn = ae.attention(mask_mod=lambda b, h, q_idx, kv_idx: h + kv_idx <= (kv_idx * 268435459) % 5 + 8)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(heads, 40, 32, generator=gen) for heads in (2, 1, 1))
+    cu = torch.tensor([0, 11, 40], dtype=torch.int32)
+    call = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=29, max_seqlen_k=29)
+    bundle = tb.compile_bundle(attn, q, k, v, **call)
+    views = varlen.packed_views(q, k, v, attn.layout)
+    sequences = varlen.prepare(*views[:2], cu, cu, 29, 29, False)
+    out = interpret(bundle, *views, *attn._prepare(*views, sequences=sequences)[1])[0][0][0]
+    expected = attn(q.double(), k.double(), v.double(), backend="reference", **call)
+    assert (out.double() - expected).abs().max().item() < 1e-5
+
+
 def _index_ops(bundle, width: int) -> set[str]:
     texts = [kernel.variants["aligned"].ttir for kernel in runtime.kernels(bundle, False)]
     return {m.group(1) for text in texts

@@ -27,6 +27,9 @@ CALL_TIME_GRID = "attn.call_time_grid"      # array<i64: B, Lq, Lk>: the grid it
 HEAVY_BLOCKS = "attn.heavy_blocks"          # string: "first" or "last", the end of the block axis
                                             # whose programs visit the most tiles (absent: equal
                                             # or not known before the call)
+# On an L1 op, not a function: the tensor.extract of a tile table's block number carries the
+# range of the numbers it can hold (the index analysis bounds positions by it).
+BOUNDS = "attn.bounds"                      # array<i64: lo, hi>
 # Only on tt.func (attn-lower-to-triton):
 KERNEL_ARGS = "attn.kernel_args"            # [string]: "q", "q.stride0", ..., "table0"
 TABLES = "attn.tables"                      # [dense i32]: compile-time tile tables, "table<j>"

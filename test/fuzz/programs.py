@@ -89,21 +89,30 @@ class Node:
 ATTENTION_NAMES = ("q_idx", "kv_idx", "h", "b")
 
 
-def index_expr(draw, depth: int, names=ATTENTION_NAMES) -> Node:
-    """A non-negative-leaning integer expression of the positions."""
+# Factors that take a product of positions past i32 at any length (2^40 is no i32 itself).
+HASH_FACTORS = (268435459, 1000000007, 2 ** 40 + 3)
+
+
+def index_expr(draw, depth: int, names=ATTENTION_NAMES, hashes: bool = True) -> Node:
+    """A non-negative-leaning integer expression of the positions. `hashes`: it may hold
+    (e * factor) % c with a factor that takes e's product past i32, which the Triton lowering
+    computes in 64 bits (the Gluon kernels' 32-bit positions take none)."""
     if depth <= 0 or draw(st.booleans()):
         if draw(st.integers(0, 3)) == 0:
             return Node("const", value=draw(st.integers(0, 7)))
         return Node("var", value=draw(st.sampled_from(names)))
-    op = draw(st.sampled_from(["add", "sub", "mul", "floordiv", "mod", "max", "min"]))
-    left = index_expr(draw, depth - 1, names)
+    op = draw(st.sampled_from(["add", "sub", "mul", "floordiv", "mod", "max", "min"] + (["hash"] if hashes else [])))
+    left = index_expr(draw, depth - 1, names, hashes)
+    if op == "hash":
+        product = Node("mul", (left, Node("const", value=draw(st.sampled_from(HASH_FACTORS)))))
+        return Node("mod", (product, Node("const", value=draw(st.integers(2, 7)))))
     if op in ("max", "min"):
         # torch.maximum takes tensors (or symbolic values) on both sides, never Python ints.
         return Node(op, (Node("var", value=draw(st.sampled_from(names))),
                          Node("var", value=draw(st.sampled_from(names)))))
     if op in ("floordiv", "mod"):
         return Node(op, (left, Node("const", value=draw(st.integers(1, 5)))))
-    return Node(op, (left, index_expr(draw, depth - 1, names)))
+    return Node(op, (left, index_expr(draw, depth - 1, names, hashes)))
 
 
 def _index_or_distance(draw, names) -> Node:
@@ -133,9 +142,10 @@ def bounded_index(node: Node, size: int) -> Node:
 
 
 def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: bool = False,
-               names: tuple = ATTENTION_NAMES) -> Node:
+               names: tuple = ATTENTION_NAMES, hashes: bool = True) -> Node:
     """`symbolic`: the result must depend on an argument, as torch functions need a tensor.
-    `names`: the index arguments in scope; none for a feature map of the value alone."""
+    `names`: the index arguments in scope; none for a feature map of the value alone. `hashes`:
+    as index_expr's."""
     if depth <= 0 or draw(st.integers(0, 4)) == 0:
         kind = draw(st.integers(0, 3))
         if kind == 0 and not symbolic:
@@ -149,13 +159,13 @@ def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: b
                 idx = idx[:-1] + (_shifted_distance(draw, tensor.shape[-1]),)
             return Node("capture", value=(tensor, idx))
         if kind == 2 and not symbolic and names:
-            return Node("mul", (index_expr(draw, 1, names), Node("const", value=0.05)))
+            return Node("mul", (index_expr(draw, 1, names, hashes), Node("const", value=0.05)))
         return draw(st.sampled_from(leaves))
     ops = ["add", "sub", "mul", "div", "max", "min", "tanh", "sigmoid", "abs", "neg", "exp_tanh", "clamp"]
     op = draw(st.sampled_from(ops + ["where"] if names else ops))
 
     def sub(symbolic):
-        return float_expr(draw, depth - 1, leaves, captures, symbolic, names)
+        return float_expr(draw, depth - 1, leaves, captures, symbolic, names, hashes)
 
     if op in ("tanh", "sigmoid", "abs", "exp_tanh"):
         return Node(op, (sub(True),))
@@ -166,7 +176,7 @@ def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: b
     if op == "clamp":
         return Node("clamp", (sub(True),), value=draw(st.sampled_from([1.0, 3.0])))
     if op == "where":
-        return Node("where", (bool_expr(draw, 1, names=names), sub(True), sub(False)))
+        return Node("where", (bool_expr(draw, 1, names=names, hashes=hashes), sub(True), sub(False)))
     if op == "mul":
         # Keep products bounded: one side squashed by tanh.
         return Node("mul", (sub(symbolic), Node("tanh", (sub(True),))))
@@ -175,7 +185,7 @@ def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: b
     return Node(op, (sub(symbolic), sub(False)))
 
 
-def bool_expr(draw, depth: int, doc=None, names: tuple = ATTENTION_NAMES) -> Node:
+def bool_expr(draw, depth: int, doc=None, names: tuple = ATTENTION_NAMES, hashes: bool = True) -> Node:
     if depth <= 0 or draw(st.booleans()):
         kind = draw(st.integers(0, 3))
         if kind == 0 and doc is not None:
@@ -186,13 +196,13 @@ def bool_expr(draw, depth: int, doc=None, names: tuple = ATTENTION_NAMES) -> Nod
             return Node("eq", tuple(Node("capture", value=(doc, lead + (bounded_index(Node("var", value=name), n),)))
                                     for name in ("q_idx", "kv_idx")))
         cmp = draw(st.sampled_from(["lt", "le", "ge", "eq", "ne"]))
-        left = Node("add", (Node("var", value=draw(st.sampled_from(names[:3]))), index_expr(draw, 1, names)))
-        right = Node("add", (index_expr(draw, 1, names), Node("const", value=draw(st.integers(-8, 8)))))
+        left = Node("add", (Node("var", value=draw(st.sampled_from(names[:3]))), index_expr(draw, 1, names, hashes)))
+        right = Node("add", (index_expr(draw, 1, names, hashes), Node("const", value=draw(st.integers(-8, 8)))))
         return Node(cmp, (left, right))
     op = draw(st.sampled_from(["and", "or", "not"]))
     if op == "not":
-        return Node("not", (bool_expr(draw, depth - 1, doc, names),))
-    return Node(op, (bool_expr(draw, depth - 1, doc, names), bool_expr(draw, depth - 1, doc, names)))
+        return Node("not", (bool_expr(draw, depth - 1, doc, names, hashes),))
+    return Node(op, (bool_expr(draw, depth - 1, doc, names, hashes), bool_expr(draw, depth - 1, doc, names, hashes)))
 
 
 @dataclass
@@ -298,7 +308,7 @@ def gluon_programs(draw, max_seq: int = 400, score_mods: bool = False):
     mask_tree = Node("ge", (Node("var", value="q_idx"), Node("var", value="kv_idx"))) if causal else None
     score_tree = None
     if score_mods and draw(st.booleans()):
-        score_tree = float_expr(draw, draw(st.integers(1, 3)), [Node("var", value="score")], [])
+        score_tree = float_expr(draw, draw(st.integers(1, 3)), [Node("var", value="score")], [], hashes=False)
     return Program(
         batch=draw(st.integers(1, 2)), heads=heads_kv * draw(st.sampled_from([1, 2, 4])), heads_kv=heads_kv,
         seq_q=seq_q, seq_k=seq_k, dim_qk=dim, dim_v=dim, dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),

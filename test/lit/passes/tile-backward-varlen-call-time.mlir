@@ -25,7 +25,7 @@
 // CHECK-NEXT: %[[INSIDE:.*]] = arith.cmpi sgt
 // CHECK-NEXT: %[[TRIPS:.*]] = arith.select %[[INSIDE]], %[[N]], %c0 : index
 // CHECK-NEXT: scf.for %{{.*}} = %c0 to %[[TRIPS]] step %c1
-// CHECK: tensor.extract %[[PI]][%[[S]], %c0, %{{.*}}, %{{.*}}] : tensor<4x1x1x1xi32>
+// CHECK: tensor.extract %[[PI]][%[[S]], %c0, %{{.*}}, %{{.*}}] {attn.bounds = array<i64: 0, 0>} : tensor<4x1x1x1xi32>
 // CHECK-LABEL: func.func @attention_bwd_dkdv(
 // CHECK-SAME: %[[KPC:[a-z0-9]+]]: tensor<4x1x1xi32>, %{{.*}}: tensor<4x1x1x1xi32>, %{{.*}}: tensor<4x1x1xi32>, %{{.*}}: tensor<4x1x1x1xi32>
 // CHECK-SAME: attn.call_time_grid = array<i64: 4, 32, 32>

@@ -3,7 +3,9 @@
 // and a head axis, [B, 1, ..] here (the mask does not read h), and every program reads the row
 // of its own entry (attn.program_id 0) and head (0: the axis has one slice). The dK/dV kernel's
 // tables are per KV block. A mask of positions and closure tensors alone keeps one table for all
-// programs (tile-backward-call-time.mlir).
+// programs (tile-backward-call-time.mlir). A block number read from a call-time table carries
+// attn.bounds, the numbers the table can hold (one per block of the walked axis), for the index
+// analysis (passes/index_bounds.py).
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-verify,attn-fuse-online-softmax,attn-tile{block-m=16 block-n=16 call-time-tables=true})' --no-mlir-print-op-generic | FileCheck %s
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-verify,attn-differentiate,attn-tile-backward{block-m=16 block-n=16 call-time-tables=true})' --no-mlir-print-op-generic | FileCheck %s --check-prefix=BWD
 
@@ -15,7 +17,7 @@
 // CHECK: %[[ZERO:[a-z0-9_]+]] = arith.constant 0 : index
 // CHECK: tensor.extract %[[PC]][%[[B]], %[[ZERO]], %[[M]]] : tensor<2x1x2xi32>
 // CHECK: scf.for %[[I:[a-z0-9]+]] =
-// CHECK: tensor.extract %[[PI]][%[[B]], %[[ZERO]], %[[M]], %[[I]]] : tensor<2x1x2x2xi32>
+// CHECK: tensor.extract %[[PI]][%[[B]], %[[ZERO]], %[[M]], %[[I]]] {attn.bounds = array<i64: 0, 1>} : tensor<2x1x2x2xi32>
 // CHECK: tensor.extract %[[FC]][%[[B]], %{{[a-z0-9_]+}}, %[[M]]] : tensor<2x1x2xi32>
 
 // BWD-LABEL: func.func @attention_bwd_dq(
