@@ -75,13 +75,14 @@ class IndexBounds:
         from mlir import ir
 
         if isinstance(value.owner, ir.Block):
-            return self._block_argument(ir.BlockArgument(value))
-        op = value.owner
-        name = op.name
-        handler = _OPS.get(name)
-        if handler is None:
-            return UNKNOWN
-        return handler(self, op)
+            found = self._block_argument(ir.BlockArgument(value))
+        else:
+            handler = _OPS.get(value.owner.name)
+            found = UNKNOWN if handler is None else handler(self, value.owner)
+        width = _element_width(value)
+        if found == UNKNOWN and width is not None and 1 < width < self.bits:
+            return signed_range(width)  # an i32 (a closure tensor's element) cannot leave i32
+        return found
 
     def _block_argument(self, arg) -> tuple:
         if arg in self._arguments:
@@ -227,6 +228,14 @@ def _width(value) -> int | None:
     from mlir import ir
 
     return value.type.width if isinstance(value.type, ir.IntegerType) else None
+
+
+def _element_width(value) -> int | None:
+    """The width of an integer value or of an integer tensor's elements."""
+    from mlir import ir
+
+    element = getattr(value.type, "element_type", value.type)
+    return element.width if isinstance(element, ir.IntegerType) else None
 
 
 def _extsi(ib, op):

@@ -1,7 +1,8 @@
 """Index arithmetic past 32 bits in the Triton IR kernels: `index` is i32 there, while the
 reference computes positions in int64, so an op whose exact values can leave i32 at the module's
-shapes (a hash's large factor, a product of positions past L = 46341) runs in 64 bits, and only
-such ops (passes/triton/ops.py, `_wide_index`). Each mod here gave wrong outputs with every index
+shapes (a hash's large factor, a product of positions past L = 46341) runs in 64 bits, as does
+an int64 closure element read into an index unless it provably fits, and only such ops
+(passes/triton/ops.py, `_wide_index`). Each mod here gave wrong outputs with every index
 op in 32 bits. The Gluon kernels' side is in test_gluon_score_mods.py."""
 from __future__ import annotations
 
@@ -36,8 +37,23 @@ def fitting_product(b, h, q_idx, kv_idx):
     return (q_idx * kv_idx) % 7 != 3
 
 
+# Document ids 2^32 apart: truncated to 32 bits every query would see every key as its own.
+WIDE_IDS = (torch.arange(90) // 20) << 32
+BIAS = torch.linspace(-1.0, 1.0, 9)
+
+
+def wide_ids(b, h, q_idx, kv_idx):
+    return WIDE_IDS[q_idx] == WIDE_IDS[kv_idx]
+
+
+def wide_id_bias(score, b, h, q_idx, kv_idx):
+    # Ids read into positions: their difference, shifted back, indexes a table (clamped into it).
+    return score + BIAS[(WIDE_IDS[kv_idx] - WIDE_IDS[q_idx]) // 2 ** 32 + 4]
+
+
 CASES = {"hashed": dict(mask_mod=hashed), "signed_product": dict(score_mod=signed_product),
-         "past_i32_constant": dict(score_mod=past_i32_constant, mask_mod=fitting_product)}
+         "past_i32_constant": dict(score_mod=past_i32_constant, mask_mod=fitting_product),
+         "wide_ids": dict(mask_mod=wide_ids, score_mod=wide_id_bias)}
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
@@ -46,14 +62,15 @@ def test_forward_at_the_default_config(name, target):
     attn = ae.attention(**CASES[name])
     q, k, v = qkv(h=2, lq=77, lk=90, dk=32)
     bundle = tb.compile_bundle(attn, q, k, v, target=target)
-    out = interpret(bundle, q, k, v)[0][0]
+    out = interpret(bundle, q, k, v, *attn._build(q, k, v)[1])[0][0]
     expected = attn(q.double(), k.double(), v.double(), backend="reference")
     assert (out.double() - expected).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_backward_at_the_default_config(name):
-    check_backward(ae.attention(**CASES[name]), torch.float32, "cuda:90", 1e-5, lq=77, lk=90)
+    attn = ae.attention(**CASES[name])
+    check_backward(attn, torch.float32, "cuda:90", 1e-5, lq=77, lk=90, closures=attn._build(*qkv(lq=77, lk=90))[1])
 
 
 def test_packed_sequences_read_their_key_blocks_from_call_time_tables():

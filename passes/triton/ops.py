@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..index_bounds import I32
 from .expansions import EXPANSIONS, MathExpansions
 from .tables import Tables
-from .values import (reassociation_of, reshaped_padding, DYNAMIC, Arg, Dest, Empty, Slice, Table, Value, constant_int, constant_value, element_type,
+from .values import (reassociation_of, reshaped_padding, DYNAMIC, Arg, Dest, Empty, Slice, Table, Value, bit_width, constant_int, constant_value, element_type,
                      fail, is_float, is_index, logical_shape, padded_size, scalar_literal)
 
 # Ops copied as they are (operands broadcast to a common shape); everything else has a handler.
@@ -302,8 +302,16 @@ class TensorOps(Tables, MathExpansions):
             return True
         if not is_index(op.results[0].type):
             return False
+        if self.wide_bounds.within(op.results[0], *I32):
+            return False
+        if op.name in _CASTS and bit_width(element_type(op.operands[0].type)) > 32:
+            # An i64 read into `index` (a closure tensor's int64 ids) keeps its 64 bits unless it
+            # provably fits: truncated, ids 2^32 apart would compare equal. A float's round trip
+            # through i64 (fptosi) stays the 32-bit conversion _narrowed takes.
+            source = _defining(op.operands[0])
+            return source is None or source.name != "arith.fptosi"
         lo, hi = self.wide_bounds.bounds(op.results[0])
-        return math.isfinite(lo) and math.isfinite(hi) and not (I32[0] <= lo and hi <= I32[1])
+        return math.isfinite(lo) and math.isfinite(hi)
 
     def _elementwise_operand(self, v, op) -> Value:
         x = self.get(v, op)
