@@ -162,10 +162,17 @@ def _linalg_index(ib: IndexBounds, op) -> tuple:
 
 def _cast(ib: IndexBounds, op) -> tuple:
     """A cast keeps the value; from a type wider than `bits` (i64 to index, an i32 in Triton's
-    kernels) it truncates, which keeps only a bound known on both sides."""
+    kernels) it truncates, which keeps only a bound known on both sides, and so does a cast to a
+    narrower integer type (index to i32) of a value its range does not hold."""
     a = ib.operand(op, 0)
     wide = (_width(op.operands[0]) or 0) > ib.bits
-    return UNKNOWN if wide and not all(math.isfinite(x) for x in a) else a
+    if wide and not all(math.isfinite(x) for x in a):
+        return UNKNOWN
+    width = _width(op.results[0])
+    if width is not None and width < 64:
+        low, high = signed_range(width)
+        return a if low <= a[0] and a[1] <= high else UNKNOWN
+    return a
 
 
 def _add(ib, op):
