@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ...core import abi
 from .builder import TileBuilder
-from .values import (PRECISION, Value, constant_value, element_type, fail, logical_shape, padded_size,
+from .values import (PRECISION, Value, constant_value, element_type, fail, is_index, logical_shape, padded_size,
                      tensor_type)
 
 # Associative, commutative ops a contraction may accumulate with.
@@ -117,6 +117,8 @@ class LinalgOps(TileBuilder):
                 result = self.tt_reduce(result, axis, combiner.name)
             init = self.tile(op.operands[n_in], op)
             result = self.op(combiner.name, self.to_shape(result, init.shape), init)
+        if result.elt == "i64" and is_index(out_type):
+            result = self.cast_int(result, "i32")  # an index the body computed in 64 bits (TensorOps._wide_index)
         if result.elt != element_type(out_type):
             raise fail(op, f"yields {result.elt} for a {element_type(out_type)} tensor")
         if result.shape != tuple(padded_size(n) for n in logical) and not any(iters):

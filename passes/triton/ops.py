@@ -294,8 +294,12 @@ class TensorOps(Tables, MathExpansions):
     def _wide_index(self, op, operands: list[Value]) -> bool:
         """Whether an op on `index` values runs in 64 bits: an operand is 64-bit already, or its
         exact result can leave i32 (`index` is i32 here, which the reference's int64 never wraps).
-        A result whose exact bounds are unknown (read from a closure tensor) stays 32-bit, as does
-        every index the IR's bounds keep inside i32, so only the ops that need it pay for i64."""
+        A result whose exact bounds are unknown stays 32-bit, as does every index the IR's bounds
+        keep inside i32, so only the ops that need it pay for i64. Only the ops of a generic's body
+        (the mods' arithmetic) widen: the kernel's own lengths and offsets feed slices, loops and
+        loads, which take 32-bit indices, and a generic's index result is narrowed (LinalgOps)."""
+        if self.generic_shape is None:
+            return False
         if not any(is_index(v.type) for v in op.operands) and not is_index(op.results[0].type):
             return False
         if any(x.elt == "i64" and is_index(v.type) for x, v in zip(operands, op.operands)):
