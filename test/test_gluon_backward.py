@@ -58,6 +58,8 @@ SHAPES = [
     (1, 2, 1, 100, 300, 128, False, torch.bfloat16, False),
     (1, 1, 1, 64, 64, 64, True, torch.bfloat16, False),
     (1, 2, 2, 300, 90, 64, False, torch.float16, False),
+    # Causal GQA walks sections of 8 KV heads (attention_backward.GQA_SECTION): 9 here, the last alone.
+    (3, 6, 3, 200, 200, 64, True, torch.bfloat16, False),
 ]
 
 
@@ -243,8 +245,9 @@ def test_runtime_compiles_the_reduced_dq_kernels_for_sm90(mask):
     """With reduce_dq, what the runtime compiles on the GPU, compiled here: the delta kernel,
     the five-product kernel (its dQ added by TMA reduce-adds, no per-element atomics; five
     descriptors, the dQ sums' in 64 x 32 float32 boxes; within the H100's 227 KiB of shared
-    memory; ptxas spills 40-340 bytes across shapes, a few scalars reloaded per query block as in
-    the dK/dV kernel) and the conversion."""
+    memory; ptxas spills 40-400 bytes across shapes, a few scalars reloaded per query block as in
+    the dK/dV kernel; 396 for this causal GQA one, whose grid walks sections of KV heads) and the
+    conversion."""
     meta = [torch.empty(2, h, 1000, 128, dtype=torch.bfloat16, device="meta") for h in (8, 2, 2)]
     bundle = tb.build_backward_bundle(ae.attention(mask_mod=mask).mlir(*meta), "cuda:90",
                                       {"warp_specialize": True, "reduce_dq": True})
@@ -254,7 +257,7 @@ def test_runtime_compiles_the_reduced_dq_kernels_for_sm90(mask):
     assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add" in fused
     assert not any(op in fused for op in ("atom.global", "red.global"))
     assert [m["block_size"] for m in compiled[1].metadata.tensordesc_meta] == [[1, 1, 64, 64]] * 4 + [[1, 1, 64, 32]]
-    assert compiled[1].metadata.shared <= 227 * 1024 and ptxas_spill_bytes(fused) <= 384
+    assert compiled[1].metadata.shared <= 227 * 1024 and ptxas_spill_bytes(fused) <= 416
     assert "wgmma" not in delta + convert and "st.global" in delta and "st.global" in convert
 
 

@@ -151,16 +151,28 @@ def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_e
     return dk, dv
 
 
+# KV heads per section of a causal GQA dK/dV grid (kv_walk).
+GQA_SECTION = gl.constexpr(8)
+
+
 @gluon.jit
-def kv_walk(KV_HEADS: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, CAUSAL: gl.constexpr):
+def kv_walk(KV_HEADS: gl.constexpr, GROUP: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr,
+            CAUSAL: gl.constexpr):
     # (batch, KV head, first key, first query block, query blocks, diagonal blocks) of a dK/dV
     # program: a 1-D grid whose programs walk a KV head's blocks in turn (in order: the first
     # keys, which the most causal queries see, first), so the programs in flight share its
     # queries through L2. Sections of heads (the forward's order) in this kernel and the dQ one
     # ran 1-4% slower on an H100 (bench/results/h100-gluon-backward-2026-12-06-sections.json), so
-    # a section is one head.
+    # a section is one head; all heads in one section ran 1.7-1.8x slower. Causal GQA is the
+    # exception: a program walks its KV head's GROUP query heads, so the heaviest programs are
+    # GROUP times longer and, head after head, the last head's started last and ran past every
+    # other program. Sections of 8 KV heads (heaviest blocks first within each) took it from
+    # 1.169 to 1.016 ms at B 8, H 16 over 4 KV heads, L 2048, D 128; one section of all, 1.055
+    # (h100-backward-2026-12-06-gqa-sections.json).
     n_kv = gl.cdiv(SEQ_K, 2 * HALF_N)
-    kv_block, batch, kv_head = query_item(gl.program_id(0), n_kv, KV_HEADS, gl.num_programs(0) // n_kv, 1, False)
+    section: gl.constexpr = GQA_SECTION if CAUSAL and GROUP > 1 else 1
+    kv_block, batch, kv_head = query_item(gl.program_id(0), n_kv, KV_HEADS, gl.num_programs(0) // n_kv, section,
+                                          False)
     kv_first = kv_block * (2 * HALF_N)
     blocks = gl.cdiv(SEQ_Q, TILE_M)
     if CAUSAL:
@@ -249,7 +261,7 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
                             dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
                             SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                             SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
-    batch, kv_head, kv_first, first_block, n_blocks, diagonal = kv_walk(KV_HEADS, SEQ_Q, SEQ_K, CAUSAL)
+    batch, kv_head, kv_first, first_block, n_blocks, diagonal = kv_walk(KV_HEADS, GROUP, SEQ_Q, SEQ_K, CAUSAL)
 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)

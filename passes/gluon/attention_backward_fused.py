@@ -142,7 +142,7 @@ def attention_backward_fused(q_desc, k_desc, v_desc, do_desc, dq_sums_desc, lse_
                              dv_ptr, dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
                              SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                              SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
-    batch, kv_head, kv_first, first_block, n_blocks, masked = kv_walk(KV_HEADS, SEQ_Q, SEQ_K, CAUSAL)
+    batch, kv_head, kv_first, first_block, n_blocks, masked = kv_walk(KV_HEADS, GROUP, SEQ_Q, SEQ_K, CAUSAL)
     # The last program's keys may run past the end: all its blocks are masked.
     if kv_first + 2 * HALF_N > SEQ_K:
         masked = n_blocks
