@@ -48,7 +48,9 @@ def _exact(ib, *points) -> tuple:
 
 class IndexBounds:
     """Memoized bounds of the values of one function (`bounds(value)`); values of other types or
-    of ops it does not model are UNKNOWN. `lanes(n)` is how many lanes the backend computes a
+    of ops it does not model are UNKNOWN. `bits`: the width indices are computed in (32, the
+    Triton kernels'; 64 for the exact values); `arguments`: bounds of block arguments the IR does
+    not tell (a mod region's positions). `lanes(n)` is how many lanes the backend computes a
     tile dimension of n on, padding included: Triton's lowering pads tiles to powers of two and
     its padding lanes compute (and load) too, so there `linalg.index` reaches lanes(n) - 1."""
 
@@ -80,8 +82,13 @@ class IndexBounds:
             handler = _OPS.get(value.owner.name)
             found = UNKNOWN if handler is None else handler(self, value.owner)
         width = _element_width(value)
-        if found == UNKNOWN and width is not None and 1 < width < self.bits:
-            return signed_range(width)  # an i32 (a closure tensor's element) cannot leave i32
+        if width is not None and 1 < width < self.bits:
+            # A value of a type narrower than the analysis (an i32 closure element in 64 bits, an
+            # i8 in 32) lies in its type's range; an interval that leaves it (the exact rules on
+            # an op that wrapped, or nothing known) is replaced by that range.
+            low, high = signed_range(width)
+            if not (low <= found[0] and found[1] <= high):
+                return low, high
         return found
 
     def _block_argument(self, arg) -> tuple:
@@ -168,6 +175,10 @@ def _cast(ib: IndexBounds, op) -> tuple:
     wide = (_width(op.operands[0]) or 0) > ib.bits
     if wide and not all(math.isfinite(x) for x in a):
         return UNKNOWN
+    if op.name == "arith.index_castui" and a[0] < 0:
+        # Zero-extended: a negative value of a narrower type reads as its unsigned one.
+        source = _width(op.operands[0])
+        return (0, 2 ** source - 1) if source is not None and source < ib.bits else UNKNOWN
     width = _width(op.results[0])
     if width is not None and width < 64:
         low, high = signed_range(width)
@@ -191,17 +202,44 @@ def _mul(ib, op):
 
 
 def _div(ib, op):
+    """By a constant divisor c >= 1: monotone in the dividend, so its ends' quotients (divsi
+    truncates toward zero, floordivsi floors; divui only of a non-negative dividend)."""
     a, b = ib.operand(op, 0), ib.operand(op, 1)
-    if b[0] != b[1] or b[0] < 1 or a[0] < 0:
+    if b[0] != b[1] or b[0] < 1:
         return UNKNOWN
-    return _fit(ib, a[0] // b[0], a[1] // b[0] if math.isfinite(a[1]) else math.inf)
+    c = b[0]
+    if a[0] >= 0:
+        return _fit(ib, a[0] // c, a[1] // c if math.isfinite(a[1]) else math.inf)
+    if op.name == "arith.divui" or not all(math.isfinite(x) for x in a):
+        return UNKNOWN
+    if op.name == "arith.floordivsi":
+        return _fit(ib, a[0] // c, a[1] // c)
+    return _fit(ib, *(-(-x // c) if x < 0 else x // c for x in a))
 
 
 def _rem(ib, op):
+    """By a constant divisor c >= 1: remsi takes the dividend's sign and |r| < c, whatever the
+    dividend (one that wrapped included); remui only of a non-negative dividend."""
     a, b = ib.operand(op, 0), ib.operand(op, 1)
-    if b[0] != b[1] or b[0] < 1 or a[0] < 0:
+    if b[0] != b[1] or b[0] < 1:
         return UNKNOWN
-    return (a[0], a[1]) if a[1] < b[0] else (0, b[0] - 1)
+    c = b[0]
+    if a[0] >= 0:
+        return (a[0], a[1]) if a[1] < c else (0, c - 1)
+    if op.name == "arith.remui":
+        return UNKNOWN
+    return (-(c - 1), 0) if a[1] <= 0 else (-(c - 1), c - 1)
+
+
+def _bitwise(ib, op):
+    """and, or, xor of non-negative bounded operands (a hash's mixing): and is at most the
+    smaller, or and xor below the larger's next power of two."""
+    a, b = ib.operand(op, 0), ib.operand(op, 1)
+    if a[0] < 0 or b[0] < 0 or not math.isfinite(a[1]) or not math.isfinite(b[1]):
+        return UNKNOWN
+    if op.name == "arith.andi":
+        return 0, min(a[1], b[1])
+    return _fit(ib, 0, (1 << int(max(a[1], b[1])).bit_length()) - 1)
 
 
 def _max(ib, op):
@@ -276,5 +314,8 @@ _OPS = {
     "math.absi": _abs,
     "arith.select": _select,
     "arith.cmpi": _boolean,
+    "arith.andi": _bitwise,
+    "arith.ori": _bitwise,
+    "arith.xori": _bitwise,
     "arith.extui": _extui,
 }

@@ -118,6 +118,59 @@ def test_given_argument_bounds():
     assert IndexBounds(arguments={x: (0, 10)}).bounds(named["open_add"]) == (3, 13)
 
 
+NARROW = """
+func.func @g(%t8: tensor<4xi8>, %tab: tensor<4x3xi32>, %x: index) -> index {
+  %c0 = arith.constant 0 : index
+  %c7 = arith.constant 7 : index
+  %c100 = arith.constant 100 : i8
+  %e = tensor.extract %t8[%c0] {t = "e"} : tensor<4xi8>
+  %u = arith.index_castui %e {t = "u"} : i8 to index
+  %ab = math.absi %e {t = "ab"} : i8
+  %hi = arith.maxsi %e, %c100 {t = "hi"} : i8
+  %wrap = arith.addi %hi, %c100 {t = "wrap8"} : i8
+  %low = arith.maxsi %x, %c0 : index
+  %q = arith.minsi %low, %c7 {t = "q"} : index
+  %d = arith.subi %q, %c7 {t = "d"} : index
+  %r = arith.remsi %d, %c7 {t = "rem_neg"} : index
+  %ru = arith.remsi %x, %c7 {t = "rem_any"} : index
+  %v = arith.divsi %d, %c7 {t = "div_neg"} : index
+  %f = arith.floordivsi %d, %c7 {t = "floordiv_neg"} : index
+  %and = arith.andi %q, %c7 {t = "and"} : index
+  %xor = arith.xori %q, %c7 {t = "xor"} : index
+  %b = tensor.extract %tab[%c0, %c0] {attn.bounds = array<i64: 0, 2>, t = "listed"} : tensor<4x3xi32>
+  return %c0 : index
+}
+"""
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("e", (-128, 127)),         # an i8 read: its type's range
+    ("u", (0, 255)),            # zero-extended, a negative i8 reads as its unsigned value
+    ("ab", (-128, 127)),        # absi(-128) wraps to -128 in i8
+    ("wrap8", (-128, 127)),     # 100..127 + 100 wraps in i8
+    ("rem_neg", (-6, 0)),       # remsi takes the dividend's sign
+    ("rem_any", (-6, 6)),       # whatever the dividend
+    ("div_neg", (-1, 0)),       # divsi truncates toward zero: -7 / 7, 0 / 7
+    ("floordiv_neg", (-1, 0)),
+    ("and", (0, 7)),
+    ("xor", (0, 7)),
+    ("listed", (0, 2)),         # a call-time table's block number carries its range (abi.BOUNDS)
+])
+def test_narrow_types_signed_division_bitwise_and_listed_blocks(name, expected):
+    from mlir import ir
+
+    module = parse_module(NARROW, new_context())
+    named = {}
+
+    def visit(op):
+        if "t" in op.attributes:
+            named[ir.StringAttr(op.attributes["t"]).value] = op.results[0]
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    assert IndexBounds().bounds(named[name]) == expected
+
+
 def test_linalg_index_counts_padding_lanes():
     exact, named, _m1 = _values()
     padded, named_p, _m2 = _values(padded_size)

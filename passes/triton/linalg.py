@@ -118,7 +118,9 @@ class LinalgOps(TileBuilder):
             init = self.tile(op.operands[n_in], op)
             result = self.op(combiner.name, self.to_shape(result, init.shape), init)
         if result.elt == "i64" and is_index(out_type):
-            result = self.cast_int(result, "i32")  # an index the body computed in 64 bits (TensorOps._wide_index)
+            # An index the body computed in 64 bits (TensorOps._wide_index) leaves as `index`, i32
+            # here: the index tiles generics yield are closure reads' clamped indices, inside i32.
+            result = self.cast_int(result, "i32")
         if result.elt != element_type(out_type):
             raise fail(op, f"yields {result.elt} for a {element_type(out_type)} tensor")
         if result.shape != tuple(padded_size(n) for n in logical) and not any(iters):
