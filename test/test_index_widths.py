@@ -33,6 +33,12 @@ def past_i32_constant(score, b, h, q_idx, kv_idx):
     return score + 0.05 * (((q_idx * 2 ** 40 + kv_idx) // 2 ** 38) % 9).float()
 
 
+def signed_remainder_hash(b, h, q_idx, kv_idx):
+    # A remainder of a signed dividend, then a hash: bounded only since remsi's rule covers
+    # dividends of either sign.
+    return (((q_idx - kv_idx) % 7 + q_idx) * 268435459) % 5 != 2
+
+
 def fitting_product(b, h, q_idx, kv_idx):
     return (q_idx * kv_idx) % 7 != 3
 
@@ -53,7 +59,8 @@ def wide_id_bias(score, b, h, q_idx, kv_idx):
 
 CASES = {"hashed": dict(mask_mod=hashed), "signed_product": dict(score_mod=signed_product),
          "past_i32_constant": dict(score_mod=past_i32_constant, mask_mod=fitting_product),
-         "wide_ids": dict(mask_mod=wide_ids, score_mod=wide_id_bias)}
+         "wide_ids": dict(mask_mod=wide_ids, score_mod=wide_id_bias),
+         "signed_remainder_hash": dict(mask_mod=signed_remainder_hash)}
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
