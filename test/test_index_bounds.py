@@ -55,11 +55,11 @@ func.func @f(%x: index, %y: i64, %f: f32, %c: i1) -> index attributes {attn.grid
 """
 
 
-def _values(lanes=None) -> tuple:
-    """The analysis, the values of BODY's ops by their tag `t`, and the module that owns them."""
+def _tagged(text: str) -> tuple:
+    """The values of `text`'s ops by their tag `t`, and the module that owns them."""
     from mlir import ir
 
-    module = parse_module(BODY, new_context())
+    module = parse_module(text, new_context())
     named = {}
 
     def visit(op):
@@ -68,6 +68,12 @@ def _values(lanes=None) -> tuple:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
+    return named, module
+
+
+def _values(lanes=None) -> tuple:
+    """The analysis, the values of BODY's ops by their tag `t`, and the module that owns them."""
+    named, module = _tagged(BODY)
     return IndexBounds(lanes), named, module
 
 
@@ -106,14 +112,8 @@ def test_rules_in_64_bits(name, expected):
 
 def test_given_argument_bounds():
     """A region's positions, which no op of the IR bounds, are given (the Gluon score_mod's)."""
-    from mlir import ir
-
-    module = parse_module(BODY, new_context())
-    func = module.body.operations[0]
-    x = func.regions[0].blocks[0].arguments[0]
-    named = {}
-    module.operation.walk(lambda op: (named.__setitem__(ir.StringAttr(op.attributes["t"]).value, op.results[0])
-                                      if "t" in op.attributes else None, ir.WalkResult.ADVANCE)[1])
+    named, module = _tagged(BODY)
+    x = module.body.operations[0].regions[0].blocks[0].arguments[0]
     assert IndexBounds().bounds(named["open_add"]) == UNKNOWN
     assert IndexBounds(arguments={x: (0, 10)}).bounds(named["open_add"]) == (3, 13)
 
@@ -157,17 +157,7 @@ func.func @g(%t8: tensor<4xi8>, %tab: tensor<4x3xi32>, %x: index) -> index {
     ("listed", (0, 2)),         # a call-time table's block number carries its range (abi.BOUNDS)
 ])
 def test_narrow_types_signed_division_bitwise_and_listed_blocks(name, expected):
-    from mlir import ir
-
-    module = parse_module(NARROW, new_context())
-    named = {}
-
-    def visit(op):
-        if "t" in op.attributes:
-            named[ir.StringAttr(op.attributes["t"]).value] = op.results[0]
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
+    named, _module = _tagged(NARROW)
     assert IndexBounds().bounds(named[name]) == expected
 
 
