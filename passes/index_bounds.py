@@ -73,6 +73,11 @@ class IndexBounds:
         b = self.bounds(value)
         return lo <= b[0] and b[1] <= hi
 
+    def leaves(self, value, lo: int, hi: int) -> bool:
+        """Whether `value` has known bounds and they leave [lo, hi] (an index past i32)."""
+        b = self.bounds(value)
+        return all(math.isfinite(x) for x in b) and not (lo <= b[0] and b[1] <= hi)
+
     def _compute(self, value) -> tuple:
         from mlir import ir
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import linecache
-import math
 import types
 from typing import NamedTuple
 
@@ -328,10 +327,8 @@ def _check_index_widths(mod_op, extents: tuple[int, ...]) -> None:
     bounds = IndexBounds(bits=64, arguments=positions)
     for op in block.operations:
         for result in op.results:
-            if str(result.type) != "index":
-                continue
-            lo, hi = bounds.bounds(result)
-            if math.isfinite(lo) and math.isfinite(hi) and not (I32[0] <= lo and hi <= I32[1]):
+            if str(result.type) == "index" and bounds.leaves(result, *I32):
+                lo, hi = bounds.bounds(result)
                 raise fail(op.operation, f"computes an index in [{lo}, {hi}] at these shapes, past the 32-bit "
                                          "positions of attn-lower-to-gluon's kernels (the Triton IR kernels "
                                          "compute it in 64 bits)")

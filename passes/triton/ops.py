@@ -314,8 +314,7 @@ class TensorOps(Tables, MathExpansions):
             # through i64 (fptosi) stays the 32-bit conversion _narrowed takes.
             source = _defining(op.operands[0])
             return source is None or source.name != "arith.fptosi"
-        lo, hi = self.wide_bounds.bounds(op.results[0])
-        return math.isfinite(lo) and math.isfinite(hi)
+        return self.wide_bounds.leaves(op.results[0], *I32)
 
     def _elementwise_operand(self, v, op) -> Value:
         x = self.get(v, op)
