@@ -111,12 +111,17 @@ def candidates(problem: Problem, target: str) -> list[dict]:
         # attn-lower-to-gluon's kernel takes none of those options: the Triton IR candidates are
         # tried without it, and it is tried on the grid its default schedule does not take and
         # (at D = 128, the kernel with the two consumer warpgroups that schedule takes) with
-        # ping-pong on a program per query block.
+        # ping-pong on a program per query block. At D = 64 its two-warpgroup form is tried on
+        # both grids: on an H100 (bf16, B 8, H 16, L 2048, causal) it ran 343 TFLOP/s persistent
+        # against the three warpgroups' 253-304, though the Triton IR kernel's 359 led both
+        # (bench/results/h100-warp-specialized-2026-12-07-warpgroups.json).
         on = options_for("triton", problem, target).warp_specialize
         persistent = options_for("triton", problem, target, warp_specialize=True).persistent
         schedules = [{"warp_specialize": True, "persistent": not persistent}]
         if problem.dk == 128:
             schedules.append({"warp_specialize": True, "persistent": False, "pingpong": True})
+        if problem.dk == 64:
+            schedules += [{"warp_specialize": True, "warpgroups": 2, "persistent": grid} for grid in (True, False)]
         kept = _unique([{}] + [dict(c, warp_specialize=False) for c in kept if c]
                        + [{"warp_specialize": not on}] + schedules)
     return kept

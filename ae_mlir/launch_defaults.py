@@ -163,7 +163,8 @@ GLUON_SCHEDULE = {"persistent": True, "pingpong": False}
 PERSISTENT_SLACK = 1.10
 
 
-def gluon_schedule(wave_programs: int, causal: bool, lq: int, dk: int, batch_heads: int) -> dict:
+def gluon_schedule(wave_programs: int, causal: bool, lq: int, dk: int, batch_heads: int,
+                   warpgroups: int = 0) -> dict:
     """The warp-specialized forward's schedule (attn-lower-to-gluon `programs`, `pingpong`): a
     program per multiprocessor looping over work items (persistent), consumer warpgroups not
     taking turns. In the runs warp_specialized names, the persistent grid ran ahead of a program
@@ -173,10 +174,11 @@ def gluon_schedule(wave_programs: int, causal: bool, lq: int, dk: int, batch_hea
     8192, D 128 the persistent grid ran 458 against a program per block's 551
     (h100-gluon-shapes-2026-12-06.json). So a causal grid is persistent only where
     grid_schedule's model, on `wave_programs` multiprocessors (the preset's), puts its longest
-    program within PERSISTENT_SLACK of the per-block grid's longest multiprocessor."""
+    program within PERSISTENT_SLACK of the per-block grid's longest multiprocessor (its programs
+    of `warpgroups` x 64 rows where asked for)."""
     if not causal or not wave_programs:
         return dict(GLUON_SCHEDULE)
-    blocks = -(-lq // _GLUON_ROWS.get(dk, 128))
+    blocks = -(-lq // (64 * warpgroups or _GLUON_ROWS.get(dk, 128)))
     persistent = (grid_schedule.persistent_makespan(batch_heads, blocks, wave_programs)
                   <= PERSISTENT_SLACK * grid_schedule.per_block_makespan(batch_heads, blocks, wave_programs))
     return dict(GLUON_SCHEDULE, persistent=persistent)

@@ -211,6 +211,7 @@ class PresetOptions:
     warp_specialize: bool = False
     pingpong: bool = False         # attn-lower-to-gluon (launch_defaults.gluon_schedule)
     persistent: bool = False       # attn-lower-to-gluon: wave_programs programs loop over query blocks
+    warpgroups: int = 0            # attn-lower-to-gluon: the forward's consumer warpgroups (0: by head dim)
     reduce_dq: bool = False        # attn-lower-to-gluon's backward in five products, dQ by TMA reduce-adds
     # The split recurrence's kernels with their own stage count (_OWN_STAGES; 0: num_stages).
     decays_num_stages: int = 0     # the cumulative-decay kernel
@@ -272,6 +273,8 @@ class PresetOptions:
         if self.warp_specialize:
             # Both schedules recorded: the default depends on the shape (gluon_schedule).
             config.update(warp_specialize=True, pingpong=self.pingpong, persistent=self.persistent)
+            if self.warpgroups:
+                config["warpgroups"] = self.warpgroups
             if self.backward:
                 config["reduce_dq"] = self.reduce_dq
         if self.backward:
@@ -349,7 +352,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         # The Gluon forward's schedule, whether the preset or the overrides chose that kernel.
         schedule_for = GLUON_SCHEDULE if problem is None else gluon_schedule(
             values.get("wave_programs", 0), problem.simple_mask == "causal", problem.lq, problem.dk,
-            problem.batch_heads)
+            problem.batch_heads, values.get("warpgroups", 0))
         for schedule, on in schedule_for.items():
             values.setdefault(schedule, on)
     # The backward's form follows its kernel, whether the preset or the overrides chose it.
@@ -358,14 +361,14 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if values["reduce_dq"] and not (values.get("backward") and values.get("warp_specialize")):
         raise CompileError("preset option 'reduce-dq' is a form of attn-lower-to-gluon's backward; it needs "
                            "'backward' and 'warp-specialize'")
-    for schedule in ("pingpong", "persistent"):
+    for schedule, off in (("pingpong", False), ("persistent", False), ("warpgroups", 0)):
         if values.get(schedule) and values.get("backward"):
             raise CompileError(f"preset option '{schedule}' is a schedule of the forward kernel; the backward has none")
         if values.get(schedule) and not values.get("warp_specialize"):
             if schedule in typed:
                 raise CompileError(f"preset option '{schedule}' is a schedule of attn-lower-to-gluon's kernel; it "
                                    "needs 'warp-specialize'")
-            values[schedule] = False  # a default of the kernel the overrides turned off
+            values[schedule] = off  # a default of the kernel the overrides turned off
     if values.get("warp_specialize") and target != "cuda:90":
         raise CompileError(f"preset option 'warp-specialize' needs the NVIDIA sm90 target (wgmma), got '{target}'")
     if values.get("fast_tanh") and not has_fast_tanh(target):
@@ -464,7 +467,8 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
                 Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)} backward={_flag(o.backward)} "
                                + (f"reduce-dq={_flag(o.reduce_dq)} fast-tanh={_flag(o.fast_tanh)} "
                                   if o.backward else "")
-                               + f"programs={o.gluon_programs} wave-programs={o.wave_programs}}}",))]
+                               + f"programs={o.gluon_programs} wave-programs={o.wave_programs}"
+                               + ("" if o.backward else f" warpgroups={o.warpgroups}") + "}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:

@@ -67,9 +67,9 @@ def plot(directory: str, out: str | None = None) -> str:
 
     catalogue, verify, linear = (_load(directory, p) for p in ("catalogue", "verify", "linear"))
     panels = []
-    for variant in dict.fromkeys(c["variant"] for c in catalogue):
-        cases = [c for c in catalogue if c["variant"] == variant]
-        panels.append((f"{variant} (bf16, D={cases[0]['Dk']})", [(cases, "-", "")]))
+    for variant, dk in dict.fromkeys((c["variant"], c["Dk"]) for c in catalogue):
+        cases = [c for c in catalogue if c["variant"] == variant and c["Dk"] == dk]
+        panels.append((f"{variant} (bf16, D={dk})", [(cases, "-", "")]))
     for dtype in dict.fromkeys(c["dtype"] for c in verify):
         for variant in ("full", "causal"):
             chosen = [c for c in verify if c["dtype"] == dtype and c["variant"] == variant]

@@ -9,9 +9,10 @@ The GPU side needs torch and triton, and fla-core for the linear part; of ae-mli
 runtime, the variant catalogue, block_mask and the frontend's tracer, never MLIR. Parts (one JSON
 each in DIR, rewritten after every case so that a run cut short keeps what it measured):
 
-  catalogue  every ae_mlir.variants entry, bf16, B*L=16k, H=16, D=128, L 2048/8192, against a
-             float32 materialized reference over sampled query rows; timed beside FlexAttention
-             (softmax entries) and SDPA (where it computes the same attention)
+  catalogue  every ae_mlir.variants entry, bf16, B*L=16k, H=16, D=128 (full and causal at D=64
+             too), L 2048/8192, against a float32 materialized reference over sampled query rows;
+             timed beside FlexAttention (softmax entries) and SDPA (where it computes the same
+             attention)
   verify     full and causal softmax, bf16 and fp16, B=2 H=4, L 128/1000/4096, D 64/128, against
              float32 SDPA; timed beside SDPA flash, SDPA cuDNN and FlexAttention
   linear     ae.linear_attention (RetNet, simple GLA, GLA decays) beside fla's chunk_retention,

@@ -11,7 +11,9 @@ builds of each: `default` (the preset's choice, launch_defaults.warp_specialized
 gluon_schedule), `gluon` (warp_specialize=true, one program per query block), `pingpong` (with
 pingpong=true; at D = 128 only: the D = 64 kernel's three consumer warpgroups do not take it),
 `persistent` (a program per multiprocessor looping over query blocks), `pingpong_persistent`
-(both, D = 128) and `ttir` (warp_specialize=false), and the peers, in five alternating rounds,
+(both, D = 128) and `ttir` (warp_specialize=false); at D = 64 also `<build>_wg2`, those Gluon
+builds with two consumer warpgroups (128-row programs; `warpgroups=2`) instead of three; and
+the peers, in five alternating rounds,
 medians of triton.testing.do_bench; FLOPs 4 B H L^2 D (half for causal).
 """
 from __future__ import annotations
@@ -33,7 +35,10 @@ BUILDS = {"default": {},
           "persistent": {"warp_specialize": True, "pingpong": False, "persistent": True},
           "pingpong_persistent": {"warp_specialize": True, "pingpong": True, "persistent": True},
           "ttir": {"warp_specialize": False}}
-CHECKED = ("gluon", "persistent", "pingpong_persistent")  # the builds whose outputs are checked at CHECKS' shapes
+# At D = 64 the kernel also takes two consumer warpgroups (128-row programs) for three.
+BUILDS.update({f"{label}_wg2": dict(BUILDS[label], warpgroups=2)
+               for label in ("gluon", "pingpong", "persistent", "pingpong_persistent")})
+CHECKED = ("gluon", "persistent", "pingpong_persistent", "gluon_wg2", "pingpong_persistent_wg2")  # the builds whose outputs are checked at CHECKS' shapes
 # (name, batch, heads, kv heads, Lq, Lk, D, causal, dtype, layout): "bhld" contiguous, "blhd" a
 # transposed view of [B, L, H, D] memory.
 CHECKS = [
@@ -66,7 +71,11 @@ def _timed_cases():
 
 
 def _builds(dim: int, labels=tuple(BUILDS)) -> dict:
-    return {label: BUILDS[label] for label in labels if dim == 128 or not BUILDS[label].get("pingpong")}
+    """The builds timed at head dim `dim`: ping-pong takes two consumer warpgroups, which D = 64's
+    kernel has only where asked for."""
+    return {label: BUILDS[label] for label in labels
+            if BUILDS[label].get("warpgroups") == 2 and dim == 64
+            or "warpgroups" not in BUILDS[label] and (dim == 128 or not BUILDS[label].get("pingpong"))}
 
 
 def build(out: str) -> None:

@@ -147,23 +147,27 @@ class Instance:
     score_mod: object = None  # the backward's score mod as Gluon functions (gluon.score_mod.ScoreMod)
 
 
-def instance(func, pingpong: bool, programs: int = 0, wave_programs: int = 0) -> Instance:
+def instance(func, pingpong: bool, programs: int = 0, wave_programs: int = 0, consumers: int = 0) -> Instance:
     """What the pass instantiates for the L0 function, with `programs` persistent programs (0: a
-    program per query block, causal ones started in sections of heads that fill `wave_programs`);
-    a located CompileError where it cannot."""
-    from .gluon.attention_forward import block_m, kernel_constants, warpgroups
+    program per query block, causal ones started in sections of heads that fill `wave_programs`)
+    and `consumers` consumer warpgroups (0: the head dim's); a located CompileError where it
+    cannot."""
+    from .gluon.attention_forward import WARPGROUP_CHOICES, block_m, kernel_constants, warpgroups
 
     m = match(func)
     element, batch, heads, group, seq_q, seq_k, dim = _check_types(m)
-    if pingpong and warpgroups(dim) != 2:
-        raise fail(func, f"asks for ping-pong at head dim {dim}, whose kernel has {warpgroups(dim)} consumer "
-                         "warpgroups; the ping-pong schedule takes two (head dim 128)")
-    blocks = -(-seq_q // block_m(dim))
+    if consumers and consumers not in WARPGROUP_CHOICES[dim]:
+        raise fail(func, f"asks for {consumers} consumer warpgroups at head dim {dim}; the kernel takes "
+                         f"{' or '.join(map(str, WARPGROUP_CHOICES[dim]))} there")
+    if pingpong and warpgroups(dim, consumers) != 2:
+        raise fail(func, f"asks for ping-pong with {warpgroups(dim, consumers)} consumer warpgroups (head dim "
+                         f"{dim}); the ping-pong schedule takes two")
+    blocks = -(-seq_q // block_m(dim, consumers))
     # A persistent grid's programs take fixed items, head after head (grid_schedule); a grid of
     # every item starts them in order, so causal ones go longest first across a section.
     section = section_heads(wave_programs, blocks, batch * heads) if m.causal and not programs else 1
     constants = kernel_constants(batch, heads, group, seq_q, seq_k, dim, m.scale, m.causal, pingpong, programs > 0,
-                                 section)
+                                 section, consumers)
     items = blocks * batch * heads
     return Instance(element, dim, constants, (min(items, programs) if programs else items, 1, 1))
 
@@ -287,9 +291,12 @@ class LowerToGluon(ModulePass):
     wave_programs: int = option(0, "the programs the GPU runs at once (its multiprocessors): a causal forward's "
                                    "grid of a program per block starts every head's longest block first across "
                                    "sections of heads that fill it (0: head after head)")
+    warpgroups: int = option(0, "the forward's consumer warpgroups of 64 query rows: 2, or 3 at head dim 64 (0: "
+                                "three at head dim 64, two at 128)")
 
     def __post_init__(self):
-        for name, value in (("programs", self.programs), ("wave-programs", self.wave_programs)):
+        for name, value in (("programs", self.programs), ("wave-programs", self.wave_programs),
+                            ("warpgroups", self.warpgroups)):
             if value < 0:
                 raise ValueError(f"{name} must be at least 0, got {value}")
 
@@ -316,9 +323,9 @@ class LowerToGluon(ModulePass):
         else:
             from .gluon import attention_forward as fwd
 
-            kernel = instance(func, self.pingpong, self.programs, self.wave_programs)
-            _stub(func, name, kernel.grid, fwd.block_m(kernel.dim), fwd.BLOCK_N, kernel_labels(),
-                  fwd.MAX_REGISTERS[fwd.warpgroups(kernel.dim)],
+            kernel = instance(func, self.pingpong, self.programs, self.wave_programs, self.warpgroups)
+            _stub(func, name, kernel.grid, fwd.block_m(kernel.dim, self.warpgroups), fwd.BLOCK_N, kernel_labels(),
+                  fwd.MAX_REGISTERS[fwd.warpgroups(kernel.dim, self.warpgroups)],
                   fwd.compile_ttgir(kernel.element, kernel.dim, kernel.constants))
         func.erase()
         for grad in grads.values():
@@ -327,9 +334,9 @@ class LowerToGluon(ModulePass):
     def _backward(self, func, name: str, grad_func) -> None:
         from .gluon import attention_backward as bwd, attention_backward_fused as fused
 
-        if self.pingpong or self.programs:
-            raise fail(func, "asks for the backward with ping-pong or persistent programs, schedules of the forward "
-                             "kernel only")
+        if self.pingpong or self.programs or self.warpgroups:
+            raise fail(func, "asks for the backward with ping-pong, persistent programs or consumer warpgroups, "
+                             "options of the forward kernel only")
         for kernel, inst in backward_instances(func, self.reduce_dq, grad_func, self.fast_tanh):
             if self.reduce_dq:
                 block_m, block_n = (bwd.BLOCK_M, bwd.BLOCK_N) if kernel == "dkdvdq" else (fused.SUM_ROWS, inst.dim)

@@ -145,7 +145,8 @@ def _emulate_gluon(bundle: runtime.Bundle, index: int, variant, values: list) ->
         fn, blocks = form.kernel_function(part, kernel.score_mod), form.descriptor_blocks(part, kernel.dim)
     else:
         options = presets.options_for("triton", presets.read_problem(module), "cuda:90", **bundle.meta["config"])
-        kernel = instance(func, options.pingpong, options.gluon_programs, options.wave_programs)
+        kernel = instance(func, options.pingpong, options.gluon_programs, options.wave_programs,
+                              options.warpgroups)
         fn, blocks = attention_forward.attention_forward, attention_forward.descriptor_blocks(kernel.dim)
     if list(kernel.grid) != list(variant.grid):
         raise AssertionError(f"the bundle's grid {variant.grid} is not the pass's {list(kernel.grid)}")

@@ -28,11 +28,12 @@ def _meta(t):
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-def emulate(attn, q, k, v, pingpong=False, programs=0, wave=0):
+def emulate(attn, q, k, v, pingpong=False, programs=0, wave=0, warpgroups=0):
     """The bundle's Gluon variant on CPU tensors, as bundle_interp runs it; returns (out, lse).
     `programs`: a persistent grid of that many programs (0: a program per query block); `wave`:
-    a per-block grid's wave (its causal blocks' sections of heads)."""
-    config = {"warp_specialize": True, "pingpong": pingpong, "persistent": bool(programs)}
+    a per-block grid's wave (its causal blocks' sections of heads); `warpgroups`: the consumer
+    warpgroups asked for (0: the head dim's)."""
+    config = {"warp_specialize": True, "pingpong": pingpong, "persistent": bool(programs), "warpgroups": warpgroups}
     if programs or wave:
         config.update(wave_programs=programs or wave)
     bundle = tb.compile_bundle(attn, _meta(q), _meta(k), _meta(v), config=config)
@@ -41,23 +42,27 @@ def emulate(attn, q, k, v, pingpong=False, programs=0, wave=0):
     return out, lse
 
 
-@pytest.mark.parametrize("b, h, hkv, lq, lk, d, mask, dtype, layout, pingpong, programs", [
-    (1, 2, 2, 256, 256, 128, causal, torch.bfloat16, "bhld", False, 0),
-    (1, 2, 2, 300, 300, 128, causal, torch.bfloat16, "bhld", True, 0),
-    (2, 4, 2, 200, 200, 64, None, torch.float16, "blhd", False, 0),
-    (1, 2, 2, 100, 390, 128, None, torch.bfloat16, "bhld", True, 0),
-    (1, 1, 1, 64, 64, 64, causal, torch.float16, "bhld", False, 0),
-    (1, 2, 1, 130, 130, 128, causal, torch.bfloat16, "blhd", False, 0),
+@pytest.mark.parametrize("b, h, hkv, lq, lk, d, mask, dtype, layout, pingpong, programs, warpgroups", [
+    (1, 2, 2, 256, 256, 128, causal, torch.bfloat16, "bhld", False, 0, 0),
+    (1, 2, 2, 300, 300, 128, causal, torch.bfloat16, "bhld", True, 0, 0),
+    (2, 4, 2, 200, 200, 64, None, torch.float16, "blhd", False, 0, 0),
+    (1, 2, 2, 100, 390, 128, None, torch.bfloat16, "bhld", True, 0, 0),
+    (1, 1, 1, 64, 64, 64, causal, torch.float16, "bhld", False, 0, 0),
+    (1, 2, 1, 130, 130, 128, causal, torch.bfloat16, "blhd", False, 0, 0),
     # D 64's three warpgroups: 192-row programs whose rows span two key tiles.
-    (1, 2, 2, 600, 600, 64, causal, torch.bfloat16, "bhld", False, 0),
-    (1, 2, 1, 450, 333, 64, None, torch.bfloat16, "bhld", False, 0),
+    (1, 2, 2, 600, 600, 64, causal, torch.bfloat16, "bhld", False, 0, 0),
+    (1, 2, 1, 450, 333, 64, None, torch.bfloat16, "bhld", False, 0, 0),
     # Persistent programs taking several query blocks each (of unequal lengths under causal):
     # the ring's phases, Q's release and the ping-pong's turns run on across blocks.
-    (1, 3, 3, 300, 300, 128, causal, torch.bfloat16, "bhld", False, 2),
-    (2, 2, 1, 500, 500, 128, None, torch.bfloat16, "blhd", True, 3),
-    (1, 2, 2, 600, 600, 64, causal, torch.float16, "bhld", False, 3),
+    (1, 3, 3, 300, 300, 128, causal, torch.bfloat16, "bhld", False, 2, 0),
+    (2, 2, 1, 500, 500, 128, None, torch.bfloat16, "blhd", True, 3, 0),
+    (1, 2, 2, 600, 600, 64, causal, torch.float16, "bhld", False, 3, 0),
+    # D 64 with two warpgroups (128-row programs), which take the ping-pong there too.
+    (1, 2, 2, 600, 600, 64, causal, torch.bfloat16, "bhld", False, 0, 2),
+    (1, 2, 1, 450, 333, 64, None, torch.float16, "blhd", True, 0, 2),
+    (1, 2, 2, 500, 500, 64, causal, torch.bfloat16, "bhld", True, 3, 2),
 ])
-def test_emulated_kernel_matches_float64(b, h, hkv, lq, lk, d, mask, dtype, layout, pingpong, programs):
+def test_emulated_kernel_matches_float64(b, h, hkv, lq, lk, d, mask, dtype, layout, pingpong, programs, warpgroups):
     torch.manual_seed(lq + lk + d)
 
     def make(heads, length):
@@ -67,7 +72,7 @@ def test_emulated_kernel_matches_float64(b, h, hkv, lq, lk, d, mask, dtype, layo
 
     q, k, v = make(h, lq), make(hkv, lk), make(hkv, lk)
     attn = ae.attention(mask_mod=mask)
-    out, lse = emulate(attn, q, k, v, pingpong, programs)
+    out, lse = emulate(attn, q, k, v, pingpong, programs, warpgroups=warpgroups)
     want, want_lse = attn(q.double(), k.double(), v.double(), backend="reference", return_lse=True)
     # The 16-bit rounding of P and of the output: SDPA's own error in these types.
     torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)

@@ -135,8 +135,13 @@ def test_the_causal_grid_is_persistent_where_its_programs_load_evenly(b, h, leng
 
 
 @pytest.mark.parametrize("dk, options, message", [
-    (64, dict(pingpong=True), "asks for ping-pong at head dim 64, whose kernel has 3 consumer warpgroups"),
-    (128, dict(backward=True, programs=132), "asks for the backward with ping-pong or persistent programs"),
+    (64, dict(pingpong=True), "asks for ping-pong with 3 consumer warpgroups \\(head dim 64\\)"),
+    (128, dict(backward=True, programs=132), "asks for the backward with ping-pong, persistent programs or "
+                                             "consumer warpgroups"),
+    (128, dict(backward=True, warpgroups=2), "asks for the backward with ping-pong, persistent programs or "
+                                             "consumer warpgroups"),
+    (128, dict(warpgroups=3), "asks for 3 consumer warpgroups at head dim 128; the kernel takes 2 there"),
+    (64, dict(warpgroups=4), "asks for 4 consumer warpgroups at head dim 64; the kernel takes 2 or 3 there"),
 ])
 def test_schedules_the_kernel_does_not_take_are_located_errors(dk, options, message):
     with pytest.raises(CompileError, match=message) as err:
@@ -154,6 +159,24 @@ def test_persistent_grid_is_the_preset_wave_and_needs_warp_specialization():
         _options(text, persistent=True, warp_specialize=False)
     # The default schedule goes with the kernel when an override turns it off.
     assert _options(text, warp_specialize=False).persistent is False
+
+
+def test_two_consumer_warpgroups_at_head_dim_64_through_the_preset():
+    """`warpgroups=2` (128-row programs at D = 64, which ping-pong then takes) reaches the pass, the
+    bundle's config and the causal grid's schedule (blocks of 128 rows); it needs the Gluon kernel."""
+    text = _l0(ae.attention(mask_mod=causal), b=8, h=16, lq=2048, dk=64)
+    options = _options(text, warp_specialize=True, warpgroups=2, pingpong=True, persistent=False)
+    assert "pingpong=true backward=false programs=0 wave-programs=132 warpgroups=2" in presets.pipeline_text(
+        "triton", options)
+    assert options.launch_config()["warpgroups"] == 2
+    assert "warpgroups" not in _options(text, warp_specialize=True).launch_config()
+    with pytest.raises(CompileError, match="'warpgroups' is a schedule of attn-lower-to-gluon's kernel"):
+        _options(text, warp_specialize=False, warpgroups=2)
+    q = _meta(1, 2, 1000, 64)
+    bundle = tb.compile_bundle(ae.attention(mask_mod=causal), q, q, q,
+                               config={"warp_specialize": True, "warpgroups": 2, "persistent": False})
+    aligned = bundle.variants["aligned"]
+    assert (aligned.grid, aligned.max_registers) == ([2 * 8, 1, 1], 168)
 
 
 def test_forcing_it_off_a_sm90_target_is_an_error():

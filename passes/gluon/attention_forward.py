@@ -296,14 +296,21 @@ def attention_forward(q_desc, k_desc, v_desc, o_ptr, o_stride0, o_stride1, o_str
                             (_loader, loader_args)], [4, 1], [240, 24])
 
 
-def warpgroups(dim: int) -> int:
-    """Consumer warpgroups (of HALF query rows each) per program at head dim `dim`."""
-    return 3 if dim == 64 else 2
+# The consumer warpgroups a program may take, by head dim: three (192 rows) hold P, S and the
+# accumulator in 160 registers only at D = 64.
+WARPGROUP_CHOICES = {64: (2, 3), 128: (2, )}
 
 
-def block_m(dim: int) -> int:
-    """Query rows per program at head dim `dim`."""
-    return HALF * warpgroups(dim)
+def warpgroups(dim: int, asked: int = 0) -> int:
+    """Consumer warpgroups (of HALF query rows each) per program at head dim `dim`: `asked`, or
+    (0) three at D = 64, whose products take half the time (FlashAttention-3's 192-row tiles),
+    else two."""
+    return asked or (3 if dim == 64 else 2)
+
+
+def block_m(dim: int, asked: int = 0) -> int:
+    """Query rows per program at head dim `dim` with `asked` consumer warpgroups (0: `warpgroups`')."""
+    return HALF * warpgroups(dim, asked)
 
 
 def descriptor_blocks(dim: int) -> list:
@@ -312,12 +319,13 @@ def descriptor_blocks(dim: int) -> list:
 
 
 def kernel_constants(batch: int, heads: int, group: int, seq_q: int, seq_k: int, dim: int, scale: float,
-                     causal: bool, pingpong: bool, persistent: bool, section: int = 1) -> dict:
+                     causal: bool, pingpong: bool, persistent: bool, section: int = 1, consumers: int = 0) -> dict:
     """The kernel's constexpr arguments for one instantiation; `section`: heads per section of
-    the work items' order (pipeline.query_item; 1: head after head)."""
+    the work items' order (pipeline.query_item; 1: head after head); `consumers`: the consumer
+    warpgroups (0: `warpgroups`' choice)."""
     return {"BATCH": batch, "HEADS": heads, "GROUP": group, "SEQ_Q": seq_q, "SEQ_K": seq_k,
             "QK_SCALE": scale * 1.4426950408889634, "CAUSAL": causal, "PINGPONG": pingpong,
-            "WARPGROUPS": warpgroups(dim), "PERSISTENT": persistent, "SECTION": section}
+            "WARPGROUPS": warpgroups(dim, consumers), "PERSISTENT": persistent, "SECTION": section}
 
 
 def compile_ttgir(element: str, dim: int, constants: dict) -> str:

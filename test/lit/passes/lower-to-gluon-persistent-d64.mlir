@@ -7,12 +7,25 @@
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-gluon{programs=8})' | FileCheck %s
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-gluon{programs=8})' --emit=ttir | FileCheck %s --check-prefix=TTGIR
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-gluon{programs=64})' | FileCheck %s --check-prefix=FEWER
+// With warpgroups=2 a program holds two consumer warpgroups (128 rows, 168 registers, 12 warps):
+// 2 * 2 * 4 blocks, and the kernel's partitions are the two consumers' and the loader's.
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-gluon{warpgroups=2})' | FileCheck %s --check-prefix=TWO
+// RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-gluon{warpgroups=2})' --emit=ttir | FileCheck %s --check-prefix=TWO-TTGIR
 
 // CHECK: "tt.func"()
 // CHECK: attn.block_m = 192 : i64, attn.block_n = 128 : i64, attn.grid = array<i64: 8, 1, 1>
 // CHECK-SAME: attn.max_registers = 128 : i64
 // CHECK-SAME: sym_name = "causal_d64"
 // FEWER: attn.grid = array<i64: 12, 1, 1>
+// TWO: attn.block_m = 128 : i64, attn.block_n = 128 : i64, attn.grid = array<i64: 16, 1, 1>
+// TWO-SAME: attn.max_registers = 168 : i64
+// TWO-TTGIR: "ttg.num-warps" = 4
+// TWO-TTGIR: ttg.warp_specialize
+// TWO-TTGIR: partition0(
+// TWO-TTGIR-SAME: num_warps(4)
+// TWO-TTGIR: partition1(
+// TWO-TTGIR-SAME: num_warps(1)
+// TWO-TTGIR-NOT: partition2(
 // TTGIR: tt.func public @attention_forward(%q_desc: !tt.tensordesc<tensor<1x1x64x64xbf16, #shared>>
 // TTGIR: ttg.warp_specialize
 // TTGIR: default {
