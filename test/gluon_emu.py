@@ -43,6 +43,9 @@ class _State(threading.local):
 
 _STATE = _State()
 _PROGRAM = {"ids": (0, 0, 0), "grid": (1, 1, 1), "abort": None}
+# The tensor-core products the last launch computed, over every program and partition (a test
+# counts the work a kernel skips).
+PRODUCTS = {"count": 0}
 
 
 class _Layout:
@@ -168,6 +171,8 @@ class _Token:
 def _mma(a, b, acc, use_acc):
     # Tensor cores multiply the 16-bit operands exactly and accumulate in float32. An async
     # product may accumulate into one still in flight (a chain): that one finished first.
+    with _ATOMICS:
+        PRODUCTS["count"] += 1
     product = _value(a).float() @ _value(b).float()
     if isinstance(acc, _Token) and acc.result is not None:
         acc = acc.result
@@ -445,6 +450,7 @@ def launch(kernel, grid, args, descriptor_blocks, constants):
     values = [Descriptor(a, next(blocks)) if hasattr(a, "strides") and hasattr(a, "base") else _argument(a)
               for a in args]
     _PROGRAM["grid"] = tuple(grid)
+    PRODUCTS["count"] = 0
     for z in range(grid[2]):
         for y in range(grid[1]):
             for x in range(grid[0]):

@@ -79,6 +79,27 @@ def test_emulated_kernel_matches_float64(b, h, hkv, lq, lk, d, mask, dtype, layo
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-4)
 
 
+def test_three_warpgroups_skip_the_tiles_past_their_rows():
+    """With three consumer warpgroups (D = 64, 192-row programs over 128-key tiles) a causal
+    warpgroup reads the key tiles up to the one holding its last row, and one whose rows start
+    past the queries' end reads none: two products (Q K^T, P V) per tile it reads. Before, each
+    read every tile its block's last warpgroup needs (90 products here, not 60)."""
+    from gluon_emu import PRODUCTS
+
+    seq, rows, tile = 600, 192, 128
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 1, seq, 64, dtype=torch.bfloat16) for _ in range(3))
+    attn = ae.attention(mask_mod=causal)
+    out, _ = emulate(attn, q, k, v)
+    read = 0
+    for first in range(0, seq, 64):  # each warpgroup's first row; those past seq read nothing
+        block_end = min(first - first % rows + rows, seq)
+        read += min(first // tile + 1, -(-block_end // tile))
+    assert PRODUCTS["count"] == 2 * read == 60
+    torch.testing.assert_close(out.double(), attn(q.double(), k.double(), v.double(), backend="reference"),
+                               atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("b, h, lq, d, wave", [
     (1, 5, 300, 128, 4),   # 3 blocks a head, sections of 2 heads, the last of one
     (2, 3, 600, 64, 5),    # 4 blocks of 192 rows a head, sections of 2 over batch x heads

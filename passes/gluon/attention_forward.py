@@ -179,13 +179,17 @@ def _query_block(index, WARPGROUPS: gl.constexpr, q, k_smem, v_smem, k_ready, v_
 
     s = warpgroup_mma_wait(0, deps=(_scores(q, k_smem, k_ready, ring, s_layout), ))
     mbarrier.arrive(k_empty.index(ring % NUM_STAGES), count=1)
-    # Tiles before `plain` take no mask. Causal masks the rest: the warpgroup's diagonal tile
-    # (whose keys past seq_k only rows past it see) and, with three warpgroups (192 rows over
-    # 128-key tiles), at most one more, wholly past this warpgroup's rows. Else only a ragged last
-    # tile is masked, to its keys before seq_k. The masked tiles are steps of their own, not a
-    # loop, which kept the two-warpgroup kernel free of spills.
+    # Tiles before `plain` take no mask. Causal masks the warpgroup's diagonal tile (whose keys
+    # past seq_k only rows past it see), where its last row falls (first_row is a multiple of
+    # HALF_M): with three warpgroups (192 rows over 128-key tiles) the block's later tiles may lie
+    # wholly past this warpgroup's rows, and it releases them unread (`useful` tiles read). Else
+    # only a ragged last tile is masked, to its keys before seq_k. The masked tile is a step of
+    # its own, not a loop, which kept the two-warpgroup kernel free of spills.
+    useful = n_tiles
     if causal:
         plain = first_row // TILE_N
+        if WARPGROUPS == 3:
+            useful = gl.minimum(plain + 1, n_tiles)
     elif seq_k % TILE_N != 0:
         plain = n_tiles - 1
     else:
@@ -201,28 +205,37 @@ def _query_block(index, WARPGROUPS: gl.constexpr, q, k_smem, v_smem, k_ready, v_
                                  acc, p, m_i, l_i, qk_scale, j, ring + j, turn + j, first_row, seq_k, False,
                                  False, s_layout, o_layout, p_layout, OVERLAP)
     masked = gl.maximum(plain, 1)
-    if masked < n_tiles and causal:
+    if masked < useful and causal:
         acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, index, pingpong,
                                  acc, p, m_i, l_i, qk_scale, masked, ring + masked, turn + masked, first_row,
                                  seq_k, True, False, s_layout, o_layout, p_layout, OVERLAP)
-    elif masked < n_tiles:
+    elif masked < useful:
         acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, index, pingpong,
                                  acc, p, m_i, l_i, qk_scale, masked, ring + masked, turn + masked, first_row,
                                  seq_k, False, True, s_layout, o_layout, p_layout, OVERLAP)
-    if WARPGROUPS == 3:
-        if masked + 1 < n_tiles:
-            acc, p, m_i, l_i = _step(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, index,
-                                     pingpong, acc, p, m_i, l_i, qk_scale, masked + 1, ring + masked + 1,
-                                     turn + masked + 1, first_row, seq_k, True, False, s_layout, o_layout,
-                                     p_layout, OVERLAP)
     mbarrier.arrive(q_empty, count=1)
 
-    last = ring + n_tiles - 1
+    last = ring + useful - 1
     mbarrier.wait(v_ready.index(last % NUM_STAGES), (last // NUM_STAGES) & 1)
     p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
     acc = warpgroup_mma(p_op, _tile(v_smem, last), acc)
     mbarrier.arrive(v_empty.index(last % NUM_STAGES), count=1)
+    if WARPGROUPS == 3:
+        _release(k_ready, v_ready, k_empty, v_empty, last + 1, n_tiles - useful)
     return acc, m_i, l_i
+
+
+@gluon.jit
+def _release(k_ready, v_ready, k_empty, v_empty, first, count):
+    # Ring positions first .. first + count - 1, which this warpgroup does not read, each slot
+    # released once loaded: an arrival before the load would count toward its earlier phase.
+    for r in range(first, first + count):
+        slot = r % NUM_STAGES
+        phase = (r // NUM_STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        mbarrier.wait(v_ready.index(slot), phase)
+        mbarrier.arrive(v_empty.index(slot), count=1)
 
 
 @gluon.jit
@@ -243,9 +256,18 @@ def _consumer(index, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
         first_row = q_first + index * HALF_M
         mbarrier.wait(q_ready, k & 1)
         # Steps before this block: one per K tile but each block's first (the ping-pong's turns).
-        acc, m_i, l_i = _query_block(index, WARPGROUPS, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                                     q_empty, turns, first_row, n_tiles, ring, ring - k, seq_k, qk_scale,
-                                     causal, pingpong, s_layout, o_layout, p_layout)
+        # With three warpgroups a ragged last block may leave one's rows wholly past the queries'
+        # end (at L 2048, a third of the last 192-row block): it releases the block's tiles unread.
+        if WARPGROUPS == 3 and first_row >= seq_q:
+            mbarrier.arrive(q_empty, count=1)
+            _release(k_ready, v_ready, k_empty, v_empty, ring, n_tiles)
+            acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
+            m_i = gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout))
+            l_i = gl.full([HALF_M], 1.0, gl.float32, gl.SliceLayout(1, s_layout))
+        else:
+            acc, m_i, l_i = _query_block(index, WARPGROUPS, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                         q_empty, turns, first_row, n_tiles, ring, ring - k, seq_k, qk_scale,
+                                         causal, pingpong, s_layout, o_layout, p_layout)
         ring += n_tiles
 
         acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
