@@ -33,7 +33,7 @@ import math
 import re
 from pathlib import Path
 
-from . import launch_defaults, progress
+from . import launch_defaults, linear_defaults, progress
 from .disk_cache import atomic_write, cache_dir
 from .launch_defaults import _pow2
 from .presets import Problem, options_for, takes_host_tma
@@ -182,7 +182,7 @@ def _linear_candidates(problem: Problem, target: str) -> tuple[list[dict], dict]
         if target.startswith("hip"):
             stages = min(stages, 2)
         found.append({"block_v": block_v, "block_k": block_k, "num_warps": warps, "num_stages": stages})
-    return found, launch_defaults.linear_config(problem, target)
+    return found, linear_defaults.linear_config(problem, target)
 
 
 def _softmax_candidates(problem: Problem, target: str) -> tuple[list[dict], dict]:

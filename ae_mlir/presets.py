@@ -29,7 +29,8 @@ from .core import abi
 from .core.context import CompileError
 from .launch_defaults import (CUT_TILES_AT, FAST_TANH, GLUON_SCHEDULE, WHOLE_TILES, backward_config,
                               backward_overrides, cpu_config, default_config, gluon_schedule, has_fast_tanh, has_tma,
-                              host_tma, linear_config, multiprocessors, reduced_dq, warp_specialized)
+                              host_tma, multiprocessors, reduced_dq, warp_specialized)
+from .linear_defaults import linear_config
 
 PRESETS = ("cpu", "triton")
 TARGETS = {"cpu": "host", "triton": "cuda:90"}

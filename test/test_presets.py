@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import launch_defaults, presets, runtime
+from ae_mlir import launch_defaults, linear_defaults, presets, runtime
 from ae_mlir.backends import cpu
 from ae_mlir.backends import triton as tb
 from ae_mlir.core.context import CompileError, new_context, parse_module
@@ -314,8 +314,8 @@ def test_gla_state_rows_follow_the_programs(batch_heads, dk, dv, block_k):
     """GLA's chunk-state kernel takes 32-row blocks where 64 would leave fewer than 256
     programs; the other decays keep 64."""
     problem = presets.Problem(2048, 2048, dk, dv, "bf16", "token_dim", 64, batch_heads)
-    assert launch_defaults.linear_config(problem)["block_k"] == block_k
-    assert launch_defaults.linear_config(dataclasses.replace(problem, decay="token"))["block_k"] == 64
+    assert linear_defaults.linear_config(problem)["block_k"] == block_k
+    assert linear_defaults.linear_config(dataclasses.replace(problem, decay="token"))["block_k"] == 64
 
 
 def test_cpu_stages_and_overrides():

@@ -105,7 +105,7 @@ def test_linear_gla_scores_numerics(wide, dtype):
     assert stages == [("linear_attention_decays", [2, 2, 1]), ("linear_attention_states", [2, 2, 1]),
                       ("linear_attention_scores", [2, 2, 1])]  # (chunks, heads, batch)
     assert bundle.grid == [2, 2, 1]
-    # Each kernel's own stage count (launch_defaults.linear_config).
+    # Each kernel's own stage count (linear_defaults.linear_config).
     assert [s.num_stages for s in bundle.stages] + [bundle.num_stages] == [1, 2, 3, 3]
     (out, state), _ = interpret(bundle, q, k, v, g, s0)
     if dtype == torch.bfloat16:
