@@ -80,7 +80,12 @@ def main(argv=None):
                         help="with --gluon: a GPU of N multiprocessors (wave_programs): the forward's default "
                              "schedule, the persistent grid or a program per block with causal blocks in sections "
                              "of heads, chosen for it")
+    parser.add_argument("--warpgroups", type=int, default=0, metavar="N",
+                        help="with --gluon --kinds attention: the forward kernel's consumer warpgroups, 2 (which "
+                             "both head dims take; D 64's default is 3)")
     args = parser.parse_args(argv)
+    if args.warpgroups and (not args.gluon or args.warpgroups != 2 or set(args.kinds.split(",")) != {"attention"}):
+        parser.error("--warpgroups takes 2, with --gluon --kinds attention")
     if args.wave and (not args.gluon or args.wave < 1 or args.persistent):
         parser.error("--wave takes a positive count, with --gluon and without --persistent")
     if args.persistent and (not args.gluon or args.persistent < 1 or set(args.kinds.split(",")) != {"attention"}):
@@ -98,6 +103,8 @@ def main(argv=None):
         config.update(persistent=True, wave_programs=args.persistent)
     if args.wave:
         config.update(wave_programs=args.wave)
+    if args.warpgroups:
+        config.update(warpgroups=args.warpgroups)
     date = datetime.date.today().isoformat()
     out = args.out or HERE.parent.parent / "bench" / "results" / f"fuzz-defaults-{date}.json"
     warnings.filterwarnings("ignore")
