@@ -362,14 +362,14 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if values["reduce_dq"] and not (values.get("backward") and values.get("warp_specialize")):
         raise CompileError("preset option 'reduce-dq' is a form of attn-lower-to-gluon's backward; it needs "
                            "'backward' and 'warp-specialize'")
-    for schedule, off in (("pingpong", False), ("persistent", False), ("warpgroups", 0)):
-        if values.get(schedule) and values.get("backward"):
-            raise CompileError(f"preset option '{schedule}' is a schedule of the forward kernel; the backward has none")
-        if values.get(schedule) and not values.get("warp_specialize"):
-            if schedule in typed:
-                raise CompileError(f"preset option '{schedule}' is a schedule of attn-lower-to-gluon's kernel; it "
+    for name, off in (("pingpong", False), ("persistent", False), ("warpgroups", 0)):
+        if values.get(name) and values.get("backward"):
+            raise CompileError(f"preset option '{name}' is an option of the forward kernel; the backward has none")
+        if values.get(name) and not values.get("warp_specialize"):
+            if name in typed:
+                raise CompileError(f"preset option '{name}' is an option of attn-lower-to-gluon's kernel; it "
                                    "needs 'warp-specialize'")
-            values[schedule] = off  # a default of the kernel the overrides turned off
+            values[name] = off  # a default of the kernel the overrides turned off
     if values.get("warp_specialize") and target != "cuda:90":
         raise CompileError(f"preset option 'warp-specialize' needs the NVIDIA sm90 target (wgmma), got '{target}'")
     if values.get("fast_tanh") and not has_fast_tanh(target):

@@ -218,7 +218,7 @@ def test_the_backward_takes_it_at_head_dim_128(dim, mask, expected):
     # Asked for at D = 64, the Gluon backward takes its five-product form there too.
     asked = presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=True)
     assert asked.warp_specialize and asked.reduce_dq
-    with pytest.raises(CompileError, match="'pingpong' is a schedule of the forward kernel"):
+    with pytest.raises(CompileError, match="'pingpong' is an option of the forward kernel"):
         presets.options_for("triton", problem, "cuda:90", backward=True, warp_specialize=True, pingpong=True)
 
 

@@ -155,7 +155,7 @@ def test_persistent_grid_is_the_preset_wave_and_needs_warp_specialization():
     assert "programs=132" in presets.pipeline_text("triton", options)
     assert options.launch_config()["persistent"] is True
     assert "programs=0" in presets.pipeline_text("triton", _options(text, persistent=False))
-    with pytest.raises(CompileError, match="'persistent' is a schedule of attn-lower-to-gluon's kernel"):
+    with pytest.raises(CompileError, match="'persistent' is an option of attn-lower-to-gluon's kernel"):
         _options(text, persistent=True, warp_specialize=False)
     # The default schedule goes with the kernel when an override turns it off.
     assert _options(text, warp_specialize=False).persistent is False
@@ -170,7 +170,7 @@ def test_two_consumer_warpgroups_at_head_dim_64_through_the_preset():
         "triton", options)
     assert options.launch_config()["warpgroups"] == 2
     assert "warpgroups" not in _options(text, warp_specialize=True).launch_config()
-    with pytest.raises(CompileError, match="'warpgroups' is a schedule of attn-lower-to-gluon's kernel"):
+    with pytest.raises(CompileError, match="'warpgroups' is an option of attn-lower-to-gluon's kernel"):
         _options(text, warp_specialize=False, warpgroups=2)
     q = _meta(1, 2, 1000, 64)
     bundle = tb.compile_bundle(ae.attention(mask_mod=causal), q, q, q,
