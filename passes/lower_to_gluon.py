@@ -9,7 +9,8 @@ The kernel is written in Gluon because the schedule it needs (a TMA loader warp,
 warpgroups overlapping exponentials with tensor-core products) is one Triton's own pipeliner does
 not produce from Triton IR. The pass instantiates it for the module's shapes, element type, scale,
 GQA group and mask (and, with `programs=N`, a persistent grid of at most N programs looping over
-query blocks), and compiles it for sm90 with Triton's Gluon frontend (the text is Triton's; this
+query blocks; with `warpgroups=2` at head dim 64, programs of two consumer warpgroups, 128 rows,
+for the default three), and compiles it for sm90 with Triton's Gluon frontend (the text is Triton's; this
 pass writes none). The tt.func it leaves is a stub whose `attn.ttgir` attribute holds the kernel:
 `triton_text` prints that attribute, so `ae-opt --pipeline=triton` prints what the runtime
 compiles. The runtime passes host-made TMA descriptors over the whole q, k, v (`<role>.tma`
