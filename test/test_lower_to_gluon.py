@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir import presets, runtime
+from ae_mlir import launch_defaults, presets, runtime
 from ae_mlir.backends import triton as tb
 from ae_mlir.core.context import CompileError, new_context, parse_module
 from ae_mlir.passes import create_pass
@@ -172,6 +172,14 @@ def test_two_consumer_warpgroups_at_head_dim_64_through_the_preset():
     assert "warpgroups" not in _options(text, warp_specialize=True).launch_config()
     with pytest.raises(CompileError, match="'warpgroups' is an option of attn-lower-to-gluon's kernel"):
         _options(text, warp_specialize=False, warpgroups=2)
+    # The causal grid's choice models the programs' rows: 128 with two warpgroups, as at D = 128.
+    for bh, length in [(16, 2048), (32, 2048), (64, 8192)]:
+        two = launch_defaults.gluon_schedule(132, True, length, 64, bh, warpgroups=2)
+        assert two == launch_defaults.gluon_schedule(132, True, length, 128, bh)
+        assert two != launch_defaults.gluon_schedule(132, True, length, 64, bh)
+    causal64 = _l0(ae.attention(mask_mod=causal), b=1, h=16, lq=2048, dk=64)
+    assert _options(causal64, warp_specialize=True).persistent
+    assert not _options(causal64, warp_specialize=True, warpgroups=2).persistent
     q = _meta(1, 2, 1000, 64)
     bundle = tb.compile_bundle(ae.attention(mask_mod=causal), q, q, q,
                                config={"warp_specialize": True, "warpgroups": 2, "persistent": False})
