@@ -464,12 +464,11 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         # attn-lower-to-gluon reads L0 itself (the backward's kernels too, and the score_mod's
         # derivative from attn-differentiate); the general variant (assume-aligned=false) takes
         # the stages below.
+        bwd_opts = f"reduce-dq={_flag(o.reduce_dq)} fast-tanh={_flag(o.fast_tanh)} " if o.backward else ""
+        fwd_opts = "" if o.backward else f" warpgroups={o.warpgroups}"
         return [Stage("l1", ("attn-verify", "attn-differentiate") if o.backward else ("attn-verify",)),
                 Stage("ttir", (f"attn-lower-to-gluon{{pingpong={_flag(o.pingpong)} backward={_flag(o.backward)} "
-                               + (f"reduce-dq={_flag(o.reduce_dq)} fast-tanh={_flag(o.fast_tanh)} "
-                                  if o.backward else "")
-                               + f"programs={o.gluon_programs} wave-programs={o.wave_programs}"
-                               + ("" if o.backward else f" warpgroups={o.warpgroups}") + "}",))]
+                               f"{bwd_opts}programs={o.gluon_programs} wave-programs={o.wave_programs}{fwd_opts}}}",))]
     # Folding L1's one-trip loops and constant tables before the lowering shortens the Triton IR;
     # the lowering takes unfolded L1 too (the `canonicalize=false` option).
     if o.canonicalize:
