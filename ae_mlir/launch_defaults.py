@@ -117,8 +117,11 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
     - forward, D = 128, with its persistent grid (GLUON_SCHEDULE): full 553 / 605 TFLOP/s, causal
       468 / 572, against the Triton IR kernel's 485 / 522 and 385 / 473 (cuDNN 566 / 605, 477 / 531);
     - forward, D = 64 (three consumer warpgroups, persistent): full 439 / 473 against 416 / 446, but
-      causal 258 / 367 (one program per query block: 303 / 435) against 357 / 431, so causal keeps
-      the Triton IR kernel there;
+      causal 258 / 367 (one program per query block: 303 / 435) against 357 / 431. Since each
+      warpgroup skips the key tiles past its rows (2026-12-07), a program per block ran 332 / 456
+      against the Triton IR kernel's 356 / 431 (bench/results/h100-forward-ab-2026-12-07-causal-d64.json),
+      so causal takes it at L >= _GLUON_CAUSAL_D64_MIN_LQ only, where its grid is as many waves
+      deep as there (_GLUON_CAUSAL_D64_MIN_WAVES; without `batch_heads`, not at all);
     - backward, D = 128: 397 / 451 full, 334 / 419 causal against 364 / 409 and 315 / 386; at D = 64
       it trailed (0.90-0.96x), so the Triton IR kernels keep it; with a score_mod (`score_mod`,
       which the Gluon kernels take asked for) soft-capping ran 259-262 (five products) and 264-265
@@ -134,11 +137,14 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
         return False
     if dk == 128:
         return True
-    if backward or dk != 64 or simple_mask != "none":
+    if backward or dk != 64 or simple_mask not in ("none", "causal"):
         return False
+    slots = multiprocessors(target)
+    if simple_mask == "causal":
+        return (lq >= _GLUON_CAUSAL_D64_MIN_LQ
+                and -(-lq // _GLUON_ROWS[dk]) * batch_heads >= _GLUON_CAUSAL_D64_MIN_WAVES * slots)
     if not batch_heads:
         return True
-    slots = multiprocessors(target)
     gluon = grid_schedule.wave_fill(-(-lq // _GLUON_ROWS[dk]) * batch_heads, slots)
     triton = grid_schedule.wave_fill(-(-lq // _TRITON_PLAIN_ROWS) * batch_heads, slots)
     return gluon * _GLUON_FULL_D64_GAIN >= triton
@@ -150,6 +156,11 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
 _GLUON_ROWS = {64: 192, 128: 128}
 _TRITON_PLAIN_ROWS = 128
 _GLUON_FULL_D64_GAIN = 1.05
+# Causal attention at D = 64 takes the Gluon kernel (a program per query block, gluon_schedule)
+# from this length, over grids of at least this many waves (the measured one, B 2 H 16 L 8192,
+# had 10.4; warp_specialized).
+_GLUON_CAUSAL_D64_MIN_LQ = 8192
+_GLUON_CAUSAL_D64_MIN_WAVES = 8
 
 
 # The warp-specialized forward's default schedule (gluon_schedule).
@@ -171,9 +182,14 @@ def gluon_schedule(wave_programs: int, causal: bool, lq: int, dk: int, batch_hea
     (h100-gluon-shapes-2026-12-06.json). So a causal grid is persistent only where
     grid_schedule's model, on `wave_programs` multiprocessors (the preset's), puts its longest
     program within PERSISTENT_SLACK of the per-block grid's longest multiprocessor (its programs
-    of `warpgroups` x 64 rows where asked for)."""
+    of `warpgroups` x 64 rows where asked for). Causal D = 64's three warpgroups take a program
+    per block wherever: the persistent grid trailed it at L 2048 and 8192 in every run (258 / 367
+    against 303 / 435 on 2026-12-06, 253 against 304 at L 2048 on 2026-12-07), where the model
+    chose persistent at L 2048."""
     if not causal or not wave_programs:
         return dict(GLUON_SCHEDULE)
+    if dk == 64 and warpgroups != 2:
+        return dict(GLUON_SCHEDULE, persistent=False)
     blocks = -(-lq // (64 * warpgroups or _GLUON_ROWS.get(dk, 128)))
     persistent = (grid_schedule.persistent_makespan(batch_heads, blocks, wave_programs)
                   <= PERSISTENT_SLACK * grid_schedule.per_block_makespan(batch_heads, blocks, wave_programs))

@@ -53,3 +53,15 @@ def test_full_d64_takes_the_gluon_kernel_where_its_waves_fill(batch_heads, lengt
     assert launch_defaults.warp_specialized("cuda:90", "none", length, 64, batch_heads=batch_heads) is gluon
     # D = 128's programs are the Triton IR kernel's size: the Gluon kernel wherever it lowers.
     assert launch_defaults.warp_specialized("cuda:90", "none", length, 128, batch_heads=batch_heads)
+
+
+@pytest.mark.parametrize("batch_heads, length, gluon", [
+    (32, 8192, True), (16, 16384, True), (128, 2048, False), (32, 4096, False), (16, 8192, False), (0, 8192, False),
+])
+def test_causal_d64_takes_the_gluon_kernel_on_long_deep_grids(batch_heads, length, gluon):
+    """On an H100 a program per block of the Gluon kernel ran 1.06x the Triton IR kernel at B 2
+    H 16 L 8192 and 0.93x at B 8 H 16 L 2048 (h100-forward-ab-2026-12-07-causal-d64.json)."""
+    assert launch_defaults.warp_specialized("cuda:90", "causal", length, 64, batch_heads=batch_heads) is gluon
+    assert not launch_defaults.warp_specialized("cuda:90", "causal", length, 64, batch_heads=batch_heads,
+                                                backward=True)
+    assert not launch_defaults.gluon_schedule(132, True, length, 64, batch_heads or 1)["persistent"]

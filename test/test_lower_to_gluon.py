@@ -172,13 +172,15 @@ def test_two_consumer_warpgroups_at_head_dim_64_through_the_preset():
     assert "warpgroups" not in _options(text, warp_specialize=True).launch_config()
     with pytest.raises(CompileError, match="'warpgroups' is an option of attn-lower-to-gluon's kernel"):
         _options(text, warp_specialize=False, warpgroups=2)
-    # The causal grid's choice models the programs' rows: 128 with two warpgroups, as at D = 128.
+    # The causal grid's choice models the programs' rows: 128 with two warpgroups, as at D = 128;
+    # three warpgroups take a program per block (gluon_schedule).
     for bh, length in [(16, 2048), (32, 2048), (64, 8192)]:
         two = launch_defaults.gluon_schedule(132, True, length, 64, bh, warpgroups=2)
         assert two == launch_defaults.gluon_schedule(132, True, length, 128, bh)
-        assert two != launch_defaults.gluon_schedule(132, True, length, 64, bh)
+        assert not launch_defaults.gluon_schedule(132, True, length, 64, bh)["persistent"]
+    assert launch_defaults.gluon_schedule(132, True, 2048, 64, 32, warpgroups=2)["persistent"]
     causal64 = _l0(ae.attention(mask_mod=causal), b=1, h=16, lq=2048, dk=64)
-    assert _options(causal64, warp_specialize=True).persistent
+    assert not _options(causal64, warp_specialize=True).persistent
     assert not _options(causal64, warp_specialize=True, warpgroups=2).persistent
     q = _meta(1, 2, 1000, 64)
     bundle = tb.compile_bundle(ae.attention(mask_mod=causal), q, q, q,
