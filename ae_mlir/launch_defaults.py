@@ -184,8 +184,8 @@ def gluon_schedule(wave_programs: int, causal: bool, lq: int, dk: int, batch_hea
     program within PERSISTENT_SLACK of the per-block grid's longest multiprocessor (its programs
     of `warpgroups` x 64 rows where asked for). Causal D = 64's three warpgroups take a program
     per block wherever: the persistent grid trailed it at L 2048 and 8192 in every run (258 / 367
-    against 303 / 435 on 2026-12-06, 253 against 304 at L 2048 on 2026-12-07), where the model
-    chose persistent at L 2048."""
+    against 303 / 435 on 2026-12-06, 253 against 304 at L 2048 on 2026-12-07), though the model
+    picked the persistent grid at L 2048."""
     if not causal or not wave_programs:
         return dict(GLUON_SCHEDULE)
     if dk == 64 and warpgroups != 2:
