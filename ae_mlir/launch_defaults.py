@@ -140,12 +140,12 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
     if backward or dk != 64 or simple_mask not in ("none", "causal"):
         return False
     slots = multiprocessors(target)
+    programs = -(-lq // _GLUON_ROWS[dk]) * batch_heads
     if simple_mask == "causal":
-        return (lq >= _GLUON_CAUSAL_D64_MIN_LQ
-                and -(-lq // _GLUON_ROWS[dk]) * batch_heads >= _GLUON_CAUSAL_D64_MIN_WAVES * slots)
+        return lq >= _GLUON_CAUSAL_D64_MIN_LQ and programs >= _GLUON_CAUSAL_D64_MIN_WAVES * slots
     if not batch_heads:
         return True
-    gluon = grid_schedule.wave_fill(-(-lq // _GLUON_ROWS[dk]) * batch_heads, slots)
+    gluon = grid_schedule.wave_fill(programs, slots)
     triton = grid_schedule.wave_fill(-(-lq // _TRITON_PLAIN_ROWS) * batch_heads, slots)
     return gluon * _GLUON_FULL_D64_GAIN >= triton
 
