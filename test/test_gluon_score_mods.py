@@ -134,6 +134,22 @@ def test_modded_kernels_compile_for_sm90(fast_tanh):
     assert compiled[1].metadata.shared <= 227 * 1024 and ptxas_spill_bytes(fused) <= 768
 
 
+def test_an_additive_bias_holds_no_second_factor_of_p():
+    """A mod whose derivative hands the gradient back as it is (a bias added to the score) takes P
+    itself as dS's factor: the two-kernel dK/dV kernel's consumers spill at most 64 bytes (28 at
+    B 8, H 16, L 2048 with the shortcut; 272 holding a second factor across dP^T's product), and
+    soft-capping, whose derivative is not 1, keeps its factor (more spills)."""
+    meta = [torch.empty(8, 16, 2048, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+    spills = {}
+    for name in ("position bias", "softcap"):
+        bundle = tb.build_backward_bundle(ae.attention(score_mod=MODS[name], mask_mod=causal).mlir(*meta),
+                                          "cuda:90", {"warp_specialize": True, "reduce_dq": False})
+        dkdv = [k for k in runtime.kernels(bundle, True) if k.name.endswith("dkdv")][0]
+        ptx = runtime.compile_variant(dkdv.variants["aligned"], "cuda:90", dkdv.num_warps, dkdv.num_stages).asm["ptx"]
+        spills[name] = ptxas_spill_bytes(ptx)
+    assert spills["position bias"] <= 64 < spills["softcap"], spills
+
+
 def test_a_mod_the_gluon_kernels_cannot_lower_is_a_located_error():
     """ALiBi's slopes are a closure tensor, which the Gluon kernels take none of: asked for them,
     the build fails at the line of the mod that reads it; by default the backward is the Triton

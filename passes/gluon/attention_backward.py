@@ -40,8 +40,12 @@ BLOCK_N = 2 * HALF
 NUM_WARPS = 4
 MAX_REGISTERS = 168
 LOG2E = gl.constexpr(1.4426950408889634)
-# No score mod: `score_mod.instantiate` binds these three in copies of the kernels that take one.
+# No score mod: `score_mod.instantiate` binds these four in copies of the kernels that take one.
 MODDED = gl.constexpr(False)
+# Whether the mod's derivative with respect to the score is 1 (an additive bias: ALiBi, a bias
+# table): then P itself is dS's factor, and no second tile of it is held across dP's product
+# (ptxas spilled 272 bytes in the dK/dV kernel with one held, 28 without).
+UNIT_GRAD = gl.constexpr(False)
 
 
 @gluon.jit
@@ -113,7 +117,7 @@ def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, p
     if MASK == "keys":
         visible = (k_rows < seq_k)[:, None] & ((q_rows[None, :] >= k_rows[:, None]) | (causal == 0))
         pt = gl.where(visible, pt, 0.0)
-    if MODDED:
+    if MODDED and not UNIT_GRAD:
         # The mod's derivative is linear in the gradient it is handed: its factor, taken at 1
         # here, frees x before dP^T is waited for and shares the mod's recomputed values. Where
         # P is 0 so is dS^T, also where P is masked and the factor may not be finite.
@@ -325,7 +329,7 @@ def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
     if MASKED:
         visible = (k_cols < seq_k)[None, :] & ((s_rows[:, None] >= k_cols[None, :]) | (causal == 0))
         p = gl.where(visible, p, 0.0)
-    if MODDED:
+    if MODDED and not UNIT_GRAD:
         # As in transposed_grads: the derivative's factor at 1, where P is not 0.
         p = gl.where(p == 0.0, 0.0, p * score_mod_grad(x, 1.0, batch, head, s_rows[:, None], k_cols[None, :]))
     dp = warpgroup_mma_wait(0, deps=(dp_tok, ))

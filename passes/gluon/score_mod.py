@@ -261,11 +261,13 @@ def _function(name: str, program: ScalarProgram, params: int, tiles: int, writer
 class ScoreMod(NamedTuple):
     """A score_mod and its derivative as Gluon functions: `score_mod(x, b, h, q, kv)` and
     `score_mod_grad(x, g, b, h, q, kv)`, x the scaled score and g the gradient of the modified one;
-    `source` is their module's text."""
+    `source` is their module's text; `unit_grad` whether the derivative hands g back as it is (the
+    mod adds a bias to the score), so that the kernels need not apply it."""
 
     score_mod: object
     score_mod_grad: object
     source: str
+    unit_grad: bool = False
 
 
 # By source text: a process compiling the same mod again (autotuning, a new shape) reuses its
@@ -301,7 +303,9 @@ def lower_score_mod(mod_op, grad_op, fast_tanh: bool) -> ScoreMod:
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     scope: dict = {"__name__": "ae_mlir.passes.gluon.generated_score_mod"}
     exec(compile(source, filename, "exec"), scope)
-    _GENERATED[source] = ScoreMod(scope["score_mod"], scope["score_mod_grad"], source)
+    grad = programs[1]
+    unit_grad = (grad.results or (grad.result, ))[0] == "arg1"
+    _GENERATED[source] = ScoreMod(scope["score_mod"], scope["score_mod_grad"], source, unit_grad)
     return _GENERATED[source]
 
 
@@ -355,7 +359,8 @@ def instantiate(mod: ScoreMod) -> dict:
     if mod.source in _INSTANCES:
         return _INSTANCES[mod.source]
     modules = (attention_backward, attention_backward_fused)
-    bindings = {"MODDED": gl.constexpr(True), "score_mod": mod.score_mod, "score_mod_grad": mod.score_mod_grad}
+    bindings = {"MODDED": gl.constexpr(True), "UNIT_GRAD": gl.constexpr(mod.unit_grad), "score_mod": mod.score_mod,
+                "score_mod_grad": mod.score_mod_grad}
     scopes = {m.__name__: dict(vars(m), **bindings) for m in modules}
     copies = {}
     for m in modules:
