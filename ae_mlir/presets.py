@@ -75,8 +75,10 @@ class Problem:
     # "none" or "causal" where attn-lower-to-gluon's backward lowers the function: as
     # `simple_mask`, with a score_mod its kernels take too; None otherwise.
     gluon_backward: str | None = None
-    # The scores pass through a score_mod.
+    # The scores pass through a score_mod; it reads a closure tensor, whose gradient only the
+    # Triton IR backward computes.
     score_mod: bool = False
+    mod_reads_closures: bool = False
 
     @property
     def linear(self) -> bool:
@@ -94,12 +96,13 @@ def read_problem(module) -> Problem | None:
             continue
         q, k, v = types[:3]
         decay, chunk, keys, batch, queries = None, 0, k.shape[2], q.shape[0], q.shape[2]
-        paged = lengths = packed = modded = gathers = False
+        paged = lengths = packed = modded = gathers = reads = False
         mask, kind = None, None
         for op in func.regions[0].blocks[0].operations:
             if op.operation.name == "attn.score_mod":
                 modded = True
                 gathers = gathers or _reads_by_position(op.operation.regions[0])
+                reads = reads or any(o.operation.name == "tensor.extract" for o in op.operation.regions[0].blocks[0])
             if op.operation.name == "attn.normalize":
                 kind = ir.StringAttr(op.operation.attributes["kind"]).value
             paged = paged or op.operation.name == "attn.gather_pages"
@@ -134,7 +137,7 @@ def read_problem(module) -> Problem | None:
                        # Without a score_mod the backward's kernels take what the forward's do.
                        simple_mask=simple,
                        gluon_backward=kind_of_mask if simple or (modded and lowers(func, backward=True)) else None,
-                       score_mod=modded)
+                       score_mod=modded, mod_reads_closures=reads)
     return None
 
 
@@ -356,6 +359,12 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             problem.batch_heads, values.get("warpgroups", 0))
         for schedule, on in schedule_for.items():
             values.setdefault(schedule, on)
+    if values.get("backward") and values.get("warp_specialize") and values.get("closure_grads", True) \
+            and problem is not None and problem.mod_reads_closures:
+        if typed.get("warp_specialize"):
+            raise CompileError("preset option 'warp-specialize': the Gluon backward computes no closure tensor's "
+                               "gradient, which this score_mod's reads need (closure-grads=false: none required)")
+        values["warp_specialize"] = False
     # The backward's form follows its kernel, whether the preset or the overrides chose it.
     values.setdefault("reduce_dq", reduced_dq(bool(values.get("warp_specialize")), bool(values.get("backward")),
                                               problem is not None and problem.score_mod))

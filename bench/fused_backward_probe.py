@@ -109,7 +109,7 @@ class Backward:
     def _launch(self, fn, kernel, pointers, descriptors=None):
         b, h, hkv, lq, lk, d = self.shape
         fn[self.two.grid(kernel, b, h, hkv, lq, lk)](
-            *self.desc[descriptors or kernel], *self._pointers(pointers), num_warps=4, maxnreg=168,
+            *self.desc[descriptors or kernel], *self._pointers(pointers), (), num_warps=4, maxnreg=168,
             **self.two.kernel_constants(kernel, h, hkv, lq, lk, self.scale, self.causal))
 
     def run_two(self):

@@ -33,7 +33,8 @@ reduce-adds, through a `dq_sums.tma` descriptor) and `<name>_bwd_convert` (dQ fr
 What it takes (anything else is a located error; the triton preset picks this pass only where
 `presets.read_problem` found `simple_mask`, or for the backward `gluon_backward`): bf16 or f16 q,
 k, v of one type; Dk = Dv in {64, 128}; query heads a multiple of the KV heads; the causal mask
-with as many queries as keys; in the backward, a score_mod that reads no closure tensor. Every
+with as many queries as keys; in the backward, a score_mod (its closure tensors' gradients are
+the Triton IR kernels' to compute: the presets keep such a backward there). Every
 kernel's grid is 1-D (work items of a query or key block, batch entry and head), so batch x heads
 has no grid-axis limit.
 """
@@ -46,7 +47,7 @@ from ..core import abi
 from ..core.context import CompileError
 from ..core.grid_schedule import section_heads
 from . import ModulePass, option
-from .differentiate import GRAD_SUFFIX
+from .differentiate import CLOSURE_ARGS, GRAD_SUFFIX
 from .l1_ops import fail
 
 # Kernel constants the stub records (the runtime reads nothing else of the kernel).
@@ -105,10 +106,10 @@ def match(func, backward: bool = False) -> Match:
             if kind != "softmax" or any(len(r.blocks) for r in op.regions):
                 raise fail(op, f"is a {kind} normalizer; attn-lower-to-gluon lowers softmax")
         elif op.name == "attn.score_mod" and backward:
-            from .gluon.score_mod import check
+            from .gluon.score_mod import check, closures_of
 
             q, k = abi.input_types(func)[:2]
-            check(op, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+            check(op, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), closures_of(abi.input_types(func), 3))
             mod = op
         elif op.name not in ("attn.aggregate", "func.return"):
             raise fail(op, "is not lowered by attn-lower-to-gluon (softmax attention with no score_mod, or one "
@@ -190,14 +191,20 @@ def backward_instances(func, reduce_dq: bool = False, grad_func=None,
     derivative is read from `grad_func` (attn-differentiate's). A located CompileError where it
     cannot."""
     from .gluon import attention_backward as bwd, attention_backward_fused as fused
-    from .gluon.score_mod import lower_score_mod
+    from mlir import ir
+
+    from .gluon.score_mod import closures_of, lower_score_mod
 
     m = match(func, backward=True)
     element, batch, heads, group, seq_q, seq_k, dim = _check_types(m)
     kv_heads = heads // group
     mod = None
     if m.score_mod is not None:
-        mod = lower_score_mod(m.score_mod, _score_mod_grad(func, grad_func), fast_tanh)
+        grad_op = _score_mod_grad(func, grad_func)
+        positions = list(ir.DenseI64ArrayAttr(grad_func.attributes[CLOSURE_ARGS])) \
+            if CLOSURE_ARGS in grad_func.attributes else []
+        mod = lower_score_mod(m.score_mod, grad_op, fast_tanh, closures_of(abi.input_types(func), 3),
+                              closures_of(abi.input_types(grad_func), 2, positions))
     if reduce_dq:
         return [(kernel, Instance(element, dim,
                                   fused.kernel_constants(kernel, heads, kv_heads, seq_q, seq_k, dim, m.scale, m.causal),
@@ -229,9 +236,10 @@ def kernel_labels() -> list[str]:
     return labels + ["out"] + [f"out.stride{d}" for d in range(3)] + ["lse"] + [f"lse.stride{d}" for d in range(2)]
 
 
-def backward_labels(kernel: str) -> list[str]:
+def backward_labels(kernel: str, closures: int = 0) -> list[str]:
     """A backward kernel's argument labels: its descriptors, each followed by the tensor's four
-    sizes and four strides, then its pointers with their strides."""
+    sizes and four strides, then its pointers with their strides, then, in a kernel that takes
+    the score mod's `closures` (the dQ and dK/dV kernels), c0, c1, ..."""
     from .gluon import attention_backward as bwd, attention_backward_fused as fused
 
     if kernel in fused.KERNELS:
@@ -244,6 +252,8 @@ def backward_labels(kernel: str) -> list[str]:
         labels += [label] + [f"{label}.size{d}" for d in range(4)] + [f"{label}.stride{d}" for d in range(4)]
     for role, strides in pointers:
         labels += [role] + [f"{role}.stride{d}" for d in range(strides)]
+    if kernel in ("dq", "dkdv", "dkdvdq"):
+        labels += [abi.capture(i) for i in range(closures)]
     return labels
 
 
@@ -347,5 +357,6 @@ class LowerToGluon(ModulePass):
                 block_m, block_n = (2 * bwd.HALF, bwd.DQ_BLOCK_N) if kernel == "dq" else (bwd.BLOCK_M, bwd.BLOCK_N)
                 registers = bwd.MAX_REGISTERS
                 ttgir = bwd.compile_ttgir(kernel, inst.element, inst.dim, inst.constants, inst.score_mod)
-            _stub(func, abi.backward_kernel_name(name, kernel), inst.grid, block_m, block_n, backward_labels(kernel),
-                  registers, ttgir)
+            closures = len(inst.score_mod.closures) if inst.score_mod is not None else 0
+            _stub(func, abi.backward_kernel_name(name, kernel), inst.grid, block_m, block_n,
+                  backward_labels(kernel, closures), registers, ttgir)

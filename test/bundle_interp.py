@@ -151,5 +151,9 @@ def _emulate_gluon(bundle: runtime.Bundle, index: int, variant, values: list) ->
     if list(kernel.grid) != list(variant.grid):
         raise AssertionError(f"the bundle's grid {variant.grid} is not the pass's {list(kernel.grid)}")
     positions = launcher_positions(variant)
-    launch(fn, variant.grid, values if positions is None else [values[i] for i in positions], blocks,
-           kernel.constants)
+    args = values if positions is None else [values[i] for i in positions]
+    if "closures" in fn.arg_names:
+        # The score mod's closure tensors, the launcher's last arguments, are the kernel's tuple.
+        n = len(kernel.score_mod.closures) if kernel.score_mod is not None else 0
+        args = args[:len(args) - n] + [tuple(args[len(args) - n:])]
+    launch(fn, variant.grid, args, blocks, kernel.constants)

@@ -439,6 +439,8 @@ def emulated(jit_fn):
 def _argument(value):
     if isinstance(value, torch.Tensor):
         return Pointer.to(value)
+    if isinstance(value, tuple):
+        return tuple(_argument(v) for v in value)
     return value
 
 

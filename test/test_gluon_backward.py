@@ -46,6 +46,7 @@ def run_kernels(q, k, v, do, out, lse, dlse, causal, scale):
         args = [host_descriptor(tensors[role]) for role in ab.DESCRIPTORS]
         for role, strides in ab.pointer_args(kernel):
             args += [tensors[role]] + [tensors[role].stride(i) for i in range(strides)]
+        args.append(())  # no score mod, no closure tensors
         launch(ab.kernel_function(kernel), ab.grid(kernel, b, h, hkv, lq, lk), args, ab.descriptor_blocks(kernel, d),
                ab.kernel_constants(kernel, h, hkv, lq, lk, scale, causal))
     return tensors["dq"], tensors["dk"], tensors["dv"]
@@ -76,6 +77,7 @@ def run_fused_kernel(q, k, v, do, out, lse, dlse, causal, scale):
     args = [host_descriptor(tensors[role]) for role in ab.DESCRIPTORS + ("acc", )]
     for role, strides in (("lse", 2), ("delta", 2), ("dk", 3), ("dv", 3)):
         args += [tensors[role]] + [tensors[role].stride(i) for i in range(strides)]
+    args.append(())
     launch(af.attention_backward_fused, ab.grid("dkdv", b, h, hkv, lq, lk), args,
            ab.descriptor_blocks("dkdv", d) + [[1, 1, 64, d // 2]],
            ab.kernel_constants("dkdv", h, hkv, lq, lk, scale, causal))

@@ -58,10 +58,11 @@ def check_gluon_backward(mod, mask, b, h, hkv, lq, lk, dim, dtype, reduce_dq, va
     dlse = torch.randn(b, h, lq)
     attn = ae.attention(score_mod=mod, mask_mod=mask)
     bundle = tb.build_backward_bundle(attn.mlir(q, k, v), "cuda:90", {"warp_specialize": True,
-                                                                       "reduce_dq": reduce_dq})
+                                                                       "reduce_dq": reduce_dq, "closure_grads": False})
     assert {k.variants["aligned"].ir for k in runtime.kernels(bundle, True)} == {"ttgir"}
     want, out, lse = reference(q, k, v, do, dlse, mod, mask)
     given = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "do": do, "dlse": dlse}
+    given.update((f"c{i}", t) for i, t in enumerate(attn._build(q, k, v)[1]))
     for variant in variants:
         got = interpret_roles(bundle, given, variant)
         for role, w in zip(("dq", "dk", "dv"), want):
@@ -150,25 +151,65 @@ def test_an_additive_bias_holds_no_second_factor_of_p():
     assert spills["position bias"] <= 64 < spills["softcap"], spills
 
 
-def test_a_mod_the_gluon_kernels_cannot_lower_is_a_located_error():
-    """ALiBi's slopes are a closure tensor, which the Gluon kernels take none of: asked for them,
-    the build fails at the line of the mod that reads it; by default the backward is the Triton
-    IR kernels'."""
+@pytest.mark.parametrize("reduce_dq", [False, True], ids=["two_kernels", "reduce_dq"])
+@pytest.mark.parametrize("name, mask, hkv, lq, lk, dim", [
+    ("alibi", causal, 1, 150, 150, 128),
+    ("bias table", None, 2, 100, 170, 64),
+    ("ids", causal, 2, 130, 130, 64),
+])
+def test_emulated_backward_reading_closure_tensors_matches_float64(name, mask, hkv, lq, lk, dim, reduce_dq):
+    """Score mods that read closure tensors (a slope per head, a [H, Lq + Lk - 1] bias table read
+    by position, int64 ids per key) in the Gluon kernels, which take them as pointers (c0, c1),
+    against float64 autograd."""
+    torch.manual_seed(lk + dim)
+    slopes, table = torch.rand(2) - 0.5, torch.randn(2, lq + lk - 1)
+    ids = torch.randint(0, 3, (lk, ))
+    mods = {
+        "alibi": lambda s, b, h, q_idx, kv_idx: s + slopes[h] * (kv_idx - q_idx),
+        "bias table": lambda s, b, h, q_idx, kv_idx: s + table[h, q_idx - kv_idx + lk - 1],
+        "ids": lambda s, b, h, q_idx, kv_idx: s + torch.where(ids[q_idx] == ids[kv_idx], 0.5, -0.5) * slopes[h],
+    }
+    check_gluon_backward(mods[name], mask, 1, 2, hkv, lq, lk, dim, torch.bfloat16, reduce_dq)
+
+
+def test_an_unclamped_closure_read_is_zero_out_of_bounds():
+    """An index the IR does not clamp (the tracer always does; hand-written IR may not) reads 0
+    outside the tensor, as the Triton IR kernels' reads do: c0 of 4 elements read at every key of
+    100, through the Gluon kernels, against float64 autograd of that zero-padded read."""
+    torch.manual_seed(5)
+    c = torch.randn(4)
+    q, k, v, do = (torch.randn(1, 2, 100, 64).to(torch.bfloat16) for _ in range(4))
+    dlse = torch.randn(1, 2, 100)
+    text = ae.attention(score_mod=lambda s, b, h, q_idx, kv_idx: s + c[kv_idx]).mlir(q, k, v)
+    assert text.count("tensor.extract %c0[%s4]") == 1
+    text = text.replace("tensor.extract %c0[%s4]", "tensor.extract %c0[%kv_idx]")
+    bundle = tb.build_backward_bundle(text, "cuda:90", {"warp_specialize": True, "closure_grads": False})
+    padded = torch.cat([c, torch.zeros(96)])
+    want, out, lse = reference(q, k, v, do, dlse, lambda s, b, h, q_idx, kv_idx: s + padded[kv_idx], None)
+    got = interpret_roles(bundle, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "do": do, "dlse": dlse, "c0": c})
+    for role, w in zip(("dq", "dk", "dv"), want):
+        assert (got[role].double() - w).abs().max().item() <= 2e-2 * w.abs().max().item() + 1e-3, role
+
+
+def test_closure_gradients_keep_the_triton_ir_backward():
+    """The Gluon kernels compute no closure tensor's gradient: with closure gradients asked for
+    (a tensor that requires grad), warp_specialize is an error naming the option, and the default
+    takes the Triton IR kernels; without, the Gluon kernels take the slopes as their c0."""
     slopes = torch.tensor([0.5, 0.25])
 
     def alibi(score, b, h, q_idx, kv_idx):
         return score + slopes[h] * (kv_idx - q_idx)
 
-    line = inspect.getsourcelines(alibi)[1] + 1
     meta = [torch.empty(1, 2, 256, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
-    text = ae.attention(score_mod=alibi, mask_mod=causal).mlir(*meta, debug_info=True)
-    with pytest.raises(CompileError) as raised:
+    text = ae.attention(score_mod=alibi, mask_mod=causal).mlir(*meta)
+    with pytest.raises(CompileError, match="warp-specialize.*closure tensor's gradient"):
         tb.build_backward_bundle(text, "cuda:90", {"warp_specialize": True})
-    diagnostic = raised.value.diagnostics[0]
-    assert "reads a closure tensor" in diagnostic.message and diagnostic.line == line
-    assert diagnostic.filename.endswith("test_gluon_score_mods.py")
     assert {k.variants["aligned"].ir for k in runtime.kernels(tb.build_backward_bundle(text, "cuda:90"), True)} \
         == {"ttir"}
+    kernels = runtime.kernels(tb.build_backward_bundle(text, "cuda:90", {"warp_specialize": True,
+                                                                        "closure_grads": False}), True)
+    assert [k.variants["aligned"].args[-1] for k in kernels] == ["c0", "c0"]
+    assert {k.variants["aligned"].ir for k in kernels} == {"ttgir"}
 
 
 def test_index_arithmetic_past_32_bits_is_a_located_error():

@@ -49,12 +49,12 @@ UNIT_GRAD = gl.constexpr(False)
 
 
 @gluon.jit
-def score_mod(x, b, h, q, kv):
+def score_mod(x, b, h, q, kv, closures):
     return x
 
 
 @gluon.jit
-def score_mod_grad(x, g, b, h, q, kv):
+def score_mod_grad(x, g, b, h, q, kv, closures):
     return g
 
 
@@ -89,7 +89,7 @@ def _row_stat(ptr, strides, batch, head, rows, seq_q):
 @gluon.jit
 def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, phase, lse_ptr, delta_ptr,
                      lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale, sm_scale,
-                     causal, MASK: gl.constexpr, st_layout: gl.constexpr):
+                     causal, closures, MASK: gl.constexpr, st_layout: gl.constexpr):
     # P^T and dS^T (float32) of one query block against a consumer's keys, the products S^T and
     # dP^T in flight together. MASK "diagonal": the causal diagonal's block; "keys": the causal
     # mask where `causal`, and keys past `seq_k`; "": none. With a score mod, dS^T is with
@@ -106,7 +106,7 @@ def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, p
     st = warpgroup_mma_wait(1, deps=(st_tok, ))
     if MODDED:
         x = st * sm_scale
-        pt = gl.exp2(score_mod(x, batch, head, q_rows[None, :], k_rows[:, None]) * LOG2E - lse[None, :])
+        pt = gl.exp2(score_mod(x, batch, head, q_rows[None, :], k_rows[:, None], closures) * LOG2E - lse[None, :])
         # Rows past the queries' end hold TMA's zeros, where a mod may not be finite: nothing
         # from them may reach dK or dV.
         pt = gl.where((q_rows < seq_q)[None, :], pt, 0.0)
@@ -122,7 +122,7 @@ def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, p
         # here, frees x before dP^T is waited for and shares the mod's recomputed values. Where
         # P is 0 so is dS^T, also where P is masked and the factor may not be finite.
         pt_factor = gl.where(pt == 0.0, 0.0,
-                             pt * score_mod_grad(x, 1.0, batch, head, q_rows[None, :], k_rows[:, None]))
+                             pt * score_mod_grad(x, 1.0, batch, head, q_rows[None, :], k_rows[:, None], closures))
         pt = pt.to(k_tile.dtype)
     else:
         pt_factor = pt
@@ -133,7 +133,7 @@ def transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, p
 @gluon.jit
 def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
                lse_strides, delta_strides, batch, head, q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale,
-               MASK: gl.constexpr, st_layout: gl.constexpr, op_layout: gl.constexpr):
+               closures, MASK: gl.constexpr, st_layout: gl.constexpr, op_layout: gl.constexpr):
     # One query block's share of dK and dV. Rows past a sequence's end need no mask (but with a
     # score mod, transposed_grads'): TMA reads their Q and dO as zeros, so their products add
     # nothing to dK and dV, and dK/dV rows past the keys' end are not stored; only the causal
@@ -144,7 +144,7 @@ def _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_e
     do_tile = matrix(do_smem.index(slot))
     pt, dst = transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, phase, lse_ptr, delta_ptr,
                                lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale,
-                               sm_scale, 1, MASK, st_layout)
+                               sm_scale, 1, closures, MASK, st_layout)
     pt_op = gl.convert_layout(pt.to(do_tile.dtype), op_layout)
     dst_op = gl.convert_layout(dst.to(do_tile.dtype), op_layout)
     dv_tok = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
@@ -211,7 +211,7 @@ def store_dkdv(HALF_INDEX: gl.constexpr, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_
 @gluon.jit
 def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty,
               do_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch,
-              kv_head, kv_first, first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale):
+              kv_head, kv_first, first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale, closures):
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, TILE_M, 16])
@@ -229,12 +229,12 @@ def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar,
         for i in range(diagonal):
             dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                                 delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
-                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, "diagonal",
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, closures, "diagonal",
                                 st_layout, op_layout)
         for i in range(diagonal, n_blocks):
             dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                                 delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
-                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, "", st_layout,
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, closures, "", st_layout,
                                 op_layout)
     store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
                acc_layout)
@@ -244,25 +244,25 @@ def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar,
 @gluon.jit
 def _consumer_lower(k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                     delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first,
-                    first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale):
+                    first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale, closures):
     _consumer(0, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
               dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks,
-              diagonal, group, seq_q, seq_k, qk_scale, sm_scale)
+              diagonal, group, seq_q, seq_k, qk_scale, sm_scale, closures)
 
 
 @gluon.jit
 def _consumer_upper(k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                     delta_ptr, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first,
-                    first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale):
+                    first_block, n_blocks, diagonal, group, seq_q, seq_k, qk_scale, sm_scale, closures):
     _consumer(1, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, lse_ptr, delta_ptr,
               dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks,
-              diagonal, group, seq_q, seq_k, qk_scale, sm_scale)
+              diagonal, group, seq_q, seq_k, qk_scale, sm_scale, closures)
 
 
 @gluon.jit
 def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride0, lse_stride1, delta_ptr,
                             delta_stride0, delta_stride1, dk_ptr, dk_stride0, dk_stride1, dk_stride2, dv_ptr,
-                            dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
+                            dv_stride0, dv_stride1, dv_stride2, closures, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
                             SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                             SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
     batch, kv_head, kv_first, first_block, n_blocks, diagonal = kv_walk(KV_HEADS, GROUP, SEQ_Q, SEQ_K, CAUSAL)
@@ -277,7 +277,7 @@ def attention_backward_dkdv(q_desc, k_desc, v_desc, do_desc, lse_ptr, lse_stride
     consumer_args = shared + (lse_ptr, delta_ptr, dk_ptr, dv_ptr, (lse_stride0, lse_stride1), (delta_stride0, delta_stride1),
                               (dk_stride0, dk_stride1, dk_stride2), (dv_stride0, dv_stride1, dv_stride2), batch,
                               kv_head, kv_first, first_block, n_blocks, diagonal, GROUP, SEQ_Q, SEQ_K, QK_SCALE,
-                              SM_SCALE)
+                              SM_SCALE, closures)
     loader_args = (q_desc, k_desc, v_desc, do_desc) + shared + (batch, kv_head, kv_first, first_block, n_blocks,
                                                                 GROUP)
     gl.warp_specialize([
@@ -305,7 +305,7 @@ def _dq_loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
 
 @gluon.jit
 def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, batch, head, s_rows, lse, delta,
-             dq, seq_k, qk_scale, sm_scale, causal, MASKED: gl.constexpr, s_layout: gl.constexpr,
+             dq, seq_k, qk_scale, sm_scale, causal, closures, MASKED: gl.constexpr, s_layout: gl.constexpr,
              op_layout: gl.constexpr):
     # One KV tile's share of dQ. Only the causal diagonal's tiles and a ragged last tile are
     # masked (MASKED): a key past the end is read as zeros, so its dP is 0, but P there would be
@@ -323,7 +323,7 @@ def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
     k_cols = j * DQ_TILE_N + gl.arange(0, DQ_TILE_N, layout=gl.SliceLayout(0, s_layout))
     if MODDED:
         x = s * sm_scale
-        p = gl.exp2(score_mod(x, batch, head, s_rows[:, None], k_cols[None, :]) * LOG2E - lse[:, None])
+        p = gl.exp2(score_mod(x, batch, head, s_rows[:, None], k_cols[None, :], closures) * LOG2E - lse[:, None])
     else:
         p = gl.exp2(s * qk_scale - lse[:, None])
     if MASKED:
@@ -331,7 +331,7 @@ def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         p = gl.where(visible, p, 0.0)
     if MODDED and not UNIT_GRAD:
         # As in transposed_grads: the derivative's factor at 1, where P is not 0.
-        p = gl.where(p == 0.0, 0.0, p * score_mod_grad(x, 1.0, batch, head, s_rows[:, None], k_cols[None, :]))
+        p = gl.where(p == 0.0, 0.0, p * score_mod_grad(x, 1.0, batch, head, s_rows[:, None], k_cols[None, :], closures))
     dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
     mbarrier.arrive(v_empty.index(slot), count=1)
     ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
@@ -345,7 +345,7 @@ def _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
 def _dq_consumer(HALF_INDEX: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                  v_empty, o_ptr, lse_ptr, dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides,
                  dq_strides, delta_strides, batch, head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale,
-                 causal):
+                 causal, closures):
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -376,10 +376,10 @@ def _dq_consumer(HALF_INDEX: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ba
     dq = gl.zeros([HALF_N, HEAD_DIM], gl.float32, acc_layout)
     for j in range(n_plain):
         dq = _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, batch, head, s_rows, lse,
-                      delta, dq, seq_k, qk_scale, sm_scale, causal, False, s_layout, op_layout)
+                      delta, dq, seq_k, qk_scale, sm_scale, causal, closures, False, s_layout, op_layout)
     for j in range(n_plain, n_tiles):
         dq = _dq_step(q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, batch, head, s_rows, lse,
-                      delta, dq, seq_k, qk_scale, sm_scale, causal, True, s_layout, op_layout)
+                      delta, dq, seq_k, qk_scale, sm_scale, causal, closures, True, s_layout, op_layout)
 
     dq_base = dq_ptr + batch.to(gl.int64) * dq_strides[0] + head.to(gl.int64) * dq_strides[1]
     gl.store(dq_base + rows.to(gl.int64)[:, None] * dq_strides[2] + cols[None, :], (dq * sm_scale).to(dtype),
@@ -389,25 +389,25 @@ def _dq_consumer(HALF_INDEX: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ba
 @gluon.jit
 def _dq_consumer_lower(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                        dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides,
-                       batch, head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal):
+                       batch, head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal, closures):
     _dq_consumer(0, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                  dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides, batch,
-                 head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal)
+                 head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal, closures)
 
 
 @gluon.jit
 def _dq_consumer_upper(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                        dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides,
-                       batch, head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal):
+                       batch, head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal, closures):
     _dq_consumer(1, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                  dlse_ptr, dq_ptr, delta_ptr, o_strides, lse_strides, dlse_strides, dq_strides, delta_strides, batch,
-                 head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal)
+                 head, q_first, n_tiles, n_plain, seq_q, seq_k, qk_scale, sm_scale, causal, closures)
 
 
 @gluon.jit
 def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_stride1, o_stride2, lse_ptr,
                           lse_stride0, lse_stride1, dlse_ptr, dlse_stride0, dlse_stride1, dq_ptr, dq_stride0,
-                          dq_stride1, dq_stride2, delta_ptr, delta_stride0, delta_stride1, HEADS: gl.constexpr,
+                          dq_stride1, dq_stride2, delta_ptr, delta_stride0, delta_stride1, closures, HEADS: gl.constexpr,
                           GROUP: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                           SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
     # A 1-D grid of (query block, batch entry, head) items, a head's blocks adjacent.
@@ -432,7 +432,7 @@ def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_s
     consumer_args = shared + (o_ptr, lse_ptr, dlse_ptr, dq_ptr, delta_ptr, (o_stride0, o_stride1, o_stride2),
                               (lse_stride0, lse_stride1), (dlse_stride0, dlse_stride1),
                               (dq_stride0, dq_stride1, dq_stride2), (delta_stride0, delta_stride1), batch, head,
-                              q_first, n_tiles, n_plain, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL)
+                              q_first, n_tiles, n_plain, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL, closures)
     loader_args = (q_desc, k_desc, v_desc, do_desc) + shared + (batch, head, head // GROUP, q_first, n_tiles)
     gl.warp_specialize([
         (_dq_consumer_lower, consumer_args),
@@ -488,7 +488,8 @@ def compile_ttgir(kernel: str, element: str, dim: int, constants: dict, mod=None
     """The kernel ("dq" or "dkdv") instantiated with `constants` (and a score mod) and compiled for
     sm90: its Triton GPU IR. `element` is Triton's name of q's type (bf16, fp16)."""
     from .compile import backward_ttgir
+    from .score_mod import closure_pointees
 
     descriptors = [(role, element, block) for role, block in zip(DESCRIPTORS, descriptor_blocks(kernel, dim))]
     return backward_ttgir(kernel_function(kernel, mod), element, descriptors, _POINTERS[kernel], _ROW_STATS, constants,
-                          NUM_WARPS, MAX_REGISTERS)
+                          NUM_WARPS, MAX_REGISTERS, closures=closure_pointees(mod))

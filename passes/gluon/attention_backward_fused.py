@@ -34,7 +34,7 @@ from .pipeline import NUM_STAGES, async_reduce_add, matrix, rings
 @gluon.jit
 def _fused_step(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                 do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides, batch, head,
-                q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, causal, MASK: gl.constexpr,
+                q_first, t, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, causal, closures, MASK: gl.constexpr,
                 st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr):
     slot = t % NUM_STAGES
     phase = (t // NUM_STAGES) & 1
@@ -44,7 +44,7 @@ def _fused_step(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sm
     do_tile = matrix(do_smem.index(slot))
     pt, dst = transposed_grads(k_tile, v_tile, q_tile, do_tile, q_ready, do_ready, slot, phase, lse_ptr, delta_ptr,
                                lse_strides, delta_strides, batch, head, q_first, k_rows, seq_q, seq_k, qk_scale,
-                               sm_scale, causal, MASK, st_layout)
+                               sm_scale, causal, closures, MASK, st_layout)
     dst = dst.to(do_tile.dtype)
     pt_op = gl.convert_layout(pt.to(do_tile.dtype), op_layout)
     dst_op = gl.convert_layout(dst, op_layout)
@@ -83,7 +83,7 @@ def _fused_step(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_sm
 def _fused_consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready,
                     q_empty, do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides,
                     delta_strides, dk_strides, dv_strides, batch, kv_head, kv_first, first_block,
-                    n_blocks, masked, group, seq_q, seq_k, qk_scale, sm_scale, causal):
+                    n_blocks, masked, group, seq_q, seq_k, qk_scale, sm_scale, causal, closures):
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, TILE_M, 16])
@@ -102,12 +102,12 @@ def _fused_consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, d
             dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                                  do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
                                  batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
-                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, "keys", st_layout, op_layout, dq_layout)
+                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, closures, "keys", st_layout, op_layout, dq_layout)
         for i in range(masked, n_blocks):
             dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                                  do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
                                  batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
-                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, "", st_layout, op_layout, dq_layout)
+                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, closures, "", st_layout, op_layout, dq_layout)
     # The shared memory must outlive the reductions that read it.
     tma.store_wait(0)
     store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
@@ -118,28 +118,29 @@ def _fused_consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, d
 def _fused_lower(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, ds_ready,
                  lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides,
                  dv_strides, batch, kv_head, kv_first, first_block, n_blocks, masked, group, seq_q, seq_k, qk_scale,
-                 sm_scale, causal):
+                 sm_scale, causal, closures):
     _fused_consumer(0, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                     ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides, delta_strides,
                     dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks, masked, group, seq_q,
-                    seq_k, qk_scale, sm_scale, causal)
+                    seq_k, qk_scale, sm_scale, causal, closures)
 
 
 @gluon.jit
 def _fused_upper(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, ds_ready,
                  lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides, delta_strides, dk_strides,
                  dv_strides, batch, kv_head, kv_first, first_block, n_blocks, masked, group, seq_q, seq_k, qk_scale,
-                 sm_scale, causal):
+                 sm_scale, causal, closures):
     _fused_consumer(1, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                     ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, dk_ptr, dv_ptr, lse_strides, delta_strides,
                     dk_strides, dv_strides, batch, kv_head, kv_first, first_block, n_blocks, masked, group, seq_q,
-                    seq_k, qk_scale, sm_scale, causal)
+                    seq_k, qk_scale, sm_scale, causal, closures)
 
 
 @gluon.jit
 def attention_backward_fused(q_desc, k_desc, v_desc, do_desc, dq_sums_desc, lse_ptr, lse_stride0, lse_stride1,
                              delta_ptr, delta_stride0, delta_stride1, dk_ptr, dk_stride0, dk_stride1, dk_stride2,
-                             dv_ptr, dv_stride0, dv_stride1, dv_stride2, KV_HEADS: gl.constexpr, GROUP: gl.constexpr,
+                             dv_ptr, dv_stride0, dv_stride1, dv_stride2, closures, KV_HEADS: gl.constexpr,
+                             GROUP: gl.constexpr,
                              SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                              SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
     batch, kv_head, kv_first, first_block, n_blocks, masked = kv_walk(KV_HEADS, GROUP, SEQ_Q, SEQ_K, CAUSAL)
@@ -165,7 +166,7 @@ def attention_backward_fused(q_desc, k_desc, v_desc, do_desc, dq_sums_desc, lse_
                      ds_ready, lse_ptr, delta_ptr, dq_sums_desc, dq_smem, dk_ptr, dv_ptr, (lse_stride0, lse_stride1),
                      (delta_stride0, delta_stride1), (dk_stride0, dk_stride1, dk_stride2),
                      (dv_stride0, dv_stride1, dv_stride2), batch, kv_head, kv_first, first_block, n_blocks, masked,
-                     GROUP, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL)
+                     GROUP, SEQ_Q, SEQ_K, QK_SCALE, SM_SCALE, CAUSAL, closures)
     loader_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, do_ready,
                    q_empty, do_empty, batch, kv_head, kv_first, first_block, n_blocks, GROUP)
     gl.warp_specialize([
@@ -299,7 +300,8 @@ def compile_ttgir(kernel: str, element: str, dim: int, constants: dict, mod=None
     GPU IR."""
     from .attention_backward import MAX_REGISTERS, NUM_WARPS
     from .compile import backward_ttgir
+    from .score_mod import closure_pointees
 
     return backward_ttgir(kernel_function(kernel, mod), element, descriptors(kernel, element, dim), _POINTERS[kernel],
                           _ROW_STATS, constants, NUM_WARPS, MAX_REGISTERS if kernel == "dkdvdq" else 0,
-                          float32=_FLOAT32)
+                          float32=_FLOAT32, closures=closure_pointees(mod))

@@ -14,11 +14,12 @@ def descriptor_type(element: str, block: list) -> str:
 
 
 def backward_ttgir(kernel, element: str, descriptors: list, pointers: tuple, row_stats: tuple, constants: dict,
-                   num_warps: int, max_registers: int, float32: tuple = ()) -> str:
+                   num_warps: int, max_registers: int, float32: tuple = (), closures: tuple = ()) -> str:
     """A backward kernel's Triton GPU IR: `descriptors` [(role, element, block)] first, then each
     (role, strides) of `pointers` with its i32 strides; `row_stats` are float32 and their row
     strides any, the others' strides 16-element multiples (kernel_args.aligned_ok), of
-    `element`'s type unless in `float32`."""
+    `element`'s type unless in `float32`; then, for a kernel that takes a `closures` tuple, a
+    pointer to each closure tensor, of `closures`' element types (Triton's names)."""
     signature = {f"{role}_desc": descriptor_type(elt, block) for role, elt, block in descriptors}
     divisible = []
     for role, strides in pointers:
@@ -28,6 +29,8 @@ def backward_ttgir(kernel, element: str, descriptors: list, pointers: tuple, row
         # ones, which the dK/dV kernels' consumers, holding four tile accumulators, are short of.
         signature.update({f"{name}_stride{d}": "i32" for d in range(strides)})
         divisible += [f"{name}_ptr"] + ([] if role in row_stats else [f"{name}_stride{d}" for d in range(strides)])
+    if "closures" in kernel.arg_names:
+        signature["closures"] = tuple(f"*{elt}" for elt in closures)
     return gluon_ttgir(kernel, signature, constants, divisible, num_warps, max_registers)
 
 

@@ -15,7 +15,9 @@ functions with globals that bind `MODDED`, `score_mod` and `score_mod_grad` inst
 What a region may hold: the scalar ops the tracer writes, on f32, i1, i64 and `index` (i32 in the
 kernels) values, and constants; index arithmetic whose values stay inside i32 at the module's
 shapes (the Triton IR kernels take the rest in 64 bits). A read of a closure tensor
-(`tensor.extract`) is a located error: the kernels take no closure tensors yet.
+(`tensor.extract`) loads from the kernels' `closures` tuple of pointers (the runtime's `c<i>`
+arguments, contiguous), reading 0 out of bounds as the Triton IR kernels do, with no bounds
+check where the index is clamped into the tensor (the tracer clamps every index it writes).
 """
 from __future__ import annotations
 
@@ -60,8 +62,11 @@ def approximate_tanh(x):
     return gl.inline_asm_elementwise(_TANH_PTX, "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
 
 
-_DTYPES = {"f32": "gl.float32", "i64": "gl.int64", "i32": "gl.int32", "i16": "gl.int16",
-           "i8": "gl.int8", "i1": "gl.int1"}
+_DTYPES = {"f32": "gl.float32", "f16": "gl.float16", "bf16": "gl.bfloat16", "i64": "gl.int64",
+           "i32": "gl.int32", "i16": "gl.int16", "i8": "gl.int8", "i1": "gl.int1"}
+# Triton's names of the closure tensors' element types, for the kernels' signatures.
+POINTEE = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64", "i64": "i64", "i32": "i32", "i16": "i16",
+           "i8": "i8", "i1": "i1"}
 _INFIX = {"arith.addf": "+", "arith.addi": "+", "arith.subf": "-", "arith.subi": "-", "arith.mulf": "*",
           "arith.muli": "*", "arith.divf": "/", "arith.andi": "&", "arith.ori": "|", "arith.xori": "^"}
 _CALLS = {"math.exp": "gl.exp", "math.exp2": "gl.exp2", "math.log": "gl.log", "math.log2": "gl.log2",
@@ -91,6 +96,26 @@ class _Value(NamedTuple):
     elt: str
     tile: bool  # derived from the tile argument(s), so of the tile's shape
     value: object = None  # a constant's, as a Python number
+
+
+class Closure(NamedTuple):
+    """A closure tensor the kernels take: its place in their `closures` tuple (c<index>), its
+    element type and its static shape (row-major)."""
+
+    index: int
+    elt: str
+    shape: tuple
+
+
+def closures_of(types: list, first: int, positions: list | None = None) -> dict:
+    """{argument number: Closure} of a function's closure parameters, from `first` on; a
+    derivative function's stand for the forward's arguments at `positions` (attn.closure_args),
+    the forward's from its fourth on (after q, k, v)."""
+    out = {}
+    for j, t in enumerate(types[first:]):
+        position = positions[j] if positions is not None else first + j
+        out[first + j] = Closure(position - 3, str(t.element_type), tuple(t.shape))
+    return out
 
 
 class _Unsupported(Exception):
@@ -185,27 +210,76 @@ class _Writer:
     def approximate_tanh(self, x: _Value) -> _Value:
         return self._folded("math.tanh", (x, ), x.elt) or self._emit(f"approximate_tanh({x.name})", x.elt, x)
 
+    def extract(self, closure: Closure, indices: list, clamped: list) -> _Value:
+        """closure[indices...]: a load from its pointer, 0 where an index not `clamped` into its
+        dimension is outside it."""
+        terms, checks, stride = [], [], 1
+        for idx, n, inside in reversed(list(zip(indices, closure.shape, clamped))):
+            terms.append(idx.name if stride == 1 else f"{idx.name} * {stride}")
+            if not inside:
+                checks.append(f"({idx.name} >= 0) & ({idx.name} < {n})")
+            stride *= n
+        offset = " + ".join(reversed(terms)) or "0"
+        zero = "False" if closure.elt == "i1" else "0"
+        masked = f", mask={' & '.join(checks)}, other={zero}" if checks else ""
+        return self._emit(f"gl.load(closures[{closure.index}] + ({offset}){masked})", closure.elt, *indices)
+
+
+def _inside(index: _Value, known: tuple | None, n: int) -> bool:
+    """Whether an index is known to lie in [0, n): a constant, or clamped (`known`)."""
+    lo, hi = (index.value, index.value) if index.value is not None else (known or (None, None))
+    return lo is not None and hi is not None and 0 <= lo and hi < n
+
+
+def _clamp(op, operands: list, bounds: dict) -> tuple | None:
+    """The (lo, hi) an index keeps within after arith.maxsi / minsi with what is known of its
+    operands (constants, or earlier clamps: `bounds` by key); None for any other op."""
+    if op.name not in ("arith.maxsi", "arith.minsi"):
+        return None
+    (lo_a, hi_a), (lo_b, hi_b) = [(o.value, o.value) if o.value is not None else bounds.get(key, (None, None))
+                                  for o, key in zip(operands, op.operands)]
+    if op.name == "arith.maxsi":  # at least the larger known lower bound; at most a max of two known
+        known = [x for x in (lo_a, lo_b) if x is not None]
+        return (max(known) if known else None, max(hi_a, hi_b) if None not in (hi_a, hi_b) else None)
+    known = [x for x in (hi_a, hi_b) if x is not None]
+    return (min(lo_a, lo_b) if None not in (lo_a, lo_b) else None, min(known) if known else None)
+
 
 def _predicate(op) -> int:
     return int(op.attr("predicate").split(":")[0])
 
 
-def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool) -> list[_Value]:
+def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, closures: dict) -> list[_Value]:
     """The program's statements; its first `tiles` arguments are tiles, the others scalars or
-    broadcast positions. Returns the yielded values."""
+    broadcast positions; `closures` the function's closure parameters by argument number.
+    Returns the yielded values."""
     values = {f"arg{i}": _Value(f"a{i}", "i32" if t == "index" else t, i < tiles)
               for i, t in enumerate(program.arg_types)}
+    tensors, bounds = {}, {}
     for i, source in enumerate(program.sources):
         if source[0] == "constant":
             values[f"ext{i}"] = writer.const(constant_value(source[1], source[2]).item(), source[2])
-        elif source[0] != "operand":  # a closure tensor's reads fail below, at the read
+        elif source[0] == "operand" and source[1] in closures:
+            tensors[f"ext{i}"] = closures[source[1]]
+        else:
             raise _Unsupported(-1, "reads a value from outside the region that is neither a constant nor a "
                                    "closure tensor")
     for index, op in enumerate(program.ops):
         elt = "i32" if op.result_types[0] == "index" else op.result_types[0]
-        if op.name == "tensor.extract" or any(key not in values for key in op.operands):
-            raise _Unsupported(index, "reads a closure tensor, which the Gluon kernels take none of")
+        if op.name == "tensor.extract" and op.operands[0] in tensors:
+            closure = tensors[op.operands[0]]
+            keys = op.operands[1:]
+            if len(keys) != len(closure.shape) or any(key not in values for key in keys):
+                raise _Unsupported(index, "reads a closure tensor at indices the Gluon kernels do not take")
+            clamped = [_inside(values[key], bounds.get(key), n) for key, n in zip(keys, closure.shape)]
+            values[f"v{index}_0"] = writer.extract(closure, [values[key] for key in keys], clamped)
+            continue
+        if any(key not in values for key in op.operands):
+            raise _Unsupported(index, "reads a value the Gluon kernels do not take")
         operands = [values[key] for key in op.operands]
+        clamp = _clamp(op, operands, bounds)
+        if clamp is not None:
+            bounds[f"v{index}_0"] = clamp
         if op.name == "arith.constant":
             out = writer.const(constant_value(op.attr("value"), op.result_types[0]).item(), elt)
         elif op.name == "arith.cmpi" and _predicate(op) in _CMPI:
@@ -248,25 +322,29 @@ def _decides(program: ScalarProgram) -> bool:
     return False
 
 
-def _function(name: str, program: ScalarProgram, params: int, tiles: int, writer: _Writer, fast_tanh: bool) -> str:
-    results = _body(program, writer, tiles, fast_tanh)
+def _function(name: str, program: ScalarProgram, params: int, tiles: int, writer: _Writer, fast_tanh: bool,
+              closures: dict) -> str:
+    results = _body(program, writer, tiles, fast_tanh, closures)
     result = results[0]
     # A value that does not depend on the tile (a constant, a bias of the positions alone) is
     # broadcast to it: the kernel adds it to a tile.
     value = result.name if result.tile else f"{result.name} + gl.zeros_like(a0)"
-    args = ", ".join(f"a{i}" for i in range(params))
+    args = ", ".join([f"a{i}" for i in range(params)] + ["closures"])
     return "\n".join([f"@gluon.jit\ndef {name}({args}):", *writer.lines, f"    return {value}", ""])
 
 
 class ScoreMod(NamedTuple):
-    """A score_mod and its derivative as Gluon functions: `score_mod(x, b, h, q, kv)` and
-    `score_mod_grad(x, g, b, h, q, kv)`, x the scaled score and g the gradient of the modified one;
-    `source` is their module's text; `unit_grad` whether the derivative hands g back as it is (the
-    mod adds a bias to the score), so that the kernels need not apply it."""
+    """A score_mod and its derivative as Gluon functions: `score_mod(x, b, h, q, kv, closures)` and
+    `score_mod_grad(x, g, b, h, q, kv, closures)`, x the scaled score, g the gradient of the
+    modified one and `closures` the kernels' tuple of the function's closure tensors (`closures`:
+    each one's Closure, in order); `source` is their module's text; `unit_grad` whether the
+    derivative hands g back as it is (the mod adds a bias to the score), so that the kernels need
+    not apply it."""
 
     score_mod: object
     score_mod_grad: object
     source: str
+    closures: tuple = ()
     unit_grad: bool = False
 
 
@@ -276,18 +354,21 @@ _GENERATED: dict[str, ScoreMod] = {}
 _INSTANCES: dict[str, dict] = {}
 
 
-def lower_score_mod(mod_op, grad_op, fast_tanh: bool) -> ScoreMod:
-    """The attn.score_mod and attn.score_mod_grad ops' regions as Gluon functions; a CompileError
-    located at the first op neither can hold."""
+def lower_score_mod(mod_op, grad_op, fast_tanh: bool, mod_closures: dict, grad_closures: dict) -> ScoreMod:
+    """The attn.score_mod and attn.score_mod_grad ops' regions as Gluon functions, each reading
+    its function's closure parameters (`closures_of`); a CompileError located at the first op
+    neither can hold."""
     constants: dict = {}
-    texts = []
-    regions = ((mod_op, "score_mod", 5, 1), (grad_op, "score_mod_grad", 6, 2))
+    closures = tuple(sorted(mod_closures.values()))
+    # The element types are not in the functions' text, but in the kernels' signatures.
+    texts = ["".join(f"# c{c.index}: {c.elt}{list(c.shape)}\n" for c in closures)]
+    regions = ((mod_op, "score_mod", 5, 1, mod_closures), (grad_op, "score_mod_grad", 6, 2, grad_closures))
     programs = [from_region(op.regions[0]) for op, *_ in regions]
     # One decision for both functions, so that P and its derivative take the same tanh.
     fast_tanh = fast_tanh and not any(_decides(p) for p in programs)
-    for (op, name, params, tiles), program in zip(regions, programs):
+    for (op, name, params, tiles, reads), program in zip(regions, programs):
         try:
-            texts.append(_function(name, program, params, tiles, _Writer(constants), fast_tanh))
+            texts.append(_function(name, program, params, tiles, _Writer(constants), fast_tanh, reads))
         except _Unsupported as error:
             raise _located(op, error) from None
     header = ["from triton.experimental import gluon", "from triton.experimental.gluon import language as gl",
@@ -305,18 +386,19 @@ def lower_score_mod(mod_op, grad_op, fast_tanh: bool) -> ScoreMod:
     exec(compile(source, filename, "exec"), scope)
     grad = programs[1]
     unit_grad = (grad.results or (grad.result, ))[0] == "arg1"
-    _GENERATED[source] = ScoreMod(scope["score_mod"], scope["score_mod_grad"], source, unit_grad)
+    _GENERATED[source] = ScoreMod(scope["score_mod"], scope["score_mod_grad"], source, closures, unit_grad)
     return _GENERATED[source]
 
 
-def check(mod_op, extents: tuple[int, ...]) -> None:
+def check(mod_op, extents: tuple[int, ...], closures: dict) -> None:
     """A CompileError located at the first op of the score_mod region this module does not lower,
-    `extents` the sizes of the batch, heads, queries and keys. Its derivative holds the ops the
+    `extents` the sizes of the batch, heads, queries and keys, `closures` the function's closure
+    parameters (`closures_of`). Its derivative holds the ops the
     chain rule writes for these (products, selects, cmpf, cos, sin, exp, log, pow and constants),
     all in the table, and recomputes the same index arithmetic; test_gluon_score_mods writes the
     derivative of every entry of the tracer's table."""
     try:
-        _body(from_region(mod_op.regions[0]), _Writer({}), 1, False)
+        _body(from_region(mod_op.regions[0]), _Writer({}), 1, False, closures)
     except _Unsupported as error:
         raise _located(mod_op, error) from None
     _check_index_widths(mod_op, extents)
@@ -342,6 +424,11 @@ def _located(op, error: _Unsupported):
     """The CompileError of `error`, at the op of `op`'s region it names (or at `op`)."""
     where = op if error.index < 0 else list(op.regions[0].blocks[0].operations)[error.index].operation
     return fail(where, f"{error} (attn-lower-to-gluon's score_mod)")
+
+
+def closure_pointees(mod: ScoreMod | None) -> tuple:
+    """Triton's names of the element types of the closure tensors a score mod's kernels take."""
+    return tuple(POINTEE[c.elt] for c in mod.closures) if mod is not None else ()
 
 
 def applying(fn, mod: ScoreMod | None):

@@ -71,7 +71,7 @@ def main(argv=None):
     parser.add_argument("--gluon", action="store_true",
                         help="attention (and backward, with --kinds) programs for cuda:90 only, those "
                              "attn-lower-to-gluon takes (plain or causal, 16-bit, D 64/128; the backward's half with a "
-                             "score_mod reading no closure tensor), its kernels run in the Gluon emulator "
+                             "score_mod, closure tensors read included), its kernels run in the Gluon emulator "
                              "(warp_specialize on)")
     parser.add_argument("--persistent", type=int, default=0, metavar="N",
                         help="with --gluon --kinds attention: the forward kernel's persistent grid of N programs, "
@@ -136,7 +136,8 @@ def main(argv=None):
                 if kind == "attention":
                     check_triton(program, target, config, "ttgir" if args.gluon else None)
                 elif kind == "backward":
-                    check_backward(program, target, config if args.gluon else None)
+                    # The Gluon backward computes no closure tensor's gradient (the Triton IR one does).
+                    check_backward(program, target, dict(config, closure_grads=False) if args.gluon else None)
                 elif kind == "packed":
                     check_packed(program, target)
                 elif kind == "packed_backward":

@@ -297,7 +297,7 @@ def programs(draw, max_seq: int = 80, dtypes=(torch.float32, torch.bfloat16, tor
 @st.composite
 def gluon_programs(draw, max_seq: int = 400, score_mods: bool = False):
     """Programs attn-lower-to-gluon takes: softmax with no score_mod (with `score_mods`, the
-    backward's: half of them take one that reads no closure tensor), no mask or the causal one
+    backward's: half of them take one, which may read a bias [H] or table [H, 7]), no mask or the causal one
     (as many queries as keys), 16-bit inputs, Dk = Dv of 64 or 128; lengths past one 128-row
     program so the kernel's K/V ring wraps."""
     heads_kv = draw(st.integers(1, 2))
@@ -306,11 +306,15 @@ def gluon_programs(draw, max_seq: int = 400, score_mods: bool = False):
     seq_k = seq_q if causal else draw(st.integers(1, max_seq))
     dim = draw(st.sampled_from([64, 128]))
     mask_tree = Node("ge", (Node("var", value="q_idx"), Node("var", value="kv_idx"))) if causal else None
+    heads = heads_kv * draw(st.sampled_from([1, 2, 4]))
+    seed = draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    captures = [torch.randn(heads, generator=gen), torch.randn(heads, 7, generator=gen)]
     score_tree = None
     if score_mods and draw(st.booleans()):
-        score_tree = float_expr(draw, draw(st.integers(1, 3)), [Node("var", value="score")], [], hashes=False)
+        score_tree = float_expr(draw, draw(st.integers(1, 3)), [Node("var", value="score")], captures, hashes=False)
     return Program(
-        batch=draw(st.integers(1, 2)), heads=heads_kv * draw(st.sampled_from([1, 2, 4])), heads_kv=heads_kv,
+        batch=draw(st.integers(1, 2)), heads=heads, heads_kv=heads_kv,
         seq_q=seq_q, seq_k=seq_k, dim_qk=dim, dim_v=dim, dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
         normalize="softmax", score_tree=score_tree, mask_tree=mask_tree, transposed=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)))
+        seed=seed, captures=captures)
