@@ -115,11 +115,12 @@ def index_expr(draw, depth: int, names=ATTENTION_NAMES, hashes: bool = True) -> 
     return Node(op, (left, index_expr(draw, depth - 1, names, hashes)))
 
 
-def _index_or_distance(draw, names) -> Node:
-    """An index expression, or (one time in three, for attention mods) a function of the distance
-    kv_idx - q_idx alone (|d| // c or d // c), which the frontend composes per call (T5's form)."""
+def _index_or_distance(draw, names, hashes: bool = True) -> Node:
+    """An index expression (`hashes` as index_expr's), or (one time in three, for attention mods) a
+    function of the distance kv_idx - q_idx alone (|d| // c or d // c), which the frontend
+    composes per call (T5's form)."""
     if "kv_idx" not in names or draw(st.integers(0, 2)) != 0:
-        return index_expr(draw, 1, names)
+        return index_expr(draw, 1, names, hashes)
     ends = (Node("var", value="kv_idx"), Node("var", value="q_idx"))
     distance = Node("sub", ends if draw(st.booleans()) else ends[::-1])
     if draw(st.booleans()):
@@ -152,7 +153,7 @@ def float_expr(draw, depth: int, leaves: list[Node], captures: list, symbolic: b
             return Node("const", value=draw(st.floats(-2.0, 2.0, allow_nan=False).map(lambda x: round(x, 3))))
         if kind == 1 and captures and names:
             tensor = draw(st.sampled_from(captures))
-            idx = tuple(bounded_index(_index_or_distance(draw, names), n) for n in tensor.shape)
+            idx = tuple(bounded_index(_index_or_distance(draw, names, hashes), n) for n in tensor.shape)
             if "kv_idx" in names and draw(st.integers(0, 3)) == 0:
                 # A relative-position read left to the frontend's clamp: the Triton backward's dK/dV
                 # kernel reads one that steps back along the queries mirrored (passes/mirror_reads.py).
