@@ -127,12 +127,13 @@ def candidates(problem: Problem, target: str) -> list[dict]:
     return kept
 
 
-def backward_candidates(problem: Problem, target: str, default: dict) -> list[list[dict]]:
+def backward_candidates(problem: Problem, target: str, default: dict, closure_grads: bool = True) -> list[list[dict]]:
     """The backward kernels' configurations a tuned call tries on a GPU target, as groups searched
     in turn (`choose_in_turn`): the warp-specialized kernels or not where they are the default,
     then the Triton IR dQ kernel's, then its dK/dV kernel's, each as
     overrides of `default` (the backward config the call launches untuned) that keep the other
-    kernel's options, {} (keep what is chosen) first."""
+    kernel's options, {} (keep what is chosen) first. The warp-specialized kernels compute no
+    closure tensor's gradient: not a candidate where `closure_grads` are asked of a mod's reads."""
     if problem.lq < _MIN_TUNED_LQ or problem.linear:
         return [[{}]]
     d = max(_pow2(problem.dk), _pow2(problem.dv), 64)
@@ -155,6 +156,8 @@ def backward_candidates(problem: Problem, target: str, default: dict) -> list[li
         groups.append(_unique([{}] + group))
     gluon = launch_defaults.warp_specialized(target, problem.gluon_backward, problem.lq, problem.dk, backward=True,
                                              score_mod=problem.score_mod)
+    if closure_grads and problem.mod_reads_closures:
+        return groups
     if gluon or launch_defaults.warp_specialized(target, problem.gluon_backward, problem.lq, problem.dk,
                                                  backward=True):
         # attn-lower-to-gluon's backward takes none of those options: it is tried against the

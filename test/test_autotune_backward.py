@@ -5,6 +5,7 @@ bundle's gradients in the TTIR interpreter. Kernel times come from a stand-in ti
 GPU here); what the timer is given is the real candidate bundle."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -96,6 +97,12 @@ def test_a_score_mods_gluon_backward_is_a_candidate_against_the_default_triton_i
     first, dq, dkdv = autotune.backward_candidates(problem, "cuda:90", default)
     assert first == [{}, {"warp_specialize": True}]
     assert all(c["warp_specialize"] is False for c in dq[1:] + dkdv[1:])
+    # A mod reading a closure tensor whose gradient is wanted keeps the Triton IR kernels, which
+    # compute it; without its gradient the Gluon kernels are tried too.
+    reads = dataclasses.replace(problem, mod_reads_closures=True)
+    groups = autotune.backward_candidates(reads, "cuda:90", default)
+    assert len(groups) == 2 and not any(c.get("warp_specialize") for group in groups for c in group)
+    assert autotune.backward_candidates(reads, "cuda:90", default, closure_grads=False)[0] == first
 
 
 def test_the_kernels_are_searched_in_turn_once_and_the_choice_kept_on_disk(tuning_cache, monkeypatch):

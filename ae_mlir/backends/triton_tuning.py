@@ -109,7 +109,7 @@ def _backward_tuning_keys(l0_text: str, target: str, closure_grads: bool, tiles:
                             input_precision))
 
 
-def _backward_candidates(l0_text: str, target: str, tiles: dict) -> list[list[dict]]:
+def _backward_candidates(l0_text: str, target: str, tiles: dict, closure_grads: bool) -> list[list[dict]]:
     from .. import autotune, launch_defaults, presets
 
     problem = presets.read_problem(_parse_l0(l0_text))
@@ -117,7 +117,7 @@ def _backward_candidates(l0_text: str, target: str, tiles: dict) -> list[list[di
         raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
     default = launch_defaults.backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
                                               problem.cut_tiles, problem.batch_heads // problem.group)
-    return autotune.backward_candidates(problem, target, dict(default, **(tiles or {})))
+    return autotune.backward_candidates(problem, target, dict(default, **(tiles or {})), closure_grads)
 
 
 def prepare_backward_tuning(l0_text: str, target: str, closure_grads: bool = True, tiles: dict | None = None,
@@ -132,7 +132,7 @@ def prepare_backward_tuning(l0_text: str, target: str, closure_grads: bool = Tru
 
     _need_mlir()
     tiles = dict(tiles or {})
-    groups = _backward_candidates(l0_text, target, tiles)
+    groups = _backward_candidates(l0_text, target, tiles, closure_grads)
     configs = autotune._unique([{k: v for c in combo for k, v in c.items()} for combo in itertools.product(*groups)])
     name = get_backward_bundle(l0_text, target, input_precision, closure_grads, tiles).name
     kept, _ = autotune.compiled(name, configs, lambda config: get_backward_bundle(
@@ -173,7 +173,7 @@ def tuned_backward_bundle(l0_text: str, target: str, tensors: dict, closure_grad
                 return found
         if not autotune.can_compile(key):
             return bundle({})
-        groups = _backward_candidates(l0_text, target, tiles)
+        groups = _backward_candidates(l0_text, target, tiles, closure_grads)
     else:
         groups = record["groups"]
     default = bundle({})
