@@ -191,6 +191,19 @@ def test_an_unclamped_closure_read_is_zero_out_of_bounds():
         assert (got[role].double() - w).abs().max().item() <= 2e-2 * w.abs().max().item() + 1e-3, role
 
 
+def test_a_closure_tensor_past_32_bit_offsets_is_a_located_error():
+    """The kernels offset a closure tensor's pointer in 32 bits: one of 2^31 elements fails at the
+    read (the module's type alone: no such tensor is made)."""
+    slopes = torch.tensor([0.5, 0.25])
+    meta = [torch.empty(1, 2, 256, 64, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+    text = ae.attention(score_mod=lambda s, b, h, q_idx, kv_idx: s + slopes[h]).mlir(*meta)
+    assert text.count("tensor<2xf32>") == 2
+    text = text.replace("tensor<2xf32>", "tensor<2147483648xf32>").replace("arith.constant 1 : index",
+                                                                             "arith.constant 2147483647 : index")
+    with pytest.raises(CompileError, match="2\\^31 elements or more"):
+        tb.build_backward_bundle(text, "cuda:90", {"warp_specialize": True, "closure_grads": False})
+
+
 def test_closure_gradients_keep_the_triton_ir_backward():
     """The Gluon kernels compute no closure tensor's gradient: with closure gradients asked for
     (a tensor that requires grad), warp_specialize is an error naming the option, and the default

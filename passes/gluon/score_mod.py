@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import math
 import types
 from typing import NamedTuple
 
@@ -271,6 +272,9 @@ def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, 
             keys = op.operands[1:]
             if len(keys) != len(closure.shape) or any(key not in values for key in keys):
                 raise _Unsupported(index, "reads a closure tensor at indices the Gluon kernels do not take")
+            if math.prod(closure.shape) >= 2**31:
+                raise _Unsupported(index, "reads a closure tensor of 2^31 elements or more, past the kernels' "
+                                          "32-bit offsets")
             clamped = [_inside(values[key], bounds.get(key), n) for key, n in zip(keys, closure.shape)]
             values[f"v{index}_0"] = writer.extract(closure, [values[key] for key in keys], clamped)
             continue
