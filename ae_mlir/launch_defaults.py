@@ -107,7 +107,7 @@ def kv_splits(programs: int, kv_tiles: int, target: str, uneven_keys: bool = Fal
 
 
 def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, backward: bool = False,
-                     batch_heads: int = 0, score_mod: bool = False) -> bool:
+                     batch_heads: int = 0, score_mod: bool = False, adds_bias: bool = False) -> bool:
     """Whether attn-lower-to-gluon's warp-specialized kernels replace the Triton IR ones: on sm90
     (their products are wgmma, which later NVIDIA GPUs lack), for the problems that pass takes
     (presets.Problem.simple_mask), longer than decoding (one program per query block and no KV
@@ -125,7 +125,11 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
     - backward, D = 128: 397 / 451 full, 334 / 419 causal against 364 / 409 and 315 / 386; at D = 64
       it trailed (0.90-0.96x), so the Triton IR kernels keep it; with a score_mod (`score_mod`,
       which the Gluon kernels take asked for) soft-capping ran 259-262 (five products) and 264-265
-      (two kernels) against the Triton IR kernels' 289-292 at L 2048 (h100-gluon-score-mods-*).
+      (two kernels) against the Triton IR kernels' 289-292 at L 2048 (h100-gluon-score-mods-*); a
+      mod that adds a bias (`adds_bias`: ALiBi, a bias table), whose derivative is 1, takes the
+      Gluon kernels: ALiBi's backward (causal, B 8, L 2048) ran 1.019 / 1.022 / 1.045 ms in the two
+      Gluon kernels against the Triton IR kernels' 1.070 / 1.094 / 1.068 in three runs
+      (FlexAttention 1.162-1.178; h100-backward-2026-12-07-alibi-gluon*.json).
     Full attention at D = 64 takes the Gluon kernel only where its 192-row programs fill their
     waves nearly as well as the Triton IR kernel's 128-row ones (`batch_heads`, B * H, given): over
     ten batch x heads x length shapes (bench/results/h100-gluon-shapes-2026-12-06.json) it ran
@@ -133,7 +137,7 @@ def warp_specialized(target: str, simple_mask: str | None, lq: int, dk: int, bac
     0.67-0.89 full against the Triton IR kernel's 0.97."""
     if target != "cuda:90" or simple_mask is None or lq <= _SPLIT_MAX_LQ:
         return False
-    if score_mod:
+    if score_mod and not (backward and adds_bias):
         return False
     if dk == 128:
         return True
@@ -269,6 +273,13 @@ _CUDA_BWD_CUT_DKDV = (32, 64, 4, 3)
 # Their dQ kernel keeps 64x64 tiles on 4 warps: 128-row tiles cut more of a band (the same
 # sweeps: the sliding window's dQ 0.27 ms at 64x64, 0.33 at 128x64; the document mask's 0.90, 1.04).
 _CUDA_BWD_CUT_DQ = (64, 64, 4, 2)
+# A score_mod holding a tanh (soft-capping) takes the same dK/dV tiles (backward_config's
+# `tanh_mod`): its 64x128 tiles on 8 warps spilled 108 bytes in the dK/dV kernel. On an H100 (bf16, B 8, H 16, L 2048, D 128, causal soft-capping,
+# bench/results/h100-backward-sweep-2026-12-07-softcap-alibi.json and h100-backward-2026-12-07-
+# softcap-dkdv-tiles*.json) the dK/dV kernel alone ran 0.637 ms against 0.696, and the whole
+# backward 1.101-1.124 ms against 1.203-1.228 in three runs (FlexAttention 2.04); of the sweep's
+# other tiles none ran faster. ALiBi (0.626 / 0.630 ms), ReLU, RetNet and the tempered normalizer
+# ran level (within 3%) with these tiles (h100-backward-2026-12-07-mods-dkdv-tiles.json).
 
 
 # The dK/dV kernel runs a program per (batch, KV head, block of keys): a KV head's query heads
@@ -281,15 +292,16 @@ _BWD_DKDV_MIN_PROGRAMS = 1024
 
 
 def backward_config(lq: int, lk: int, dk: int, dv: int, dtype: str, target: str, cut_tiles: float = 0.0,
-                    kv_heads: int | None = None) -> dict:
+                    kv_heads: int | None = None, tanh_mod: bool = False) -> dict:
     """Block sizes and launch options of the backward kernels for one problem shape (`cut_tiles`:
-    see Problem; `kv_heads`: B * Hkv, when known)."""
+    see Problem; `kv_heads`: B * Hkv, when known; `tanh_mod`: a score_mod holding a tanh, whose
+    dK/dV kernel takes _CUDA_BWD_CUT_DKDV's tiles)."""
     d, table = _table(dk, dv, dtype, target, (_CUDA_BWD_16BIT, _CUDA_BWD_FP32, _HIP_BWD_16BIT, _HIP_BWD_FP32))
     dq, dkdv = table.get(d, ((16, 16, 4, 1),) * 2)
     if table is _CUDA_BWD_16BIT and d == 128 and cut_tiles > CUT_TILES_MAX:
         dq, dkdv = _CUDA_BWD_CUT_DQ, _CUDA_BWD_CUT_DKDV
-    elif (table is _CUDA_BWD_16BIT and d == 128 and kv_heads is not None
-          and kv_heads * -(-lk // dkdv[1]) < _BWD_DKDV_MIN_PROGRAMS):
+    elif table is _CUDA_BWD_16BIT and d == 128 and (tanh_mod or (
+            kv_heads is not None and kv_heads * -(-lk // dkdv[1]) < _BWD_DKDV_MIN_PROGRAMS)):
         dkdv = _CUDA_BWD_CUT_DKDV
     elif table is _CUDA_BWD_16BIT and d == 256 and dk + dv <= 320:
         dq, dkdv = _CUDA_BWD_NARROW_256

@@ -27,6 +27,8 @@ from typing import Literal
 
 from .core import abi
 from .core.context import CompileError
+from .core.mod_traits import ModTraits, mod_traits
+from .core.regions import from_region
 from .launch_defaults import (CUT_TILES_AT, FAST_TANH, GLUON_SCHEDULE, WHOLE_TILES, backward_config,
                               backward_overrides, cpu_config, default_config, gluon_schedule, has_fast_tanh, has_tma,
                               host_tma, multiprocessors, reduced_dq, warp_specialized)
@@ -75,10 +77,12 @@ class Problem:
     # "none" or "causal" where attn-lower-to-gluon's backward lowers the function: as
     # `simple_mask`, with a score_mod its kernels take too; None otherwise.
     gluon_backward: str | None = None
-    # The scores pass through a score_mod; it reads a closure tensor, whose gradient only the
-    # Triton IR backward computes.
+    # The scores pass through a score_mod, and what it does (core.mod_traits): a closure tensor
+    # read (whose gradient only the Triton IR backward computes), a bias added, a tanh.
     score_mod: bool = False
     mod_reads_closures: bool = False
+    mod_adds_bias: bool = False
+    mod_tanh: bool = False
 
     @property
     def linear(self) -> bool:
@@ -96,13 +100,13 @@ def read_problem(module) -> Problem | None:
             continue
         q, k, v = types[:3]
         decay, chunk, keys, batch, queries = None, 0, k.shape[2], q.shape[0], q.shape[2]
-        paged = lengths = packed = modded = gathers = reads = False
+        paged = lengths = packed = modded = False
+        traits = ModTraits()
         mask, kind = None, None
         for op in func.regions[0].blocks[0].operations:
             if op.operation.name == "attn.score_mod":
                 modded = True
-                gathers = gathers or _reads_by_position(op.operation.regions[0])
-                reads = reads or any(o.operation.name == "tensor.extract" for o in op.operation.regions[0].blocks[0])
+                traits = mod_traits(from_region(op.operation.regions[0]))
             if op.operation.name == "attn.normalize":
                 kind = ir.StringAttr(op.operation.attributes["kind"]).value
             paged = paged or op.operation.name == "attn.gather_pages"
@@ -133,11 +137,13 @@ def read_problem(module) -> Problem | None:
         return Problem(queries, keys, q.shape[3], v.shape[3], str(q.element_type), decay, chunk,
                        batch * q.shape[1], q.shape[1] // k.shape[1], paged or (lengths and batch > 1), cut,
                        program.to_json() if program is not None else None, masked,
-                       plain=kind == "softmax" and not (modded or masked or lengths), position_gathers=gathers,
+                       plain=kind == "softmax" and not (modded or masked or lengths),
+                       position_gathers=traits.reads_by_position,
                        # Without a score_mod the backward's kernels take what the forward's do.
                        simple_mask=simple,
                        gluon_backward=kind_of_mask if simple or (modded and lowers(func, backward=True)) else None,
-                       score_mod=modded, mod_reads_closures=reads)
+                       score_mod=modded, mod_reads_closures=traits.reads_closures,
+                       mod_adds_bias=traits.adds_bias, mod_tanh=traits.tanh)
     return None
 
 
@@ -146,22 +152,6 @@ def takes_host_tma(problem: Problem, target: str) -> bool:
     (launch_defaults.host_tma)."""
     return not problem.linear and host_tma(target, problem.dtype, problem.dk, problem.dv, problem.lq,
                                            problem.position_gathers)
-
-
-def _reads_by_position(region) -> bool:
-    """Whether a score_mod region reads a tensor (tensor.extract) at an index computed from the
-    query or key position (its block arguments 3 and 4)."""
-    block = region.blocks[0]
-    positions = {block.arguments[3], block.arguments[4]}
-    derived: set = set()
-    for op in block.operations:
-        operation = op.operation
-        if operation.name == "tensor.extract":
-            if any(v in positions or v in derived for v in list(operation.operands)[1:]):
-                return True
-        elif any(v in positions or v in derived for v in operation.operands):
-            derived.update(operation.results)
-    return False
 
 
 # --- options and stages --------------------------------------------------------------------------
@@ -319,7 +309,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         backward = bool(typed.get("backward"))
         values["warp_specialize"] = warp_specialized(
             target, problem.gluon_backward if backward else problem.simple_mask, problem.lq, problem.dk,
-            backward=backward, batch_heads=problem.batch_heads, score_mod=problem.score_mod)
+            backward=backward, batch_heads=problem.batch_heads, score_mod=problem.score_mod,
+            adds_bias=problem.mod_adds_bias)
     if preset == "cpu":
         from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
 
@@ -334,7 +325,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     elif problem is not None:
         if typed.get("backward"):
             values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                          problem.cut_tiles, problem.batch_heads // problem.group))
+                                          problem.cut_tiles, problem.batch_heads // problem.group, problem.mod_tanh))
         else:
             values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
                                          problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles,

@@ -262,6 +262,27 @@ def test_the_default_keeps_score_mods_on_the_triton_ir_kernels():
     assert not presets.options_for("triton", problem, "cuda:90").warp_specialize
 
 
+def test_a_bias_mods_default_backward_is_the_gluon_kernels_and_a_tanh_mods_takes_narrow_tiles():
+    """The presets read what a score_mod does (core.mod_traits): one that adds a bias (ALiBi) takes
+    the Gluon backward by default, in two kernels, where its closure tensors' gradients are not
+    wanted, and the Triton IR kernels where they are; soft-capping (a tanh) keeps the Triton IR
+    kernels, its dK/dV kernel on 32x64 tiles and 4 warps (launch_defaults.backward_config)."""
+    from ae_mlir.variants import Shape, build
+
+    meta = [torch.empty(8, 16, 2048, 128, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+    options = {}
+    for name in ("alibi", "softcap"):
+        attn, _ = build(name, Shape(8, 16, 2048, 2048, 128, 128), device="cpu", seed=0)
+        problem = presets.read_problem(parse_module(attn.mlir(*meta), new_context(), "l0.mlir"))
+        options[name] = [presets.options_for("triton", problem, "cuda:90", backward=True, closure_grads=grads)
+                         for grads in (True, False)]
+    (alibi_grads, alibi), (softcap, _) = options["alibi"], options["softcap"]
+    assert not alibi_grads.warp_specialize and alibi.warp_specialize and not alibi.reduce_dq
+    assert not softcap.warp_specialize
+    assert (softcap.dkdv_block_m, softcap.dkdv_block_n, softcap.dkdv_num_warps, softcap.dkdv_num_stages) == (32, 64, 4, 3)
+    assert (alibi_grads.dkdv_block_m, alibi_grads.dkdv_block_n, alibi_grads.dkdv_num_warps) == (64, 128, 8)
+
+
 def test_a_tanh_that_decides_keeps_the_exact_formula_in_both_functions():
     """With fast_tanh, a tanh whose value reaches a comparison keeps the exact formula (the
     approximation could flip it); the chain rule adds such a comparison for max's winner to the

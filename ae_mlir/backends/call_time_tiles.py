@@ -47,8 +47,10 @@ def backward_call_time_tiles(l0_text: str, target: str, tensors: dict) -> dict:
         if cut:
             p = _problem(l0_text)
             kv_heads = p.batch_heads // p.group
-            config = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut, kv_heads)
-            preset = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, 0.0, kv_heads)
+            config = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut, kv_heads,
+                                                     p.mod_tanh)
+            preset = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, 0.0, kv_heads,
+                                                     p.mod_tanh)
             found = {name: value for name, value in config.items() if preset[name] != value}
         _BACKWARD_TILES[key] = found
     return found

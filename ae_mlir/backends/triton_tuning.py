@@ -116,7 +116,7 @@ def _backward_candidates(l0_text: str, target: str, tiles: dict, closure_grads: 
     if problem is None:
         raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
     default = launch_defaults.backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                              problem.cut_tiles, problem.batch_heads // problem.group)
+                                              problem.cut_tiles, problem.batch_heads // problem.group, problem.mod_tanh)
     return autotune.backward_candidates(problem, target, dict(default, **(tiles or {})), closure_grads)
 
 
