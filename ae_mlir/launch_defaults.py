@@ -274,12 +274,13 @@ _CUDA_BWD_CUT_DKDV = (32, 64, 4, 3)
 # sweeps: the sliding window's dQ 0.27 ms at 64x64, 0.33 at 128x64; the document mask's 0.90, 1.04).
 _CUDA_BWD_CUT_DQ = (64, 64, 4, 2)
 # A score_mod holding a tanh (soft-capping) takes the same dK/dV tiles (backward_config's
-# `tanh_mod`): its 64x128 tiles on 8 warps spilled 108 bytes in the dK/dV kernel. On an H100 (bf16, B 8, H 16, L 2048, D 128, causal soft-capping,
-# bench/results/h100-backward-sweep-2026-12-07-softcap-alibi.json and h100-backward-2026-12-07-
-# softcap-dkdv-tiles*.json) the dK/dV kernel alone ran 0.637 ms against 0.696, and the whole
-# backward 1.101-1.124 ms against 1.203-1.228 in three runs (FlexAttention 2.04); of the sweep's
-# other tiles none ran faster. ALiBi (0.626 / 0.630 ms), ReLU, RetNet and the tempered normalizer
-# ran level (within 3%) with these tiles (h100-backward-2026-12-07-mods-dkdv-tiles.json).
+# `tanh_mod`): its 64x128 tiles on 8 warps spilled 108 bytes in the dK/dV kernel, these none. On
+# an H100 (bf16, B 8, H 16, L 2048, D 128, causal soft-capping; bench/results/h100-backward-sweep-
+# 2026-12-07-softcap-alibi.json, h100-backward-2026-12-07-softcap-dkdv-tiles*.json) the dK/dV
+# kernel alone ran 0.637 ms against 0.696, and the whole backward 1.101-1.124 ms against
+# 1.203-1.228 in three runs (FlexAttention 2.04); none of the sweep's other tiles ran faster.
+# ALiBi (0.626 / 0.630 ms), ReLU and RetNet ran level (within 3%) with these tiles
+# (h100-backward-2026-12-07-mods-dkdv-tiles.json).
 
 
 # The dK/dV kernel runs a program per (batch, KV head, block of keys): a KV head's query heads

@@ -279,7 +279,8 @@ def test_a_bias_mods_default_backward_is_the_gluon_kernels_and_a_tanh_mods_takes
     (alibi_grads, alibi), (softcap, _) = options["alibi"], options["softcap"]
     assert not alibi_grads.warp_specialize and alibi.warp_specialize and not alibi.reduce_dq
     assert not softcap.warp_specialize
-    assert (softcap.dkdv_block_m, softcap.dkdv_block_n, softcap.dkdv_num_warps, softcap.dkdv_num_stages) == (32, 64, 4, 3)
+    assert (softcap.dkdv_block_m, softcap.dkdv_block_n, softcap.dkdv_num_warps,
+            softcap.dkdv_num_stages) == (32, 64, 4, 3)
     assert (alibi_grads.dkdv_block_m, alibi_grads.dkdv_block_n, alibi_grads.dkdv_num_warps) == (64, 128, 8)
 
 

@@ -229,13 +229,13 @@ def _consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_bar,
         for i in range(diagonal):
             dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                                 delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
-                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, closures, "diagonal",
-                                st_layout, op_layout)
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, closures,
+                                "diagonal", st_layout, op_layout)
         for i in range(diagonal, n_blocks):
             dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, q_ready, do_ready, q_empty, do_empty, lse_ptr,
                                 delta_ptr, lse_strides, delta_strides, batch, head, (first_block + i) * TILE_M,
-                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, closures, "", st_layout,
-                                op_layout)
+                                g * n_blocks + i, k_rows, dk, dv, seq_q, seq_k, qk_scale, sm_scale, closures, "",
+                                st_layout, op_layout)
     store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
                acc_layout)
 
@@ -407,9 +407,9 @@ def _dq_consumer_upper(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
 @gluon.jit
 def attention_backward_dq(q_desc, k_desc, v_desc, do_desc, o_ptr, o_stride0, o_stride1, o_stride2, lse_ptr,
                           lse_stride0, lse_stride1, dlse_ptr, dlse_stride0, dlse_stride1, dq_ptr, dq_stride0,
-                          dq_stride1, dq_stride2, delta_ptr, delta_stride0, delta_stride1, closures, HEADS: gl.constexpr,
-                          GROUP: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
-                          SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
+                          dq_stride1, dq_stride2, delta_ptr, delta_stride0, delta_stride1, closures,
+                          HEADS: gl.constexpr, GROUP: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr,
+                          QK_SCALE: gl.constexpr, SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
     # A 1-D grid of (query block, batch entry, head) items, a head's blocks adjacent.
     n_q = gl.cdiv(SEQ_Q, 2 * HALF_N)
     block_m, batch, head = query_item(gl.program_id(0), n_q, HEADS, gl.num_programs(0) // n_q, 1, CAUSAL)

@@ -102,12 +102,14 @@ def _fused_consumer(HALF_INDEX: gl.constexpr, k_smem, v_smem, q_smem, do_smem, d
             dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                                  do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
                                  batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
-                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, closures, "keys", st_layout, op_layout, dq_layout)
+                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, closures, "keys", st_layout, op_layout,
+                                 dq_layout)
         for i in range(masked, n_blocks):
             dk, dv = _fused_step(HALF_INDEX, k_smem, v_smem, q_smem, do_smem, ds_smem, q_ready, do_ready, q_empty,
                                  do_empty, ds_ready, lse_ptr, delta_ptr, dq_desc, dq_smem, lse_strides, delta_strides,
                                  batch, head, (first_block + i) * TILE_M, g * n_blocks + i, k_rows, dk,
-                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, closures, "", st_layout, op_layout, dq_layout)
+                                 dv, seq_q, seq_k, qk_scale, sm_scale, causal, closures, "", st_layout, op_layout,
+                                 dq_layout)
     # The shared memory must outlive the reductions that read it.
     tma.store_wait(0)
     store_dkdv(HALF_INDEX, dk, dv, dk_ptr, dv_ptr, dk_strides, dv_strides, batch, kv_head, kv_first, seq_k, sm_scale,
@@ -140,8 +142,7 @@ def _fused_upper(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, q_ready, do_r
 def attention_backward_fused(q_desc, k_desc, v_desc, do_desc, dq_sums_desc, lse_ptr, lse_stride0, lse_stride1,
                              delta_ptr, delta_stride0, delta_stride1, dk_ptr, dk_stride0, dk_stride1, dk_stride2,
                              dv_ptr, dv_stride0, dv_stride1, dv_stride2, closures, KV_HEADS: gl.constexpr,
-                             GROUP: gl.constexpr,
-                             SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
+                             GROUP: gl.constexpr, SEQ_Q: gl.constexpr, SEQ_K: gl.constexpr, QK_SCALE: gl.constexpr,
                              SM_SCALE: gl.constexpr, CAUSAL: gl.constexpr):
     batch, kv_head, kv_first, first_block, n_blocks, masked = kv_walk(KV_HEADS, GROUP, SEQ_Q, SEQ_K, CAUSAL)
     # The last program's keys may run past the end: all its blocks are masked.
