@@ -201,10 +201,12 @@ def backward_instances(func, reduce_dq: bool = False, grad_func=None,
     mod = None
     if m.score_mod is not None:
         grad_op = _score_mod_grad(func, grad_func)
-        positions = list(ir.DenseI64ArrayAttr(grad_func.attributes[CLOSURE_ARGS])) \
-            if CLOSURE_ARGS in grad_func.attributes else []
-        mod = lower_score_mod(m.score_mod, grad_op, fast_tanh, closures_of(abi.input_types(func), 3),
-                              closures_of(abi.input_types(grad_func), 2, positions))
+        # The derivative's closure parameters, after its two tiles, stand for the forward's
+        # arguments attn.closure_args names (none where it reads none).
+        grad_closures = closures_of(abi.input_types(grad_func), 2,
+                                    list(ir.DenseI64ArrayAttr(grad_func.attributes[CLOSURE_ARGS]))) \
+            if CLOSURE_ARGS in grad_func.attributes else {}
+        mod = lower_score_mod(m.score_mod, grad_op, fast_tanh, closures_of(abi.input_types(func), 3), grad_closures)
     if reduce_dq:
         return [(kernel, Instance(element, dim,
                                   fused.kernel_constants(kernel, heads, kv_heads, seq_q, seq_k, dim, m.scale, m.causal),
