@@ -226,37 +226,34 @@ class _Writer:
         return self._emit(f"gl.load(closures[{closure.index}] + ({offset}){masked})", closure.elt, *indices)
 
 
-def _inside(index: _Value, known: tuple | None, n: int) -> bool:
-    """Whether an index is known to lie in [0, n): a constant, or clamped (`known`)."""
-    lo, hi = (index.value, index.value) if index.value is not None else (known or (None, None))
-    return lo is not None and hi is not None and 0 <= lo and hi < n
+def _clamped_reads(mod_op) -> dict:
+    """{op index: [whether each index is proven inside its dimension]} of the tensor.extract ops
+    in `mod_op`'s region, by index_bounds: the clamps the tracer writes prove them; the positions
+    stay unbounded, since the kernels' tiles run past the sequences' ends."""
+    from mlir import ir
 
-
-def _clamp(op, operands: list, bounds: dict) -> tuple | None:
-    """The (lo, hi) an index keeps within after arith.maxsi / minsi with what is known of its
-    operands (constants, or earlier clamps: `bounds` by key); None for any other op."""
-    if op.name not in ("arith.maxsi", "arith.minsi"):
-        return None
-    (lo_a, hi_a), (lo_b, hi_b) = [(o.value, o.value) if o.value is not None else bounds.get(key, (None, None))
-                                  for o, key in zip(operands, op.operands)]
-    if op.name == "arith.maxsi":  # at least the larger known lower bound; at most a max of two known
-        known = [x for x in (lo_a, lo_b) if x is not None]
-        return (max(known) if known else None, max(hi_a, hi_b) if None not in (hi_a, hi_b) else None)
-    known = [x for x in (hi_a, hi_b) if x is not None]
-    return (min(lo_a, lo_b) if None not in (lo_a, lo_b) else None, min(known) if known else None)
+    bounds = IndexBounds()
+    found = {}
+    for index, op in enumerate(mod_op.regions[0].blocks[0].operations):
+        op = op.operation
+        if op.name == "tensor.extract":
+            shape = ir.RankedTensorType(op.operands[0].type).shape
+            found[index] = [bounds.within(v, 0, n - 1) for v, n in zip(list(op.operands)[1:], shape)]
+    return found
 
 
 def _predicate(op) -> int:
     return int(op.attr("predicate").split(":")[0])
 
 
-def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, closures: dict) -> list[_Value]:
+def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, closures: dict,
+          clamped: dict) -> list[_Value]:
     """The program's statements; its first `tiles` arguments are tiles, the others scalars or
-    broadcast positions; `closures` the function's closure parameters by argument number.
-    Returns the yielded values."""
+    broadcast positions; `closures` the function's closure parameters by argument number,
+    `clamped` its reads' indices proven inside them (`_clamped_reads`). Returns the yielded values."""
     values = {f"arg{i}": _Value(f"a{i}", "i32" if t == "index" else t, i < tiles)
               for i, t in enumerate(program.arg_types)}
-    tensors, bounds = {}, {}
+    tensors = {}
     for i, source in enumerate(program.sources):
         if source[0] == "constant":
             values[f"ext{i}"] = writer.const(constant_value(source[1], source[2]).item(), source[2])
@@ -275,15 +272,11 @@ def _body(program: ScalarProgram, writer: _Writer, tiles: int, fast_tanh: bool, 
             if math.prod(closure.shape) >= 2**31:
                 raise _Unsupported(index, "reads a closure tensor of 2^31 elements or more, past the kernels' "
                                           "32-bit offsets")
-            clamped = [_inside(values[key], bounds.get(key), n) for key, n in zip(keys, closure.shape)]
-            values[f"v{index}_0"] = writer.extract(closure, [values[key] for key in keys], clamped)
+            values[f"v{index}_0"] = writer.extract(closure, [values[key] for key in keys], clamped[index])
             continue
         if any(key not in values for key in op.operands):
             raise _Unsupported(index, "reads a value the Gluon kernels do not take")
         operands = [values[key] for key in op.operands]
-        clamp = _clamp(op, operands, bounds)
-        if clamp is not None:
-            bounds[f"v{index}_0"] = clamp
         if op.name == "arith.constant":
             out = writer.const(constant_value(op.attr("value"), op.result_types[0]).item(), elt)
         elif op.name == "arith.cmpi" and _predicate(op) in _CMPI:
@@ -327,8 +320,8 @@ def _decides(program: ScalarProgram) -> bool:
 
 
 def _function(name: str, program: ScalarProgram, params: int, tiles: int, writer: _Writer, fast_tanh: bool,
-              closures: dict) -> str:
-    results = _body(program, writer, tiles, fast_tanh, closures)
+              closures: dict, clamped: dict) -> str:
+    results = _body(program, writer, tiles, fast_tanh, closures, clamped)
     result = results[0]
     # A value that does not depend on the tile (a constant, a bias of the positions alone) is
     # broadcast to it: the kernel adds it to a tile.
@@ -372,7 +365,8 @@ def lower_score_mod(mod_op, grad_op, fast_tanh: bool, mod_closures: dict, grad_c
     fast_tanh = fast_tanh and not any(_decides(p) for p in programs)
     for (op, name, params, tiles, reads), program in zip(regions, programs):
         try:
-            texts.append(_function(name, program, params, tiles, _Writer(constants), fast_tanh, reads))
+            texts.append(_function(name, program, params, tiles, _Writer(constants), fast_tanh, reads,
+                                   _clamped_reads(op)))
         except _Unsupported as error:
             raise _located(op, error) from None
     header = ["from triton.experimental import gluon", "from triton.experimental.gluon import language as gl",
@@ -402,7 +396,7 @@ def check(mod_op, extents: tuple[int, ...], closures: dict) -> None:
     all in the table, and recomputes the same index arithmetic; test_gluon_score_mods writes the
     derivative of every entry of the tracer's table."""
     try:
-        _body(from_region(mod_op.regions[0]), _Writer({}), 1, False, closures)
+        _body(from_region(mod_op.regions[0]), _Writer({}), 1, False, closures, _clamped_reads(mod_op))
     except _Unsupported as error:
         raise _located(mod_op, error) from None
     _check_index_widths(mod_op, extents)
