@@ -20,8 +20,6 @@ one's those above.
 """
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,6 +31,7 @@ from .launch_defaults import (CUT_TILES_AT, FAST_TANH, GLUON_SCHEDULE, WHOLE_TIL
                               backward_overrides, cpu_config, default_config, gluon_schedule, has_fast_tanh, has_tma,
                               host_tma, multiprocessors, reduced_dq, warp_specialized)
 from .linear_defaults import linear_config
+from .preset_overrides import typed_overrides
 
 PRESETS = ("cpu", "triton")
 TARGETS = {"cpu": "host", "triton": "cuda:90"}
@@ -162,6 +161,9 @@ def takes_host_tma(problem: Problem, target: str) -> bool:
 _OWN_STAGES = {"decays": "decays_num_stages", "states": "states_num_stages"}
 # Those that launch with their own warps too (0: num_warps).
 _OWN_WARPS = {"decays": "decays_num_warps"}
+# Launch counts a user may set, and whether 0 ("as num_warps / num_stages") is allowed for each.
+_WARP_COUNTS = {"num_warps": False, "dkdv_num_warps": True, **dict.fromkeys(_OWN_WARPS.values(), True)}
+_STAGE_COUNTS = {"num_stages": False, "dkdv_num_stages": True, **dict.fromkeys(_OWN_STAGES.values(), True)}
 
 
 @dataclass(frozen=True)
@@ -291,7 +293,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     if (preset == "cpu") != (target == "host"):
         raise CompileError(f"pipeline '{preset}' compiles for "
                            f"{'--target=host' if preset == 'cpu' else 'a cuda or hip target'}, got '{target}'")
-    typed = _typed(overrides)
+    typed = typed_overrides(overrides, PresetOptions, _WARP_COUNTS, _STAGE_COUNTS)
     # On the CPU a tile's scores are a pass through memory of their own; Triton multiplies them
     # in registers on the way to exp2, and the H200 ran level either way.
     # Triton stages a gather whose index descends along a tile's rows one element at a time;
@@ -376,54 +378,6 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         raise CompileError(f"preset option 'fast-tanh' needs an NVIDIA target from sm75 on (PTX tanh.approx), "
                            f"got '{target}'")
     return PresetOptions(target=target, **values)
-
-
-def _typed(overrides: dict) -> dict:
-    hints = typing.get_type_hints(PresetOptions)
-    # The target has its own flag and argument; whether the module is linear is read from it.
-    fields = {f.name for f in dataclasses.fields(PresetOptions)} - {"target", "linear"}
-    typed = {}
-    for key, raw in overrides.items():
-        name = key.replace("-", "_")
-        if name not in fields:
-            raise CompileError(f"the presets have no option '{key}' (their options: "
-                               f"{', '.join(sorted(f.replace('_', '-') for f in fields))})")
-        typ = hints[name]
-        if typing.get_origin(typ) is Literal:
-            if raw not in typing.get_args(typ):
-                raise CompileError(f"preset option '{key}' must be one of {', '.join(typing.get_args(typ))}, "
-                                   f"got '{raw}'")
-            typed[name] = raw
-        elif typ is bool and isinstance(raw, str):
-            if raw.lower() not in ("true", "false"):
-                raise CompileError(f"preset option '{key}' expects true or false, got '{raw}'")
-            typed[name] = raw.lower() == "true"
-        else:
-            try:
-                typed[name] = typ(raw)
-            except ValueError:
-                raise CompileError(f"preset option '{key}' expects an integer, got '{raw}'") from None
-        _check_launch_count(key, name, typed[name])
-    return typed
-
-
-# Launch counts a user may set, and the 0 meaning "as num_warps / num_stages" for a kernel's own.
-_WARP_COUNTS = {"num_warps": False, "dkdv_num_warps": True, **dict.fromkeys(_OWN_WARPS.values(), True)}
-_STAGE_COUNTS = {"num_stages": False, "dkdv_num_stages": True, **dict.fromkeys(_OWN_STAGES.values(), True)}
-
-
-def _check_launch_count(key: str, name: str, value) -> None:
-    """A warp count is what Triton launches (a power of two up to 32 warps, 1024 threads); a
-    stage count is at least 1; a kernel's own count may be 0 (it follows the shared one). Checked
-    here so that a bad count is a diagnostic naming the option, not a launch failure on the GPU."""
-    if name in _WARP_COUNTS:
-        allowed = (value == 0 and _WARP_COUNTS[name]) or (1 <= value <= 32 and value & (value - 1) == 0)
-        if not allowed:
-            follow = " (or 0: as num-warps)" if _WARP_COUNTS[name] else ""
-            raise CompileError(f"preset option '{key}' must be a power of two from 1 to 32{follow}, got {value}")
-    elif name in _STAGE_COUNTS and value < (0 if _STAGE_COUNTS[name] else 1):
-        follow = " (or 0: as num-stages)" if _STAGE_COUNTS[name] else ""
-        raise CompileError(f"preset option '{key}' must be at least 1{follow}, got {value}")
 
 
 @dataclass(frozen=True)
