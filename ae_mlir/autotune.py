@@ -156,7 +156,7 @@ def backward_candidates(problem: Problem, target: str, default: dict, closure_gr
         groups.append(_unique([{}] + group))
     gluon = launch_defaults.warp_specialized(target, problem.gluon_backward, problem.lq, problem.dk, backward=True,
                                              score_mod=problem.score_mod, adds_bias=problem.mod_adds_bias)
-    if closure_grads and problem.mod_reads_closures:
+    if not problem.gluon_backward_serves(closure_grads):
         return groups
     if gluon or launch_defaults.warp_specialized(target, problem.gluon_backward, problem.lq, problem.dk,
                                                  backward=True):

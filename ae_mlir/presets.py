@@ -87,6 +87,11 @@ class Problem:
     def linear(self) -> bool:
         return self.decay is not None
 
+    def gluon_backward_serves(self, closure_grads: bool) -> bool:
+        """Whether attn-lower-to-gluon's backward computes every gradient asked for: it computes no
+        closure tensor's, which the mod's reads need where `closure_grads` are wanted."""
+        return not (closure_grads and self.mod_reads_closures)
+
 
 def read_problem(module) -> Problem | None:
     """The problem of the module's attention function, or None where it has none (no function
@@ -151,6 +156,14 @@ def takes_host_tma(problem: Problem, target: str) -> bool:
     (launch_defaults.host_tma)."""
     return not problem.linear and host_tma(target, problem.dtype, problem.dk, problem.dv, problem.lq,
                                            problem.position_gathers)
+
+
+def backward_defaults(problem: Problem, target: str, cut_tiles: float | None = None) -> dict:
+    """`launch_defaults.backward_config` for `problem`: at the tiles its mask cuts, or at `cut_tiles`
+    (a mask read at call time, classified then)."""
+    return backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
+                           problem.cut_tiles if cut_tiles is None else cut_tiles, problem.batch_heads // problem.group,
+                           problem.mod_tanh)
 
 
 # --- options and stages --------------------------------------------------------------------------
@@ -326,8 +339,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         values.update(linear_config(problem, target), linear=True)
     elif problem is not None:
         if typed.get("backward"):
-            values.update(backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                          problem.cut_tiles, problem.batch_heads // problem.group, problem.mod_tanh))
+            values.update(backward_defaults(problem, target))
         else:
             values.update(default_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
                                          problem.batch_heads, problem.group, problem.uneven_keys, problem.cut_tiles,
@@ -352,8 +364,8 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             problem.batch_heads, values.get("warpgroups", 0))
         for schedule, on in schedule_for.items():
             values.setdefault(schedule, on)
-    if values.get("backward") and values.get("warp_specialize") and values.get("closure_grads", True) \
-            and problem is not None and problem.mod_reads_closures:
+    if values.get("backward") and values.get("warp_specialize") and problem is not None \
+            and not problem.gluon_backward_serves(values.get("closure_grads", True)):
         if typed.get("warp_specialize"):
             raise CompileError("preset option 'warp-specialize': the Gluon backward computes no closure tensor's "
                                "gradient, which this score_mod's reads need (closure-grads=false: none required)")

@@ -36,7 +36,7 @@ def call_time_tiles(l0_text: str, target: str, inputs: list) -> dict:
 def backward_call_time_tiles(l0_text: str, target: str, tensors: dict) -> dict:
     """The backward's counterpart of `call_time_tiles`, from the tensors by role: the overrides
     of the preset's backward config for the tiles the module's mask cuts."""
-    from .. import launch_defaults
+    from .. import presets
 
     key = (l0_text, target)
     found = _BACKWARD_TILES.get(key)
@@ -46,11 +46,8 @@ def backward_call_time_tiles(l0_text: str, target: str, tensors: dict) -> dict:
         found = {}
         if cut:
             p = _problem(l0_text)
-            kv_heads = p.batch_heads // p.group
-            config = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, cut, kv_heads,
-                                                     p.mod_tanh)
-            preset = launch_defaults.backward_config(p.lq, p.lk, p.dk, p.dv, p.dtype, target, 0.0, kv_heads,
-                                                     p.mod_tanh)
+            config = presets.backward_defaults(p, target, cut)
+            preset = presets.backward_defaults(p, target, 0.0)
             found = {name: value for name, value in config.items() if preset[name] != value}
         _BACKWARD_TILES[key] = found
     return found

@@ -110,13 +110,12 @@ def _backward_tuning_keys(l0_text: str, target: str, closure_grads: bool, tiles:
 
 
 def _backward_candidates(l0_text: str, target: str, tiles: dict, closure_grads: bool) -> list[list[dict]]:
-    from .. import autotune, launch_defaults, presets
+    from .. import autotune, presets
 
     problem = presets.read_problem(_parse_l0(l0_text))
     if problem is None:
         raise CompileError("autotuning needs an attention module (q, k, v tensors) at L0")
-    default = launch_defaults.backward_config(problem.lq, problem.lk, problem.dk, problem.dv, problem.dtype, target,
-                                              problem.cut_tiles, problem.batch_heads // problem.group, problem.mod_tanh)
+    default = presets.backward_defaults(problem, target)
     return autotune.backward_candidates(problem, target, dict(default, **(tiles or {})), closure_grads)
 
 

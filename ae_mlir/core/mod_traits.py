@@ -33,7 +33,8 @@ def mod_traits(program: ScalarProgram | None) -> ModTraits:
     producer = {f"v{index}_0": op for index, op in enumerate(program.ops)}.get(program.result)
     adds = False
     if producer is not None and producer.name in ("arith.addf", "arith.subf"):
+        # score + b, b + score or score - b, with b free of the score: a derivative of 1.
         lhs, rhs = producer.operands
-        others = [rhs] if lhs == "arg0" else [lhs] if rhs == "arg0" and producer.name == "arith.addf" else []
-        adds = bool(others) and others[0] not in on_score
+        bias = rhs if lhs == "arg0" else lhs if rhs == "arg0" and producer.name == "arith.addf" else None
+        adds = bias is not None and bias not in on_score
     return ModTraits(bool(extracts), by_position, adds, any(op.name == "math.tanh" for op in program.ops))
