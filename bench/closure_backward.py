@@ -6,7 +6,7 @@ tensor requiring grad, bf16, B=8 H=16 L=2048 D=128, in the same process.
         [--config mirror_reads=false]   # backward preset overrides (for a --baseline directory)
     python bench/closure_backward.py run --bundles bench/bundles/closure_backward --out DIR   # GPU
         [--baseline OLD]   # also OLD's bundles (another version's), alternating, in the same process
-    python bench/closure_backward.py cpu --out DIR     # the CPU kernels beside eager torch, here
+    python bench/closure_backward.py cpu --out DIR [--case alibi]   # the CPU kernels beside eager torch, here
 
 Cases (the catalogue's entries, their tensors made learnable): alibi (slopes [H], causal: one
 atomic add per tile), relative_bias (table [H, 2L - 1], no mask: one per score; and
@@ -158,11 +158,13 @@ def run(bundles: str, out_dir: str, baseline: str | None = None) -> None:
         harness.save(doc, out_dir, "closure-backward.json")
 
 
-def cpu(out_dir: str) -> None:
-    """Forward + backward with a learnable relative-bias table [H, 2L - 1] and a causal mask on the
-    CPU (fp32, B=1 H=4 L=1024 D=64): ae-mlir's kernels (`attn(q, k, v, backend="cpu")`, then
-    backward) beside eager torch autograd through the materialized scores (scores + table gather,
-    masked softmax, P V), alternating, median of 7 after a warm-up, fresh inputs per repetition."""
+def cpu(out_dir: str, case: str = "relative_bias") -> None:
+    """Forward + backward with a learnable closure tensor and a causal mask on the CPU (fp32, B=1
+    H=4 L=1024 D=64): `relative_bias`, a table [H, 2L - 1] (one add per score), or `alibi`, slopes
+    [H] (summed over each tile, one add per tile). ae-mlir's kernels (`attn(q, k, v,
+    backend="cpu")`, then backward), the same with the tensor not requiring grad (the cost of its
+    gradient), and eager torch autograd through the materialized scores (scores + bias, masked
+    softmax, P V), alternating, median of 7 after a warm-up, fresh inputs per repetition."""
     import datetime
     import platform
     import statistics
@@ -173,34 +175,48 @@ def cpu(out_dir: str) -> None:
     import ae_mlir as ae
 
     heads, length, dim = 4, 1024, 64
-    table = torch.randn(heads, 2 * length - 1, requires_grad=True)
-    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + table[h, i - j + length - 1],
-                        mask_mod=lambda b, h, i, j: i >= j)
     rows = torch.arange(length)
-    offsets = (rows.view(-1, 1) - rows.view(1, -1) + length - 1).view(1, 1, length, length)
+    distance = (rows.view(1, -1) - rows.view(-1, 1)).view(1, 1, length, length)
     causal = rows.view(-1, 1) >= rows.view(1, -1)
+    if case == "alibi":
+        tensor = torch.tensor([2.0 ** -(h + 1) for h in range(heads)], requires_grad=True)
+        attn = ae.attention(score_mod=lambda s, b, h, i, j: s + tensor[h] * (j - i), mask_mod=lambda b, h, i, j: i >= j)
+
+        def bias():
+            return tensor.view(1, heads, 1, 1) * distance
+    else:
+        tensor = torch.randn(heads, 2 * length - 1, requires_grad=True)
+        attn = ae.attention(score_mod=lambda s, b, h, i, j: s + tensor[h, i - j + length - 1],
+                            mask_mod=lambda b, h, i, j: i >= j)
+        offsets = (length - 1 - distance).view(1, -1).expand(heads, -1)
+
+        def bias():
+            return tensor.gather(1, offsets).view(1, heads, length, length)
 
     def eager(q, k, v):
-        bias = table.gather(1, offsets.view(1, -1).expand(heads, -1)).view(1, heads, length, length)
-        s = (q @ k.transpose(-1, -2)) * dim ** -0.5 + bias
+        s = (q @ k.transpose(-1, -2)) * dim ** -0.5 + bias()
         return torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ v
 
-    impls = {"ae_mlir": lambda q, k, v: attn(q, k, v, backend="cpu"), "torch_eager": eager}
+    impls = {"ae_mlir": (lambda q, k, v: attn(q, k, v, backend="cpu"), True),
+             "ae_mlir_no_tensor_grad": (lambda q, k, v: attn(q, k, v, backend="cpu"), False),
+             "torch_eager": (eager, True)}
     times = {name: [] for name in impls}
     for rep in range(8):
-        for name, fn in impls.items():
+        for name, (fn, learnable) in impls.items():
             q, k, v = (torch.randn(1, heads, length, dim, requires_grad=True) for _ in range(3))
-            table.grad = None
+            tensor.grad = None
+            tensor.requires_grad_(learnable)
             start = time.perf_counter()
             fn(q, k, v).sum().backward()
             if rep:  # the first round compiles and warms up
                 times[name].append((time.perf_counter() - start) * 1e3)
     doc = {"machine": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)),
-           "torch": torch.__version__, "date": datetime.date.today().isoformat(), "method": cpu.__doc__,
-           "median_ms": {name: statistics.median(t) for name, t in times.items()}, "ms": times}
+           "torch": torch.__version__, "date": datetime.date.today().isoformat(), "case": case,
+           "method": cpu.__doc__, "median_ms": {name: statistics.median(t) for name, t in times.items()},
+           "ms": times}
     print(doc["median_ms"])
     os.makedirs(out_dir, exist_ok=True)
-    harness.save(doc, out_dir, "closure-backward-cpu.json")
+    harness.save(doc, out_dir, f"closure-backward-cpu-{case}.json")
 
 
 if __name__ == "__main__":
@@ -210,6 +226,8 @@ if __name__ == "__main__":
         parser = argparse.ArgumentParser(description=cpu.__doc__.splitlines()[0])
         parser.add_argument("mode", choices=("cpu",))
         parser.add_argument("--out", required=True)
-        cpu(parser.parse_args().out)
+        parser.add_argument("--case", choices=("relative_bias", "alibi"), default="relative_bias")
+        args = parser.parse_args()
+        cpu(args.out, args.case)
         sys.exit(0)
     sys.exit(harness.main(__doc__, build, run, "closure_backward"))

@@ -146,6 +146,20 @@ def scatter_add(dest, values, indices: list):
                                operands=[dest, values, *indices]).result
 
 
+def reduce_dim(value, init, combine, dim: int):
+    """Combine an f32 tile along dimension `dim` into `init` with `combine(x, acc)` (linalg.reduce;
+    a 1-D tile into a 0-D one)."""
+    from mlir import ir
+    from mlir.dialects import linalg
+
+    op = linalg.ReduceOp([init.type], [value], [init], [dim])
+    f32_type = ir.F32Type.get()
+    block = _block(op.regions[0], [f32_type, f32_type])
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([combine(*block.arguments)])
+    return op.result
+
+
 def for_loop(count, carried: list, step) -> list:
     """scf.for over [0, count) (an int or an index value) carrying `carried`; `step(iv, values)`
     builds one iteration in the loop body and returns the new values. Returns the loop's results."""
@@ -335,26 +349,14 @@ class KernelBuilder:
 
     def reduce_rows(self, value, init, combine):
         """Combine a 2-D tile along its rows (dimension 1) into `init` with `combine(x, acc)`."""
-        return self.reduce_dim(value, init, combine, 1)
-
-    def reduce_dim(self, value, init, combine, dim: int):
-        """Combine a tile along dimension `dim` into `init` (a 1-D tile into a 0-D one)."""
-        from mlir import ir
-        from mlir.dialects import linalg
-
-        op = linalg.ReduceOp([init.type], [value], [init], [dim])
-        f32_type = ir.F32Type.get()
-        block = _block(op.regions[0], [f32_type, f32_type])
-        with ir.InsertionPoint(block):
-            linalg.YieldOp([combine(*block.arguments)])
-        return op.result
+        return reduce_dim(value, init, combine, 1)
 
     def tile_max(self, value, floor: float):
         """The largest element of an f32 2-D tile, or `floor` if that is larger, as a scalar."""
         from mlir.dialects import arith, tensor
 
         rows = self.reduce_rows(value, fill(f32(floor), empty(tensor_type([value.type.shape[0]]))), arith.maximumf)
-        return tensor.extract(self.reduce_dim(rows, fill(f32(floor), empty(tensor_type([]))), arith.maximumf, 0), [])
+        return tensor.extract(reduce_dim(rows, fill(f32(floor), empty(tensor_type([]))), arith.maximumf, 0), [])
 
     def row_sum(self, value):
         """The row sums of an f32 2-D tile."""

@@ -7,9 +7,11 @@
 // the head-indexed one a single scalar atomic per tile. The bucket-indexed one, whose varying index
 // reaches 8 elements, is summed per element in a loop of 8, one scalar atomic each where the sum
 // is not zero.
-// CPU (attn-cpu-lower-scatter): a loop nest over the tile that reads each value and index and adds
-// in place (tensor.extract / tensor.insert) under a bounds check; the whole CPU pipeline then
-// reaches the llvm dialect.
+// CPU (attn-cpu-lower-scatter): a loop nest that reads each value and index and adds in place
+// (tensor.extract / tensor.insert) under a bounds check, over the whole tile for the table; the
+// values are summed first (linalg.reduce) along the axes no index varies on, so the row-indexed
+// destination gets one loop over the rows (indices read at column 0) and the head-indexed one a
+// single add of the tile's sum; the whole CPU pipeline then reaches the llvm dialect.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-triton)' | FileCheck %s --check-prefix=TRITON
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-cpu-lower-scatter)' --no-mlir-print-op-generic | FileCheck %s --check-prefix=LOOPS --implicit-check-not=attn.scatter_add
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-lower-to-cpu)' | FileCheck %s --check-prefix=LLVM --implicit-check-not=scf.for --implicit-check-not=tensor.insert
@@ -56,7 +58,20 @@
 // LOOPS: tensor.insert %[[NEW]] into %[[B]][%[[HI]], %[[OI]]]
 // LOOPS: } else {
 // LOOPS: scf.yield %[[B]]
-// LOOPS: return %[[T]], %{{.*}}, %{{.*}}, %{{.*}} : tensor<2x127xf32>, tensor<2x64xf32>, tensor<2xf32>, tensor<2x8xf32>
+// LOOPS: %[[ROW_SUMS:.*]] = linalg.reduce ins(%[[VALUES]] : tensor<32x32xf32>) outs(%{{.*}} : tensor<32xf32>) dimensions = [1]
+// LOOPS: %[[R:.*]] = scf.for %[[I2:.*]] = %{{.*}} iter_args(%[[C:.*]] = %{{.*}}) -> (tensor<2x64xf32>) {
+// LOOPS-NOT: scf.for
+// LOOPS: tensor.extract %[[ROWS]][%[[I2]], %[[ZERO:.*]]] : tensor<32x32xi32>
+// LOOPS: tensor.extract %[[ROW_SUMS]][%[[I2]]] : tensor<32xf32>
+// LOOPS: %[[TILE_ROWS:.*]] = linalg.reduce ins(%[[VALUES]] : tensor<32x32xf32>) outs(%{{.*}} : tensor<32xf32>) dimensions = [1]
+// LOOPS: %[[TILE_SUM:.*]] = linalg.reduce ins(%[[TILE_ROWS]] : tensor<32xf32>) outs(%{{.*}} : tensor<f32>) dimensions = [0]
+// LOOPS-NOT: scf.for
+// LOOPS: %[[HEAD:.*]] = tensor.extract %[[HEADS]][%{{.*}}, %{{.*}}] : tensor<32x32xi32>
+// LOOPS: %[[S:.*]] = scf.if %{{.*}} -> (tensor<2xf32>) {
+// LOOPS: tensor.extract %[[TILE_SUM]][] : tensor<f32>
+// LOOPS: scf.for
+// LOOPS: scf.for
+// LOOPS: return %[[T]], %[[R]], %[[S]], %{{.*}} : tensor<2x127xf32>, tensor<2x64xf32>, tensor<2xf32>, tensor<2x8xf32>
 
 // LLVM: sym_name = "scatter"
 #tile = affine_map<(d0, d1) -> (d0, d1)>
