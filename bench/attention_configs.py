@@ -91,7 +91,6 @@ def _cases(variants: list[str], dims: list[int], seqs: list[int]) -> list:
 
 
 def build(out_dir: str, cases: list, choices: list[str]) -> None:
-    from ae_mlir import runtime
     from ae_mlir.backends import triton as tb
 
     os.makedirs(out_dir, exist_ok=True)
@@ -129,7 +128,6 @@ def _error(exc: Exception) -> str:
 
 
 def _run_case(case, entries: list, bundle_dir: str, rounds: int) -> dict:
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench

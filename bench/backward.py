@@ -303,7 +303,6 @@ def cpu(out_dir: str) -> None:
     median of 15 each after a warm-up, fresh inputs per repetition, with torch's OpenMP threads
     sleeping when idle (OMP_WAIT_POLICY=PASSIVE unless the environment sets it, as
     examples/causal_demo.py does: spinning, they take the cores from whatever runs next)."""
-    import platform
     import statistics
     import time
 
@@ -322,7 +321,7 @@ def cpu(out_dir: str) -> None:
             fn(q, k, v).sum().backward()
             if rep:  # the first round compiles and warms up
                 times[name].append((time.perf_counter() - start) * 1e3)
-    doc = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
+    doc = {"machine": harness.cpu_description(), "cores": os.cpu_count(), "torch": torch.__version__,
            "date": datetime.date.today().isoformat(), "method": cpu.__doc__,
            "median_ms": {name: statistics.median(t) for name, t in times.items()}, "ms": times}
     print(json.dumps(doc["median_ms"]))

@@ -22,13 +22,14 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+
+from harness import cpu_description  # noqa: E402
 
 HEADS, TOKENS = 16, 16384
 # The tiles of a document mask's forward, dQ and dK/dV kernels on CUDA at D 128 (launch_defaults).
@@ -87,7 +88,7 @@ def run(programs_dir: str, out: str, device: str, rounds: int) -> None:
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     real_bounds, element_max = block_mask.tile_bounds, block_mask.GPU_ELEMENT_WISE_MAX
     doc_out = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else
-               f"{_cpu_name()}, {os.cpu_count()} cores, torch on {torch.get_num_threads()} threads",
+               f"{cpu_description()}, {os.cpu_count()} cores, torch on {torch.get_num_threads()} threads",
                "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                "command": " ".join(["python", "bench/classify_masks.py"] + sys.argv[1:]),
                "method": f"median ms of {rounds} rounds, each on fresh sorted document ids, the three "
@@ -142,14 +143,6 @@ def run(programs_dir: str, out: str, device: str, rounds: int) -> None:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, f"classify-masks-{device.split(':')[0]}.json"), "w") as f:
             json.dump(doc_out, f, indent=1)
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
 
 
 def main(argv=None) -> int:

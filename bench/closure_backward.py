@@ -166,7 +166,6 @@ def cpu(out_dir: str, case: str = "relative_bias") -> None:
     gradient), and eager torch autograd through the materialized scores (scores + bias, masked
     softmax, P V), alternating, median of 7 after a warm-up, fresh inputs per repetition."""
     import datetime
-    import platform
     import statistics
     import time
 
@@ -210,7 +209,7 @@ def cpu(out_dir: str, case: str = "relative_bias") -> None:
             fn(q, k, v).sum().backward()
             if rep:  # the first round compiles and warms up
                 times[name].append((time.perf_counter() - start) * 1e3)
-    doc = {"machine": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)),
+    doc = {"machine": harness.cpu_description(), "cores": len(os.sched_getaffinity(0)),
            "torch": torch.__version__, "date": datetime.date.today().isoformat(), "case": case,
            "method": cpu.__doc__, "median_ms": {name: statistics.median(t) for name, t in times.items()},
            "ms": times}

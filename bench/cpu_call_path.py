@@ -20,7 +20,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 
@@ -30,6 +29,7 @@ import torch  # noqa: E402
 
 import ae_mlir as ae  # noqa: E402
 from ae_mlir.backends import cpu, cpu_cache, cpu_threads  # noqa: E402
+from harness import cpu_description  # noqa: E402
 
 # The demo's mask and timer, so that both time the same thing.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     results = {"command": f"python bench/cpu_call_path.py --seq {args.seq} --rounds {args.rounds}",
-               "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+               "date": datetime.date.today().isoformat(), "machine": cpu_description(),
                "threads": cpu_threads.thread_count(), "vector_bits": cpu_cache.vector_bits(),
                "torch": torch.__version__, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
     for label, masked in (("full", False), ("causal", True)):

@@ -21,7 +21,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -29,6 +28,7 @@ import sys  # noqa: E402
 import torch  # noqa: E402
 
 import ae_mlir as ae  # noqa: E402
+from harness import cpu_description  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from causal_demo import _seconds, causal  # noqa: E402
@@ -82,7 +82,7 @@ def main() -> None:
     rows = tuple(int(m) for m in args.block_m.split(",")) if args.block_m else ()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    doc = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+    doc = {"date": datetime.date.today().isoformat(), "machine": cpu_description(),
            "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
            "commit": commit, "rounds": args.rounds, "method": __doc__, "cases": []}
     for name in args.dtypes.split(","):

@@ -10,6 +10,29 @@ import os
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def cpu_description() -> str:
+    """The host CPU as /proc/cpuinfo names it, with its family and model (two hosts sold under one
+    name, such as "AMD EPYC", can be different generations), and how many logical CPUs it shows;
+    the architecture alone where /proc/cpuinfo is missing."""
+    import platform
+
+    fields: dict = {}
+    count = 0
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                count += key == "processor"
+                fields.setdefault(key, value.strip())
+    except OSError:
+        return platform.processor() or platform.machine()
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    return (f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}) "
+            f"x {count}")
+
+
 def measure(fn, error_of) -> dict:
     """{"ms": median of triton.testing.do_bench, "max_abs_err": error_of(fn())}, or {"error": ...}
     when the implementation fails: a peer that cannot run a case is recorded, not fatal."""

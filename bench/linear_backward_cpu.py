@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -22,6 +21,7 @@ import torch  # noqa: E402
 
 import ae_mlir as ae  # noqa: E402
 from ae_mlir.frontend import linear_kernel_backward  # noqa: E402
+from harness import cpu_description  # noqa: E402
 
 DECAYS = ("head", "token", "token_dim")
 
@@ -32,15 +32,6 @@ def _inputs(decay, b, h, length, d):
     shape = {"head": (h,), "token": (b, h, length), "token_dim": (b, h, length, d)}[decay]
     g = (-0.5 * torch.rand(shape, generator=gen) - 0.01).requires_grad_()
     return q, k, v, g, torch.randn(b, h, length, d, generator=gen)
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        return f"{names[0]} x {len(names)}"
-    except (OSError, IndexError):
-        return platform.processor() or platform.machine()
 
 
 def _seconds(fn) -> float:
@@ -59,7 +50,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write linear-backward-cpu.json here")
     args = parser.parse_args()
     kernels_apply = linear_kernel_backward.applies
-    doc = {"cpu": _cpu_name(), "threads": torch.get_num_threads(),
+    doc = {"cpu": cpu_description(), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
            "shape": vars(args), "cases": []}
     for decay in DECAYS:
