@@ -6,10 +6,10 @@ import math
 
 from . import checks, index_check, relative_reads
 from ..core.memo import kept
-from .emit import float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
+from .emit import loc_suffix, strip_locations
+from .l0_modules import attention_module
 from .locations import definition_location, user_location
-from .module_text import (KEEP_ALL, Captures, as_float, defined_at, func_text, mod_name, region_text, signature,
-                          types_text)
+from .module_text import Captures, as_float, mod_name, signature
 from .trace import F32, I1, INDEX, TraceError, trace
 
 NORMALIZERS = ("softmax", "sigmoid", "relu", "none")
@@ -200,8 +200,8 @@ class attention:
                                                  scale, loc_suffix(call)), 64), caps
 
     def _checked_module(self, q, k, v, mods: list, caps: "Captures", *args) -> str:
-        """`_write_module`'s text, whose closure tensors must be the call's `caps` (in order)."""
-        text, emitted = self._write_module(q, k, v, mods, *args)
+        """`l0_modules.attention_module`'s text, whose closure tensors must be the call's `caps` (in order)."""
+        text, emitted = attention_module(self, q, k, v, mods, *args)
         if [id(t) for t in emitted.tensors] != [id(t) for t in caps.tensors]:
             # The two orders are built by separate code; a module whose %c<i> named other
             # tensors than the call passes would read the wrong tensors silently.
@@ -236,82 +236,6 @@ class attention:
         from ..normalizers import region_texts
 
         return (definition_location(self.normalize.prob), tuple(sorted(region_texts(self.normalize).items())))
-
-    def _write_module(self, q, k, v, mods: list, clamp: bool, kv_len, block_table, sequences, b: int, lq: int,
-                      lk: int, scale: float, call: str) -> tuple[str, "Captures"]:
-        """The L0 module's text from the traced mods, and the closure tensors in its order."""
-        h, dk = q.shape[1], q.shape[3]
-        hkv, dv = v.shape[1], v.shape[3]
-        elt = mlir_elt(q.dtype)
-        tq = tensor_type((b, h, lq, dk), elt)
-        tk, tv = tensor_type((b, hkv, lk, dk), elt), tensor_type((b, hkv, lk, dv), elt)
-        ts = tensor_type((b, h, lq, lk), "f32")
-        tm = tensor_type((b, h, lq, lk), "i1")
-        to = tensor_type((b, h, lq, dv), elt)
-        tl = tensor_type((b, h, lq), "f32")
-        traced = {role: (expr, state) for role, expr, state in mods}
-        caps = Captures()
-        body = []
-        scores = "%scores"
-        queries, keys, values = ("%q", "%k", "%v") if block_table is None and sequences is None else (
-            "%q" if sequences is None else "%q_logical", "%k_logical", "%v_logical")
-        body.append(f'%scores = "attn.score"({queries}, {keys}) {{scale = {float_literal(scale)} : f32}} : ({tq}, {tk}) -> {ts}'
-                    + call)
-        if "score_mod" in traced:
-            args = [("%s", "f32"), ("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-            region = region_text(*traced["score_mod"], args, caps, "s", clamp)
-            body.append(f'%modded = "attn.score_mod"({scores}) ({region}) : ({ts}) -> {ts}'
-                        + defined_at(self.score_mod, call))
-            scores = "%modded"
-        keep = None
-        if self.mask_mod is not None or kv_len is not None:
-            mask_loc, region = call, KEEP_ALL
-            if "mask_mod" in traced:
-                args = [("%b", "index"), ("%h", "index"), ("%q_idx", "index"), ("%kv_idx", "index")]
-                region = region_text(*traced["mask_mod"], args, caps, "m", clamp)
-                mask_loc = defined_at(self.mask_mod, call)
-            operands, operand_types = "", ""
-            if kv_len is not None:
-                operands, operand_types = caps.add_call_tensor(kv_len), tensor_type(kv_len.shape, "i32")
-            body.append(f'%keep = "attn.mask"({operands}) ({region}) : ({operand_types}) -> {tm}' + mask_loc)
-            keep = "%keep"
-        with_lse = self.normalize == "softmax"
-        results = "%probs, %lse" if with_lse else "%probs"
-        operands = [scores] + ([keep] if keep else [])
-        in_types = [ts] + ([tm] if keep else [])
-        out_types = [ts] + ([tl] if with_lse else [])
-        kind, regions, norm_loc = self.normalize, "{}, {}, {}", call
-        if not isinstance(kind, str):
-            norm_loc = defined_at(self.normalize.prob, call)
-            from ..normalizers import region_texts
-
-            texts = region_texts(self.normalize)
-            kind, regions = "online", ", ".join(texts.get(r, "{}") for r in ("prob", "rescale", "finalize"))
-        body.append(
-            f'{results} = "attn.normalize"({", ".join(operands)}) ({regions}) '
-            f'{{kind = "{kind}", operandSegmentSizes = array<i32: 1, {1 if keep else 0}>, '
-            f'resultSegmentSizes = array<i32: 1, {1 if with_lse else 0}>}} : {types_text(in_types)} -> {types_text(out_types)}'
-            + norm_loc
-        )
-        body.append(f'%out = "attn.aggregate"(%probs, {values}) : ({ts}, {tv}) -> {to}' + call)
-        if block_table is not None:
-            table = caps.add_call_tensor(block_table)
-            body[:0] = [f'%{name}_logical = "attn.gather_pages"(%{name}, {table}) : '
-                        f'({tensor_type(t.shape, elt)}, {tensor_type(block_table.shape, "i32")}) -> {logical}' + call
-                        for name, t, logical in (("k", k, tk), ("v", v, tv))]
-        ret_vals = ["%out"] + (["%lse"] if with_lse else [])
-        ret_types = [to] + ([tl] if with_lse else [])
-        if sequences is not None:
-            from .varlen import packed_module_lines, packed_type
-
-            ret_vals, ret_types = packed_module_lines(body, caps, sequences, q, k, v, ret_vals, ret_types, call)
-
-        body.append(f"return {', '.join(ret_vals)} : {', '.join(ret_types)}" + call)
-        params = [f"%{name}: {tensor_type(t.shape, elt) if sequences is None else packed_type(t, elt)}"
-                  for name, t in (("q", q), ("k", k), ("v", v))] + [
-            f"%c{i}: {t}" for i, t in enumerate(caps.types())]
-        text = func_text("attention", params, ret_types, body, call)
-        return text, caps
 
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None,
                  block_table=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):

@@ -4,14 +4,13 @@ from __future__ import annotations
 from . import checks, index_check
 from ..core.memo import kept
 from .api import _compiling, _execute, wants_grad
-from .module_text import Captures, as_float, func_text, mod_name, signature, types_text
-from .emit import emit_region, float_literal, loc_suffix, mlir_elt, strip_locations, tensor_type
+from .module_text import Captures, as_float, mod_name, signature
+from .emit import loc_suffix, strip_locations
+from .l0_modules import FEATURE_ROLES, linear_module
 from .locations import user_location
 from .trace import F32, I1, INDEX, TraceError, TraceState, trace
-from .varlen import any_rows
 
 DECAYS = (None, "head", "token", "token_dim")
-_ROLES = ("q_mod", "k_mod", "v_mod")
 
 
 class linear_attention:
@@ -82,7 +81,7 @@ class linear_attention:
         self._key = variant_registry.register(self)
         self._sources = self._find_sources()
 
-    MOD_ROLES = _ROLES  # where closure_sources finds the mods
+    MOD_ROLES = FEATURE_ROLES  # where closure_sources finds the mods
 
     @classmethod
     def _recurrence(cls, decay: str | None, scale: float, chunk_size: int):
@@ -237,67 +236,8 @@ class linear_attention:
                out_dtype, clamp, scale, call, self.decay, self.normalize, self.chunk_size, tuple(caps.types()),
                tuple((role, signature(expr, positions)) for role, expr in exprs.items()))
         return kept(self.__dict__.setdefault("_texts", {}), key,
-                    lambda: self._write_module(q, k, v, g, initial_state, clamp, sequences, out_dtype, scale, exprs,
-                                               caps, loc_suffix(call)), 64), caps
-
-    def _write_module(self, q, k, v, g, initial_state, clamp: bool, sequences, out_dtype, scale: float,
-                      exprs: dict, caps: Captures, call: str) -> str:
-        """The L0 module's text from the traced mods (`_trace_mods`)."""
-        dk = q.shape[3]
-        dv = v.shape[3]
-        elt = mlir_elt(q.dtype)
-
-        def typed(t, t_elt):
-            # A packed batch's tensors take any total rows (`?`): one module serves every total.
-            return tensor_type(t.shape if sequences is None or t.dim() < 3 else any_rows(t.shape), t_elt)
-
-        tq, tk, tv = (typed(t, elt) for t in (q, k, v))
-        params = [f"%q: {tq}", f"%k: {tk}", f"%v: {tv}"]
-        operands = ["%q", "%k", "%v"]
-        types = [tq, tk, tv]
-        body = []
-        if g is not None:
-            tg = typed(g, mlir_elt(g.dtype))
-            params.append(f"%g: {tg}")
-            operands.append("%g")
-            types.append(tg)
-        if initial_state is not None:
-            ts0 = tensor_type(initial_state.shape, mlir_elt(initial_state.dtype))
-            params.append(f"%s0: {ts0}")
-            operands.append("%s0")
-            types.append(ts0)
-        if sequences is not None:
-            tensors = [t for t in (q, k, v, g, initial_state) if t is not None]
-            operands, types = _unpacked_operands(sequences, operands, types, tensors, params, body, call)
-        cap_types = caps.types()
-        cap_names = [f"%c{i}" for i in range(len(cap_types))]
-        regions = []
-        args = [("%x", "f32"), ("%b", "index"), ("%h", "index"), ("%t", "index"), ("%d", "index")]
-        for role in _ROLES:
-            if role in exprs:
-                regions.append(emit_region(exprs[role], args, cap_names, cap_types, role[0], clamp=clamp))
-            else:
-                regions.append("{}")
-        params += [f"%c{i}: {t}" for i, t in enumerate(cap_types)]
-        b, h, l = (q.shape[0], q.shape[1], q.shape[2]) if sequences is None else \
-            (sequences.kv_len.shape[0], q.shape[1], sequences.longest_q)
-        elt = mlir_elt(out_dtype or q.dtype)
-        to = tensor_type((b, h, l, dv), elt)
-        tst = tensor_type((b, h, dk, dv), "f32")
-        seg = f"1, 1, 1, {int(g is not None)}, {int(initial_state is not None)}, {int(sequences is not None)}"
-        body.append(
-            f'%out, %state = "attn.linear_recurrence"({", ".join(operands)}) ({", ".join(regions)}) '
-            f'{{decay = "{self.decay or "none"}", scale = {float_literal(scale)} : f32, '
-            f'normalize = {str(self.normalize).lower()}, chunk_size = {self.chunk_size} : i64, '
-            f'operandSegmentSizes = array<i32: {seg}>}} : {types_text(types)} -> ({to}, {tst}){call}')
-        out = "%out"
-        if sequences is not None:
-            to = tensor_type((1, h, None, dv), elt)
-            body.append(f'%out_packed = "attn.pack_sequences"(%out, %cu) : ({tensor_type((b, h, l, dv), elt)}, '
-                        f'{tensor_type(sequences.cu_q.shape, "i32")}) -> {to}{call}')
-            out = "%out_packed"
-        body.append(f"return {out}, %state : {to}, {tst}{call}")
-        return func_text("linear_attention", params, [to, tst], body, call)
+                    lambda: linear_module(self, q, k, v, g, initial_state, clamp, sequences, out_dtype, scale, exprs,
+                                          caps, loc_suffix(call)), 64), caps
 
     def __call__(self, q, k, v, g=None, initial_state=None, return_state: bool = False,
                  backend: str | None = None, cu_seqlens=None, max_seqlen: int | None = None):
@@ -324,7 +264,7 @@ class linear_attention:
         if index_check.enabled(self.check_indices) and captures:
             unclamped, _ = self._build(q, k, v, g, initial_state, clamp=False, sequences=sequences)
             mods = {("attn.linear_recurrence", i): index_check.describe(self.mods[role], role)
-                    for i, role in enumerate(_ROLES) if self.mods[role] is not None}
+                    for i, role in enumerate(FEATURE_ROLES) if self.mods[role] is not None}
             packed = {} if sequences is None else dict(
                 grid=(None, None, sequences.kv_len.long(), None), linear_views=_views(q, k, v, sequences))
             index_check.check_module(unclamped, inputs, 3 + len(fixed), mods, **packed)
@@ -354,7 +294,7 @@ class linear_attention:
         """What the backward recomputes (linear_backward.LinearCall)."""
         from .linear_backward import LinearCall
 
-        return LinearCall(mods=tuple((self.mods[role], self.arities.get(role, 1)) for role in _ROLES),
+        return LinearCall(mods=tuple((self.mods[role], self.arities.get(role, 1)) for role in FEATURE_ROLES),
                           decay=self.decay, scale=_as_f32(checks.default_scale(self.scale, dk)),
                           normalize=self.normalize, chunk_size=self.chunk_size, sources=tuple(sources),
                           packing=packing, backend=backend, run=run, current_sources=current_sources)
@@ -409,28 +349,6 @@ def _empty_call(q, v, initial_state, entries: int):
     state = (initial_state[:entries].to(torch.float32).clone() if initial_state is not None
              else torch.zeros(entries, h, dk, v.shape[3], dtype=torch.float32, device=q.device))
     return out, state
-
-
-def _unpacked_operands(sequences, operands: list, types: list, tensors: list, params: list, body: list,
-                       call: str):
-    """The recurrence's operands for a packed batch: views of q, k, v (and a per-token g; the
-    operands' `tensors`) through attn.unpack_sequences, the initial state as it is, then the
-    sequences' lengths; the lengths and offsets become parameters after the others."""
-    count = sequences.kv_len.shape[0]
-    t_cu = tensor_type(sequences.cu_q.shape, "i32")
-    t_len = tensor_type((count,), "i32")
-    params += [f"%len: {t_len}", f"%cu: {t_cu}"]
-    viewed, view_types = [], []
-    for name, ty, t in zip(operands, types, tensors):
-        if name == "%s0" or t.dim() == 1:  # the state and a per-head g are not per token
-            viewed.append(name)
-            view_types.append(ty)
-            continue
-        view = tensor_type((count, t.shape[1], sequences.longest_q, *t.shape[3:]), mlir_elt(t.dtype))
-        body.append(f'{name}_seq = "attn.unpack_sequences"({name}, %cu) : ({ty}, {t_cu}) -> {view}{call}')
-        viewed.append(f"{name}_seq")
-        view_types.append(view)
-    return viewed + ["%len"], view_types + [t_len]
 
 
 def _views(q, k, v, sequences) -> dict:
