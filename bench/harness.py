@@ -1,5 +1,6 @@
 """What the GPU benchmarks that build bundles here and run them on a GPU share: the two-mode
-command line and the timing of one implementation."""
+command line and the timing of one implementation; and the host CPU's description that the CPU
+benchmarks record (`cpu_description`)."""
 from __future__ import annotations
 
 import argparse
