@@ -296,8 +296,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 def _backward_case(p: Program, target: str, config: dict | None = None):
     """(got, want, names): the backward bundle's gradients at the target's default config, in the
-    interpreter, and float64 autograd's on the reference backend, of q, k, v and the float closure
-    tensors the score_mod reads (bias [H], table [H, 7]), all learnable."""
+    interpreter (on "cpu": the CPU backend's through autograd), and float64 autograd's on the
+    reference backend, of q, k, v and the float closure tensors the score_mod reads (bias [H],
+    table [H, 7]), all learnable."""
     from bundle_interp import interpret_roles
 
     from ae_mlir.backends import triton as tb
@@ -319,6 +320,13 @@ def _backward_case(p: Program, target: str, config: dict | None = None):
         out = attn(*leaves, backend="reference", return_lse=p.normalize == "softmax")
         out, lse = out if isinstance(out, tuple) else (out, None)
         want = torch.autograd.grad(out, leaves + learnable, d_out, allow_unused=True)
+        if target == "cpu":
+            inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            got = torch.autograd.grad(attn(*inputs, backend="cpu"), inputs + learnable, d_out.to(q.dtype),
+                                      allow_unused=True)
+            names = ["dq", "dk", "dv"] + [f"d{i}" if p.dtype == torch.float32 else None
+                                          for i in range(len(learnable))]
+            return list(got), want, names
     finally:
         for c in learnable:
             c.requires_grad_(False)
@@ -344,14 +352,14 @@ def _backward_case(p: Program, target: str, config: dict | None = None):
     return [got.get(n) if n else None for n in names], list(want), names
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", TARGETS + ("cpu",))
 def test_backward_with_learnable_closures_at_default_configs(target):
     # The backward kernels (softmax, the element-wise normalizers and the users'), with the gradients
     # of the closure tensors the random score_mods read scattered by the dQ kernel, in float32
     # against float64 autograd.
     @seed(SEED + 5)
     @settings(FUZZ, max_examples=max(5, EXAMPLES // 5))
-    @given(programs(max_seq=MAX_SEQ[target], dtypes=(torch.float32,)))
+    @given(programs(max_seq=MAX_SEQ.get(target, 200), dtypes=(torch.float32,)))
     def run(p: Program):
         check_backward(p, target)
 
@@ -412,7 +420,8 @@ def check_backward(p: Program, target: str, config: dict | None = None):
     test_backward_closures'."""
     got, want, names = _backward_case(p, target, config)
     q, k, _ = p.inputs()
-    _compare_gradients(p, got, want, names, _rows_at_kinks(p, q, k), f"{target} (interpreted)")
+    _compare_gradients(p, got, want, names, _rows_at_kinks(p, q, k),
+                       "cpu" if target == "cpu" else f"{target} (interpreted)")
 
 
 def _packed_backward_case(p: Program, target: str):
