@@ -88,7 +88,7 @@ def run(programs_dir: str, out: str, device: str, rounds: int) -> None:
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     real_bounds, element_max = block_mask.tile_bounds, block_mask.GPU_ELEMENT_WISE_MAX
     doc_out = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else
-               f"{cpu_description()}, {os.cpu_count()} cores, torch on {torch.get_num_threads()} threads",
+               f"{cpu_description()}, torch on {torch.get_num_threads()} threads",
                "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                "command": " ".join(["python", "bench/classify_masks.py"] + sys.argv[1:]),
                "method": f"median ms of {rounds} rounds, each on fresh sorted document ids, the three "

@@ -196,9 +196,10 @@ def cpu(out_dir: str, case: str = "relative_bias") -> None:
         s = (q @ k.transpose(-1, -2)) * dim ** -0.5 + bias()
         return torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ v
 
-    impls = {"ae_mlir": (lambda q, k, v: attn(q, k, v, backend="cpu"), True),
-             "ae_mlir_no_tensor_grad": (lambda q, k, v: attn(q, k, v, backend="cpu"), False),
-             "torch_eager": (eager, True)}
+    def compiled(q, k, v):
+        return attn(q, k, v, backend="cpu")
+
+    impls = {"ae_mlir": (compiled, True), "ae_mlir_no_tensor_grad": (compiled, False), "torch_eager": (eager, True)}
     times = {name: [] for name in impls}
     for rep in range(8):
         for name, (fn, learnable) in impls.items():

@@ -306,9 +306,6 @@ def _backward_case(p: Program, target: str, config: dict | None = None):
 
     attn = _attention(p)
     q, k, v = p.inputs()
-    # The module as written: the kernels' own gradients of the tables (a table read by a function
-    # of the distance is otherwise composed per call, its gradient then torch's).
-    text, captures = attn._build(q, k, v, compose=False)
     gen = torch.Generator().manual_seed(p.seed + 1)
     # dO as the kernels get it, in the inputs' dtype, for the reference too.
     d_out = torch.randn(*q.shape[:3], v.shape[3], generator=gen, dtype=torch.float64).to(q.dtype).double()
@@ -330,6 +327,9 @@ def _backward_case(p: Program, target: str, config: dict | None = None):
     finally:
         for c in learnable:
             c.requires_grad_(False)
+    # The module as written: the kernels' own gradients of the tables (a table read by a function
+    # of the distance is otherwise composed per call, its gradient then torch's).
+    text, captures = attn._build(q, k, v, compose=False)
     # dO and the saved output in the inputs' dtype, as autograd hands them to the kernels.
     tensors = {"q": q, "k": k, "v": v, "do": d_out.to(q.dtype)}
     if lse is not None:
