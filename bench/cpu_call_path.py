@@ -9,19 +9,16 @@ call's tensors (its argument checks, its threads: what a call costs without the 
 per piece (`cpu_threads.run`) instead of claimed inside the kernel (`attn-cpu-claim-programs`);
 `sdpa`, torch's scaled_dot_product_attention. Prints and writes (with `--out`) the medians, the
 API's time over the kernel's, and each one's speed relative to SDPA (the median of per-round
-ratios). `OMP_WAIT_POLICY=PASSIVE` unless the environment sets it (see examples/causal_demo.py).
+ratios). torch's OpenMP wait policy is left as the environment has it (recorded).
 """
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
 import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
-import statistics  # noqa: E402
+import random
+import statistics
 
 import sys  # noqa: E402
 
@@ -76,7 +73,7 @@ def main() -> None:
     results = {"command": f"python bench/cpu_call_path.py --seq {args.seq} --rounds {args.rounds}",
                "date": datetime.date.today().isoformat(), "machine": cpu_description(),
                "threads": cpu_threads.thread_count(), "vector_bits": cpu_cache.vector_bits(),
-               "torch": torch.__version__, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+               "torch": torch.__version__, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset")}
     for label, masked in (("full", False), ("causal", True)):
         results[label] = found = measure(args.seq, args.rounds, masked)
         m, s = found["median_ms"], found["speed_vs_sdpa"]

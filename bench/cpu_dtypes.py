@@ -9,26 +9,23 @@ Each case compiles once (a warm call), then ae-mlir and SDPA are called in turn 
 on fresh random inputs drawn once (never zeros); printed and written (with `--out`): the medians
 and the median of the per-round ratios (SDPA's time over ae-mlir's). With `--block-m A,B` the
 compiled kernel at A and at B query rows a program (the preset's KV tiles) are timed in turn
-instead, and the ratio is A's time over B's. `OMP_WAIT_POLICY=PASSIVE` unless the environment sets
-it (see examples/causal_demo.py).
+instead, and the ratio is A's time over B's. torch's OpenMP wait policy is left as the environment
+has it (recorded).
 """
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
 import os
+import statistics
+import subprocess
+import sys
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import torch  # noqa: E402
-
-import ae_mlir as ae  # noqa: E402
-from harness import cpu_description  # noqa: E402
+import ae_mlir as ae
+from harness import cpu_description
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from causal_demo import _seconds, causal  # noqa: E402
@@ -84,6 +81,7 @@ def main() -> None:
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     doc = {"date": datetime.date.today().isoformat(), "machine": cpu_description(),
            "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
            "commit": commit, "rounds": args.rounds, "method": __doc__, "cases": []}
     for name in args.dtypes.split(","):
         for dim in (64, 128):

@@ -5,11 +5,9 @@ with PyTorch in float64, then times causal and full (unmasked) attention against
 scaled_dot_product_attention on the same tensors and cores: the two are called in turn,
 `--repeats` times, and the medians and the median of the per-round ratios are printed.
 
-torch's OpenMP threads keep spinning for a few milliseconds after each torch call (libgomp's
-default wait policy); on a machine with few cores they take cores from the kernel threads of
-whatever runs next (on a 2-core host ae-mlir's kernel ran 1.4-1.8x slower right after an SDPA
-call). So, unless the environment sets it, the demo sets OMP_WAIT_POLICY=PASSIVE before torch
-loads: torch's threads then sleep when idle, which left SDPA's own time unchanged there.
+The kernels run on torch's own OpenMP threads (`ae_mlir.backends.cpu_threads`), so the demo
+leaves torch's wait policy as the environment has it (unset: libgomp's threads spin a while after
+each call) and prints it.
 """
 from __future__ import annotations
 
@@ -18,11 +16,9 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
 
-import torch  # noqa: E402
-
-import ae_mlir as ae  # noqa: E402
+import ae_mlir as ae
 
 
 def causal(b, h, q_idx, kv_idx):
@@ -79,7 +75,7 @@ def main() -> None:
     text = attn.mlir(q, k, v)
     print(f"L0 attn module for causal attention {shape}, fp32 ({len(text.splitlines())} lines):")
     print("\n".join(text.splitlines()[:6]) + "\n  ...")
-    print(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, torch threads {torch.get_num_threads()}")
+    print(f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, torch threads {torch.get_num_threads()}")
     _compare("causal", attn, True, q, k, v, args)
     _compare("full", ae.attention(), False, q, k, v, args)
 

@@ -1,7 +1,8 @@
 """The CPU backend on several threads (`ae_mlir.backends.cpu_threads`): a kernel runs a range of
 its programs per call, or claims them from a shared counter through its claiming entry; the
-threads run in parallel, and the outputs are bit-identical whatever the thread count
-(`AE_MLIR_CPU_THREADS`), since each program computes its own slices of the outputs alone."""
+threads (torch's OpenMP team, else the backend's own pool: the scheduling tests run on both) run
+in parallel, and the outputs are bit-identical whatever the thread count (`AE_MLIR_CPU_THREADS`),
+since each program computes its own slices of the outputs alone."""
 from __future__ import annotations
 
 import contextlib
@@ -24,6 +25,22 @@ from ae_mlir.backends import cpu, cpu_cache, cpu_launch, cpu_threads
 from inputs import qkv, rand
 
 THREADS = cpu_threads.THREADS_ENV
+
+
+@pytest.fixture(params=["openmp", "pool"])
+def threads_from(request, monkeypatch):
+    """Which threads run a call's pieces: torch's OpenMP team, or the backend's own pool (as
+    without an OpenMP runtime)."""
+    if request.param == "openmp":
+        assert cpu_threads.openmp_parallel() is not None, "torch's CPU build brings an OpenMP runtime"
+    else:
+        monkeypatch.setattr(cpu_threads, "_openmp", None)
+    return request.param
+
+
+@pytest.fixture
+def own_pool(monkeypatch):
+    monkeypatch.setattr(cpu_threads, "_openmp", None)
 
 
 # --- ranges and the thread count ------------------------------------------------------------------
@@ -53,7 +70,7 @@ def test_thread_count_defaults_to_the_usable_cores_and_follows_the_variable(monk
             cpu_threads.thread_count()
 
 
-def test_pieces_run_at_the_same_time_on_distinct_threads(monkeypatch):
+def test_pieces_run_at_the_same_time_on_distinct_threads(monkeypatch, threads_from):
     monkeypatch.setenv(THREADS, "3")
     barrier = threading.Barrier(3, timeout=60)
     seen, first_calls = [], set()
@@ -72,7 +89,7 @@ def test_pieces_run_at_the_same_time_on_distinct_threads(monkeypatch):
     assert len(first_calls) == 3
 
 
-def test_a_thread_that_finishes_early_takes_more_pieces(monkeypatch):
+def test_a_thread_that_finishes_early_takes_more_pieces(monkeypatch, threads_from):
     # Causal attention's later programs cost more; a slow first piece must not hold the rest.
     monkeypatch.setenv(THREADS, "2")
     release = threading.Event()
@@ -90,7 +107,7 @@ def test_a_thread_that_finishes_early_takes_more_pieces(monkeypatch):
     assert sum(ident != slow for ident in ran_by.values()) == 7
 
 
-def test_a_piece_that_raises_raises_in_the_caller_after_the_others_finish(monkeypatch):
+def test_a_piece_that_raises_raises_in_the_caller_after_the_others_finish(monkeypatch, threads_from):
     # Whichever thread runs the failing piece, the call raises its error, and only once every
     # other piece has returned: the caller may free what the pieces write into.
     monkeypatch.setenv(THREADS, "2")
@@ -106,13 +123,13 @@ def test_a_piece_that_raises_raises_in_the_caller_after_the_others_finish(monkey
             cpu_threads.run(call, 8, per_thread=4)
         assert sorted(done) == [p for p in range(8) if p != failing]
     seen = []
-    cpu_threads.run(lambda first, last: seen.append(first), 8)  # the pool still serves calls
+    cpu_threads.run(lambda first, last: seen.append(first), 8)  # the threads still serve calls
     assert sorted(seen) == list(range(8))
 
 
-def test_calls_from_several_threads_share_the_pool(monkeypatch):
-    # Two callers at once: one waits for the pool threads the other holds, and each gets the
-    # outputs a call alone gives.
+def test_calls_from_several_threads_share_the_threads(monkeypatch, threads_from):
+    # Two callers at once (each the master of its own OpenMP team, or one waiting for the pool
+    # threads the other holds): each gets the outputs a call alone gives.
     monkeypatch.setenv(THREADS, "2")
     attn, (q, k, v) = ATTENTION_CASES["causal"]()
     alone = attn(q, k, v, backend="cpu")
@@ -180,7 +197,7 @@ ATTENTION_CASES = {
 
 
 @pytest.mark.parametrize("case", list(ATTENTION_CASES))
-def test_attention_is_bit_identical_on_one_two_and_three_threads(case, monkeypatch):
+def test_attention_is_bit_identical_on_one_two_and_three_threads(case, monkeypatch, threads_from):
     attn, (q, k, v) = ATTENTION_CASES[case]()
     results = _by_thread_count(monkeypatch, lambda: attn(q, k, v, return_lse=True, backend="cpu"))
     _assert_identical(results)
@@ -247,7 +264,7 @@ class _IdlePool:
             run()
 
 
-def test_a_pool_thread_that_never_starts_is_not_waited_for(monkeypatch):
+def test_a_pool_thread_that_never_starts_is_not_waited_for(monkeypatch, own_pool):
     # The calling thread claims every program the pool threads leave; one that starts after the
     # call returned finds nothing to claim and writes nothing.
     attn, (q, k, v) = ATTENTION_CASES["causal"]()
@@ -263,7 +280,7 @@ def test_a_pool_thread_that_never_starts_is_not_waited_for(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(got, copies))
 
 
-def test_a_pool_thread_that_starts_late_keeps_the_kernel_it_calls(tmp_path, monkeypatch):
+def test_a_pool_thread_that_starts_late_keeps_the_kernel_it_calls(tmp_path, monkeypatch, own_pool):
     # The kernel's JIT-compiled code (no C compiler: no shared object) must stay mapped until a
     # pool thread that starts after the call has returned from it, though the caller dropped the
     # kernel in between.
@@ -326,12 +343,17 @@ class _NoPool:
         raise AssertionError("a grid of one program needs no threads")
 
 
+def _no_team(*args):
+    raise AssertionError("a grid of one program needs no parallel region")
+
+
 def test_a_grid_of_one_program_runs_on_the_calling_thread(monkeypatch):
     q, k, v = qkv(b=1, h=1, lq=50, dk=16, seed=9)
     attn = ae.attention(mask_mod=causal)
     assert cpu.compile_module(attn.mlir(q, k, v)).programs == 1
     monkeypatch.setenv(THREADS, "4")
     monkeypatch.setattr(cpu_threads, "_POOL", _NoPool())
+    monkeypatch.setattr(cpu_threads, "_openmp", _no_team)
     got = attn(q, k, v, backend="cpu")
     torch.testing.assert_close(got, attn(q, k, v, backend="reference").float(), atol=2e-5, rtol=2e-5)
 

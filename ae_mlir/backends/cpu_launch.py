@@ -111,13 +111,26 @@ class ClaimingLaunch:
     def __call__(self, chunk: int) -> None:
         call_packed(self.entry, [*self.addresses, chunk, self.programs])
 
+    def packed(self, chunk: int) -> tuple[int, int]:
+        """The entry's address and the address of its packed arguments (claims of `chunk`
+        programs), for every thread of an OpenMP team to call it with: held until the launch
+        is dropped."""
+        self.arguments, address = packed_arguments([*self.addresses, chunk, self.programs])
+        return ctypes.cast(self.entry, ctypes.c_void_p).value, address
 
-def call_packed(entry, values: list[int]) -> None:
-    """Call a kernel's packed entry point with its arguments' values: a pointer to each
-    descriptor (the C interface takes memrefs by pointer), then the integers. The packed entry
-    takes one array, the address of each argument, which follows the values in one block."""
+
+def packed_arguments(values: list[int]) -> tuple[ctypes.Array, int]:
+    """A packed entry point's one argument for these values (a pointer to each descriptor, as
+    the C interface takes memrefs by pointer, then the integers): the address of each value,
+    in a block after the values; returns the block and that argument."""
     n = len(values)
     args = (_WORD * (2 * n))()
     origin = ctypes.addressof(args)
     args[:] = [*values, *range(origin, origin + 8 * n, 8)]
-    entry(origin + 8 * n)
+    return args, origin + 8 * n
+
+
+def call_packed(entry, values: list[int]) -> None:
+    """Call a kernel's packed entry point with its arguments' values."""
+    args, address = packed_arguments(values)
+    entry(address)

@@ -2,16 +2,28 @@
 
 A lowered kernel runs the range [first, last) of its flat program ids that its last two arguments
 give (`attn-cpu-grid-loops`). Its programs are cut into contiguous pieces, a few per thread, and
-the calling thread and pool threads take the next piece until none is left: programs differ in
-cost (causal attention's last query blocks see the most keys, so equal contiguous shares of a
-grid with fewer heads than threads are unbalanced) and a thread the OS deschedules should not hold
-the rest back. Most kernels take their pieces in their own code (`run_claiming`: the kernel's
-claiming entry, `attn-cpu-claim-programs`), so a call is one foreign call per thread and the
-calling thread does not sleep waiting for the others; kernels that add into a copy of an output
-per piece (the closure gradients: see `ae_mlir.backends.cpu`) are called once per piece (`run`).
-ctypes releases the GIL around a foreign call, so the pieces run in parallel; they share no
-memory they write: each program writes only its own slices of the outputs and each call
-allocates its own scratch buffers. Which thread runs a program changes nothing it computes.
+each thread takes the next piece until none is left: programs differ in cost (causal attention's
+last query blocks see the most keys, so equal contiguous shares of a grid with fewer heads than
+threads are unbalanced) and a thread the OS deschedules should not hold the rest back. Most
+kernels take their pieces in their own code (`run_claiming`: the kernel's claiming entry,
+`attn-cpu-claim-programs`), so a call is one foreign call per thread; kernels that add into a
+copy of an output per piece (the closure gradients: see `ae_mlir.backends.cpu`) are called once
+per piece (`run`). The pieces share no memory they write: each program writes only its own
+slices of the outputs and each call allocates its own scratch buffers. Which thread runs a
+program changes nothing it computes.
+
+The threads are torch's own OpenMP team where the process has an OpenMP runtime loaded (torch's
+CPU builds bring one): a call is a parallel region (`GOMP_parallel`, which libgomp, LLVM's libomp
+and Intel's runtime all provide), each thread of the team calling the claiming entry, or a
+Python function that takes pieces for a range kernel. A pool of threads of the backend's own
+would compete with torch's: after each torch call, torch's OpenMP threads spin for a while
+waiting for more work (libgomp's default wait policy), and on a 2-core host a kernel called right
+after a torch op ran 1.4x slower than with the threads made to sleep (OMP_WAIT_POLICY=PASSIVE),
+in a training step's forward and backward alike. In the team those threads run the kernel.
+Without a runtime (or in a forked child, where libgomp's threads are not the parent's) the
+backend's own pool serves: the calling thread and pool threads take pieces the same way (the
+calling thread does not sleep waiting for the others on claiming kernels; ctypes releases the
+GIL around each foreign call).
 
 Threads: as many as the process may run on (`os.sched_getaffinity`), or `AE_MLIR_CPU_THREADS`;
 1 runs every program on the calling thread.
@@ -22,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import logging
 import os
 import queue
@@ -90,6 +103,22 @@ def run(call: Callable[[int, int], None], programs: int, per_thread: int = PIECE
                 return
             call(*piece)
 
+    parallel = openmp_parallel()
+    if parallel is not None:
+        errors: list[BaseException] = []
+
+        def member(_) -> None:
+            try:
+                work()
+            except BaseException as err:  # raised in the caller once the team has finished
+                errors.append(err)
+
+        # The region returns once every thread of the team has: no piece runs after the call.
+        region = _REGION(member)
+        parallel(ctypes.cast(region, ctypes.c_void_p), None, threads, 0)
+        if errors:
+            raise errors[0]
+        return
     with _POOL.get(threads - 1) as workers:
         jobs = [worker.submit(work, wait=True) for worker in workers]
     try:
@@ -102,22 +131,51 @@ def run(call: Callable[[int, int], None], programs: int, per_thread: int = PIECE
             raise error
 
 
-def run_claiming(call: Callable[[int], None], programs: int, per_thread: int = PIECES_PER_THREAD) -> None:
-    """`call(chunk)` on up to `thread_count()` threads at once, for a kernel's claiming entry: each
-    thread claims `chunk` programs at a time (about `per_thread` claims per thread) until none is
-    left, and the entry returns on each thread once every thread that entered it has finished
-    (`attn-cpu-claim-programs`). So this returns when the calling thread's call does, without
-    waiting for the pool threads to come back from theirs: a pool thread that starts late finds
-    nothing left to claim."""
+def run_claiming(launch, programs: int, per_thread: int = PIECES_PER_THREAD) -> None:
+    """`launch(chunk)` on up to `thread_count()` threads at once, for a kernel's claiming entry
+    (`cpu_launch.ClaimingLaunch`): each thread claims `chunk` programs at a time (about
+    `per_thread` claims per thread) until none is left, and the entry returns on each thread once
+    every thread that entered it has finished (`attn-cpu-claim-programs`). In torch's OpenMP team
+    each thread calls the entry with the same packed arguments (`launch.packed`) and the region
+    returns with the team. In the backend's own pool this returns when the calling thread's call
+    does, without waiting for the pool threads to come back from theirs: a pool thread that
+    starts late finds nothing left to claim."""
     threads = min(thread_count(), programs)
     if threads <= 1:
-        call(max(programs, 1))
+        launch(max(programs, 1))
         return
     chunk = -(-programs // (threads * per_thread))
+    parallel = openmp_parallel()
+    if parallel is not None:
+        parallel(*launch.packed(chunk), threads, 0)
+        return
     with _POOL.get(threads - 1) as workers:
         for worker in workers:
-            worker.submit(lambda: call(chunk))
-    call(chunk)
+            worker.submit(lambda: launch(chunk))
+    launch(chunk)
+
+
+# A parallel region's function: void (*)(void *data).
+_REGION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_UNSET = object()
+_openmp: object = _UNSET
+
+
+def openmp_parallel():
+    """`GOMP_parallel(fn, data, num_threads, flags)` of the OpenMP runtime loaded in this process
+    (torch's), as a ctypes function, or None where there is none. Looked up once, at the first
+    multi-threaded call (torch is loaded by then: the kernels take its tensors)."""
+    global _openmp
+    if _openmp is _UNSET:
+        try:
+            parallel = ctypes.CDLL(None).GOMP_parallel
+        except (AttributeError, OSError, TypeError):  # no runtime, or no global symbol table (Windows)
+            parallel = None
+        if parallel is not None:
+            parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+            parallel.restype = None
+        _openmp = parallel
+    return _openmp
 
 
 class _Job:
@@ -183,9 +241,11 @@ _POOL = _Pool()
 
 def _forget_pool_in_child() -> None:
     # A forked child (a DataLoader worker, say) inherits the pool's bookkeeping but none of its
-    # threads, and work submitted there would wait forever; it starts a pool of its own.
-    global _POOL
+    # threads, and work submitted there would wait forever; it starts a pool of its own. The OpenMP
+    # team's threads were not forked either: the child uses the pool.
+    global _POOL, _openmp
     _POOL = _Pool()
+    _openmp = None
 
 
 def _drain_pool() -> None:
