@@ -2,7 +2,7 @@
 reference computes positions in int64, so an op whose exact values can leave i32 at the module's
 shapes (a hash's large factor, a product of positions past L = 46341) runs in 64 bits, as does
 an int64 closure element read into an index unless it provably fits, and only such ops
-(passes/triton/ops.py, `_wide_index`). Each mod here gave wrong outputs with every index
+(passes/triton/elementwise.py, `_wide_index`). Each mod here gave wrong outputs with every index
 op in 32 bits. The Gluon kernels' side is in test_gluon_score_mods.py."""
 from __future__ import annotations
 

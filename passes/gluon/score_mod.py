@@ -300,7 +300,7 @@ def _decides(program: ScalarProgram) -> bool:
     """Whether a tanh's value flows, through float ops, into a comparison or a float-to-integer
     op: the approximation could flip that decision (the Triton IR lowering's `_reaches_decision`
     keeps the exact formula there)."""
-    from ..triton.ops import DECISIONS
+    from ..triton.elementwise import DECISIONS
 
     users: dict[str, list[int]] = {}
     for index, op in enumerate(program.ops):

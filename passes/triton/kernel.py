@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from ...core import abi
 from ..index_bounds import IndexBounds
+from .elementwise import ELEMENTWISE
 from .linalg import LinalgOps
-from .ops import ELEMENTWISE, TensorOps
+from .ops import TensorOps
 from .program_order import ProgramOrder
 from .values import PRECISION, Dest, Table, fail, padded_size
 
