@@ -143,6 +143,18 @@ def _horner(coefficients, r, constant):
     return p
 
 
+def _f32_ops(module_op, name: str) -> list:
+    """The `name` ops of `module_op` on f32 scalars or vectors (the expansions' approximations are
+    f32's; other types keep the op)."""
+    from mlir import ir
+
+    def f32(op) -> bool:
+        ftype = op.operands[0].type
+        return (ftype.element_type if isinstance(ftype, ir.VectorType) else ftype) == ir.F32Type.get(op.context)
+
+    return [op for op in walk(module_op, name) if f32(op)]
+
+
 def expand_erf(module_op) -> None:
     """Replace f32 `math.erf` (scalar or vector) by a rational approximation.
 
@@ -154,11 +166,9 @@ def expand_erf(module_op) -> None:
     from mlir import ir
     from mlir.dialects import arith
 
-    for op in walk(module_op, "math.erf"):
+    for op in _f32_ops(module_op, "math.erf"):
         x = op.operands[0]
         ftype = x.type
-        if (ftype.element_type if isinstance(ftype, ir.VectorType) else ftype) != ir.F32Type.get(op.context):
-            continue
         with op.context, op.location, ir.InsertionPoint(op):
             clamped = arith.minimumf(arith.maximumf(x, _float_constant(ftype, -4.0)), _float_constant(ftype, 4.0))
             x2 = arith.mulf(clamped, clamped)
@@ -181,11 +191,9 @@ def expand_tanh(module_op) -> None:
     from mlir.dialects import arith
     from mlir.dialects import math as math_ops
 
-    for op in walk(module_op, "math.tanh"):
+    for op in _f32_ops(module_op, "math.tanh"):
         x = op.operands[0]
         ftype = x.type
-        if (ftype.element_type if isinstance(ftype, ir.VectorType) else ftype) != ir.F32Type.get(op.context):
-            continue
         with op.context, op.location, ir.InsertionPoint(op):
             def const(value):
                 return _float_constant(ftype, value)
