@@ -3,8 +3,8 @@ conversion to the llvm dialect, for what that conversion would reject, miscompil
 
 It reports i1 buffers and vector views of padded rows (which the conversion cannot handle) at the
 op, aligns buffers viewed as vectors, writes expm1 with exp and log (Kahan) and tanh with a
-polynomial and exp, replaces f32 exp and exp2 and erf by polynomials, runs math ops on n-D vectors as 1-D ones, and lets max/min
-reductions ignore the sign of zero.
+polynomial and exp, replaces f32 exp and exp2 and erf by polynomials, runs math ops on n-D
+vectors as 1-D ones, and lets max/min reductions ignore the sign of zero.
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ TANH_SMALL = 0.55
 class LegalizeForLlvm(ModulePass):
     name: ClassVar[str] = "attn-cpu-legalize-for-llvm"
     summary: ClassVar[str] = ("CPU lowering: reject i1 buffers and padded vector views, align buffers viewed "
-                              "as vectors, expm1 as Kahan's formula, tanh as a series and exp, exp/exp2/erf as polynomials, math on n-D "
-                              "vectors as 1-D, max/min reductions without the sign of zero")
+                              "as vectors, expm1 as Kahan's formula, tanh as a series and exp, exp/exp2/erf as "
+                              "polynomials, math on n-D vectors as 1-D, max/min reductions without the sign of zero")
 
     def apply(self, module_op) -> None:
         _reject_bool_buffers(module_op)
