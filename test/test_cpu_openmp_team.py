@@ -8,6 +8,8 @@ import ctypes
 import os
 import select
 import signal
+import subprocess
+import sys
 import threading
 
 import torch
@@ -108,3 +110,26 @@ def test_a_forked_child_runs_its_kernels_on_the_backends_own_pool():
         os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     assert answer == b"ok"
+
+
+_LIMITED_SCRIPT = """
+import torch, ae_mlir as ae
+from ae_mlir.backends import cpu_threads
+gen = torch.Generator().manual_seed(5)
+q, k, v = (torch.randn(1, 4, 150, 32, generator=gen) for _ in range(3))
+attn = ae.attention(mask_mod=lambda b, h, i, j: i >= j)
+got = attn(q, k, v, backend="cpu")
+want = attn(q.double(), k.double(), v.double(), backend="reference")
+print(cpu_threads.openmp_parallel() is not None, float((got.double() - want).abs().max()))
+"""
+
+
+def test_a_team_the_runtime_limits_to_one_thread_still_runs_every_program():
+    # OMP_THREAD_LIMIT=1 gives a region one thread however many are asked for: the caller's
+    # thread then claims every program itself.
+    env = dict(os.environ, OMP_THREAD_LIMIT="1", **{THREADS: "3"})
+    result = subprocess.run([sys.executable, "-c", _LIMITED_SCRIPT], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    team, error = result.stdout.split()
+    assert team == "True" and float(error) < 1e-5
