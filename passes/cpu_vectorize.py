@@ -60,6 +60,10 @@ class Vectorize(ModulePass):
                              f"got {self.vector_bits}")
 
     def apply(self, module_op) -> None:
+        for kernel in lowered_kernels(module_op):
+            for generic in walk(kernel, "linalg.generic"):
+                if _reads_elements(generic):
+                    _subtractions_as_additions(generic)
         run_transform(module_op, _vectorize_script(lowered_kernels(module_op), MATMUL_TILES[self.vector_bits],
                                                    ROW_TILES[self.vector_bits]))
 
@@ -100,11 +104,55 @@ def _tile_sizes(op, matmul_tile: tuple[int, int], row_tile: int) -> list[int] | 
         size = tile(domain[0], ROW_LENGTH)
         return [size] if size else None
     if len(domain) == 2:
-        return [fit(domain[0], row_tile), tile(domain[1], ROW_LENGTH)]
+        # An op that reads a tensor's elements (a closure table, ALiBi's slope) runs a row at a
+        # time: upstream's vectorizer makes every such read on a vector of several rows a gather,
+        # and on one row a contiguous load or a broadcast where the index allows.
+        rows = 1 if _reads_elements(op) else row_tile
+        return [fit(domain[0], rows), tile(domain[1], ROW_LENGTH)]
     # Over more loops (the GLA chunk's scores, [C, C, Dk] with the sum over Dk innermost), one
     # row at a time: it runs as fast as 8 rows (measured) in a smaller loop body, and LLVM's
     # instruction scheduling takes time superlinear in a block's length.
     return [tile(n, 1) for n in domain[:-1]] + [tile(domain[-1], ROW_LENGTH)]
+
+
+def _reads_elements(op) -> bool:
+    """Whether `op`'s body reads a tensor's elements (tensor.extract)."""
+    return bool(len(op.regions)) and any(inner.name == "tensor.extract" for inner in op.regions[0].blocks[0].operations)
+
+
+def _subtractions_as_additions(generic) -> None:
+    """Write each index subtraction `a - b` in `generic`'s body whose `b` does not read the
+    innermost loop's index as `a + (0 - b)`: upstream's vectorizer takes a read as contiguous
+    only where its index is built from that loop's index by additions (of constants and values
+    the loop does not change), so a relative-position table read at kv_idx - q_idx + c was a
+    gather, one element per lane."""
+    from mlir import ir
+    from mlir.dialects import arith
+
+    body = generic.regions[0].blocks[0]
+    innermost = len(ir.ArrayAttr(generic.attributes["iterator_types"])) - 1
+    for op in list(body.operations):
+        if op.name != "arith.subi" or not isinstance(op.results[0].type, ir.IndexType):
+            continue
+        a, b = op.operands
+        if _reads_loop_index(b, innermost, body):
+            continue
+        with op.location, ir.InsertionPoint(op):
+            total = arith.addi(a, arith.subi(arith.constant(ir.IndexType.get(), 0), b))
+        op.results[0].replace_all_uses_with(total)
+        op.erase()
+
+
+def _reads_loop_index(value, dim: int, body) -> bool:
+    """Whether `value` depends on `linalg.index dim` or on an element of the body's operands."""
+    from mlir import ir
+
+    if isinstance(value.owner, ir.Block):
+        return value.owner == body
+    op = value.owner
+    if op.name == "linalg.index":
+        return ir.IntegerAttr(op.attributes["dim"]).value == dim
+    return op.parent == body.owner and any(_reads_loop_index(v, dim, body) for v in op.operands)
 
 
 def _loop_extents(generic) -> list[int] | None:
