@@ -1,5 +1,9 @@
 """`attn-cpu-vectorize`: tile the linalg ops of each kernel to register-sized blocks and turn them
 into vector ops, still on tensors; a tile load (`tensor.pad` of a slice) becomes a masked transfer.
+An op that reads a tensor's elements (a closure table) runs a row at a time, its index
+subtractions written as additions where that lets upstream's vectorizer read a row's elements
+with one contiguous load (`_subtractions_as_additions`, hand-written: no upstream pattern
+rewrites an index for the vectorizer's contiguity check).
 """
 from __future__ import annotations
 
@@ -49,7 +53,9 @@ TILE_STEP = """    %t{n} = transform.structured.match attributes{{{attr} = {n} :
 class Vectorize(ModulePass):
     name: ClassVar[str] = "attn-cpu-vectorize"
     summary: ClassVar[str] = ("CPU lowering: tile matmuls to register tiles and elementwise ops and row "
-                              "reductions to row blocks, then vectorize every linalg op (on tensors)")
+                              "reductions to row blocks (ops that read a tensor's elements to single rows, their "
+                              "reads contiguous where the index allows), then vectorize every linalg op (on "
+                              "tensors)")
 
     vector_bits: int = option(512, "the target's vector register width in bits (128, 256 or 512), which "
                                    "sizes the matmuls' register tiles; the cpu preset passes the host's")
@@ -117,7 +123,8 @@ def _tile_sizes(op, matmul_tile: tuple[int, int], row_tile: int) -> list[int] | 
 
 def _reads_elements(op) -> bool:
     """Whether `op`'s body reads a tensor's elements (tensor.extract)."""
-    return bool(len(op.regions)) and any(inner.name == "tensor.extract" for inner in op.regions[0].blocks[0].operations)
+    return bool(len(op.regions)) and any(inner.name == "tensor.extract"
+                                         for inner in op.regions[0].blocks[0].operations)
 
 
 def _subtractions_as_additions(generic) -> None:

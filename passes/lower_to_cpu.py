@@ -29,8 +29,9 @@ Hand-written, because no upstream pass or transform op does it (each says why): 
 `mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers` and `store_padded_rows`
 (cpu_lower_vectors), `lower_scatter` (cpu_lower_scatter), `align_vector_views`, `expand_erf`,
 `expand_expm1`, `expand_exponentials` and `flatten_math_vectors` (cpu_legalize_for_llvm),
-`define_bf16_truncation`, `attn-cpu-no-avx512-bf16`, `attn-cpu-claim-programs` and
-`attn-cpu-widen-matmul-operands`.
+`define_bf16_truncation`, `attn-cpu-no-avx512-bf16`, `attn-cpu-claim-programs`,
+`attn-cpu-widen-matmul-operands`, `expand_tanh` (cpu_legalize_for_llvm) and
+`_subtractions_as_additions` (cpu_vectorize).
 """
 from __future__ import annotations
 
