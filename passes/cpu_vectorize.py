@@ -66,12 +66,12 @@ class Vectorize(ModulePass):
                              f"got {self.vector_bits}")
 
     def apply(self, module_op) -> None:
-        for kernel in lowered_kernels(module_op):
+        kernels = lowered_kernels(module_op)
+        for kernel in kernels:
             for generic in walk(kernel, "linalg.generic"):
                 if _reads_elements(generic):
                     _subtractions_as_additions(generic)
-        run_transform(module_op, _vectorize_script(lowered_kernels(module_op), MATMUL_TILES[self.vector_bits],
-                                                   ROW_TILES[self.vector_bits]))
+        run_transform(module_op, _vectorize_script(kernels, MATMUL_TILES[self.vector_bits], ROW_TILES[self.vector_bits]))
 
 
 def _tile_sizes(op, matmul_tile: tuple[int, int], row_tile: int) -> list[int] | None:

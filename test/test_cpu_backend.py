@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import ae_mlir as ae
-from ae_mlir.backends import cpu, cpu_launch
+from ae_mlir.backends import cpu
+from cpu_l1 import run_one_program
 from inputs import qkv as shared_qkv
 from inputs import rand
 
@@ -422,23 +423,11 @@ func.func @exps(%x: tensor<{n}xf32>, %e: tensor<{n}xf32>, %e2: tensor<{n}xf32>) 
 def test_exponentials_are_accurate_to_a_few_ulp():
     """exp and exp2 become polynomials on the CPU; compare with float64 over the whole f32 range,
     through underflow (denormals, then 0) and overflow (inf), with inf, -inf and NaN inputs."""
-    import ctypes
-
-    from mlir.execution_engine import ExecutionEngine
-
-    from ae_mlir.core.context import new_context, parse_module
-    from ae_mlir.passes import build_pass_manager
-
     special = torch.tensor([0.0, -0.0, 1e-30, -1e-30, math.inf, -math.inf, math.nan, 88.7, 89.0, 127.9, 128.0,
                             -87.3, -103.9, -104.0, -126.0, -140.0, -149.0, -150.0, -200.0])
     x = torch.cat([torch.linspace(-160.0, 160.0, 20000), torch.randn(4077) * 3, special])
-    ctx = new_context()
-    module = parse_module(_EXP_KERNEL.format(n=x.numel()), ctx)
-    build_pass_manager("builtin.module(attn-lower-to-cpu)", ctx).run(module.operation)
-    engine = ExecutionEngine(module, opt_level=3)
-    entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("_mlir_ciface_exps"))
     e, e2 = torch.empty_like(x), torch.empty_like(x)
-    cpu_launch.RangeLaunch(entry, [x, e, e2], programs=1)(0, 1)  # the range of programs to run: its one program
+    run_one_program(_EXP_KERNEL.format(n=x.numel()), "exps", [x, e, e2])
     for got, want in ((e, torch.exp(x.double())), (e2, torch.exp2(x.double()))):
         want32 = want.float()
         assert torch.equal(torch.isnan(got), torch.isnan(want32))

@@ -4,12 +4,11 @@ float64 over the range where tanh is not yet +-1 in f32, through the switch betw
 tiny arguments (where the result is the argument), signed zeros, infinities and NaN."""
 from __future__ import annotations
 
-import ctypes
 import math
 
 import torch
 
-from ae_mlir.backends import cpu_launch
+from cpu_l1 import run_one_program
 
 _TANH_KERNEL = """
 func.func @kernel(%x: tensor<{n}xf32>, %t: tensor<{n}xf32>) -> tensor<{n}xf32>
@@ -26,20 +25,9 @@ func.func @kernel(%x: tensor<{n}xf32>, %t: tensor<{n}xf32>) -> tensor<{n}xf32>
 
 
 def _run(x: torch.Tensor) -> torch.Tensor:
-    from mlir.execution_engine import ExecutionEngine
-
-    from ae_mlir.core.context import new_context, parse_module
-    from ae_mlir.passes import build_pass_manager
-
-    ctx = new_context()
-    module = parse_module(_TANH_KERNEL.format(n=x.numel()), ctx)
-    build_pass_manager("builtin.module(attn-lower-to-cpu)", ctx).run(module.operation)
-    lowered = str(module)
-    assert "intr.tanh" not in lowered and "tanhf" not in lowered, "tanh left to the LLVM conversion (libm per lane)"
-    engine = ExecutionEngine(module, opt_level=3)
-    entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("_mlir_ciface_kernel"))
     out = torch.empty_like(x)
-    cpu_launch.RangeLaunch(entry, [x, out], programs=1)(0, 1)
+    lowered = run_one_program(_TANH_KERNEL.format(n=x.numel()), "kernel", [x, out])
+    assert "intr.tanh" not in lowered and "tanhf" not in lowered, "tanh left to the LLVM conversion (libm per lane)"
     return out
 
 
