@@ -54,20 +54,26 @@ def mirrored_roles(bundle) -> list[str]:
 
 def mirrored_inputs(bundle, tensors: dict) -> dict:
     """The bundle's mirrored inputs by role, made from the closure tensors in `tensors` (by role)
-    where not given there. A copy is kept while its source's memory and version are unchanged, so
-    a call repeated on the same table (a decoding step, a layer's next call) copies nothing; the
-    entry holds its source, whose memory no other tensor can take meanwhile."""
-    from .core.memo import kept
-
+    where not given there (`mirrored_copy`)."""
     made = {}
     for role in mirrored_roles(bundle):
         source = tensors.get(abi.mirrored_capture(role))
         if role in tensors or source is None:
             continue
-        t = source.detach()
-        key = (str(t.device), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version)
-        made[role] = kept(_MIRRORED, key, lambda t=t: (t, t.flip(-1)), 16)[1]
+        made[role] = mirrored_copy(source)
     return made
+
+
+def mirrored_copy(source):
+    """`source` reversed along its last dimension (a contiguous copy), kept while its memory and
+    version are unchanged, so a call repeated on the same table (a decoding step, a layer's next
+    call) copies nothing; the entry holds its source, whose memory no other tensor can take
+    meanwhile."""
+    from .core.memo import kept
+
+    t = source.detach()
+    key = (str(t.device), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version)
+    return kept(_MIRRORED, key, lambda: (t, t.flip(-1)), 16)[1]
 
 
 def _padded(n: int) -> int:

@@ -214,7 +214,7 @@ class PresetOptions:
     dkdv_num_warps: int = 0        # the dK/dV kernel's Triton launch (0: num_warps/num_stages)
     dkdv_num_stages: int = 0
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
-    mirror_reads: bool = False     # attn-tile(-backward): reads stepping back along a row, mirrored (Triton)
+    mirror_reads: bool = False     # attn-tile(-backward): reads stepping back along a row, mirrored
     raw_row_max: bool = False      # attn-tile: the row max of the unscaled scores, scaled per row (Triton)
     # The aligned variant is attn-lower-to-gluon's warp-specialized kernel (launch_defaults.warp_specialized).
     warp_specialize: bool = False
@@ -309,10 +309,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     typed = typed_overrides(overrides, PresetOptions, _WARP_COUNTS, _STAGE_COUNTS)
     # On the CPU a tile's scores are a pass through memory of their own; Triton multiplies them
     # in registers on the way to exp2, and the H200 ran level either way.
-    # Triton stages a gather whose index descends along a tile's rows one element at a time;
-    # the CPU's loops read either way alike (passes/mirror_reads.py).
+    # Triton stages a gather whose index descends along a tile's rows one element at a time, and
+    # the CPU's vectorizer gathers it lane by lane (passes/mirror_reads.py).
     values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset], "prescale_q": preset == "cpu",
-                    "mirror_reads": preset == "triton",
+                    "mirror_reads": True,
                     "raw_row_max": preset == "triton"}
     if preset == "triton":
         values["wave_programs"] = multiprocessors(target)

@@ -1,6 +1,8 @@
 """Score mods on the CPU: ae-mlir's kernels for plain causal attention, ALiBi, a relative-bias table
-and soft-capping, fp32 B=1 H=4 L=1024 D=64, beside eager torch (the scores materialized, the mod
-applied, masked softmax, P V) on the same cores, forward alone and forward + backward.
+(also called with per-entry lengths, all of them L, which leaves the table's reads uncomposed:
+table[h, q_idx - kv_idx + L - 1]) and soft-capping, fp32 B=1 H=4 L=1024 D=64, beside eager torch
+(the scores materialized, the mod applied, masked softmax, P V) on the same cores, forward alone
+and forward + backward.
 
     python bench/cpu_mods.py [--rounds 15] [--out DIR]
 
@@ -34,12 +36,13 @@ def _cases() -> dict:
     rows = torch.arange(SEQ)
     distance = rows.view(1, -1) - rows.view(-1, 1)  # kv_idx - q_idx
     causal = lambda b, h, i, j: i >= j  # noqa: E731
+    relative = (lambda s, b, h, i, j: s + table[h, i - j + SEQ - 1], lambda s: s + table[:, (SEQ - 1 - distance)])
     return {
-        "causal": (None, lambda s: s),
-        "alibi": (lambda s, b, h, i, j: s + slopes[h] * (j - i), lambda s: s + slopes.view(-1, 1, 1) * distance),
-        "relative_bias": (lambda s, b, h, i, j: s + table[h, i - j + SEQ - 1],
-                          lambda s: s + table[:, (SEQ - 1 - distance)]),
-        "softcap": (lambda s, b, h, i, j: 30.0 * torch.tanh(s / 30.0), lambda s: 30.0 * torch.tanh(s / 30.0)),
+        "causal": (None, lambda s: s, {}),
+        "alibi": (lambda s, b, h, i, j: s + slopes[h] * (j - i), lambda s: s + slopes.view(-1, 1, 1) * distance, {}),
+        "relative_bias": (*relative, {}),
+        "relative_bias_lengths": (*relative, {"kv_len": torch.full((1,), SEQ, dtype=torch.int32)}),
+        "softcap": (lambda s, b, h, i, j: 30.0 * torch.tanh(s / 30.0), lambda s: 30.0 * torch.tanh(s / 30.0), {}),
     }, causal, rows.view(-1, 1) >= rows.view(1, -1)
 
 
@@ -50,14 +53,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cases, causal, mask = _cases()
     impls = {}
-    for name, (score_mod, eager_mod) in cases.items():
+    for name, (score_mod, eager_mod, call_args) in cases.items():
         attn = ae.attention(score_mod=score_mod, mask_mod=causal)
 
         def eager(q, k, v, eager_mod=eager_mod):
             s = eager_mod((q @ k.transpose(-1, -2)) * DIM ** -0.5)
             return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
 
-        impls[name] = {"ae_mlir": lambda q, k, v, attn=attn: attn(q, k, v, backend="cpu"), "torch_eager": eager}
+        impls[name] = {"ae_mlir": lambda q, k, v, attn=attn, call_args=call_args: attn(q, k, v, backend="cpu", **call_args),
+                       "torch_eager": eager}
     times = {(case, impl, part): [] for case in impls for impl in ("ae_mlir", "torch_eager")
              for part in ("forward", "forward_backward")}
     for round_ in range(args.rounds + 1):
@@ -81,7 +85,7 @@ def main(argv=None) -> int:
             eager = statistics.median(times[(case, "torch_eager", part)])
             rows.append({"case": case, "part": part, "ae_mlir_ms": ours, "torch_eager_ms": eager,
                          "speed_vs_eager": eager / ours})
-            print(f"{case:14s} {part:17s} ae-mlir {ours:7.2f} ms  eager torch {eager:7.2f} ms  {eager / ours:5.2f}x")
+            print(f"{case:21s} {part:17s} ae-mlir {ours:7.2f} ms  eager torch {eager:7.2f} ms  {eager / ours:5.2f}x")
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()

@@ -1,10 +1,11 @@
 """Closure reads that step backwards along a tile's rows, read forwards from a mirrored copy.
 
-Triton's axis analysis finds runs of consecutive addresses only where an index ascends. A table
-read at kv_idx - q_idx + c (the relative-position reads `frontend.relative_reads` composes, which
-ascend along the forward's rows of keys) descends along the rows of the dK/dV kernel's transposed
-tiles, whose last axis runs over queries: Triton then stages it one 4-byte copy per score, ordered
-along the other axis. The same values read from the tensor mirrored along its last dimension,
+Triton's axis analysis finds runs of consecutive addresses only where an index ascends, and the
+CPU's vectorizer (upstream's, through `attn-cpu-vectorize`) loads a row contiguously only then. A
+table read at kv_idx - q_idx + c (the relative-position reads `frontend.relative_reads` composes,
+which ascend along the forward's rows of keys) descends along the rows of the dK/dV kernel's
+transposed tiles, whose last axis runs over queries: Triton then stages it one 4-byte copy per
+score, ordered along the other axis, and the CPU gathers it lane by lane. The same values read from the tensor mirrored along its last dimension,
 m[..., n - 1 - x], come from (n - 1 - c) + q_idx - kv_idx, which ascends. A mod region's read
 qualifies when its last index is an affine function of the region's arguments (sums, differences,
 products by constants), or such a function clamped into [0, n - 1] as the frontend clamps every
@@ -15,7 +16,7 @@ where a table read at q_idx - kv_idx + c descends (one the frontend leaves uncom
 per-entry lengths or packed sequences). Each such kernel takes the mirrored copy of each such
 closure tensor c<i> as one more input (abi.mirrored), which the runtime makes and keeps while its
 source is unchanged (`kernel_args.mirrored_inputs`, through `runtime.bind` and
-`runtime.backward_inputs_made`).
+`runtime.backward_inputs_made`; the CPU backend's `CompiledKernel.with_mirrors`).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Closure reads that step back along the queries, which the Triton backward's dK/dV kernel reads
-from a mirrored copy of the tensor (passes/mirror_reads.py, attn-tile-backward{mirror-reads}):
-the bundles take the copy as an input the runtime makes, and their gradients, run in the TTIR
-interpreter at the default config, match float64 autograd."""
+"""Closure reads that step back along a tile's rows, which the kernels read from a mirrored copy
+of the tensor (passes/mirror_reads.py, attn-tile(-backward){mirror-reads}): the Triton bundles
+take the copy as an input the runtime makes, and their gradients, run in the TTIR interpreter at
+the default config, match float64 autograd; the CPU backend makes the copy per call."""
 from __future__ import annotations
 
 import pytest
@@ -74,14 +74,73 @@ def test_reads_that_step_back_along_the_keys_are_mirrored_in_the_dq_kernel(dtype
         torch.testing.assert_close(got[role].double() / scale, reference / scale, atol=tol, rtol=0, msg=role)
 
 
-def test_only_the_triton_preset_mirrors():
-    # The CPU's loops read a table either way alike.
+def test_every_preset_mirrors():
+    # Triton stages a descending gather one element at a time; the CPU's vectorizer gathers it
+    # lane by lane (test/lit/passes/cpu-mirror-reads-*.mlir).
     from ae_mlir import presets
 
-    for preset, target, flag in (("triton", "cuda:90", "true"), ("triton", "hip:gfx942", "true"),
-                                 ("cpu", "host", "false")):
-        options = presets.options_for(preset, None, target, backward=True)
-        assert f"mirror-reads={flag}" in presets.pipeline_text(preset, options, "l1")
+    for preset, target in (("triton", "cuda:90"), ("triton", "hip:gfx942"), ("cpu", "host")):
+        for backward in (False, True):
+            options = presets.options_for(preset, None, target, backward=backward)
+            assert "mirror-reads=true" in presets.pipeline_text(preset, options, "l1")
+
+
+def _double_grads(attn_of, tensors, grad_out):
+    """Float64 autograd of the reference backend through `attn_of(closures)`."""
+    leaves = [t.detach().double().requires_grad_() for t in tensors]
+    q, k, v, *closures = leaves
+    out = attn_of(*closures)(q, k, v, backend="reference")
+    return out, torch.autograd.grad(out, leaves, grad_out.double())
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+def test_cpu_backward_reads_the_composed_table_mirrored(dtype, tol):
+    # The catalogue's relative bias, composed (kv_idx - q_idx + c), steps back along the dK/dV
+    # kernel's rows of queries: that kernel takes the mirrored copy, which the CPU backend makes
+    # per call. Ragged Lq != Lk, GQA, a learnable table: every gradient against float64.
+    from ae_mlir.backends import cpu
+
+    gen = torch.Generator().manual_seed(5)
+    h, hkv, lq, lk, d = 4, 2, 77, 70, 32
+    q = torch.randn(1, h, lq, d, generator=gen)
+    k, v = (torch.randn(1, hkv, lk, d, generator=gen) for _ in range(2))
+    table = torch.randn(h, lq + lk - 1, generator=gen)
+
+    def attn_of(t):
+        return ae.attention(score_mod=lambda s, b, hh, i, j: s + t[hh, i - j + lk - 1])
+
+    leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [table.clone().requires_grad_()]
+    out = attn_of(leaves[3])(*leaves[:3])
+    grad_out = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, leaves, grad_out.to(dtype))
+    want_out, want = _double_grads(attn_of, [q, k, v, table], grad_out)
+    assert (out.double() - want_out).abs().max() < tol * want_out.abs().max()
+    for role, g, w in zip(("dq", "dk", "dv", "dtable"), got, want):
+        assert (g.double() - w).abs().max() < tol * w.abs().max(), role
+    text = attn_of(table).mlir(*(x.to(dtype) for x in (q, k, v)))
+    assert list(cpu.compile_module(text, backward="dkdv").mirrored.values()) == [0]
+    assert cpu.compile_module(text, backward="dq").mirrored == {}
+
+
+def test_cpu_forward_with_lengths_reads_the_table_mirrored():
+    # With per-entry lengths the table is read as written, q_idx - kv_idx + c, stepping back along
+    # the forward's rows of keys; a kernel called directly takes the inputs without the copy.
+    from ae_mlir.backends import cpu
+
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(3, 4, 90, 32, generator=gen)
+    k, v = (torch.randn(3, 4, 130, 32, generator=gen) for _ in range(2))
+    table = torch.randn(4, 90 + 130 - 1, generator=gen)
+    lengths = torch.tensor([130, 17, 64], dtype=torch.int32)
+    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + table[h, i - j + 129])
+    got = attn(q, k, v, kv_len=lengths)
+    want = attn(q.double(), k.double(), v.double(), kv_len=lengths, backend="reference")
+    assert (got.double() - want).abs().max() < 1e-5 * want.abs().max()
+    kernel = cpu.compile_module(attn.mlir(q, k, v, compose=False))
+    assert list(kernel.mirrored.values()) == [0]
+    out, _ = kernel([q, k, v, table])
+    unlimited = attn(q.double(), k.double(), v.double(), backend="reference")
+    assert (out.double() - unlimited).abs().max() < 1e-5 * unlimited.abs().max()
 
 
 def test_runtime_makes_the_mirror_from_the_closure_tensor():

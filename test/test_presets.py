@@ -326,7 +326,7 @@ def test_cpu_stages_and_overrides():
             == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false vector-bits=256 no-avx512-bf16=true "
                "narrow-isa=false})")
     tile = ("attn-tile{block-m=64 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true prescale-q=true "
-            "mirror-reads=false raw-row-max=false}")
+            "mirror-reads=true raw-row-max=false}")
     assert tile in presets.pipeline_text("cpu", options, "l1")
     assert "canonicalize" not in presets.pipeline_text(
         "triton", presets.options_for("triton", _problem("plain-f32"), canonicalize=False))

@@ -69,6 +69,7 @@ class _Lowered:
     programs: int             # the grid's size; the last two arguments take a range of [0, programs)
     accumulated: dict[int, str]  # output -> role: the closure gradients the kernel adds into (attn.scatter_add)
     output_roles: list[str]      # whose rows a packed output has (abi.sized_shape)
+    mirrored: dict[int, int]     # input -> i: the copy of closure tensor c<i> reversed along its last dimension
 
 
 def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
@@ -115,8 +116,15 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
         # tables follow the inputs.
         inputs += [_spec(t) for t in abi.call_time_table_types(kernel, len(inputs))]
         blocks = (options.block_m, options.block_n)
+    # Closure tensors whose reads step back along a tile's vectorized axis are read forwards from
+    # a mirrored copy (passes/mirror_reads.py): the vectorizer loads ascending indices contiguously
+    # and gathers the rest lane by lane.
+    mirrored = {position: int(abi.mirrored_capture(role)[1:])
+                for position, role in enumerate(abi.arg_roles(kernel) or []) if abi.mirrored_capture(role)}
+    if backward is None:
+        inputs += [_spec(t) for t in abi.input_types(kernel)[len(inputs):len(inputs) + len(mirrored)]]
     lowered = _Lowered(module, name, inputs, outputs, *blocks, abi.mask_program(kernel), abi.call_time_grid(kernel),
-                       math.prod(abi.grid(kernel)), accumulated, output_roles)
+                       math.prod(abi.grid(kernel)), accumulated, output_roles, mirrored)
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
     return lowered
@@ -173,6 +181,7 @@ class CompiledKernel:
         self.programs = int(record["programs"])
         self.accumulated = {int(i): role for i, role in record.get("accumulated", {}).items()}
         self.output_roles = list(record["output_roles"])
+        self.mirrored = {int(position): i for position, i in record.get("mirrored", {}).items()}
         # A packed batch's kernel takes any row count (-1 in its shapes): each call sizes its
         # outputs and descriptors from q's and k's rows.
         self.any_rows = any(-1 in spec.shape for spec in self.inputs + self.outputs)
@@ -202,8 +211,9 @@ class CompiledKernel:
 
         if self._expected is None:
             self._prepare_call()
-        if len(inputs) != len(self.inputs):
-            raise ValueError(f"the kernel takes {len(self.inputs)} tensors, got {len(inputs)}")
+        if len(inputs) != len(self.inputs) - len(self.mirrored):
+            raise ValueError(f"the kernel takes {len(self.inputs) - len(self.mirrored)} tensors, got {len(inputs)}")
+        inputs = self.with_mirrors(inputs)
         for i, (t, (shape, dtype)) in enumerate(zip(inputs, self._expected)):
             if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
                 raise ValueError(f"argument {i} of the CPU kernel must be a CPU torch.Tensor")
@@ -215,6 +225,18 @@ class CompiledKernel:
                 raise ValueError(f"argument {i} of the CPU kernel needs unit stride in its last dimension "
                                  "(this kernel was compiled with unit-inner-stride)")
         return self.run_unchecked(inputs)
+
+    def with_mirrors(self, inputs: list) -> list:
+        """`inputs` with the mirrored closure tensors the kernel reads inserted where it takes them
+        (`mirrored`); the caller gives every other input in the kernel's order."""
+        if not self.mirrored:
+            return inputs
+        from ..kernel_args import mirrored_copy
+
+        inputs = list(inputs)
+        for position, i in sorted(self.mirrored.items()):
+            inputs.insert(position, mirrored_copy(inputs[len(abi.INPUTS) + i]))
+        return inputs
 
     def run_unchecked(self, inputs: list) -> list:
         """Run the kernel on `inputs` that its caller made match the types it was compiled for
@@ -272,6 +294,7 @@ def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inne
                   "unit_inner_stride": unit_inner_stride, "programs": lowered.programs,
                   "accumulated": {str(i): role for i, role in lowered.accumulated.items()},
                   "output_roles": lowered.output_roles,
+                  "mirrored": {str(position): i for position, i in lowered.mirrored.items()},
                   "claiming": abi.claiming_entry_name(lowered.name)}
         report.stage("LLVM -> native code (JIT, -O3)")
         try:
@@ -353,7 +376,7 @@ def _launch(kernel: CompiledKernel, inputs: list) -> list:
         batch, seq_q, seq_k = abi.classification_grid(kernel.mask_grid, inputs[0].shape[2], inputs[1].shape[2])
         inputs = list(inputs) + call_time_tables(kernel.mask_program, inputs, seq_q, seq_k, kernel.block_m,
                                                  kernel.block_n, "cpu", batch=batch)
-    return kernel.run_unchecked(inputs)
+    return kernel.run_unchecked(kernel.with_mirrors(inputs))
 
 
 def tuned_blocks(module_text: str, inputs: list, unit_inner_stride: bool = True) -> dict:
