@@ -181,7 +181,7 @@ class attention:
         if sequences is not None:
             b, lq, lk, kv_len = sequences.kv_len.shape[0], sequences.longest_q, sequences.longest_k, sequences.kv_len
         call = user_location()
-        mods = self._trace_mods(lq, lk, compose and clamp and kv_len is None and block_table is None and sequences is None)
+        mods = trace_mods(self, lq, lk, compose and clamp and kv_len is None and block_table is None and sequences is None)
         caps = Captures()
         positions = [caps.add(state) for _, _, state in mods]
         added = [kv_len, block_table] + ([] if sequences is None else [sequences.cu_q, sequences.cu_k])
@@ -192,7 +192,7 @@ class attention:
         # Everything the text is a function of: a call like an earlier one (the same mods traced to
         # the same expressions, shapes, dtypes and locations) takes that call's text, unwritten.
         key = (q.shape, k.shape, v.shape, q.dtype, b, lq, lk, clamp, scale, call, tuple(caps.types()),
-               tuple(None if t is None else tuple(t.shape) for t in added), self._normalizer_key(),
+               tuple(None if t is None else tuple(t.shape) for t in added), normalizer_key(self.normalize),
                tuple((role, definition_location(getattr(self, role)), signature(expr, where))
                      for (role, expr, _), where in zip(mods, positions)))
         return kept(self.__dict__.setdefault("_texts", {}), key,
@@ -207,35 +207,6 @@ class attention:
             # tensors than the call passes would read the wrong tensors silently.
             raise RuntimeError("internal error: the L0 module's closure tensors are not the call's")
         return text
-
-    def _trace_mods(self, lq: int, lk: int, compose: bool) -> list[tuple]:
-        """(role, traced expression, trace state) of the score_mod (composed when `compose`) and
-        the mask_mod that this attention has, in the module's order."""
-        mods = []
-        if self.score_mod is not None:
-            name = mod_name(self.score_mod, "score_mod")
-            expr, state = trace(self.score_mod, name, SCORE_MOD_ARGS)
-            if expr.type == I1:
-                raise TraceError(f"{name} must return a float score, got a boolean")
-            if expr.type == INDEX:
-                expr = as_float(expr)
-            if compose:
-                expr = relative_reads.compose(expr, state, lq, lk)
-            mods.append(("score_mod", expr, state))
-        if self.mask_mod is not None:
-            name = mod_name(self.mask_mod, "mask_mod")
-            expr, state = trace(self.mask_mod, name, MASK_MOD_ARGS)
-            if expr.type != I1:
-                raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
-            mods.append(("mask_mod", expr, state))
-        return mods
-
-    def _normalizer_key(self):
-        if isinstance(self.normalize, str):
-            return self.normalize
-        from ..normalizers import region_texts
-
-        return (definition_location(self.normalize.prob), tuple(sorted(region_texts(self.normalize).items())))
 
     def __call__(self, q, k, v, return_lse: bool = False, backend: str | None = None, kv_len=None,
                  block_table=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
@@ -330,6 +301,38 @@ class attention:
     def _out(self, out):
         """The output in the caller's layout (a view); lse stays [B, H, L], as FlashAttention's."""
         return out.transpose(1, 2) if self.layout == "blhd" else out
+
+
+def trace_mods(attn: attention, lq: int, lk: int, compose: bool) -> list[tuple]:
+    """(role, traced expression, trace state) of the score_mod (composed when `compose`) and the
+    mask_mod that `attn` has, in the module's order."""
+    mods = []
+    if attn.score_mod is not None:
+        name = mod_name(attn.score_mod, "score_mod")
+        expr, state = trace(attn.score_mod, name, SCORE_MOD_ARGS)
+        if expr.type == I1:
+            raise TraceError(f"{name} must return a float score, got a boolean")
+        if expr.type == INDEX:
+            expr = as_float(expr)
+        if compose:
+            expr = relative_reads.compose(expr, state, lq, lk)
+        mods.append(("score_mod", expr, state))
+    if attn.mask_mod is not None:
+        name = mod_name(attn.mask_mod, "mask_mod")
+        expr, state = trace(attn.mask_mod, name, MASK_MOD_ARGS)
+        if expr.type != I1:
+            raise TraceError(f"{name} must return a boolean (True keeps the pair), got a {expr.type} value")
+        mods.append(("mask_mod", expr, state))
+    return mods
+
+
+def normalizer_key(normalize):
+    """What of the normalizer the module text is a function of."""
+    if isinstance(normalize, str):
+        return normalize
+    from ..normalizers import region_texts
+
+    return (definition_location(normalize.prob), tuple(sorted(region_texts(normalize).items())))
 
 
 def _compiling() -> bool:

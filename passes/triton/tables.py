@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
-from .memory import Memory
+from .scatter import ClosureAdds
 from .values import Arg, Table, Value, constant_int
 
 
-class Tables(Memory):
+class Tables(ClosureAdds):
     """Needs `tables` (the tables that became arguments, in argument order) from the kernel."""
 
     def table_param(self, table: Table) -> Value:
