@@ -1,10 +1,10 @@
-"""Score mods on the CPU: ae-mlir's kernels for plain causal attention, ALiBi, a relative-bias table
-(also called with per-entry lengths, all of them L, which leaves the table's reads uncomposed:
-table[h, q_idx - kv_idx + L - 1]) and soft-capping, fp32 B=1 H=4 L=1024 D=64, beside eager torch
-(the scores materialized, the mod applied, masked softmax, P V) on the same cores, forward alone
-and forward + backward.
+"""Score mods on the CPU: ae-mlir's kernels for plain causal attention, ALiBi, a relative-bias table,
+T5's bucketed bias (the table and T5 also called with per-entry lengths, all of them L, which
+leaves their reads uncomposed: table[h, q_idx - kv_idx + L - 1] and T5's log per score) and
+soft-capping, fp32 B=1 H=4 L=1024 D=64, beside eager torch (the scores materialized, the mod
+applied, masked softmax, P V) on the same cores, forward alone and forward + backward.
 
-    python bench/cpu_mods.py [--rounds 15] [--out DIR]
+    python bench/cpu_mods.py [--rounds 15] [--cases causal,t5,...] [--out DIR]
 
 Every case compiles once (a warm call), then in each round each implementation runs on fresh
 random inputs (never zeros), the cases in turn; printed and written (with `--out`): the medians in
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -24,6 +25,7 @@ import time
 import torch
 
 import ae_mlir as ae
+from ae_mlir.variants import T5_BUCKETS, T5_MAX_DISTANCE
 from harness import cpu_description
 
 HEADS, SEQ, DIM = 4, 1024, 64
@@ -37,11 +39,23 @@ def _cases() -> dict:
     distance = rows.view(1, -1) - rows.view(-1, 1)  # kv_idx - q_idx
     causal = lambda b, h, i, j: i >= j  # noqa: E731
     relative = (lambda s, b, h, i, j: s + table[h, i - j + SEQ - 1], lambda s: s + table[:, (SEQ - 1 - distance)])
+    buckets = torch.randn(HEADS, T5_BUCKETS, generator=gen)
+    half, exact = T5_BUCKETS // 2, T5_BUCKETS // 4
+
+    def t5_bucket(distance):
+        n = distance.abs()
+        far = exact + (torch.log(torch.clamp(n, min=1) / exact) / math.log(T5_MAX_DISTANCE / exact)
+                       * (half - exact) + 1e-4).long()
+        return torch.where(distance > 0, half, 0) + torch.where(n < exact, n, torch.clamp(far, max=half - 1))
+
+    t5 = (lambda s, b, h, i, j: s + buckets[h, t5_bucket(j - i)], lambda s: s + buckets[:, t5_bucket(distance)])
     return {
         "causal": (None, lambda s: s, {}),
         "alibi": (lambda s, b, h, i, j: s + slopes[h] * (j - i), lambda s: s + slopes.view(-1, 1, 1) * distance, {}),
         "relative_bias": (*relative, {}),
         "relative_bias_lengths": (*relative, {"kv_len": torch.full((1,), SEQ, dtype=torch.int32)}),
+        "t5": (*t5, {}),
+        "t5_lengths": (*t5, {"kv_len": torch.full((1,), SEQ, dtype=torch.int32)}),
         "softcap": (lambda s, b, h, i, j: 30.0 * torch.tanh(s / 30.0), lambda s: 30.0 * torch.tanh(s / 30.0), {}),
     }, causal, rows.view(-1, 1) >= rows.view(1, -1)
 
@@ -50,8 +64,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     args = parser.parse_args(argv)
     cases, causal, mask = _cases()
+    if args.cases:
+        unknown = set(args.cases.split(",")) - set(cases)
+        if unknown:
+            parser.error(f"unknown cases {', '.join(sorted(unknown))}; the cases are {', '.join(cases)}")
+        cases = {name: case for name, case in cases.items() if name in args.cases.split(",")}
     impls = {}
     for name, (score_mod, eager_mod, call_args) in cases.items():
         attn = ae.attention(score_mod=score_mod, mask_mod=causal)

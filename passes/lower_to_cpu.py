@@ -27,10 +27,10 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
 Hand-written, because no upstream pass or transform op does it (each says why): `lower_grid` and
 `widen_bool_arguments` (cpu_grid_loops), `split_empty_tensors`, `carry_loop_state_in_place` (with
 `mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers` and `store_padded_rows`
-(cpu_lower_vectors), `lower_scatter` (cpu_lower_scatter), `align_vector_views`, `expand_erf`,
-`expand_expm1`, `expand_exponentials` and `flatten_math_vectors` (cpu_legalize_for_llvm),
-`define_bf16_truncation`, `attn-cpu-no-avx512-bf16`, `attn-cpu-claim-programs`,
-`attn-cpu-widen-matmul-operands`, `expand_tanh` (cpu_legalize_for_llvm) and
+(cpu_lower_vectors), `lower_scatter` (cpu_lower_scatter), `align_vector_views` and
+`flatten_math_vectors` (cpu_legalize_for_llvm), `expand_erf`, `expand_tanh`, `expand_expm1`,
+`expand_logarithms` and `expand_exponentials` (cpu_math_expansions), `define_bf16_truncation`,
+`attn-cpu-no-avx512-bf16`, `attn-cpu-claim-programs`, `attn-cpu-widen-matmul-operands` and
 `_subtractions_as_additions` (cpu_vectorize).
 """
 from __future__ import annotations
