@@ -1,8 +1,10 @@
 """Score mods on the CPU: ae-mlir's kernels for plain causal attention, ALiBi, a relative-bias table,
-T5's bucketed bias (the table and T5 also called with per-entry lengths, all of them L, which
-leaves their reads uncomposed: table[h, q_idx - kv_idx + L - 1] and T5's log per score) and
-soft-capping, fp32 B=1 H=4 L=1024 D=64, beside eager torch (the scores materialized, the mod
-applied, masked softmax, P V) on the same cores, forward alone and forward + backward.
+T5's bucketed bias and soft-capping, fp32 B=1 H=4 L=1024 D=64, beside eager torch (the scores
+materialized, the mod applied, masked softmax, P V) on the same cores, forward alone and forward +
+backward. T5 is also called with per-entry lengths (all of them L), and the table and T5 are also
+read at the queries' positions in a cache (q_idx + offset[b], the offsets 0 here): not a function
+of the distance alone, so the frontend does not compose them per distance, and the kernels read
+the table stepping back along the keys and T5 with a log per score.
 
     python bench/cpu_mods.py [--rounds 15] [--cases causal,t5,...] [--out DIR]
 
@@ -49,13 +51,15 @@ def _cases() -> dict:
         return torch.where(distance > 0, half, 0) + torch.where(n < exact, n, torch.clamp(far, max=half - 1))
 
     t5 = (lambda s, b, h, i, j: s + buckets[h, t5_bucket(j - i)], lambda s: s + buckets[:, t5_bucket(distance)])
+    offset = torch.zeros(1, dtype=torch.int64)
     return {
         "causal": (None, lambda s: s, {}),
         "alibi": (lambda s, b, h, i, j: s + slopes[h] * (j - i), lambda s: s + slopes.view(-1, 1, 1) * distance, {}),
         "relative_bias": (*relative, {}),
-        "relative_bias_lengths": (*relative, {"kv_len": torch.full((1,), SEQ, dtype=torch.int32)}),
+        "relative_bias_offset": (lambda s, b, h, i, j: s + table[h, i + offset[b] - j + SEQ - 1], relative[1], {}),
         "t5": (*t5, {}),
         "t5_lengths": (*t5, {"kv_len": torch.full((1,), SEQ, dtype=torch.int32)}),
+        "t5_offset": (lambda s, b, h, i, j: s + buckets[h, t5_bucket(j - i - offset[b])], t5[1], {}),
         "softcap": (lambda s, b, h, i, j: 30.0 * torch.tanh(s / 30.0), lambda s: 30.0 * torch.tanh(s / 30.0), {}),
     }, causal, rows.view(-1, 1) >= rows.view(1, -1)
 

@@ -123,24 +123,23 @@ def test_cpu_backward_reads_the_composed_table_mirrored(dtype, tol):
 
 
 def test_cpu_forward_with_lengths_reads_the_table_mirrored():
-    # With per-entry lengths the table is read as written, q_idx - kv_idx + c, stepping back along
-    # the forward's rows of keys; a kernel called directly takes the inputs without the copy.
+    # A table read at the queries' positions in the cache steps back along the forward's rows of
+    # keys; a kernel called directly takes the inputs without the copy.
     from ae_mlir.backends import cpu
 
     gen = torch.Generator().manual_seed(6)
     q = torch.randn(3, 4, 90, 32, generator=gen)
     k, v = (torch.randn(3, 4, 130, 32, generator=gen) for _ in range(2))
-    table = torch.randn(4, 90 + 130 - 1, generator=gen)
     lengths = torch.tensor([130, 17, 64], dtype=torch.int32)
-    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + table[h, i - j + 129])
+    table, attn = _at_cache_positions(90, 130, 4, lengths, gen)
     got = attn(q, k, v, kv_len=lengths)
     want = attn(q.double(), k.double(), v.double(), kv_len=lengths, backend="reference")
     assert (got.double() - want).abs().max() < 1e-5 * want.abs().max()
-    kernel = cpu.compile_module(attn.mlir(q, k, v, compose=False))
-    assert list(kernel.mirrored.values()) == [0]
-    out, _ = kernel([q, k, v, table])
-    unlimited = attn(q.double(), k.double(), v.double(), backend="reference")
-    assert (out.double() - unlimited).abs().max() < 1e-5 * unlimited.abs().max()
+    closures = attn._build(q, k, v, kv_len=lengths)[1]
+    kernel = cpu.compile_module(attn.mlir(q, k, v, kv_len=lengths))
+    assert list(kernel.mirrored.values()) == [next(i for i, t in enumerate(closures) if t is table)]
+    out, _ = kernel([q, k, v, *closures])
+    assert (out.double() - want).abs().max() < 1e-5 * want.abs().max()
 
 
 def test_runtime_makes_the_mirror_from_the_closure_tensor():
@@ -155,28 +154,63 @@ def test_runtime_makes_the_mirror_from_the_closure_tensor():
         bundle, {"q": q, "k": k, "v": v, "c0": table, "c0_mirrored": table.flip(-1)}, "cpu")
 
 
+def _at_cache_positions(lq: int, lk: int, heads: int, lengths: torch.Tensor, gen):
+    """A relative-position table read at the queries' positions in the cache, table[h, q_idx +
+    shift[b] - kv_idx + c] with shift = kv_len - Lq (the queries last in each entry): not a
+    function of the distance alone, so the frontend reads it as written, stepping back along the
+    rows of keys."""
+    table = torch.randn(heads, lq + 2 * lk, generator=gen)
+    shift = (lengths - lq).to(torch.int64)
+    return table, ae.attention(score_mod=lambda s, b, h, i, j: s + table[h, i + shift[b] - j + lk - 1])
+
+
 @pytest.mark.parametrize("lq, lk, lengths", [(4, 3000, [1, 2999, 1500]), (200, 300, [300, 17, 0])],
                          ids=["decoding", "prefill"])
 def test_forward_with_lengths_reads_the_table_mirrored(lq, lk, lengths):
-    # With per-entry lengths the frontend leaves table[h, q_idx - kv_idx + c] as written, which
-    # steps back along the forward's rows of keys: the kernels (split and GQA-packed when decoding)
-    # read the mirrored copy the runtime makes, at the default config.
+    # The kernels (split and GQA-packed when decoding) read the mirrored copy the runtime makes,
+    # at the default config.
     from bundle_interp import interpret
 
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(3, 8, lq, 64, generator=gen).to(torch.bfloat16)
     k, v = (torch.randn(3, 2, lk, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
-    table = torch.randn(8, lq + lk - 1, generator=gen)
     lengths = torch.tensor(lengths, dtype=torch.int32)
-    attn = ae.attention(score_mod=lambda s, b, h, i, j: s + table[h, i - j + lk - 1])
+    table, attn = _at_cache_positions(lq, lk, 8, lengths, gen)
     bundle = tb.compile_bundle(attn, q, k, v, target="cuda:90", kv_len=lengths)
-    assert _mirrored_roles(bundle) == ["c0_mirrored"]
-    (out, lse), _ = interpret(bundle, q, k, v, table, lengths)
+    closures = attn._build(q, k, v, kv_len=lengths)[1]
+    assert _mirrored_roles(bundle) == [abi.mirrored(next(i for i, t in enumerate(closures) if t is table))]
+    (out, lse), _ = interpret(bundle, q, k, v, *closures)
     want, want_lse = attn(q.double(), k.double(), v.double(), kv_len=lengths, backend="reference", return_lse=True)
     assert (out.double() - want).abs().max() < 2e-2 * want.abs().max()
     finite = torch.isfinite(want_lse)
     assert torch.equal(finite, torch.isfinite(lse))
     assert (lse.double()[finite] - want_lse[finite]).abs().max() < 1e-3
+
+
+def test_a_table_of_the_distance_is_composed_with_lengths_and_packed_sequences():
+    # With per-entry lengths, paged caches or packed sequences the positions are still 0 .. Lq - 1
+    # and 0 .. Lk - 1 (a packed batch's: the longest sequences'), so T5's bucket is composed per
+    # distance there too: one read of a [H, Lq + Lk - 1] table per score, no log.
+    from ae_mlir import variants
+
+    attn, _ = variants.build("t5_bias", variants.Shape(3, 4, 90, 130, 32, 32))
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(3, 4, 90, 32, generator=gen)
+    k, v = (torch.randn(3, 4, 130, 32, generator=gen) for _ in range(2))
+    lengths = torch.tensor([130, 17, 64], dtype=torch.int32)
+    text = attn.mlir(q, k, v, kv_len=lengths)
+    assert "tensor<4x219xf32>" in text and "math.log" not in text
+    assert "math.log" in attn.mlir(q, k, v, kv_len=lengths, compose=False)
+    got = attn(q, k, v, kv_len=lengths)
+    want = attn(q.double(), k.double(), v.double(), kv_len=lengths, backend="reference")
+    assert (got.double() - want).abs().max() < 1e-5 * want.abs().max()
+    offsets = torch.tensor([0, 50, 270], dtype=torch.int32)
+    packed = [torch.randn(4, 270, 32, generator=gen) for _ in range(3)]
+    where = dict(cu_seqlens_q=offsets, cu_seqlens_k=offsets, max_seqlen_q=220, max_seqlen_k=220)
+    assert "math.log" not in attn.mlir(*packed, **where)
+    got = attn(*packed, **where)
+    want = attn(*(t.double() for t in packed), **where, backend="reference")
+    assert (got.double() - want).abs().max() < 1e-5 * want.abs().max()
 
 
 def test_the_mirrored_copy_is_kept_while_the_table_is_unchanged():

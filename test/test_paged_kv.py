@@ -136,3 +136,21 @@ def test_checked_mode_sees_the_logical_keys():
     with pytest.raises(IndexError, match="index 4 is out of range"):
         attn(q, k_pages, v_pages, block_table=table)
     attn(q, k_pages, v_pages, block_table=table, kv_len=torch.tensor([4, 3]))  # keys past kv_len unchecked
+
+
+def test_t5_reads_a_table_composed_over_the_logical_cache():
+    # Positions run over the logical cache (max_pages * page_size keys), so T5's bucket is composed
+    # per distance as for a dense cache: one read of a [H, Lq + Lk - 1] table per score, no log.
+    from ae_mlir import variants
+
+    page_size, max_pages = 16, 6
+    lk = page_size * max_pages
+    lengths = torch.tensor([lk, 0, 1, lk // 2 + 3], dtype=torch.int32)
+    k_pages, v_pages, table, k, v = _cache(4, 2, 16, page_size, max_pages, lengths, torch.float32)
+    q = torch.randn(4, 4, 5, 16, generator=torch.Generator().manual_seed(2))
+    attn, _ = variants.build("t5_bias", variants.Shape(4, 4, 5, lk, 16, 16))
+    text = attn.mlir(q, k_pages, v_pages, kv_len=lengths, block_table=table)
+    assert f"tensor<4x{5 + lk - 1}xf32>" in text and "math.log" not in text
+    out = attn(q, k_pages, v_pages, kv_len=lengths, block_table=table)
+    want = attn(q.double(), k.double(), v.double(), kv_len=lengths, backend="reference")
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-6)

@@ -181,7 +181,7 @@ class attention:
         if sequences is not None:
             b, lq, lk, kv_len = sequences.kv_len.shape[0], sequences.longest_q, sequences.longest_k, sequences.kv_len
         call = user_location()
-        mods = trace_mods(self, lq, lk, compose and clamp and kv_len is None and block_table is None and sequences is None)
+        mods = trace_mods(self, lq, lk, compose and clamp)
         caps = Captures()
         positions = [caps.add(state) for _, _, state in mods]
         added = [kv_len, block_table] + ([] if sequences is None else [sequences.cu_q, sequences.cu_k])

@@ -14,10 +14,14 @@ new closure input computed from the user's tensors on every call, which only the
 holds; the kernels see an ordinary relative-position read. (Tabulating only the bucket at compile
 time, an i32 table read before the bias, ran slower on an NVIDIA H200: two dependent gathers.)
 
-Only for positions 0..Lq-1 and 0..Lk-1 (no per-entry key lengths, paged caches or packed
-sequences, whose positions the distance range does not bound the same way), and for any such
-index but kv_idx - q_idx plus a constant, the composed form itself: a relative-position table
-read at q_idx - kv_idx + c is composed too, reversed (`_ascending`).
+The mods' positions run over 0..Lq-1 and 0..Lk-1 with per-entry key lengths and paged caches
+too (Lk the logical cache's length), and over the longest sequences' bounds in a packed batch, so
+those calls are composed alike (the index is evaluated once per index expression and shapes:
+a call adds one gather). Any such index is composed but kv_idx - q_idx plus a constant, the
+composed form itself: a relative-position table read at q_idx - kv_idx + c is composed too,
+reversed (`_ascending`). A read at a position the distance alone does not give (a query's
+position in a cache, q_idx + offset[b] - kv_idx) stays as written; the kernels read it from a
+mirrored copy where it steps back along a tile's rows (passes/mirror_reads.py).
 Under torch.compile the custom op takes the tensors the mods read: `kernel_closures` composes
 them there and `written_gradients` adds a composed tensor's gradient back into its table.
 """
