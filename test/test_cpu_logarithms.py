@@ -9,26 +9,13 @@ import math
 import pytest
 import torch
 
-from cpu_l1 import run_one_program
+from cpu_l1 import run_math_op
 
-_KERNEL = """
-func.func @kernel(%x: tensor<{n}xf32>, %t: tensor<{n}xf32>) -> tensor<{n}xf32>
-    attributes {{attn.grid = array<i64: 1>}} {{
-  %r = linalg.generic {{indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
-                       iterator_types = ["parallel"]}} ins(%x : tensor<{n}xf32>) outs(%t : tensor<{n}xf32>) {{
-  ^bb0(%in: f32, %out: f32):
-    %a = math.{op} %in : f32
-    linalg.yield %a : f32
-  }} -> tensor<{n}xf32>
-  return %r : tensor<{n}xf32>
-}}
-"""
 _REFERENCE = {"log": torch.log, "log2": torch.log2, "log1p": torch.log1p}
 
 
 def _run(op: str, x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty_like(x)
-    lowered = run_one_program(_KERNEL.format(n=x.numel(), op=op), "kernel", [x, out])
+    out, lowered = run_math_op(op, x)
     assert "intr.log" not in lowered and "logf" not in lowered and "log1pf" not in lowered, \
         f"{op} left to the LLVM conversion (libm per lane)"
     return out

@@ -8,25 +8,11 @@ import math
 
 import torch
 
-from cpu_l1 import run_one_program
-
-_TANH_KERNEL = """
-func.func @kernel(%x: tensor<{n}xf32>, %t: tensor<{n}xf32>) -> tensor<{n}xf32>
-    attributes {{attn.grid = array<i64: 1>}} {{
-  %r = linalg.generic {{indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
-                       iterator_types = ["parallel"]}} ins(%x : tensor<{n}xf32>) outs(%t : tensor<{n}xf32>) {{
-  ^bb0(%in: f32, %out: f32):
-    %a = math.tanh %in : f32
-    linalg.yield %a : f32
-  }} -> tensor<{n}xf32>
-  return %r : tensor<{n}xf32>
-}}
-"""
+from cpu_l1 import run_math_op
 
 
 def _run(x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty_like(x)
-    lowered = run_one_program(_TANH_KERNEL.format(n=x.numel()), "kernel", [x, out])
+    out, lowered = run_math_op("tanh", x)
     assert "intr.tanh" not in lowered and "tanhf" not in lowered, "tanh left to the LLVM conversion (libm per lane)"
     return out
 
