@@ -1,10 +1,11 @@
 """Score mods on the CPU: ae-mlir's kernels for plain causal attention, ALiBi, a relative-bias table,
-T5's bucketed bias and soft-capping, fp32 B=1 H=4 L=1024 D=64, beside eager torch (the scores
-materialized, the mod applied, masked softmax, P V) on the same cores, forward alone and forward +
-backward. T5 is also called with per-entry lengths (all of them L), and the table and T5 are also
-read at the queries' positions in a cache (q_idx + offset[b], the offsets 0 here): not a function
-of the distance alone, so the frontend does not compose them per distance, and the kernels read
-the table stepping back along the keys and T5 with a log per score.
+T5's bucketed bias, a cosine of the distance and soft-capping, fp32 B=1 H=4 L=1024 D=64, beside
+eager torch (the scores materialized, the mod applied, masked softmax, P V) on the same cores,
+forward alone and forward + backward. T5 is also called with per-entry lengths (all of them L),
+and the table and T5 are also read at the queries' positions in a cache (q_idx + offset[b], the
+offsets 0 here): not a function of the distance alone, so the frontend does not compose them per
+distance, and the kernels read the table stepping back along the keys and T5 with a log per
+score.
 
     python bench/cpu_mods.py [--rounds 15] [--cases causal,t5,...] [--out DIR]
 
@@ -60,6 +61,8 @@ def _cases() -> dict:
         "t5": (*t5, {}),
         "t5_lengths": (*t5, {"kv_len": torch.full((1,), SEQ, dtype=torch.int32)}),
         "t5_offset": (lambda s, b, h, i, j: s + buckets[h, t5_bucket(j - i - offset[b])], t5[1], {}),
+        "cosine": (lambda s, b, h, i, j: s + 0.5 * torch.cos(0.05 * (j - i)),
+                   lambda s: s + 0.5 * torch.cos(0.05 * distance), {}),
         "softcap": (lambda s, b, h, i, j: 30.0 * torch.tanh(s / 30.0), lambda s: 30.0 * torch.tanh(s / 30.0), {}),
     }, causal, rows.view(-1, 1) >= rows.view(1, -1)
 
@@ -84,7 +87,7 @@ def main(argv=None) -> int:
             s = eager_mod((q @ k.transpose(-1, -2)) * DIM ** -0.5)
             return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
 
-        impls[name] = {"ae_mlir": lambda q, k, v, attn=attn, call_args=call_args: attn(q, k, v, backend="cpu", **call_args),
+        impls[name] = {"ae_mlir": lambda q, k, v, attn=attn, args=call_args: attn(q, k, v, backend="cpu", **args),
                        "torch_eager": eager}
     times = {(case, impl, part): [] for case in impls for impl in ("ae_mlir", "torch_eager")
              for part in ("forward", "forward_backward")}

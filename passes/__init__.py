@@ -51,6 +51,7 @@ _REGISTRY: dict[str, str] = {
     "attn-cpu-bufferize": "cpu_bufferize:Bufferize",
     "attn-cpu-pin-unit-inner-stride": "cpu_unit_inner_stride:PinUnitInnerStride",
     "attn-cpu-lower-vectors": "cpu_lower_vectors:LowerVectors",
+    "attn-cpu-expand-sin-cos": "cpu_expand_sin_cos:ExpandSinCos",
     "attn-cpu-legalize-for-llvm": "cpu_legalize_for_llvm:LegalizeForLlvm",
     "attn-cpu-claim-programs": "cpu_claim_programs:ClaimPrograms",
     "attn-cpu-define-bf16-truncation": "cpu_bf16_truncation:DefineBf16Truncation",

@@ -1,6 +1,7 @@
 """The CPU lowering's math expansions (`attn-cpu-legalize-for-llvm` runs them): f32 erf, tanh,
 expm1, exp, exp2, log, log2 and log1p written as polynomials and exponent arithmetic, scalar or
-vector, in place of what the upstream LLVM conversion makes of them.
+vector, in place of what the upstream LLVM conversion makes of them (sin and cos, which take a
+branch: `attn-cpu-expand-sin-cos`).
 
 Hand-written because upstream's polynomial approximations (MathPolynomialApproximation) are not
 exposed as a pass or transform op, and the LLVM conversion leaves these functions to libm: on a
@@ -40,7 +41,7 @@ TANH_SERIES = (6404582 / 10854718875, -929569 / 638512875, 21844 / 6081075, -138
 TANH_SMALL = 0.55
 
 
-def _constant(t, value):
+def typed_constant(t, value):
     """A constant of scalar type `t` (float for a float `value`, else integer), or a splat of a
     vector type."""
     from mlir import ir
@@ -51,7 +52,7 @@ def _constant(t, value):
     return arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr) if isinstance(t, ir.VectorType) else attr)
 
 
-def _i32_like(ftype):
+def i32_like(ftype):
     """i32, or a vector of i32 of `ftype`'s shape."""
     from mlir import ir
 
@@ -59,7 +60,7 @@ def _i32_like(ftype):
     return ir.VectorType.get(list(ftype.shape), i32) if isinstance(ftype, ir.VectorType) else i32
 
 
-def _horner(coefficients, r, constant):
+def horner(coefficients, r, constant):
     """The polynomial with `coefficients` (highest degree first) at `r`, each coefficient made by
     `constant`, as multiply-adds at the current insertion point.
 
@@ -104,11 +105,11 @@ def expand_erf(module_op) -> None:
         x = op.operands[0]
         ftype = x.type
         with op.context, op.location, ir.InsertionPoint(op):
-            clamped = arith.minimumf(arith.maximumf(x, _constant(ftype, -4.0)), _constant(ftype, 4.0))
+            clamped = arith.minimumf(arith.maximumf(x, typed_constant(ftype, -4.0)), typed_constant(ftype, 4.0))
             x2 = arith.mulf(clamped, clamped)
-            r = arith.divf(arith.mulf(clamped, _horner(ERF_NUMERATOR, x2, lambda c: _constant(ftype, c))),
-                           _horner(ERF_DENOMINATOR, x2, lambda c: _constant(ftype, c)))
-            r = arith.minimumf(arith.maximumf(r, _constant(ftype, -1.0)), _constant(ftype, 1.0))
+            r = arith.divf(arith.mulf(clamped, horner(ERF_NUMERATOR, x2, lambda c: typed_constant(ftype, c))),
+                           horner(ERF_DENOMINATOR, x2, lambda c: typed_constant(ftype, c)))
+            r = arith.minimumf(arith.maximumf(r, typed_constant(ftype, -1.0)), typed_constant(ftype, 1.0))
         op.results[0].replace_all_uses_with(r)
         op.erase()
 
@@ -130,10 +131,10 @@ def expand_tanh(module_op) -> None:
         ftype = x.type
         with op.context, op.location, ir.InsertionPoint(op):
             def const(value):
-                return _constant(ftype, value)
+                return typed_constant(ftype, value)
 
             magnitude = math_ops.absf(x)
-            near_zero = arith.mulf(x, _horner(TANH_SERIES, arith.mulf(x, x), const))
+            near_zero = arith.mulf(x, horner(TANH_SERIES, arith.mulf(x, x), const))
             e = math_ops.exp(arith.mulf(magnitude, const(-2.0)))
             beyond = math_ops.copysign(arith.divf(arith.subf(const(1.0), e), arith.addf(const(1.0), e)), x)
             small = arith.cmpf(arith.CmpFPredicate.OLT, magnitude, const(TANH_SMALL))
@@ -159,7 +160,7 @@ def expand_expm1(module_op) -> None:
         x = op.operands[0]
         with op.context, op.location, ir.InsertionPoint(op):
             def const(value):
-                return _constant(x.type, value)
+                return typed_constant(x.type, value)
 
             u = math_ops.exp(x)
             d = arith.subf(u, const(1.0))
@@ -194,8 +195,8 @@ def expand_exponentials(module_op) -> None:
             if (ftype.element_type if shape is not None else ftype) != ir.F32Type.get(op.context):
                 continue
             with op.context, op.location, ir.InsertionPoint(op):
-                itype = _i32_like(ftype)
-                const = _constant
+                itype = i32_like(ftype)
+                const = typed_constant
 
                 # The select below passes NaN through, so the clamp need not: `nnan` lets it be
                 # one min and one max instruction, where NaN-propagating ones take a compare and
@@ -205,12 +206,12 @@ def expand_exponentials(module_op) -> None:
                                         fastmath=nnan)
                 if name == "math.exp2":
                     n = math_ops.floor(arith.addf(clamped, const(ftype, 0.5)))
-                    p = _horner(EXP2_POLYNOMIAL, arith.subf(clamped, n), lambda c: const(ftype, c))
+                    p = horner(EXP2_POLYNOMIAL, arith.subf(clamped, n), lambda c: const(ftype, c))
                 else:
                     n = math_ops.floor(arith.addf(arith.mulf(clamped, const(ftype, LOG2E)), const(ftype, 0.5)))
                     r = arith.subf(arith.subf(clamped, arith.mulf(n, const(ftype, LN2_HIGH))),
                                    arith.mulf(n, const(ftype, LN2_LOW)))
-                    tail = _horner(EXP_POLYNOMIAL, r, lambda c: const(ftype, c))
+                    tail = horner(EXP_POLYNOMIAL, r, lambda c: const(ftype, c))
                     p = arith.addf(arith.addf(arith.mulf(tail, arith.mulf(r, r)), r), const(ftype, 1.0))
                 ni = arith.fptosi(itype, n)
                 half = arith.shrsi(ni, const(itype, 1))
@@ -241,11 +242,11 @@ def expand_logarithms(module_op) -> None:
     for op in _f32_ops(module_op, "math.log1p"):
         x = op.operands[0]
         with op.context, op.location, ir.InsertionPoint(op):
-            u = arith.addf(x, _constant(x.type, 1.0))
-            d = arith.subf(u, _constant(x.type, 1.0))
+            u = arith.addf(x, typed_constant(x.type, 1.0))
+            d = arith.subf(u, typed_constant(x.type, 1.0))
             r = arith.mulf(_logarithm(u, False), arith.divf(x, d))
-            r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, d, _constant(x.type, 0.0)), x, r)
-            r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, u, _constant(x.type, math.inf)), u, r)
+            r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, d, typed_constant(x.type, 0.0)), x, r)
+            r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, u, typed_constant(x.type, math.inf)), u, r)
         op.results[0].replace_all_uses_with(r)
         op.erase()
     for name, base2 in (("math.log2", True), ("math.log", False)):
@@ -261,10 +262,10 @@ def _logarithm(x, base2: bool):
     with m in [sqrt(1/2), sqrt(2)), then log(m) from LOG_POLYNOMIAL."""
     from mlir.dialects import arith
 
-    ftype, itype = x.type, _i32_like(x.type)
+    ftype, itype = x.type, i32_like(x.type)
 
     def const(value):
-        return _constant(ftype if isinstance(value, float) else itype, value)
+        return typed_constant(ftype if isinstance(value, float) else itype, value)
 
     subnormal = arith.cmpf(arith.CmpFPredicate.OLT, x, const(2.0 ** -126))
     scaled = arith.select(subnormal, arith.mulf(x, const(2.0 ** 23)), x)
@@ -277,7 +278,7 @@ def _logarithm(x, base2: bool):
     e = arith.subi(e, arith.select(low, const(1), const(0)))
     r = arith.subf(arith.select(low, arith.addf(m, m), m), const(1.0))
     r2 = arith.mulf(r, r)
-    tail = arith.mulf(arith.mulf(r, r2), _horner(LOG_POLYNOMIAL, r, const))
+    tail = arith.mulf(arith.mulf(r, r2), horner(LOG_POLYNOMIAL, r, const))
     exponent = arith.sitofp(ftype, e)
     if base2:
         result = arith.addf(arith.mulf(arith.addf(r, arith.subf(tail, arith.mulf(r2, const(0.5)))), const(LOG2E)),

@@ -14,7 +14,8 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
    dynamic layouts at function boundaries; the kernel writes its destination arguments and
    returns nothing. With `unit-inner-stride`, `attn-cpu-pin-unit-inner-stride`.
 4. `attn-cpu-lower-vectors`: accumulators in registers, contractions as outer products,
-   transfers as 1-D loads and stores. Buffers leave the loops and get their deallocations
+   transfers as 1-D loads and stores; `attn-cpu-expand-sin-cos` writes vector sin and cos as
+   polynomials (with libm behind a branch). Buffers leave the loops and get their deallocations
    (`LOOPS_PIPELINE`); `attn-cpu-legalize-for-llvm` readies the IR for the LLVM conversion, and
    `attn-cpu-claim-programs` adds each kernel's claiming entry (threads take its programs from a
    shared counter).
@@ -29,7 +30,8 @@ Hand-written, because no upstream pass or transform op does it (each says why): 
 `mark_state_loops`), `pin_unit_inner_stride`, `lower_gathers` and `store_padded_rows`
 (cpu_lower_vectors), `lower_scatter` (cpu_lower_scatter), `align_vector_views` and
 `flatten_math_vectors` (cpu_legalize_for_llvm), `expand_erf`, `expand_tanh`, `expand_expm1`,
-`expand_logarithms` and `expand_exponentials` (cpu_math_expansions), `define_bf16_truncation`,
+`expand_logarithms` and `expand_exponentials` (cpu_math_expansions), `attn-cpu-expand-sin-cos`,
+`define_bf16_truncation`,
 `attn-cpu-no-avx512-bf16`, `attn-cpu-claim-programs`, `attn-cpu-widen-matmul-operands` and
 `_subtractions_as_additions` (cpu_vectorize).
 """
@@ -120,6 +122,7 @@ class LowerToCpu(PassPipeline):
             "canonicalize",
             "cse",
             "attn-cpu-lower-vectors",
+            "attn-cpu-expand-sin-cos",
             *LOOPS_PIPELINE,
             "attn-cpu-legalize-for-llvm",
             "attn-cpu-claim-programs",

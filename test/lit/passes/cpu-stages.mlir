@@ -70,6 +70,7 @@
 // ORDER-NEXT: IR Dump After Canonicalizer (canonicalize)
 // ORDER-NEXT: IR Dump After CSE (cse)
 // ORDER-NEXT: IR Dump After LowerVectors (attn-cpu-lower-vectors)
+// ORDER-NEXT: IR Dump After ExpandSinCos (attn-cpu-expand-sin-cos)
 // ORDER-NEXT: (buffer-loop-hoisting)
 // ORDER: (convert-vector-to-scf)
 // ORDER-NEXT: IR Dump After Canonicalizer (canonicalize)
