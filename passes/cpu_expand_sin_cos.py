@@ -3,14 +3,14 @@ polynomials, with libm kept for the vectors that hold an argument beyond the red
 
 The LLVM conversion calls libm once per vector lane for sin and cos (a score mod adding
 0.5 cos(0.05 (kv_idx - q_idx)) took 2.1x plain attention's causal forward on a 2-core AVX-512
-host, bench/results/cpu-mods-2026-12-07-sin-cos/), and upstream's polynomial approximations (MathPolynomialApproximation) are not exposed as a pass or
-transform op. x = k pi/2 + r with k = roundeven(2x / pi) and r in [-pi/4, pi/4] computed in f64
-from pi/2 in three parts (`PI_OVER_2`: k times either of the first two is exact for |k| < 2^30),
-then sin(r) and cos(r) in f32 (Cephes sinf/cosf's polynomials) and k's quadrant picks and signs
-one. The expansion runs where no lane's |x| exceeds 2^30 and none is NaN (an scf.if on the
-vector's lanes): a vector that has one calls libm, as before, which is exact over the whole
-range. Scalars keep libm's call. Runs after attn-cpu-lower-vectors, before the structured
-control flow is lowered.
+host, bench/results/cpu-mods-2026-12-07-sin-cos/), and upstream's polynomial approximations
+(MathPolynomialApproximation) are not exposed as a pass or transform op. x = k pi/2 + r with
+k = roundeven(2x / pi) and r in [-pi/4, pi/4] computed in f64 from pi/2 in three parts
+(`PI_OVER_2`: k times either of the first two is exact for |k| < 2^30), then sin(r) and cos(r)
+in f32 (Cephes sinf/cosf's polynomials) and k's quadrant picks and signs one. The expansion runs
+where no lane's |x| exceeds 2^30 and none is NaN (an scf.if on the vector's lanes): a vector that
+has one calls libm, as before, which is exact over the whole range. Scalars keep libm's call.
+Runs after attn-cpu-lower-vectors, before the structured control flow is lowered.
 """
 from __future__ import annotations
 
