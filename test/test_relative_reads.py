@@ -118,11 +118,17 @@ def test_table_gradients_reach_the_table_through_torch():
         assert err < 1e-4, f"{name}: relative error {err:.3g}"
 
 
-def test_not_composed_for_key_lengths():
+def test_composed_with_key_lengths():
+    # Per-entry lengths leave the positions 0 .. Lq - 1 and 0 .. Lk - 1: the table is composed
+    # per distance as without them (test_mirror_reads.py: packed sequences; test_paged_kv.py).
     attn = ae.attention(score_mod=_bucketed(_table(seed=8)))
     q, k, v = variants.inputs(SHAPE, seed=9)
-    _, captures = attn._build(q, k, v, kv_len=torch.full((1,), 60, dtype=torch.int32))
-    assert tuple(captures[0].shape) == (4, 16)
+    lengths = torch.full((1,), 60, dtype=torch.int32)
+    _, captures = attn._build(q, k, v, kv_len=lengths)
+    assert tuple(captures[0].shape) == (4, 45 + 70 - 1)
+    want = attn(q.double(), k.double(), v.double(), kv_len=lengths, backend="reference")
+    got = attn(q, k, v, kv_len=lengths, backend="cpu")
+    assert float((got.double() - want).abs().max() / want.abs().max()) < 1e-5
 
 
 def test_torch_compile_composes_from_the_tensors_it_fetches():
