@@ -4,6 +4,7 @@ gathers scalar loads: the vector forms the LLVM conversion takes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -88,7 +89,8 @@ def store_padded_rows(module_op) -> None:
 
 
 def lower_gathers(module_op) -> None:
-    """Replace each `vector.gather` from a memref by one scalar load per lane.
+    """Replace each `vector.gather` from a memref by one scalar load per lane, behind a check for
+    positions that turn out consecutive (`_consecutive_or`).
 
     The vectorizer turns a closure-tensor read inside a linalg body (`doc[kv_idx]`) into a gather.
     Upstream lowers gathers to LLVM only from memrefs of static unit innermost stride, and its
@@ -97,7 +99,6 @@ def lower_gathers(module_op) -> None:
     nothing.
     """
     from mlir import ir
-    from mlir.dialects import arith, memref, scf, vector
 
     for op in walk(module_op, "vector.gather"):
         gather = op.opview
@@ -107,48 +108,124 @@ def lower_gathers(module_op) -> None:
         shape = list(base.type.shape)
         if any(ir.ShapedType.is_dynamic_size(d) for d in shape):
             raise fail(op, "a gather from a dynamically shaped memref is not supported")
-        result_type = op.results[0].type
-        elt = result_type.element_type
-        lanes = _lane_positions(list(result_type.shape))
-        all_true = _is_true_splat(gather.mask)
         with op.context, op.location, ir.InsertionPoint(op):
-            index = ir.IndexType.get()
-
-            def idx(n):
-                return arith.constant(index, n)
-
-            flat = None
-            for d, offset in enumerate(gather.offsets):
-                stride = 1
-                for extent in shape[d + 1:]:
-                    stride *= extent
-                term = arith.muli(offset, idx(stride)) if stride != 1 else offset
-                flat = term if flat is None else arith.addi(flat, term)
-            elements = []
-            for lane in lanes:
-                lane_index = vector.extract(gather.indices, [], lane)
-                if lane_index.type != index:
-                    lane_index = arith.index_cast(index, lane_index)
-                position = arith.addi(flat, lane_index)
-                coords = []
-                for d in reversed(range(len(shape))):
-                    coords.append(arith.remui(position, idx(shape[d])) if d else position)
-                    if d:
-                        position = arith.divui(position, idx(shape[d]))
-                coords.reverse()
-                if all_true:
-                    elements.append(memref.load(base, coords))
-                    continue
-                keep = vector.extract(gather.mask, [], lane)
-                branch = scf.IfOp(keep, [elt], has_else=True)
-                with ir.InsertionPoint(branch.then_block):
-                    scf.YieldOp([memref.load(base, coords)])
-                with ir.InsertionPoint(branch.else_block):
-                    scf.YieldOp([vector.extract(gather.pass_thru, [], lane)])
-                elements.append(branch.results[0])
-            result = vector.from_elements(result_type, elements)
+            flat = _linear_offset(gather.offsets, shape)
+            source = _unit_stride_source(base) if _is_true_splat(gather.mask) else None
+            if source is not None and math.prod(op.results[0].type.shape) <= shape[-1]:
+                result = _consecutive_or(gather, source, shape, flat)
+            else:
+                result = _lane_loads(gather, base, shape, flat)
         op.results[0].replace_all_uses_with(result)
         op.erase()
+
+
+def _index(n: int):
+    from mlir import ir
+    from mlir.dialects import arith
+
+    return arith.constant(ir.IndexType.get(), n)
+
+
+def _linear_offset(offsets, shape: list[int]):
+    """The row-major position of the gather's base offsets in a memref of `shape`."""
+    from mlir.dialects import arith
+
+    flat = None
+    for d, offset in enumerate(offsets):
+        stride = math.prod(shape[d + 1:])
+        term = arith.muli(offset, _index(stride)) if stride != 1 else offset
+        flat = term if flat is None else arith.addi(flat, term)
+    return flat
+
+
+def _coordinates(position, shape: list[int]) -> list:
+    """The indices into a memref of `shape` of the row-major `position`."""
+    from mlir.dialects import arith
+
+    coords = []
+    for d in reversed(range(len(shape))):
+        coords.append(arith.remui(position, _index(shape[d])) if d else position)
+        if d:
+            position = arith.divui(position, _index(shape[d]))
+    return coords[::-1]
+
+
+def _lane_index(gather, lane: list[int]):
+    from mlir import ir
+    from mlir.dialects import arith, vector
+
+    value = vector.extract(gather.indices, [], lane)
+    return value if value.type == ir.IndexType.get() else arith.index_cast(ir.IndexType.get(), value)
+
+
+def _lane_loads(gather, base, shape: list[int], flat):
+    """The gather as one scalar load per lane (masked-off lanes take the pass-through value)."""
+    from mlir import ir
+    from mlir.dialects import arith, memref, scf, vector
+
+    result_type = gather.result.type
+    all_true = _is_true_splat(gather.mask)
+    elements = []
+    for lane in _lane_positions(list(result_type.shape)):
+        coords = _coordinates(arith.addi(flat, _lane_index(gather, lane)), shape)
+        if all_true:
+            elements.append(memref.load(base, coords))
+            continue
+        branch = scf.IfOp(vector.extract(gather.mask, [], lane), [result_type.element_type], has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            scf.YieldOp([memref.load(base, coords)])
+        with ir.InsertionPoint(branch.else_block):
+            scf.YieldOp([vector.extract(gather.pass_thru, [], lane)])
+        elements.append(branch.results[0])
+    return vector.from_elements(result_type, elements)
+
+
+def _unit_stride_source(base):
+    """`base`, or the memref a `memref.cast` made it from, if its innermost stride is 1 (static);
+    else None. Bufferization casts a closure tensor's [?, 1] strides to [?, ?] for the gather."""
+    from mlir import ir
+
+    owner = getattr(base.owner, "operation", None)
+    cast_from = owner.operands[0] if owner is not None and owner.name == "memref.cast" else None
+    for candidate in (base, cast_from):
+        if candidate is not None and ir.MemRefType(candidate.type).get_strides_and_offset()[0][-1] == 1:
+            return candidate
+    return None
+
+
+def _consecutive_or(gather, source, shape: list[int], flat):
+    """The gather as one vector load from `source` (`base` with a unit innermost stride) where, at
+    run time, its positions are consecutive and inside one row, else lane by lane (an scf.if).
+
+    A read whose index ascends by one along the keys but is clamped into the table at run time (a
+    relative-position table read at a query's position in a cache, q_idx + offset[b] - kv_idx,
+    mirrored) stays a gather for the vectorizer, which cannot see that the clamp leaves a row's
+    window whole; the check costs a compare and a reduction per vector."""
+    import numpy as np
+    from mlir import ir
+    from mlir.dialects import arith, scf, vector
+
+    result_type = gather.result.type
+    lanes = math.prod(result_type.shape)
+    index_type = ir.VectorType.get(result_type.shape, ir.IndexType.get())
+    indices = gather.indices
+    if indices.type != index_type:
+        indices = arith.index_cast(index_type, indices)
+    first = vector.extract(indices, [], [0] * len(result_type.shape))
+    steps = ir.DenseElementsAttr.get(np.arange(lanes, dtype=np.int64).reshape(result_type.shape), type=index_type)
+    equal = arith.cmpi(arith.CmpIPredicate.eq, indices, arith.addi(vector.broadcast(index_type, first),
+                                                                    arith.constant(index_type, steps)))
+    flat_equal = vector.shape_cast(ir.VectorType.get([lanes], ir.IntegerType.get_signless(1)), equal)
+    consecutive = vector.reduction(ir.IntegerType.get_signless(1), vector.CombiningKind.AND, flat_equal)
+    coords = _coordinates(arith.addi(flat, first), shape)
+    in_row = arith.cmpi(arith.CmpIPredicate.ule, arith.addi(coords[-1], _index(lanes)), _index(shape[-1]))
+    branch = scf.IfOp(arith.andi(consecutive, in_row), [result_type], has_else=True)
+    with ir.InsertionPoint(branch.then_block):
+        row = vector.load(ir.VectorType.get([lanes], result_type.element_type), source, coords)
+        scf.YieldOp([vector.shape_cast(result_type, row)])
+    with ir.InsertionPoint(branch.else_block):
+        scf.YieldOp([_lane_loads(gather, gather.base, shape, flat)])
+    return branch.results[0]
 
 
 def _lane_positions(shape: list[int]) -> list[list[int]]:
