@@ -23,7 +23,7 @@ def _run(op: str, x: torch.Tensor) -> torch.Tensor:
 
 def _positive_floats() -> torch.Tensor:
     gen = torch.Generator().manual_seed(0)
-    bits = torch.randint(1, 0x7F800000, (60000,), generator=gen, dtype=torch.int32)  # every positive finite f32
+    bits = torch.randint(1, 0x7F800000, (60000,), generator=gen, dtype=torch.int32)  # positive finite f32 bits
     near_one = 1.0 + torch.randn(20000, generator=gen) * 1e-3
     powers = torch.tensor([2.0 ** e for e in range(-149, 128)])
     return torch.cat([bits.view(torch.float32), near_one, powers, torch.linspace(0.01, 100.0, 20000)])

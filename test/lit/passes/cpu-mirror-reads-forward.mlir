@@ -1,5 +1,6 @@
-// The uncomposed table[h, q_idx - kv_idx + 63] (packed sequences, per-entry lengths) steps back
-// along the forward's rows of keys: the forward reads it from the mirrored copy
+// The table read as written, table[h, q_idx - kv_idx + 63] (`attn.mlir(..., compose=False)`; a
+// read at a query's position in a cache, q_idx + offset[b] - kv_idx, alike), steps back along the
+// forward's rows of keys: the forward reads it from the mirrored copy
 // (cpu-mirror-reads-backward.mlir) and loads it contiguously, not as a 64-lane gather.
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-verify,attn-fuse-online-softmax,attn-tile{block-m=64 block-n=64 mirror-reads=true},attn-fold-index-clamps,attn-cpu-lower-scatter,attn-cpu-grid-loops,canonicalize,cse,attn-cpu-widen-matmul-operands,attn-cpu-split-empty-tensors,attn-cpu-vectorize)' --no-mlir-print-op-generic 2>&1 | FileCheck %s --implicit-check-not=vector.gather
 // RUN: ae-opt %s --pass-pipeline='builtin.module(attn-verify,attn-fuse-online-softmax,attn-tile{block-m=64 block-n=64 mirror-reads=false},attn-fold-index-clamps,attn-cpu-lower-scatter,attn-cpu-grid-loops,canonicalize,cse,attn-cpu-widen-matmul-operands,attn-cpu-split-empty-tensors,attn-cpu-vectorize)' --no-mlir-print-op-generic 2>&1 | FileCheck %s --check-prefix=GATHERED
