@@ -10,8 +10,8 @@ tensor requiring grad, bf16, B=8 H=16 L=2048 D=128, in the same process.
 
 Cases (the catalogue's entries, their tensors made learnable): alibi (slopes [H], causal: one
 atomic add per tile), relative_bias (table [H, 2L - 1], no mask: one per score; and
-relative_bias_uncomposed, the table read at q_idx - kv_idx + c as written, as the kernels read it
-with per-entry lengths or packed sequences), t5_bias (bias
+relative_bias_uncomposed, the table read at q_idx - kv_idx + c as written, as the kernels read a
+table at a query's position in a cache, q_idx + offset[b] - kv_idx), t5_bias (bias
 [H, 32] by log bucket, no mask: the kernels read it composed per distance, [H, 2L - 1], one add
 per score into that, whose gradient reaches the bias through torch's gather backward, timed with
 the kernels). For each, the backward
@@ -36,8 +36,8 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import suite  # noqa: E402
 
-# relative_bias_uncomposed: the catalogue's table read as written, at q_idx - kv_idx + c, as
-# the kernels read it with per-entry lengths or packed sequences (not composed per call).
+# relative_bias_uncomposed: the catalogue's table read as written, at q_idx - kv_idx + c, as the
+# kernels read a table at a query's position in a cache (not composed per call).
 CASES = ["alibi", "relative_bias", "t5_bias", "relative_bias_uncomposed"]
 BATCH, HEADS, SEQ, DIM = 8, 16, 2048, 128
 UNCOMPOSED = "_uncomposed"

@@ -229,8 +229,8 @@ def expand_logarithms(module_op) -> None:
     """Replace f32 `math.log1p`, `math.log2` and `math.log` (scalar or vector) by exponent
     arithmetic and a polynomial (`LOG_POLYNOMIAL`), within a few ulp.
 
-    T5's bucket (`log(distance / exact)`) where it is not composed per distance (packed
-    sequences, per-entry lengths) takes a log per score, and `expand_expm1` writes one. log1p is
+    T5's bucket (`log(distance / exact)`) where it is not composed per distance (read at a
+    query's position in a cache) takes a log per score, and `expand_expm1` writes one. log1p is
     log(u) * x / (u - 1) with u = 1 + x (Kahan), which cancels u's rounding error. log2 adds the
     exponent unscaled, so powers of two give exact integers (T5's bucket edges). Subnormal
     arguments are scaled by 2^23 first; log(+-0) is -inf, a negative argument gives NaN, +inf

@@ -12,8 +12,8 @@ products by constants), or such a function clamped into [0, n - 1] as the fronte
 closure index (the clamp mirrors onto itself), stepping by -1 with the argument along the tile's
 last axis. `attn-tile-backward{mirror-reads}` uses this in both backward kernels and
 `attn-tile{mirror-reads}` in the forward ones: the forward's and dQ kernel's rows run over keys,
-where a table read at q_idx - kv_idx + c descends (one the frontend leaves uncomposed, with
-per-entry lengths or packed sequences). Each such kernel takes the mirrored copy of each such
+where a table read at q_idx - kv_idx + c descends (one the frontend leaves as written: a read at
+a query's position in a cache, q_idx + offset[b] - kv_idx, or a module built with compose=False). Each such kernel takes the mirrored copy of each such
 closure tensor c<i> as one more input (abi.mirrored), which the runtime makes and keeps while its
 source is unchanged (`kernel_args.mirrored_inputs`, through `runtime.bind` and
 `runtime.backward_inputs_made`; the CPU backend's `CompiledKernel.with_mirrors`).
