@@ -205,6 +205,7 @@ class PresetOptions:
     vector_bits: int = 512         # attn-lower-to-cpu: register tiles for the host's vector width
     no_avx512_bf16: bool = False   # attn-lower-to-cpu: the host has AVX512-BF16 (cpu_target_features)
     narrow_isa: bool = False       # attn-lower-to-cpu: x86 code no wider than vector_bits (cpu_target_features)
+    amx: bool = False              # attn-lower-to-cpu: bf16 tile products on AMX units (cpu_amx_tile_products)
     num_warps: int = 4             # Triton launch
     num_stages: int = 2            # Triton launch
     linear: bool = False           # the module is linear attention (its launch config has block_v/k)
@@ -327,11 +328,16 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
             backward=backward, batch_heads=problem.batch_heads, score_mod=problem.score_mod,
             adds_bias=problem.mod_adds_bias)
     if preset == "cpu":
-        from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, vector_bits
+        from .backends.cpu_cache import host_has_avx512_bf16, narrows_isa, uses_amx, vector_bits
 
         values["vector_bits"] = vector_bits()
         values["no_avx512_bf16"] = host_has_avx512_bf16()
         values["narrow_isa"] = narrows_isa(values["vector_bits"])
+        # AMX multiplies bf16 tiles: Q is then multiplied unscaled (a scaled copy would be f32),
+        # the scale taken on the scores as Triton does.
+        if problem is not None and problem.dtype == "bf16" and not typed.get("backward") and not problem.linear:
+            values["amx"] = not values["narrow_isa"] and uses_amx()
+            values["prescale_q"] = not values["amx"]
     if problem is not None and preset == "cpu":
         values.update(cpu_config(problem.lq, problem.lk, not problem.masked and not typed.get("backward"),
                                  problem.dtype))
@@ -425,7 +431,7 @@ def stages(preset: str, o: PresetOptions) -> list[Stage]:
         return [Stage("l1", tuple(to_l1)),
                 Stage("llvm", (f"attn-lower-to-cpu{{unit-inner-stride={_flag(o.unit_inner_stride)} "
                                f"vector-bits={o.vector_bits} no-avx512-bf16={_flag(o.no_avx512_bf16)} "
-                               f"narrow-isa={_flag(o.narrow_isa)}}}",))]
+                               f"narrow-isa={_flag(o.narrow_isa)} amx={_flag(o.amx)}}}",))]
     if o.warp_specialize and o.assume_aligned:
         # attn-lower-to-gluon reads L0 itself (the backward's kernels too, and the score_mod's
         # derivative from attn-differentiate); the general variant (assume-aligned=false) takes

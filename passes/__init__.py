@@ -44,6 +44,7 @@ _REGISTRY: dict[str, str] = {
     "attn-lower-to-cpu": "lower_to_cpu:LowerToCpu",
     "attn-cpu-grid-loops": "cpu_grid_loops:GridLoops",
     "attn-cpu-split-empty-tensors": "cpu_split_empty_tensors:SplitEmptyTensors",
+    "attn-cpu-amx-tile-products": "cpu_amx_tile_products:AmxTileProducts",
     "attn-cpu-widen-matmul-operands": "cpu_widen_matmul_operands:WidenMatmulOperands",
     "attn-cpu-lower-scatter": "cpu_lower_scatter:LowerScatter",
     "attn-cpu-vectorize": "cpu_vectorize:Vectorize",
@@ -55,8 +56,10 @@ _REGISTRY: dict[str, str] = {
     "attn-cpu-legalize-for-llvm": "cpu_legalize_for_llvm:LegalizeForLlvm",
     "attn-cpu-claim-programs": "cpu_claim_programs:ClaimPrograms",
     "attn-cpu-define-bf16-truncation": "cpu_bf16_truncation:DefineBf16Truncation",
+    "attn-cpu-bf16-memory-as-integers": "cpu_bf16_memory:Bf16MemoryAsIntegers",
     "attn-cpu-no-avx512-bf16": "cpu_target_features:NoAvx512Bf16",
     "attn-cpu-narrow-isa": "cpu_target_features:NarrowIsa",
+    "attn-cpu-amx-features": "cpu_target_features:AmxFeatures",
     "attn-lower-to-triton": "lower_to_triton:LowerToTriton",
     "attn-lower-to-gluon": "lower_to_gluon:LowerToGluon",
 }

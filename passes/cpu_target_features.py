@@ -1,6 +1,7 @@
 """The target features the kernels of a module in the llvm dialect are compiled with:
-`attn-cpu-no-avx512-bf16` (without AVX512-BF16 instructions) and `attn-cpu-narrow-isa` (without
-the x86 vector extensions wider than the register tiles, as a host without them would run).
+`attn-cpu-no-avx512-bf16` (without AVX512-BF16 instructions), `attn-cpu-narrow-isa` (without
+the x86 vector extensions wider than the register tiles, as a host without them would run) and
+`attn-cpu-amx-features` (with AMX's tile instructions).
 
 A function's "target-features" edits the JIT's host feature list: the function gets the features
 its CPU model implies, less those named. Both passes add to what a function already has, so they
@@ -26,6 +27,11 @@ NO_AVX512_BF16 = ("-avx512bf16",)
 # whose widest registers are that wide: at 256 bits AVX-512 (everything AVX-512 implies goes with
 # AVX512F), at 128 bits AVX (AVX2 and FMA with it).
 NARROWER_THAN = {256: ("-avx512f",), 128: ("-avx",)}
+
+# The tile instructions `attn-cpu-amx-tile-products` writes: the model LLVM's JIT takes for a host
+# it does not name exactly need not imply them (a Xeon with AMX-BF16 failed to select TDPBF16PS
+# without them).
+AMX = ("+amx-tile", "+amx-bf16")
 
 
 def add_target_features(module_op, edits: tuple[str, ...]) -> None:
@@ -63,3 +69,13 @@ class NarrowIsa(ModulePass):
 
     def apply(self, module_op) -> None:
         add_target_features(module_op, NARROWER_THAN[self.vector_bits])
+
+
+@dataclass(frozen=True)
+class AmxFeatures(ModulePass):
+    name: ClassVar[str] = "attn-cpu-amx-features"
+    summary: ClassVar[str] = ("CPU lowering (x86): compile the module's functions with AMX-TILE and AMX-BF16, "
+                              "for the tile products of attn-cpu-amx-tile-products")
+
+    def apply(self, module_op) -> None:
+        add_target_features(module_op, AMX)

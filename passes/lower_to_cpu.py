@@ -6,8 +6,10 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
 
 1. `attn-cpu-lower-scatter` (the scatter-adds of closure gradients to element loops), then
    `attn-cpu-grid-loops`: one loop over a range of each kernel's programs (two index arguments),
-   carrying the destination tensors; then `canonicalize,cse`, `attn-cpu-widen-matmul-operands`
-   (16-bit tile products take f32 operands converted once) and `attn-cpu-split-empty-tensors`.
+   carrying the destination tensors; then `canonicalize,cse`, with `amx`
+   `attn-cpu-amx-tile-products` (bf16 tile products on AMX units), `attn-cpu-widen-matmul-operands`
+   (the other 16-bit tile products take f32 operands converted once) and
+   `attn-cpu-split-empty-tensors`.
 2. `attn-cpu-vectorize`: matmuls to register tiles, elementwise ops and row reductions to row
    blocks, then every linalg op to vector ops; a tile load becomes a masked transfer.
 3. `attn-cpu-carry-state-in-place`, then `attn-cpu-bufferize`: one-shot bufferization with fully
@@ -19,9 +21,10 @@ and a pipeline of the first few stages stops wherever one wants to look. In orde
    (`LOOPS_PIPELINE`); `attn-cpu-legalize-for-llvm` readies the IR for the LLVM conversion, and
    `attn-cpu-claim-programs` adds each kernel's claiming entry (threads take its programs from a
    shared counter).
-5. Upstream conversions to the llvm dialect (`LLVM_PIPELINE`),
-   `attn-cpu-define-bf16-truncation`, with `no-avx512-bf16` `attn-cpu-no-avx512-bf16`, and with
-   `narrow-isa` `attn-cpu-narrow-isa`; the kernel carries
+5. Upstream conversions to the llvm dialect (`LLVM_PIPELINE`, with `amx` the AMX ops' too),
+   `attn-cpu-define-bf16-truncation`, `attn-cpu-bf16-memory-as-integers`, with `no-avx512-bf16`
+   `attn-cpu-no-avx512-bf16`, with `narrow-isa` `attn-cpu-narrow-isa`, and with `amx`
+   `attn-cpu-amx-features`; the kernel carries
    `llvm.emit_c_interface`, so a C caller passes one memref descriptor per array, then the
    program range.
 
@@ -31,7 +34,7 @@ Hand-written, because no upstream pass or transform op does it (each says why): 
 (cpu_lower_vectors), `lower_scatter` (cpu_lower_scatter), `align_vector_views` and
 `flatten_math_vectors` (cpu_legalize_for_llvm), `expand_erf`, `expand_tanh`, `expand_expm1`,
 `expand_logarithms` and `expand_exponentials` (cpu_math_expansions), `attn-cpu-expand-sin-cos`,
-`define_bf16_truncation`,
+`define_bf16_truncation`, `attn-cpu-bf16-memory-as-integers`, `attn-cpu-amx-tile-products`,
 `attn-cpu-no-avx512-bf16`, `attn-cpu-claim-programs`, `attn-cpu-widen-matmul-operands` and
 `_subtractions_as_additions` (cpu_vectorize).
 """
@@ -102,6 +105,8 @@ class LowerToCpu(PassPipeline):
     narrow_isa: bool = option(False, "end with attn-cpu-narrow-isa: on x86, no vector extensions wider than "
                                      "vector-bits (the cpu preset sets it when AE_MLIR_CPU_VECTOR_BITS is below "
                                      "the host's width)")
+    amx: bool = option(False, "bf16 tile products on AMX units (attn-cpu-amx-tile-products; the cpu preset "
+                              "sets it for bf16 forwards on hosts with AMX-BF16)")
 
     def __post_init__(self):
         if self.narrow_isa and self.vector_bits not in (128, 256):
@@ -113,6 +118,7 @@ class LowerToCpu(PassPipeline):
             "attn-cpu-lower-scatter",
             "attn-cpu-grid-loops",
             *TENSOR_PIPELINE,
+            *(["attn-cpu-amx-tile-products"] if self.amx else []),
             "attn-cpu-widen-matmul-operands",
             "attn-cpu-split-empty-tensors",
             f"attn-cpu-vectorize{{vector-bits={self.vector_bits}}}",
@@ -126,8 +132,17 @@ class LowerToCpu(PassPipeline):
             *LOOPS_PIPELINE,
             "attn-cpu-legalize-for-llvm",
             "attn-cpu-claim-programs",
-            *LLVM_PIPELINE,
+            *(_with_amx(LLVM_PIPELINE) if self.amx else LLVM_PIPELINE),
             "attn-cpu-define-bf16-truncation",
+            "attn-cpu-bf16-memory-as-integers",
             *(["attn-cpu-no-avx512-bf16"] if self.no_avx512_bf16 else []),
             *([f"attn-cpu-narrow-isa{{vector-bits={self.vector_bits}}}"] if self.narrow_isa else []),
+            *(["attn-cpu-amx-features"] if self.amx else []),
         ]
+
+
+def _with_amx(pipeline: tuple[str, ...]) -> tuple[str, ...]:
+    """The LLVM conversions with the AMX ops' (part of the vector conversion)."""
+    vector = "convert-vector-to-llvm{reassociate-fp-reductions}"
+    return tuple("convert-vector-to-llvm{reassociate-fp-reductions enable-amx}" if p == vector else p
+                 for p in pipeline)

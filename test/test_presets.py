@@ -324,7 +324,7 @@ def test_cpu_stages_and_overrides():
     assert [s.name for s in presets.stages("cpu", options)] == ["l1", "llvm"]
     assert (presets.pipeline_text("cpu", options, "llvm")
             == "builtin.module(attn-lower-to-cpu{unit-inner-stride=false vector-bits=256 no-avx512-bf16=true "
-               "narrow-isa=false})")
+               "narrow-isa=false amx=false})")
     tile = ("attn-tile{block-m=64 block-n=64 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true prescale-q=true "
             "mirror-reads=true raw-row-max=false}")
     assert tile in presets.pipeline_text("cpu", options, "l1")

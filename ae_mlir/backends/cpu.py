@@ -70,6 +70,7 @@ class _Lowered:
     accumulated: dict[int, str]  # output -> role: the closure gradients the kernel adds into (attn.scatter_add)
     output_roles: list[str]      # whose rows a packed output has (abi.sized_shape)
     mirrored: dict[int, int]     # input -> i: the copy of closure tensor c<i> reversed along its last dimension
+    amx: bool                    # the kernel multiplies tiles on AMX units (needs `cpu_cache.request_amx`)
 
 
 def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
@@ -124,7 +125,7 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
     if backward is None:
         inputs += [_spec(t) for t in abi.input_types(kernel)[len(inputs):len(inputs) + len(mirrored)]]
     lowered = _Lowered(module, name, inputs, outputs, *blocks, abi.mask_program(kernel), abi.call_time_grid(kernel),
-                       math.prod(abi.grid(kernel)), accumulated, output_roles, mirrored)
+                       math.prod(abi.grid(kernel)), accumulated, output_roles, mirrored, options.amx)
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
     return lowered
@@ -182,6 +183,10 @@ class CompiledKernel:
         self.accumulated = {int(i): role for i, role in record.get("accumulated", {}).items()}
         self.output_roles = list(record["output_roles"])
         self.mirrored = {int(position): i for position, i in record.get("mirrored", {}).items()}
+        self.amx = bool(record.get("amx"))  # its tile products run on AMX units
+        if self.amx and not cpu_cache.request_amx():
+            raise CompileError(f"kernel '{self.name}' multiplies tiles on AMX units, which this process may "
+                               "not use (the Linux kernel refused arch_prctl(ARCH_REQ_XCOMP_PERM))")
         # A packed batch's kernel takes any row count (-1 in its shapes): each call sizes its
         # outputs and descriptors from q's and k's rows.
         self.any_rows = any(-1 in spec.shape for spec in self.inputs + self.outputs)
@@ -295,7 +300,7 @@ def _build(module_text: str, block_m: int | None, block_n: int | None, unit_inne
                   "accumulated": {str(i): role for i, role in lowered.accumulated.items()},
                   "output_roles": lowered.output_roles,
                   "mirrored": {str(position): i for position, i in lowered.mirrored.items()},
-                  "claiming": abi.claiming_entry_name(lowered.name)}
+                  "claiming": abi.claiming_entry_name(lowered.name), "amx": lowered.amx}
         report.stage("LLVM -> native code (JIT, -O3)")
         try:
             engine = ExecutionEngine(lowered.module, opt_level=3)
@@ -332,7 +337,8 @@ def compile_module(module_text: str, block_m: int | None = None, block_n: int | 
     # Source locations (the traced call site's among them) change no code: the same attention
     # called from two lines is one kernel. The compile still sees them, for its diagnostics.
     bare = strip_locations(module_text)
-    memory_key = (bare, block_m, block_n, unit_inner_stride, backward, closure_grads)
+    memory_key = (bare, block_m, block_n, unit_inner_stride, backward, closure_grads, cpu_cache.vector_bits(),
+                  cpu_cache.uses_amx())
     with _CACHE_LOCK:
         kernel = _CACHE.get(memory_key)
         if kernel is None:

@@ -108,6 +108,44 @@ def host_has_avx512_bf16() -> bool:
     return "avx512_bf16" in host_features().split()
 
 
+AMX_ENV = "AE_MLIR_CPU_AMX"
+
+
+def uses_amx() -> bool:
+    """Whether bf16 forward kernels multiply their tiles on AMX units: where the host has them
+    (`host_has_amx_bf16`), unless `AE_MLIR_CPU_AMX=0` (then in f32, as on other hosts)."""
+    raw = os.environ.get(AMX_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{AMX_ENV} must be 0 or 1, got {raw!r}")
+    return raw != "0" and host_has_amx_bf16()
+
+
+def host_has_amx_bf16() -> bool:
+    """Whether kernels may multiply bf16 tiles on the host's AMX units: the CPU has AMX-BF16 and
+    the kernel (Linux) lets this process use the tile registers (`request_amx`)."""
+    flags = host_features().split()
+    return "amx_bf16" in flags and "amx_tile" in flags and request_amx()
+
+
+# Linux keeps AMX's tile data off until a process asks for it (arch_prctl ARCH_REQ_XCOMP_PERM for
+# XFEATURE_XTILEDATA); a tile instruction before that raises SIGILL.
+_ARCH_PRCTL_SYSCALL = 158
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+@functools.lru_cache(maxsize=None)
+def request_amx() -> bool:
+    """Ask the kernel to let this process (all its threads) use AMX tiles; whether it did."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_ARCH_PRCTL_SYSCALL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 @functools.lru_cache(maxsize=None)
 def toolchain_identity() -> str:
     """The MLIR and LLVM libraries that compile the kernels, by size and modification time
@@ -130,7 +168,8 @@ def key(module_text: str, options: dict) -> str:
     """The cache key of a kernel compiled with `options` (the preset's; the host's vector width
     unless they name one)."""
     return runtime.cache_key(module_text, f"cpu:{host_identity()}",
-                             dict({"vector_bits": vector_bits()}, **options, toolchain=toolchain_identity(),
+                             dict({"vector_bits": vector_bits(), "amx": uses_amx()}, **options,
+                                  toolchain=toolchain_identity(),
                                   cpu_format=FORMAT_VERSION))
 
 

@@ -8,10 +8,10 @@
 // RUN: ae-opt %s --pipeline='cpu{backward=true}' --dump-pass-pipeline 2>&1 >/dev/null | FileCheck %s --check-prefix=BACKWARD
 // RUN: not ae-opt %s --pipeline=cpu --target=cuda:90 2>&1 | FileCheck %s --check-prefix=TARGET --implicit-check-not=Traceback
 
-// CHECK: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=false block-v=64 block-k=64},attn-tile{block-m=8 block-n=8 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true prescale-q=true mirror-reads=true raw-row-max=false},attn-fold-index-clamps{padded-tiles=false},attn-lower-to-cpu{unit-inner-stride=true vector-bits={{128|256|512}} no-avx512-bf16={{true|false}} narrow-isa={{true|false}}})
+// CHECK: builtin.module(attn-verify,attn-fuse-online-softmax,attn-chunk-recurrence{split=false block-v=64 block-k=64},attn-tile{block-m=8 block-n=8 call-time-tables=true kv-splits=1 pack-gqa=false whole-tiles=true prescale-q=true mirror-reads=true raw-row-max=false},attn-fold-index-clamps{padded-tiles=false},attn-lower-to-cpu{unit-inner-stride=true vector-bits={{128|256|512}} no-avx512-bf16={{true|false}} narrow-isa={{true|false}} amx=false})
 // CHECK-NOT: launch
-// STRIDED: attn-lower-to-cpu{unit-inner-stride=false vector-bits={{128|256|512}} no-avx512-bf16={{true|false}} narrow-isa={{true|false}}})
-// NARROW: attn-lower-to-cpu{unit-inner-stride=true vector-bits=128 no-avx512-bf16={{true|false}} narrow-isa={{true|false}}})
+// STRIDED: attn-lower-to-cpu{unit-inner-stride=false vector-bits={{128|256|512}} no-avx512-bf16={{true|false}} narrow-isa={{true|false}} amx=false})
+// NARROW: attn-lower-to-cpu{unit-inner-stride=true vector-bits=128 no-avx512-bf16={{true|false}} narrow-isa={{true|false}} amx=false})
 // The backward kernels take call-time tables too (a closure-reading mask's tiles per call).
 // BACKWARD: builtin.module(attn-verify,attn-differentiate,attn-tile-backward{block-m=8 block-n=8 dkdv-block-m=0 dkdv-block-n=0 whole-tiles=true closure-grads=true mirror-reads=true call-time-tables=true},attn-fold-index-clamps{padded-tiles=false},attn-lower-to-cpu{
 // TARGET: error: pipeline 'cpu' compiles for --target=host, got 'cuda:90'

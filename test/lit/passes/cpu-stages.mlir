@@ -81,6 +81,7 @@
 // ORDER: (reconcile-unrealized-casts)
 // ORDER-NEXT: IR Dump After Canonicalizer (canonicalize)
 // ORDER-NEXT: IR Dump After DefineBf16Truncation (attn-cpu-define-bf16-truncation)
+// ORDER-NEXT: IR Dump After Bf16MemoryAsIntegers (attn-cpu-bf16-memory-as-integers)
 // ORDER-NOT: IR Dump
 
 #id = affine_map<(d0) -> (d0)>
