@@ -215,7 +215,10 @@ class PresetOptions:
     dkdv_num_warps: int = 0        # the dK/dV kernel's Triton launch (0: num_warps/num_stages)
     dkdv_num_stages: int = 0
     closure_grads: bool = True     # attn-tile-backward: the closure tensors' gradients (dc<i>)
-    mirror_reads: bool = False     # attn-tile(-backward): reads stepping back along a row, mirrored
+    # attn-tile(-backward): reads stepping back along a tile's rows from a mirrored copy, in both
+    # presets: Triton stages a gather whose index descends along a tile's rows one element at a
+    # time, and the CPU's vectorizer gathers it lane by lane (passes/mirror_reads.py).
+    mirror_reads: bool = True
     raw_row_max: bool = False      # attn-tile: the row max of the unscaled scores, scaled per row (Triton)
     # The aligned variant is attn-lower-to-gluon's warp-specialized kernel (launch_defaults.warp_specialized).
     warp_specialize: bool = False
@@ -276,7 +279,7 @@ class PresetOptions:
             config["host_descriptors"] = True
         if self.target != "host" and self.wave_programs != multiprocessors(self.target):
             config["wave_programs"] = self.wave_programs
-        if not self.mirror_reads and self.target != "host":  # the Triton preset mirrors
+        if not self.mirror_reads:  # both presets mirror
             config["mirror_reads"] = False
         if not self.raw_row_max and self.target != "host" and not self.backward:  # and takes the raw row max
             config["raw_row_max"] = False
@@ -310,10 +313,7 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
     typed = typed_overrides(overrides, PresetOptions, _WARP_COUNTS, _STAGE_COUNTS)
     # On the CPU a tile's scores are a pass through memory of their own; Triton multiplies them
     # in registers on the way to exp2, and the H200 ran level either way.
-    # Triton stages a gather whose index descends along a tile's rows one element at a time, and
-    # the CPU's vectorizer gathers it lane by lane (passes/mirror_reads.py).
     values: dict = {"split": preset == "triton", "whole_tiles": WHOLE_TILES[preset], "prescale_q": preset == "cpu",
-                    "mirror_reads": True,
                     "raw_row_max": preset == "triton"}
     if preset == "triton":
         values["wave_programs"] = multiprocessors(target)
