@@ -334,9 +334,10 @@ def options_for(preset: str, problem: Problem | None, target: str | None = None,
         values["no_avx512_bf16"] = host_has_avx512_bf16()
         values["narrow_isa"] = narrows_isa(values["vector_bits"])
         # AMX multiplies bf16 tiles: Q is then multiplied unscaled (a scaled copy would be f32),
-        # the scale taken on the scores as Triton does.
+        # the scale taken on the scores as Triton does. Its tile loads read rows of contiguous
+        # elements, so arrays of any inner stride keep the f32 products.
         if problem is not None and problem.dtype == "bf16" and not typed.get("backward") and not problem.linear:
-            values["amx"] = not values["narrow_isa"] and uses_amx()
+            values["amx"] = not values["narrow_isa"] and typed.get("unit_inner_stride", True) and uses_amx()
             values["prescale_q"] = not values["amx"]
     if problem is not None and preset == "cpu":
         values.update(cpu_config(problem.lq, problem.lk, not problem.masked and not typed.get("backward"),

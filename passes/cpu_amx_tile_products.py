@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..core import abi
 from . import ModulePass
 from .cpu_support import walk
 
@@ -45,12 +46,12 @@ class AmxTileProducts(ModulePass):
         with module_op.context:
             for op in walk(module_op, "linalg.matmul"):
                 if takes_amx(op):
-                    _rewrite(op)
+                    _rewrite(op, module_op)
 
 
 def takes_amx(op) -> bool:
     """Whether a linalg.matmul multiplies bf16 tiles into f32 ones at AMX's tile multiples, with
-    the default indexing maps (row-major A and B)."""
+    the default indexing maps (row-major A and B), from tiles that are not padded loads."""
     from mlir import ir
 
     a, b, acc = (v.type for v in op.operands)
@@ -62,7 +63,21 @@ def takes_amx(op) -> bool:
     if "indexing_maps" in op.attributes and str(op.attributes["indexing_maps"]) != _DEFAULT_MAPS:
         return False
     (m, k), (_, n) = a.shape, b.shape
-    return m % TILE_ROWS == 0 and n % TILE_ROWS == 0 and k % TILE_SUM == 0
+    if m % TILE_ROWS or n % TILE_ROWS or k % TILE_SUM:
+        return False
+    b_source = _transposed_operand(op.operands[1])
+    return not any(_padded(v) for v in (op.operands[0], op.operands[1], b_source) if v is not None)
+
+
+def _padded(value) -> bool:
+    """Whether a tile is a padded load (tensor.pad: a tile past the sequence's end, lengths, pages,
+    packed sequences). Such a tile, made a buffer of bf16, is read through a masked bf16 vector
+    that lowers to a loop carrying the whole tile, which LLVM's x86 backend promotes element by
+    element to f32: compiling one such kernel took minutes. Their products stay in f32."""
+    from mlir import ir
+
+    owner = value.owner
+    return not isinstance(owner, ir.Block) and owner.name == "tensor.pad"
 
 
 _DEFAULT_MAPS = ("[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
@@ -77,6 +92,15 @@ def _strided(shape, element):
     layout = ir.StridedLayoutAttr.get(ir.ShapedType.get_dynamic_stride_or_offset(),
                                       [ir.ShapedType.get_dynamic_stride_or_offset(), 1])
     return ir.MemRefType.get(shape, element, layout)
+
+
+def _alloc(shape, element):
+    """A buffer aligned for tile loads and stores."""
+    from mlir import ir
+    from mlir.dialects import memref
+
+    return memref.AllocOp(ir.MemRefType.get(shape, element), [], [],
+                          alignment=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 64)).result
 
 
 def _buffer(value):
@@ -95,14 +119,13 @@ def _buffer(value):
 def _interleaved_rows(b_buf, k: int, n: int):
     """B [k, n] as AMX's right operand [k / 2, 2 n]: row r is B's rows 2r and 2r + 1 interleaved."""
     from mlir import ir
-    from mlir.dialects import arith, memref, scf, vector
+    from mlir.dialects import arith, scf, vector
 
     bf16 = ir.BF16Type.get()
-    packed = memref.AllocOp(ir.MemRefType.get([k // 2, 2 * n], bf16), [], [],
-                            alignment=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 64)).result
+    packed = _alloc([k // 2, 2 * n], bf16)
     row = ir.VectorType.get([n], bf16)
-    # LLVM's x86 backend without AVX512-BF16 shuffles bf16 vectors through f32, a conversion call
-    # per element: the rows are interleaved as i16.
+    # LLVM's x86 backend without AVX512-BF16 moves bf16 vectors through f32 lane by lane: the rows
+    # are interleaved as i16.
     row16 = ir.VectorType.get([n], ir.IntegerType.get_signless(16))
     index = ir.IndexType.get()
     c0, c1, c2 = (arith.constant(index, v) for v in (0, 1, 2))
@@ -178,11 +201,10 @@ def _pairs_transposed(t_buf, n: int, k: int):
     pairs, transposed to [k / 2, 2 n]. A pair is 32 bits: blocks of 16 x 16 pairs are read as 16
     rows of i32 and transposed by two-row shuffles (`_transpose_16x16`)."""
     from mlir import ir
-    from mlir.dialects import arith, memref, vector
+    from mlir.dialects import arith, vector
 
     bf16, i32 = ir.BF16Type.get(), ir.IntegerType.get_signless(32)
-    packed = memref.AllocOp(ir.MemRefType.get([k // 2, 2 * n], bf16), [], [],
-                            alignment=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 64)).result
+    packed = _alloc([k // 2, 2 * n], bf16)
     row16 = ir.VectorType.get([TILE_SUM], bf16)
     row32 = ir.VectorType.get([TILE_ROWS], i32)
 
@@ -230,42 +252,73 @@ def _read_row(row_type, buf, i, j, padding):
                                  ir.ArrayAttr.get([ir.BoolAttr.get(True)])).result
 
 
-def _rewrite(op) -> None:
+def _rewrite(op, module_op) -> None:
     from mlir import ir
-    from mlir.dialects import arith, bufferization, memref, scf
+    from mlir.dialects import bufferization, func
 
     a, b, acc = op.operands
     (m, k), (_, n) = a.type.shape, b.type.shape
     f32 = ir.F32Type.get(op.context)
-    index = ir.IndexType.get(op.context)
     with op.context, op.location, ir.InsertionPoint(op):
         transposed = _transposed_operand(b)
         _round_in_integers(a)
-        a_buf = _buffer(a)
-        acc_buf = None if _zeros(acc) else _buffer(acc)
+        operands = [_buffer(a)]
         if transposed is not None:
-            packed = _pairs_transposed(_buffer(transposed), n, k)
+            operands.append(_pairs_transposed(_buffer(transposed), n, k))
         else:
-            packed = _interleaved_rows(_buffer(b), k, n)
-        result = memref.AllocOp(ir.MemRefType.get([m, n], f32), [], [],
-                                alignment=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 64)).result
-        a_tile = ir.Type.parse(f"!amx.tile<{TILE_ROWS}x{TILE_SUM}xbf16>")
-        c_tile = ir.Type.parse(f"!amx.tile<{TILE_ROWS}x{TILE_ROWS}xf32>")
+            operands.append(_interleaved_rows(_buffer(b), k, n))
+        if not _zeros(acc):
+            operands.append(_buffer(acc))
+        result = _alloc([m, n], f32)
+        product = _product_function(module_op, m, n, k, len(operands) == 3)
+        func.CallOp(product, operands + [result])
+        tensor = bufferization.ToTensorOp(op.results[0].type, result, restrict=True, writable=True).result
+    op.results[0].replace_all_uses_with(tensor)
+    op.erase()
+    if transposed is not None and not list(b.uses):
+        b.owner.erase()
 
-        # Every index constant is made here, outside the loops.
+
+def _product_function(module_op, m: int, n: int, k: int, accumulates: bool):
+    """The function (one per shape) that multiplies A [m, k] by the repacked B into a result [m, n],
+    from the accumulator's tiles or from zero ones. Kept out of the kernel (noinline): LLVM's
+    register coalescer ran for minutes on a packed-sequence kernel with the tile code inline
+    (under a second without it)."""
+    from mlir import ir
+    from mlir.dialects import arith, func, scf
+
+    name = abi.amx_product_name(m, n, k, accumulates)
+    body = module_op.regions[0].blocks[0]
+    for existing in body.operations:
+        if existing.operation.name == "func.func" and ir.StringAttr(existing.operation.attributes["sym_name"]).value == name:
+            return existing
+    bf16, f32, index = ir.BF16Type.get(), ir.F32Type.get(), ir.IndexType.get()
+    types = [_strided([m, k], bf16), ir.MemRefType.get([k // 2, 2 * n], bf16)]
+    if accumulates:
+        types.append(_strided([m, n], f32))
+    types.append(ir.MemRefType.get([m, n], f32))
+    with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(body):
+        function = func.FuncOp(name, ir.FunctionType.get(types, []), visibility="private")
+        function.attributes["passthrough"] = ir.ArrayAttr.get([ir.StringAttr.get("noinline")])
+    entry = function.add_entry_block()
+    a_buf, packed, *acc, result = entry.arguments
+    a_tile = ir.Type.parse(f"!amx.tile<{TILE_ROWS}x{TILE_SUM}xbf16>")
+    c_tile = ir.Type.parse(f"!amx.tile<{TILE_ROWS}x{TILE_ROWS}xf32>")
+    with ir.Location.unknown(), ir.InsertionPoint(entry):
+        steps = range(k // TILE_SUM)
         const = {v: arith.constant(index, v) for v in {0, 2, m, n, TILE_ROWS}
-                 | {s * TILE_SUM for s in range(k // TILE_SUM)} | {s * TILE_SUM // 2 for s in range(k // TILE_SUM)}}
+                 | {s * TILE_SUM for s in steps} | {s * TILE_SUM // 2 for s in steps}}
         rows = scf.ForOp(const[0], const[m], const[TILE_ROWS])
         with ir.InsertionPoint(rows.body):
             cols = scf.ForOp(const[0], const[n], const[TILE_ROWS])
             with ir.InsertionPoint(cols.body):
                 i, j = rows.induction_variable, cols.induction_variable
-                tile = (_amx("amx.tile_zero", [], c_tile) if acc_buf is None
-                        else _amx("amx.tile_load", [acc_buf, i, j], c_tile))
+                tile = (_amx("amx.tile_load", [acc[0], i, j], c_tile) if acc
+                        else _amx("amx.tile_zero", [], c_tile))
                 j2 = arith.muli(j, const[2])
                 # The sum is unrolled: a tile value carried by a loop is something LLVM's AMX
                 # lowering may spill through memory.
-                for step in range(k // TILE_SUM):
+                for step in steps:
                     lhs = _amx("amx.tile_load", [a_buf, i, const[step * TILE_SUM]], a_tile)
                     rhs = _amx("amx.tile_load", [packed, const[step * TILE_SUM // 2], j2], a_tile)
                     tile = _amx("amx.tile_mulf", [lhs, rhs, tile], c_tile)
@@ -273,11 +326,8 @@ def _rewrite(op) -> None:
                                     attributes={"operandSegmentSizes": _segments(1, 2, 1, 0)})
                 scf.YieldOp([])
             scf.YieldOp([])
-        product = bufferization.ToTensorOp(op.results[0].type, result, restrict=True, writable=True).result
-    op.results[0].replace_all_uses_with(product)
-    op.erase()
-    if transposed is not None and not list(b.uses):
-        b.owner.erase()
+        func.ReturnOp([])
+    return function
 
 
 def _amx(name: str, operands: list, result_type):

@@ -35,6 +35,7 @@ def test_bf16_forwards_take_amx_where_the_host_has_it(amx_host, monkeypatch):
     assert not presets.options_for("cpu", _problem(torch.float32)).amx
     assert not presets.options_for("cpu", _problem(torch.float16)).amx
     assert not presets.options_for("cpu", _problem(torch.bfloat16), backward=True).amx
+    assert not presets.options_for("cpu", _problem(torch.bfloat16), unit_inner_stride=False).amx
     assert not presets.options_for("cpu", _problem(torch.bfloat16, linear=True)).amx
     monkeypatch.setenv(cpu_cache.AMX_ENV, "0")
     options = presets.options_for("cpu", _problem(torch.bfloat16))
@@ -111,3 +112,30 @@ def test_amx_forward_propagates_nan():
     v[0, 1, 7, 3] = float("nan")
     out = ae.attention()(q, k, v, backend="cpu")
     assert out[0, 1, :, 3].isnan().all() and not out[0, 0].isnan().any()
+
+
+@needs_amx
+def test_arrays_of_any_inner_stride():
+    """Such arrays compile without AMX (the preset test above); their results hold either way."""
+    q, k, v = _inputs(1, 2, 2, 64, 64, 64, 64, seed=7)
+    # k's elements along the head dimension 64 apart: the kernel is compiled for any strides.
+    k_strided = k.transpose(2, 3).contiguous().transpose(2, 3)
+    assert k_strided.stride(-1) != 1
+    attn = ae.attention(mask_mod=causal)
+    out = attn(q, k_strided, v, backend="cpu")
+    want = attn(q.double(), k.double(), v.double(), backend="reference")
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+
+
+@needs_amx
+def test_padded_tiles_keep_f32_products():
+    """A tile past a sequence's end, or cut by per-entry lengths, is a padded load: its products
+    stay in f32 (made a bf16 buffer, such a tile took LLVM minutes to compile)."""
+    short = _inputs(1, 2, 1, 40, 40, 64, 64, seed=11)
+    attn = ae.attention()
+    assert not cpu.compile_module(attn.mlir(*short)).amx
+    q, k, v = _inputs(3, 2, 1, 90, 130, 64, 64, seed=11)
+    lengths = torch.tensor([130, 77, 5])
+    out = attn(q, k, v, backend="cpu", kv_len=lengths)
+    want = attn(q.double(), k.double(), v.double(), backend="reference", kv_len=lengths)
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)

@@ -125,9 +125,12 @@ def _lower(module_text: str, context, block_m: int | None, block_n: int | None,
     if backward is None:
         inputs += [_spec(t) for t in abi.input_types(kernel)[len(inputs):len(inputs) + len(mirrored)]]
     lowered = _Lowered(module, name, inputs, outputs, *blocks, abi.mask_program(kernel), abi.call_time_grid(kernel),
-                       math.prod(abi.grid(kernel)), accumulated, output_roles, mirrored, options.amx)
+                       math.prod(abi.grid(kernel)), accumulated, output_roles, mirrored, False)
     report.stage("L1 -> LLVM dialect")
     _run(presets.pipeline_text("cpu", options, "llvm"), module)
+    # Whether any tile product took AMX (padded tiles and other shapes keep f32 products).
+    lowered.amx = any(op.name == "llvm.func" and str(op.attributes["sym_name"]).strip('"').startswith(
+        abi.AMX_PRODUCT_PREFIX) for op in module.body.operations)
     return lowered
 
 

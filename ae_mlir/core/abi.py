@@ -219,6 +219,15 @@ def claiming_entry_name(kernel: str) -> str:
     return f"{kernel}_claiming"
 
 
+# A CPU module's functions whose names start with this multiply tiles on AMX units
+# (`attn-cpu-amx-tile-products`): its kernels run only in a process Linux lets use the tiles.
+AMX_PRODUCT_PREFIX = "ae_amx_product_"
+
+
+def amx_product_name(m: int, n: int, k: int, accumulates: bool) -> str:
+    return f"{AMX_PRODUCT_PREFIX}{m}x{n}x{k}{'_acc' if accumulates else ''}"
+
+
 # The kernels the split chunked recurrence launches before its output kernel, in order (those it
 # needs: passes/chunk), each named `chunk_stage_name(forward, stage)` and marked with CHUNK_STAGE:
 # the name alone cannot tell, since the output kernel keeps the user's function name.
