@@ -5,8 +5,9 @@ multiply: TDPBF16PS multiplies a 16x32 bf16 tile by a 32x16 one into a 16x16 f32
   becomes, on the buffers of the same tensors,
     %bv = B with its rows interleaved in pairs (AMX's layout of the right operand: row r holds
           B[2r, j] and B[2r + 1, j] side by side, for every column j)
-    for each 16x16 tile of the result: amx.tile_load the accumulator's, then per 32 steps of the
-          sum amx.tile_load A's 16x32 tile and %bv's, amx.tile_mulf; amx.tile_store
+    call @ae_amx_product_64x128x64(A, %bv, %result): for each 16x16 tile of the result, zero
+          or the accumulator's tile, then per 32 steps of the sum amx.tile_load A's 16x32 tile
+          and %bv's, amx.tile_mulf; amx.tile_store
     %p = the result buffer as a tensor
 
 Why: the L1 kernels keep 16-bit operands on their products and the CPU otherwise computes them
@@ -16,8 +17,10 @@ subnormal bf16 operands as zero.
 
 Runs on tensors, before the vectorizer (which leaves the AMX and bufferization ops alone); the
 operands are read through `bufferization.to_buffer` and the result made a tensor again with
-`bufferization.to_tensor`, so one-shot bufferization places the buffers. A product whose rows or
-columns are not a multiple of 16, or whose sum is not a multiple of 32, keeps the f32 path.
+`bufferization.to_tensor`, so one-shot bufferization places the buffers. K's transposed tile is
+made from K itself (16 x 16 blocks of 32-bit pairs transposed by shuffles). A product whose rows
+or columns are not a multiple of 16, whose sum is not a multiple of 32, or whose operand is a
+padded tile load keeps the f32 path.
 Hand-written: upstream has the AMX ops and their LLVM lowering but no pattern from linalg to them.
 The kernel needs the process's permission for the tile registers (`arch_prctl`), which the CPU
 backend requests before its first call (`ae_mlir.backends.cpu_cache.request_amx`).
@@ -33,7 +36,6 @@ from .cpu_support import walk
 
 TILE_ROWS = 16       # rows of every AMX tile
 TILE_SUM = 32        # bf16 elements a tile row of A holds: the sum's step
-
 
 
 @dataclass(frozen=True)

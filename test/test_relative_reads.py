@@ -131,6 +131,36 @@ def test_composed_with_key_lengths():
     assert float((got.double() - want).abs().max() / want.abs().max()) < 1e-5
 
 
+def test_gradients_with_key_lengths_on_both_backends():
+    """The reference backend reads the table as written: one closure tensor where the composed
+    call has one per read, so kv_len sits elsewhere among them. Its backward looked for kv_len at
+    the composed call's place and failed (an IndexError, found by the packed-sequence fuzz test's
+    oracle)."""
+    table64 = _table(seed=14).double().requires_grad_()
+    table = table64.detach().float().requires_grad_()
+
+    def _twice(t):
+        bucketed = _bucketed(t)
+
+        def score_mod(s, b, h, i, j):
+            return bucketed(s, b, h, i, j) + 0.5 * t[h, (i - j) % 16]
+
+        return score_mod
+
+    q, k, v = variants.inputs(SHAPE, dtype=torch.float64, seed=15)
+    lengths = torch.full((1,), 60, dtype=torch.int32)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(16), dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(ae.attention(score_mod=_twice(table64))(*leaves, kv_len=lengths, backend="reference"),
+                               leaves + [table64], d_out)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    got = torch.autograd.grad(ae.attention(score_mod=_twice(table))(*leaves, kv_len=lengths, backend="cpu"),
+                              leaves + [table], d_out.float())
+    for name, g, w in zip(("dq", "dk", "dv", "dtable"), got, want):
+        err = float((g.double() - w).abs().max() / w.abs().max())
+        assert err < 1e-4, f"{name}: relative error {err:.3g}"
+
+
 def test_torch_compile_composes_from_the_tensors_it_fetches():
     """Under torch.compile the op takes the table itself; the module reads it composed, and the
     table's gradient is the composed tensor's added back at the positions it gathered. A second

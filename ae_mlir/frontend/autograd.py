@@ -130,8 +130,9 @@ def _compiled_call(attn, text: str, q, k, v, backend: str, **call_args) -> Compi
     scale = struct.unpack("f", struct.pack("f", checks.default_scale(attn.scale, q.shape[3])))[0]
     lengths = None
     if call_args.get("kv_len") is not None:
-        # The mods' closure tensors come first, then kv_len (paged calls take no gradients).
-        lengths = len(attn._build(q, k, v, kv_len=call_args["kv_len"])[1]) - 1
+        # The mods' closure tensors come first, then kv_len (paged calls take no gradients); the
+        # mods' are the composed ones unless the call reads them as written (the reference backend).
+        lengths = len(attn._build(q, k, v, kv_len=call_args["kv_len"], compose=call_args.get("compose", True))[1]) - 1
     return CompiledCall(text, backend, scale, derivative, backward_text, lengths, attn.autotune)
 
 
